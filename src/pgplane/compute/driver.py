@@ -1,0 +1,82 @@
+"""The compute driver contract: what the engine asks of the data plane.
+
+Every method converges ("make it so"): calling it again after a success, or after a crash half-way
+through, is safe and ends in the same state. A driver for another substrate (Kubernetes pods,
+remote hosts) implements this same protocol; the engine never knows which one it talks to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class ComputeError(Exception):
+    """The data plane could not do what was asked; the message says why, for the operation."""
+
+
+@dataclass(frozen=True, slots=True)
+class RoleSpec:
+    name: str
+    password: str
+
+
+@dataclass(frozen=True, slots=True)
+class DatabaseSpec:
+    name: str
+    owner_name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeSpec:
+    """Everything needed to run one endpoint's postmaster on its branch's data."""
+
+    project_id: str
+    branch_id: str
+    endpoint_id: str
+    pg_version: int
+    port: int
+    pg_settings: Mapping[str, str] = field(default_factory=dict)
+
+
+class ComputeDriver(Protocol):
+    def pg_versions(self) -> Sequence[int]:
+        """Postgres major versions this driver can serve, ascending."""
+        ...
+
+    async def create_timeline(
+        self,
+        *,
+        project_id: str,
+        branch_id: str,
+        pg_version: int,
+        roles: Sequence[RoleSpec],
+        databases: Sequence[DatabaseSpec],
+    ) -> None:
+        """Create the root branch's data: a fresh cluster with these roles and databases."""
+        ...
+
+    async def start_compute(self, spec: ComputeSpec) -> None:
+        """Run the endpoint's postmaster; return once it accepts a real client startup."""
+        ...
+
+    async def stop_compute(self, *, project_id: str, branch_id: str, endpoint_id: str) -> None:
+        """Stop the endpoint's postmaster (fast shutdown); no-op when it is not running."""
+        ...
+
+    async def is_compute_running(self, *, project_id: str, branch_id: str, endpoint_id: str) -> bool:
+        """Whether a live postmaster serves the endpoint, read from the data directory."""
+        ...
+
+    async def apply_storage_config(self, *, project_id: str, history_retention_seconds: int) -> None:
+        """Record the project's storage settings where the storage layer reads them."""
+        ...
+
+    async def delete_tenant(self, *, project_id: str) -> None:
+        """Stop every compute of the project and remove all of its data."""
+        ...
+
+    async def close(self) -> None:
+        """Release what the driver holds (not the postmasters: they outlive the platform)."""
+        ...

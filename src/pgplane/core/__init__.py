@@ -1,0 +1,1 @@
+"""Pure domain: identifiers, time, records and the operation state machine. No I/O."""

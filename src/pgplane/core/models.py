@@ -1,0 +1,120 @@
+"""Domain records as the store keeps them.
+
+These are internal: they may hold secrets (a key's digest, a role's password) and are never
+serialised to clients directly; the API maps them to its own response models.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from pgplane.core.operations import Action, Status
+
+
+class Account(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    email: str
+    name: str
+    created_at: int
+
+
+class ApiKey(msgspec.Struct, frozen=True, kw_only=True):
+    id: int
+    account_id: str
+    name: str
+    digest: str
+    created_at: int
+    created_by: str  # account id of the creator
+    last_used_at: int | None
+    last_used_from_addr: str
+    revoked_at: int | None
+
+
+class Project(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    account_id: str
+    name: str
+    region_id: str
+    pg_version: int
+    provisioner: str
+    store_passwords: bool
+    history_retention_seconds: int
+    default_endpoint_settings: dict[str, Any]
+    settings: dict[str, Any]
+    created_at: int
+    updated_at: int
+    deleted_at: int | None = None
+    locked: bool = False  # derived: true while any of its operations is unsettled
+
+
+class Branch(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    project_id: str
+    parent_id: str | None
+    name: str
+    default: bool
+    protected: bool
+    current_state: str  # init | ready
+    pending_state: str | None
+    state_changed_at: int
+    created_at: int
+    updated_at: int
+
+
+class Endpoint(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    project_id: str
+    branch_id: str
+    type: str  # read_write | read_only
+    current_state: str  # init | active | idle
+    pending_state: str | None
+    port: int
+    autoscaling_limit_min_cu: float
+    autoscaling_limit_max_cu: float
+    suspend_timeout_seconds: int
+    settings: dict[str, Any]
+    disabled: bool
+    created_at: int
+    updated_at: int
+    last_active: int | None = None
+    started_at: int | None = None
+    suspended_at: int | None = None
+
+
+class Role(msgspec.Struct, frozen=True, kw_only=True):
+    branch_id: str
+    name: str
+    password: str
+    protected: bool
+    created_at: int
+    updated_at: int
+
+
+class Database(msgspec.Struct, frozen=True, kw_only=True):
+    id: int
+    branch_id: str
+    name: str
+    owner_name: str
+    created_at: int
+    updated_at: int
+
+
+class Operation(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    project_id: str
+    branch_id: str | None
+    endpoint_id: str | None
+    action: Action
+    status: Status
+    failures_count: int
+    error: str | None
+    retry_at: int | None
+    created_at: int
+    updated_at: int
+    total_duration_ms: int
+    # Engine bookkeeping, never shown to clients.
+    lease_owner: str | None = None
+    lease_expires_at: int | None = None
+    attempt_started_at: int | None = None

@@ -1,0 +1,100 @@
+"""The operation state machine, ordering rule and retry policy.
+
+::
+
+    scheduling ──claim──► running ──success──► finished
+        ▲                   │  │
+        └──retry (backoff)──┘  └──last attempt fails──► failed
+
+A ``running`` operation whose lease has expired (its worker died) is claimed again; that counts
+as a failed attempt. Illegal transitions raise :class:`IllegalTransition`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Status(enum.StrEnum):
+    SCHEDULING = "scheduling"
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+
+    @property
+    def settled(self) -> bool:
+        return self in (Status.FINISHED, Status.FAILED)
+
+
+class Action(enum.StrEnum):
+    APPLY_CONFIG = "apply_config"
+    APPLY_STORAGE_CONFIG = "apply_storage_config"
+    CHECK_AVAILABILITY = "check_availability"
+    CREATE_BRANCH = "create_branch"
+    CREATE_TIMELINE = "create_timeline"
+    DELETE_TENANT = "delete_tenant"
+    DELETE_TIMELINE = "delete_timeline"
+    START_COMPUTE = "start_compute"
+    SUSPEND_COMPUTE = "suspend_compute"
+    TENANT_ATTACH = "tenant_attach"
+    TENANT_DETACH = "tenant_detach"
+    TENANT_REATTACH = "tenant_reattach"
+
+
+class IllegalTransition(Exception):
+    """An operation was asked to move between states the machine does not connect."""
+
+
+_ALLOWED: dict[Status, frozenset[Status]] = {
+    Status.SCHEDULING: frozenset({Status.RUNNING}),
+    # running -> running: a new attempt after an expired lease.
+    Status.RUNNING: frozenset({Status.RUNNING, Status.SCHEDULING, Status.FINISHED, Status.FAILED}),
+    Status.FINISHED: frozenset(),
+    Status.FAILED: frozenset(),
+}
+
+
+def check_transition(current: Status, new: Status) -> None:
+    """Raise :class:`IllegalTransition` unless ``current -> new`` is an edge of the machine."""
+    if new not in _ALLOWED[current]:
+        raise IllegalTransition(f"operation cannot go from {current} to {new}")
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How failed attempts are retried: exponential backoff up to ``max_attempts``."""
+
+    max_attempts: int = 5
+    base_seconds: float = 1.0
+    cap_seconds: float = 60.0
+
+    def backoff_seconds(self, failures: int) -> float:
+        """Delay before the next attempt once ``failures`` attempts have failed (``failures >= 1``)."""
+        return float(min(self.cap_seconds, self.base_seconds * 2 ** max(0, failures - 1)))
+
+    def exhausted(self, failures: int) -> bool:
+        return failures >= self.max_attempts
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """What an operation acts on, for ordering.
+
+    Operations of one project whose scopes overlap run strictly in creation order; others run in
+    parallel. A scope without a branch (project-wide work such as ``delete_tenant``) overlaps
+    every operation of its project.
+    """
+
+    project_id: str
+    branch_id: str | None
+    endpoint_id: str | None
+
+    def overlaps(self, other: Scope) -> bool:
+        if self.project_id != other.project_id:
+            return False
+        if self.branch_id is None or other.branch_id is None:
+            return True
+        if self.branch_id == other.branch_id:
+            return True
+        return self.endpoint_id is not None and self.endpoint_id == other.endpoint_id
