@@ -14,6 +14,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pgplane.core.models import Operation
 
 
 class Status(enum.StrEnum):
@@ -70,7 +74,7 @@ class RetryPolicy:
     cap_seconds: float = 60.0
 
     def backoff_seconds(self, failures: int) -> float:
-        """Delay before the next attempt once ``failures`` attempts have failed (``failures >= 1``)."""
+        """Delay before the next attempt once ``failures`` (>= 1) attempts have failed."""
         return float(min(self.cap_seconds, self.base_seconds * 2 ** max(0, failures - 1)))
 
     def exhausted(self, failures: int) -> bool:
@@ -98,3 +102,25 @@ class Scope:
         if self.branch_id == other.branch_id:
             return True
         return self.endpoint_id is not None and self.endpoint_id == other.endpoint_id
+
+
+def claimable(unsettled: list[Operation], now: int) -> list[Operation]:
+    """The operations a worker may claim now, oldest first.
+
+    ``unsettled`` is every ``scheduling``/``running`` operation of the projects considered, in
+    creation order. An operation is blocked while an earlier unsettled one overlaps its scope;
+    blocking only ever lifts (later operations never block earlier ones), so a claim decided on a
+    slightly stale read is still correct, and the store's compare-and-set settles races.
+    """
+    ready = []
+    seen: list[Scope] = []
+    for op in unsettled:
+        scope = Scope(op.project_id, op.branch_id, op.endpoint_id)
+        blocked = any(scope.overlaps(s) for s in seen)
+        seen.append(scope)
+        if blocked:
+            continue
+        due = op.retry_at if op.status is Status.SCHEDULING else op.lease_expires_at
+        if due is None or due <= now:
+            ready.append(op)
+    return ready

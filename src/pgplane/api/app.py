@@ -1,0 +1,114 @@
+"""The ASGI application: routes under ``/api/v2``, its OpenAPI document, one error body."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from litestar import Litestar, MediaType, Request, Router, get
+from litestar.datastructures import State
+from litestar.di import Provide
+from litestar.exceptions import HTTPException
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import SwaggerRenderPlugin
+from litestar.openapi.spec import Components, SecurityScheme
+
+from pgplane import __version__
+from pgplane.api.auth import current_caller
+from pgplane.api.deps import Notify
+from pgplane.api.errors import on_http_error, on_platform_error, on_unexpected
+from pgplane.api.routes.api_keys import ApiKeys
+from pgplane.api.routes.operations import Operations
+from pgplane.api.routes.projects import Projects
+from pgplane.config import Settings
+from pgplane.errors import PgplaneError
+from pgplane.services import api_keys
+from pgplane.store import Store
+
+log = logging.getLogger(__name__)
+
+BASE_PATH = "/api/v2"
+
+
+def _nothing() -> None:
+    return None
+
+
+@get(
+    f"{BASE_PATH}/openapi.json",
+    include_in_schema=False,
+    media_type=MediaType.JSON,
+    sync_to_thread=False,
+)
+def openapi_document(request: Request[Any, Any, State]) -> dict[str, Any]:
+    """The OpenAPI document of this API, public like Neon's."""
+    return request.app.openapi_schema.to_schema()
+
+
+async def _flush_key_uses(store: Store, recorder: api_keys.UseRecorder) -> None:
+    if recorder.has_pending():
+        async with store.write() as tx:
+            await recorder.flush(tx)
+
+
+def create_app(*, store: Store, settings: Settings, notify: Notify = _nothing) -> Litestar:
+    """The API over ``store``; ``notify`` is called after a request starts operations."""
+    recorder = api_keys.UseRecorder()
+
+    @contextlib.asynccontextmanager
+    async def key_use_flusher(_: Litestar) -> AsyncIterator[None]:
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(settings.key_use_flush_seconds)
+                try:
+                    await _flush_key_uses(store, recorder)
+                except Exception:
+                    log.exception("could not record API key use; will retry")
+
+        task = asyncio.create_task(loop())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await _flush_key_uses(store, recorder)
+
+    api = Router(
+        path=BASE_PATH,
+        route_handlers=[ApiKeys, Projects, Operations],
+        dependencies={"caller": Provide(current_caller)},
+        security=[{"BearerAuth": []}],
+    )
+    return Litestar(
+        route_handlers=[api, openapi_document],
+        dependencies={
+            "store": Provide(lambda: store, sync_to_thread=False, use_cache=True),
+            "settings": Provide(lambda: settings, sync_to_thread=False, use_cache=True),
+            "notify": Provide(lambda: notify, sync_to_thread=False, use_cache=True),
+        },
+        exception_handlers={
+            PgplaneError: on_platform_error,
+            HTTPException: on_http_error,
+            Exception: on_unexpected,
+        },
+        openapi_config=OpenAPIConfig(
+            title="pgplane management API",
+            version=__version__,
+            description="A Neon-compatible management API (v2) for self-hosted Postgres.",
+            # The interactive docs live outside /api/v2: their router would answer unknown
+            # /api/v2 paths with an HTML 404. The document itself is served by openapi_document.
+            path="/docs",
+            render_plugins=[SwaggerRenderPlugin(path="/")],
+            components=Components(
+                security_schemes={"BearerAuth": SecurityScheme(type="http", scheme="bearer")}
+            ),
+        ),
+        request_max_body_size=settings.max_body_bytes,
+        state=State({"key_uses": recorder}),
+        lifespan=[key_use_flusher],
+        debug=False,
+    )

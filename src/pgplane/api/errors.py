@@ -1,0 +1,88 @@
+"""Every error, ours or the framework's, rendered as the one JSON error body."""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from typing import Any
+
+from litestar import MediaType, Request, Response
+from litestar.datastructures import State
+from litestar.exceptions import HTTPException, ValidationException
+
+from pgplane.api.schemas import ErrorBody
+from pgplane.errors import PgplaneError
+
+log = logging.getLogger(__name__)
+
+AnyRequest = Request[Any, Any, State]
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_CODES = {
+    400: "BAD_REQUEST",
+    401: "UNAUTHORIZED",
+    404: "NOT_FOUND",
+    405: "METHOD_NOT_ALLOWED",
+    409: "CONFLICT",
+    413: "PAYLOAD_TOO_LARGE",
+    415: "UNSUPPORTED_MEDIA_TYPE",
+    429: "TOO_MANY_REQUESTS",
+    503: "SERVICE_UNAVAILABLE",
+}
+
+
+def request_id(request: AnyRequest) -> str:
+    """The client's ``X-Request-ID`` when it is sane, else a fresh one."""
+    given = request.headers.get("x-request-id")
+    if given and _REQUEST_ID.match(given):
+        return given
+    return uuid.uuid4().hex
+
+
+def _render(
+    request: AnyRequest,
+    status: int,
+    code: str,
+    message: str,
+    headers: dict[str, str] | None = None,
+) -> Response[ErrorBody]:
+    return Response(
+        ErrorBody(code=code, message=message, request_id=request_id(request)),
+        status_code=status,
+        media_type=MediaType.JSON,
+        headers=headers,
+    )
+
+
+def on_platform_error(request: AnyRequest, exc: PgplaneError) -> Response[ErrorBody]:
+    return _render(request, exc.status, exc.code, exc.message, exc.headers)
+
+
+def _validation_message(exc: ValidationException) -> str:
+    details = []
+    if isinstance(exc.extra, list):
+        for item in exc.extra:
+            if isinstance(item, dict):
+                key = item.get("key")
+                text = item.get("message", "")
+                details.append(f"{key}: {text}" if key else str(text))
+    detail = "; ".join(details) if details else exc.detail
+    return f"invalid request: {detail}"
+
+
+def on_http_error(request: AnyRequest, exc: HTTPException) -> Response[ErrorBody]:
+    status = exc.status_code
+    if status >= 500:
+        log.error("server error on %s %s: %s", request.method, request.url.path, exc.detail)
+        return _render(request, 500, "INTERNAL", "internal server error")
+    message = _validation_message(exc) if isinstance(exc, ValidationException) else exc.detail
+    if status == 404 and message == "Not Found":
+        message = "not found"
+    headers = dict(exc.headers or {})
+    return _render(request, status, _CODES.get(status, "BAD_REQUEST"), message, headers)
+
+
+def on_unexpected(request: AnyRequest, exc: Exception) -> Response[ErrorBody]:
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return _render(request, 500, "INTERNAL", "internal server error")

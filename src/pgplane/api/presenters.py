@@ -1,0 +1,218 @@
+"""Store records to response models: the one place that decides what a client sees."""
+
+from __future__ import annotations
+
+from pgplane.api import schemas as s
+from pgplane.config import Settings
+from pgplane.core.clock import format_s, format_us
+from pgplane.core.models import ApiKey, Branch, Database, Endpoint, Operation, Project, Role
+from pgplane.services.connections import Connection
+
+MIB = 1 << 20
+BRANCH_LOGICAL_SIZE_LIMIT_MIB = 3072
+CREATION_SOURCE = "console"
+_EPOCH_ZERO = "0001-01-01T00:00:00Z"
+
+
+def _ts(us: int | None) -> str | None:
+    return None if us is None else format_s(us)
+
+
+def operation(op: Operation) -> s.OperationOut:
+    return s.OperationOut(
+        id=op.id,
+        project_id=op.project_id,
+        branch_id=op.branch_id,
+        endpoint_id=op.endpoint_id,
+        action=op.action.value,
+        status=op.status.value,
+        failures_count=op.failures_count,
+        error=op.error,
+        retry_at=None if op.retry_at is None else format_us(op.retry_at),
+        created_at=format_us(op.created_at),
+        updated_at=format_us(op.updated_at),
+        total_duration_ms=op.total_duration_ms,
+    )
+
+
+def operations(ops: list[Operation]) -> list[s.OperationOut]:
+    return [operation(op) for op in ops]
+
+
+def api_key_created(key: ApiKey, value: str) -> s.ApiKeyCreated:
+    return s.ApiKeyCreated(
+        id=key.id,
+        key=value,
+        name=key.name,
+        created_at=format_s(key.created_at),
+        created_by=key.created_by,
+    )
+
+
+def api_key_item(key: ApiKey, creator_name: str) -> s.ApiKeyListItem:
+    return s.ApiKeyListItem(
+        id=key.id,
+        name=key.name,
+        created_at=format_s(key.created_at),
+        created_by=s.ApiKeyCreator(id=key.created_by, name=creator_name, image=""),
+        last_used_at=_ts(key.last_used_at),
+        last_used_from_addr=key.last_used_from_addr,
+    )
+
+
+def api_key_revoked(key: ApiKey) -> s.ApiKeyRevoked:
+    return s.ApiKeyRevoked(
+        id=key.id,
+        name=key.name,
+        created_at=format_s(key.created_at),
+        created_by=key.created_by,
+        last_used_at=_ts(key.last_used_at),
+        last_used_from_addr=key.last_used_from_addr,
+        revoked=True,
+    )
+
+
+def project_item(p: Project, settings: Settings) -> s.ProjectListItem:
+    return s.ProjectListItem(
+        id=p.id,
+        platform_id="local",
+        region_id=p.region_id,
+        name=p.name,
+        provisioner=p.provisioner,
+        default_endpoint_settings=p.default_endpoint_settings,
+        settings=p.settings,
+        pg_version=p.pg_version,
+        proxy_host=settings.proxy_host,
+        branch_logical_size_limit=BRANCH_LOGICAL_SIZE_LIMIT_MIB,
+        branch_logical_size_limit_bytes=BRANCH_LOGICAL_SIZE_LIMIT_MIB * MIB,
+        store_passwords=p.store_passwords,
+        active_time=0,
+        cpu_used_sec=0,
+        creation_source=CREATION_SOURCE,
+        history_retention_seconds=p.history_retention_seconds,
+        created_at=format_s(p.created_at),
+        updated_at=format_s(p.updated_at),
+        owner_id=p.account_id,
+        locked=p.locked,
+    )
+
+
+def project(p: Project, settings: Settings, *, owner_email: str) -> s.ProjectOut:
+    return s.ProjectOut(
+        id=p.id,
+        platform_id="local",
+        region_id=p.region_id,
+        name=p.name,
+        provisioner=p.provisioner,
+        default_endpoint_settings=p.default_endpoint_settings,
+        settings=p.settings,
+        pg_version=p.pg_version,
+        proxy_host=settings.proxy_host,
+        branch_logical_size_limit=BRANCH_LOGICAL_SIZE_LIMIT_MIB,
+        branch_logical_size_limit_bytes=BRANCH_LOGICAL_SIZE_LIMIT_MIB * MIB,
+        store_passwords=p.store_passwords,
+        creation_source=CREATION_SOURCE,
+        history_retention_seconds=p.history_retention_seconds,
+        created_at=format_s(p.created_at),
+        updated_at=format_s(p.updated_at),
+        consumption_period_start=_EPOCH_ZERO,
+        consumption_period_end=_EPOCH_ZERO,
+        owner_id=p.account_id,
+        owner=s.ProjectOwner(
+            email=owner_email,
+            name=owner_email.split("@", 1)[0],
+            branches_limit=5000,
+            subscription_type="UNKNOWN",
+        ),
+        locked=p.locked,
+        data_storage_bytes_hour=0,
+        data_transfer_bytes=0,
+        written_data_bytes=0,
+        compute_time_seconds=0,
+        active_time_seconds=0,
+        cpu_used_sec=0,
+        deleted_at=_ts(p.deleted_at),
+    )
+
+
+def branch(b: Branch) -> s.BranchOut:
+    return s.BranchOut(
+        id=b.id,
+        project_id=b.project_id,
+        parent_id=b.parent_id,
+        name=b.name,
+        current_state=b.current_state,
+        pending_state=b.pending_state,
+        state_changed_at=format_s(b.state_changed_at),
+        creation_source=CREATION_SOURCE,
+        primary=b.default,
+        default=b.default,
+        protected=b.protected,
+        cpu_used_sec=0,
+        compute_time_seconds=0,
+        active_time_seconds=0,
+        written_data_bytes=0,
+        data_transfer_bytes=0,
+        created_at=format_s(b.created_at),
+        updated_at=format_s(b.updated_at),
+    )
+
+
+def endpoint(e: Endpoint, settings: Settings) -> s.EndpointOut:
+    return s.EndpointOut(
+        host=settings.compute_host,
+        id=e.id,
+        project_id=e.project_id,
+        branch_id=e.branch_id,
+        autoscaling_limit_min_cu=e.autoscaling_limit_min_cu,
+        autoscaling_limit_max_cu=e.autoscaling_limit_max_cu,
+        region_id=settings.region_id,
+        type=e.type,
+        current_state=e.current_state,
+        pending_state=e.pending_state,
+        settings=s.EndpointSettings(pg_settings=dict(e.settings.get("pg_settings", {}))),
+        pooler_enabled=False,
+        pooler_mode="transaction",
+        disabled=e.disabled,
+        passwordless_access=False,
+        creation_source=CREATION_SOURCE,
+        created_at=format_s(e.created_at),
+        updated_at=format_s(e.updated_at),
+        proxy_host=settings.proxy_host,
+        suspend_timeout_seconds=e.suspend_timeout_seconds,
+        provisioner="k8s-pod",
+        last_active=_ts(e.last_active),
+        started_at=_ts(e.started_at),
+        suspended_at=_ts(e.suspended_at),
+    )
+
+
+def role(r: Role, *, with_password: bool) -> s.RoleOut:
+    return s.RoleOut(
+        branch_id=r.branch_id,
+        name=r.name,
+        protected=r.protected,
+        created_at=format_s(r.created_at),
+        updated_at=format_s(r.updated_at),
+        password=r.password if with_password else None,
+    )
+
+
+def database(d: Database) -> s.DatabaseOut:
+    return s.DatabaseOut(
+        id=d.id,
+        branch_id=d.branch_id,
+        name=d.name,
+        owner_name=d.owner_name,
+        created_at=format_s(d.created_at),
+        updated_at=format_s(d.updated_at),
+    )
+
+
+def connection(c: Connection) -> s.ConnectionDetails:
+    return s.ConnectionDetails(
+        connection_uri=c.uri,
+        connection_parameters=s.ConnectionParameters(
+            database=c.database, password=c.password, role=c.role, host=c.host, pooler_host=c.host
+        ),
+    )

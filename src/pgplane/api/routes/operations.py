@@ -1,0 +1,54 @@
+"""``/projects/{project_id}/operations``: list page by page, get one to poll it."""
+
+from __future__ import annotations
+
+from litestar import Controller, get
+from litestar.params import Parameter
+
+from pgplane.api import presenters
+from pgplane.api.auth import Caller
+from pgplane.api.deps import error_responses
+from pgplane.api.schemas import OperationResponse, OperationsPage, Pagination
+from pgplane.services import operations
+from pgplane.store import Store
+
+
+class Operations(Controller):
+    path = "/projects/{project_id:str}/operations"
+    tags = ["Operation"]  # noqa: RUF012 - Litestar reads it as an instance attribute
+
+    @get(operation_id="listProjectOperations", responses=error_responses())
+    async def list_(
+        self,
+        caller: Caller,
+        store: Store,
+        project_id: str,
+        limit: int | None = Parameter(
+            default=None, description="1 to 1000; 10 when absent", required=False
+        ),
+        cursor: str | None = Parameter(
+            default=None,
+            description="pagination.cursor of the previous page (a timestamp with microseconds)",
+            required=False,
+        ),
+    ) -> OperationsPage:
+        """The project's operations, newest first."""
+        async with store.read() as tx:
+            page = await operations.list_(
+                tx, account_id=caller.account_id, project_id=project_id, limit=limit, cursor=cursor
+            )
+        return OperationsPage(
+            operations=presenters.operations(page.operations),
+            pagination=Pagination(cursor=page.cursor) if page.cursor else None,
+        )
+
+    @get("/{operation_id:str}", operation_id="getProjectOperation", responses=error_responses())
+    async def get_(
+        self, caller: Caller, store: Store, project_id: str, operation_id: str
+    ) -> OperationResponse:
+        """One operation, for polling until it is finished."""
+        async with store.read() as tx:
+            op = await operations.get(
+                tx, account_id=caller.account_id, project_id=project_id, operation_id=operation_id
+            )
+        return OperationResponse(operation=presenters.operation(op))

@@ -1,0 +1,175 @@
+"""``/projects``: list, create, get, update, delete."""
+
+from __future__ import annotations
+
+from litestar import Controller, delete, get, patch, post
+from litestar.params import Parameter
+
+from pgplane.api import presenters
+from pgplane.api.auth import Caller
+from pgplane.api.deps import Notify, error_responses
+from pgplane.api.schemas import (
+    Pagination,
+    ProjectCreated,
+    ProjectCreateRequest,
+    ProjectOperations,
+    ProjectResponse,
+    ProjectsPage,
+    ProjectUpdateRequest,
+    to_builtins,
+)
+from pgplane.config import Settings
+from pgplane.services import projects
+from pgplane.services.connections import connection
+from pgplane.store import Store, Tx
+
+
+async def _owner_email(tx: Tx, account_id: str) -> str:
+    account = await tx.get_account(account_id)
+    return account.email if account else ""
+
+
+class Projects(Controller):
+    path = "/projects"
+    tags = ["Project"]  # noqa: RUF012 - Litestar reads it as an instance attribute
+
+    @get(operation_id="listProjects", responses=error_responses())
+    async def list_(
+        self,
+        caller: Caller,
+        store: Store,
+        settings: Settings,
+        limit: int | None = Parameter(default=None, description="1 to 400; 10 when absent"),
+        cursor: str | None = Parameter(
+            default=None, description="pagination.cursor of the previous page (a project id)"
+        ),
+    ) -> ProjectsPage:
+        """The account's projects, newest first."""
+        async with store.read() as tx:
+            found = await projects.list_(
+                tx, account_id=caller.account_id, limit=limit, cursor=cursor
+            )
+        return ProjectsPage(
+            projects=[presenters.project_item(p, settings) for p in found],
+            applications={},
+            integrations={},
+            pagination=Pagination(cursor=found[-1].id) if found else None,
+        )
+
+    @post(status_code=201, operation_id="createProject", responses=error_responses(409))
+    async def create(
+        self,
+        caller: Caller,
+        store: Store,
+        settings: Settings,
+        notify: Notify,
+        data: ProjectCreateRequest,
+    ) -> ProjectCreated:
+        """Create a project with its default branch, compute, role and database."""
+        req = data.project
+        branch = req.branch
+        endpoint_settings = (
+            to_builtins(req.default_endpoint_settings) if req.default_endpoint_settings else {}
+        )
+        for key in ("autoscaling_limit_min_cu", "autoscaling_limit_max_cu"):
+            value = getattr(req, key)
+            if value is not None:
+                endpoint_settings.setdefault(key, value)
+        spec = projects.NewProject(
+            name=req.name,
+            region_id=req.region_id,
+            pg_version=req.pg_version,
+            branch_name=branch.name if branch else None,
+            role_name=branch.role_name if branch else None,
+            database_name=branch.database_name if branch else None,
+            history_retention_seconds=req.history_retention_seconds,
+            store_passwords=req.store_passwords,
+            default_endpoint_settings=endpoint_settings,
+            settings=req.settings or {},
+        )
+        async with store.write() as tx:
+            created = await projects.create(
+                tx, account_id=caller.account_id, spec=spec, settings=settings
+            )
+            email = await _owner_email(tx, caller.account_id)
+        notify()
+        return ProjectCreated(
+            project=presenters.project(created.project, settings, owner_email=email),
+            connection_uris=[
+                presenters.connection(
+                    connection(settings, endpoint=created.endpoint, role=role, database=db)
+                )
+                for role in created.roles
+                for db in created.databases
+                if db.owner_name == role.name
+            ],
+            roles=[presenters.role(r, with_password=True) for r in created.roles],
+            databases=[presenters.database(d) for d in created.databases],
+            operations=presenters.operations(created.operations),
+            branch=presenters.branch(created.branch),
+            endpoints=[presenters.endpoint(created.endpoint, settings)],
+        )
+
+    @get("/{project_id:str}", operation_id="getProject", responses=error_responses())
+    async def get_(
+        self, caller: Caller, store: Store, settings: Settings, project_id: str
+    ) -> ProjectResponse:
+        async with store.read() as tx:
+            project = await projects.get(tx, account_id=caller.account_id, project_id=project_id)
+            email = await _owner_email(tx, caller.account_id)
+        return ProjectResponse(project=presenters.project(project, settings, owner_email=email))
+
+    @patch("/{project_id:str}", operation_id="updateProject", responses=error_responses())
+    async def update(
+        self,
+        caller: Caller,
+        store: Store,
+        settings: Settings,
+        notify: Notify,
+        project_id: str,
+        data: ProjectUpdateRequest,
+    ) -> ProjectOperations:
+        """Rename; change history retention (starts ``apply_storage_config``)."""
+        req = data.project
+        changes = projects.ProjectChanges(
+            name=req.name,
+            history_retention_seconds=req.history_retention_seconds,
+            default_endpoint_settings=(
+                to_builtins(req.default_endpoint_settings)
+                if req.default_endpoint_settings
+                else None
+            ),
+            settings=req.settings,
+        )
+        async with store.write() as tx:
+            project, ops = await projects.update(
+                tx, account_id=caller.account_id, project_id=project_id, changes=changes
+            )
+            email = await _owner_email(tx, caller.account_id)
+        if ops:
+            notify()
+        return ProjectOperations(
+            project=presenters.project(project, settings, owner_email=email),
+            operations=presenters.operations(ops),
+        )
+
+    @delete(
+        "/{project_id:str}",
+        status_code=200,
+        operation_id="deleteProject",
+        responses=error_responses(),
+    )
+    async def delete_(
+        self, caller: Caller, store: Store, settings: Settings, notify: Notify, project_id: str
+    ) -> ProjectOperations:
+        """Delete: computes stop and ``delete_tenant`` removes the data; poll its operation."""
+        async with store.write() as tx:
+            project, ops = await projects.delete(
+                tx, account_id=caller.account_id, project_id=project_id
+            )
+            email = await _owner_email(tx, caller.account_id)
+        notify()
+        return ProjectOperations(
+            project=presenters.project(project, settings, owner_email=email),
+            operations=presenters.operations(ops),
+        )

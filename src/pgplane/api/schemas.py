@@ -1,0 +1,321 @@
+"""Request and response models: the API's shapes, separate from the store's records.
+
+Responses are supersets: the contract's fields plus those current Neon clients require. Secrets
+reach a response only through the models that exist to carry them (a created key's value, a
+role's password in create responses). Optional fields are omitted when unset, as Neon omits
+``endpoint_id`` on operations that involve no compute.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta, Struct
+
+Name256 = Annotated[str, Meta(min_length=1, max_length=256)]
+Identifier = Annotated[str, Meta(min_length=1, max_length=63)]
+
+
+class ErrorBody(Struct, kw_only=True):
+    code: str
+    message: str
+    request_id: str
+
+
+# -- API keys ---------------------------------------------------------------------------------
+
+
+class ApiKeyCreateRequest(Struct, kw_only=True):
+    key_name: Annotated[str, Meta(min_length=1, max_length=64)]
+
+
+class ApiKeyCreated(Struct, kw_only=True):
+    id: int
+    key: str
+    name: str
+    created_at: str
+    created_by: str
+
+
+class ApiKeyCreator(Struct, kw_only=True):
+    id: str
+    name: str
+    image: str
+
+
+class ApiKeyListItem(Struct, kw_only=True):
+    id: int
+    name: str
+    created_at: str
+    created_by: ApiKeyCreator
+    last_used_at: str | None
+    last_used_from_addr: str
+
+
+class ApiKeyRevoked(Struct, kw_only=True):
+    id: int
+    name: str
+    created_at: str
+    created_by: str
+    last_used_at: str | None
+    last_used_from_addr: str
+    revoked: bool
+
+
+# -- operations -------------------------------------------------------------------------------
+
+
+class OperationOut(Struct, kw_only=True, omit_defaults=True):
+    id: str
+    project_id: str
+    action: str
+    status: str
+    failures_count: int
+    created_at: str
+    updated_at: str
+    total_duration_ms: int
+    branch_id: str | None = None
+    endpoint_id: str | None = None
+    error: str | None = None
+    retry_at: str | None = None
+
+
+class Pagination(Struct, kw_only=True):
+    cursor: str
+
+
+class OperationsPage(Struct, kw_only=True, omit_defaults=True):
+    operations: list[OperationOut]
+    pagination: Pagination | None = None
+
+
+class OperationResponse(Struct, kw_only=True):
+    operation: OperationOut
+
+
+# -- projects ---------------------------------------------------------------------------------
+
+
+class ProjectOwner(Struct, kw_only=True):
+    email: str
+    name: str
+    branches_limit: int
+    subscription_type: str
+
+
+class ProjectListItem(Struct, kw_only=True, omit_defaults=True):
+    id: str
+    platform_id: str
+    region_id: str
+    name: str
+    provisioner: str
+    default_endpoint_settings: dict[str, Any]
+    settings: dict[str, Any]
+    pg_version: int
+    proxy_host: str
+    branch_logical_size_limit: int
+    branch_logical_size_limit_bytes: int
+    store_passwords: bool
+    active_time: int
+    cpu_used_sec: int
+    creation_source: str
+    history_retention_seconds: int
+    created_at: str
+    updated_at: str
+    owner_id: str
+    locked: bool
+    compute_last_active_at: str | None = None
+
+
+class ProjectOut(Struct, kw_only=True, omit_defaults=True):
+    id: str
+    platform_id: str
+    region_id: str
+    name: str
+    provisioner: str
+    default_endpoint_settings: dict[str, Any]
+    settings: dict[str, Any]
+    pg_version: int
+    proxy_host: str
+    branch_logical_size_limit: int
+    branch_logical_size_limit_bytes: int
+    store_passwords: bool
+    creation_source: str
+    history_retention_seconds: int
+    created_at: str
+    updated_at: str
+    consumption_period_start: str
+    consumption_period_end: str
+    owner_id: str
+    owner: ProjectOwner
+    locked: bool
+    data_storage_bytes_hour: int
+    data_transfer_bytes: int
+    written_data_bytes: int
+    compute_time_seconds: int
+    active_time_seconds: int
+    cpu_used_sec: int
+    compute_last_active_at: str | None = None
+    deleted_at: str | None = None
+
+
+class ProjectsPage(Struct, kw_only=True, omit_defaults=True):
+    projects: list[ProjectListItem]
+    applications: dict[str, list[str]]
+    integrations: dict[str, list[str]]
+    pagination: Pagination | None = None
+
+
+class ProjectResponse(Struct, kw_only=True):
+    project: ProjectOut
+
+
+class ProjectOperations(Struct, kw_only=True):
+    project: ProjectOut
+    operations: list[OperationOut]
+
+
+class BranchOut(Struct, kw_only=True, omit_defaults=True):
+    id: str
+    project_id: str
+    name: str
+    current_state: str
+    state_changed_at: str
+    creation_source: str
+    primary: bool
+    default: bool
+    protected: bool
+    cpu_used_sec: int
+    compute_time_seconds: int
+    active_time_seconds: int
+    written_data_bytes: int
+    data_transfer_bytes: int
+    created_at: str
+    updated_at: str
+    parent_id: str | None = None
+    pending_state: str | None = None
+
+
+class EndpointSettings(Struct, kw_only=True):
+    pg_settings: dict[str, str]
+
+
+class EndpointOut(Struct, kw_only=True, omit_defaults=True):
+    host: str
+    id: str
+    project_id: str
+    branch_id: str
+    autoscaling_limit_min_cu: float
+    autoscaling_limit_max_cu: float
+    region_id: str
+    type: str
+    current_state: str
+    settings: EndpointSettings
+    pooler_enabled: bool
+    pooler_mode: str
+    disabled: bool
+    passwordless_access: bool
+    creation_source: str
+    created_at: str
+    updated_at: str
+    proxy_host: str
+    suspend_timeout_seconds: int
+    provisioner: str
+    pending_state: str | None = None
+    last_active: str | None = None
+    started_at: str | None = None
+    suspended_at: str | None = None
+
+
+class RoleOut(Struct, kw_only=True, omit_defaults=True):
+    branch_id: str
+    name: str
+    protected: bool
+    created_at: str
+    updated_at: str
+    password: str | None = None
+
+
+class DatabaseOut(Struct, kw_only=True):
+    id: int
+    branch_id: str
+    name: str
+    owner_name: str
+    created_at: str
+    updated_at: str
+
+
+class ConnectionParameters(Struct, kw_only=True):
+    database: str
+    password: str
+    role: str
+    host: str
+    pooler_host: str
+
+
+class ConnectionDetails(Struct, kw_only=True):
+    connection_uri: str
+    connection_parameters: ConnectionParameters
+
+
+class ProjectCreated(Struct, kw_only=True):
+    project: ProjectOut
+    connection_uris: list[ConnectionDetails]
+    roles: list[RoleOut]
+    databases: list[DatabaseOut]
+    operations: list[OperationOut]
+    branch: BranchOut
+    endpoints: list[EndpointOut]
+
+
+# -- project requests -------------------------------------------------------------------------
+
+
+class BranchSpec(Struct, kw_only=True):
+    name: Name256 | None = None
+    role_name: Identifier | None = None
+    database_name: Identifier | None = None
+
+
+class DefaultEndpointSettings(Struct, kw_only=True, omit_defaults=True):
+    pg_settings: dict[str, str] | None = None
+    autoscaling_limit_min_cu: Annotated[float, Meta(ge=0.25, le=16)] | None = None
+    autoscaling_limit_max_cu: Annotated[float, Meta(ge=0.25, le=16)] | None = None
+    suspend_timeout_seconds: Annotated[int, Meta(ge=-1, le=604800)] | None = None
+
+
+class ProjectCreateSpec(Struct, kw_only=True):
+    name: Name256 | None = None
+    region_id: Annotated[str, Meta(max_length=64)] | None = None
+    pg_version: Annotated[int, Meta(ge=14, le=18)] | None = None
+    branch: BranchSpec | None = None
+    default_endpoint_settings: DefaultEndpointSettings | None = None
+    settings: dict[str, Any] | None = None
+    history_retention_seconds: Annotated[int, Meta(ge=0, le=2592000)] | None = None
+    store_passwords: bool | None = None
+    provisioner: Annotated[str, Meta(max_length=64)] | None = None
+    autoscaling_limit_min_cu: Annotated[float, Meta(ge=0.25, le=16)] | None = None
+    autoscaling_limit_max_cu: Annotated[float, Meta(ge=0.25, le=16)] | None = None
+
+
+class ProjectCreateRequest(Struct, kw_only=True):
+    project: ProjectCreateSpec
+
+
+class ProjectUpdateSpec(Struct, kw_only=True):
+    name: Name256 | None = None
+    default_endpoint_settings: DefaultEndpointSettings | None = None
+    settings: dict[str, Any] | None = None
+    history_retention_seconds: Annotated[int, Meta(ge=0, le=2592000)] | None = None
+
+
+class ProjectUpdateRequest(Struct, kw_only=True):
+    project: ProjectUpdateSpec
+
+
+def to_builtins(value: Struct) -> dict[str, Any]:
+    """A request sub-object as a plain dict, unset fields left out."""
+    out = msgspec.to_builtins(value)
+    assert isinstance(out, dict)  # noqa: S101 - a Struct always becomes a dict
+    return {k: v for k, v in out.items() if v is not None}

@@ -1,0 +1,78 @@
+"""Platform settings: one frozen object built by the entry points and passed down.
+
+Every interval is configurable (tests run the platform's timers in seconds); environment variables
+``PGPLANE_*`` override the defaults, command-line options override both.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import platformdirs
+
+
+def default_data_dir() -> Path:
+    """``$PGPLANE_DATA_DIR``, else the user's data home (``~/.local/share/pgplane``)."""
+    env = os.environ.get("PGPLANE_DATA_DIR")
+    if env:
+        return Path(env).expanduser()
+    return Path(platformdirs.user_data_dir("pgplane", appauthor=False))
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    data_dir: Path = field(default_factory=default_data_dir)
+    host: str = "127.0.0.1"
+    port: int = 8080
+
+    # Where computes listen and what connection URIs name. The proxy replaces this later.
+    compute_host: str = "127.0.0.1"
+    compute_ports: tuple[int, int] = (55000, 56999)
+    compute_user: str | None = None  # OS user for Postgres when pgplane runs as root
+    pg_bin_dirs: tuple[Path, ...] = ()
+    region_id: str = "local"
+    pg_versions: tuple[int, ...] = ()  # filled in by the entry point from the compute driver
+
+    # Operations engine.
+    workers: int = 4
+    lease_seconds: float = 30.0
+    heartbeat_seconds: float = 10.0
+    poll_seconds: float = 0.5
+    max_attempts: int = 5
+    retry_base_seconds: float = 1.0
+    retry_cap_seconds: float = 60.0
+
+    # API.
+    max_body_bytes: int = 1 << 20
+    key_use_flush_seconds: float = 5.0
+
+    @property
+    def store_path(self) -> Path:
+        return self.data_dir / "pgplane.db"
+
+    @property
+    def proxy_host(self) -> str:
+        return self.compute_host
+
+
+def settings_from_env(**overrides: object) -> Settings:
+    """Settings from ``PGPLANE_*`` variables, then explicit overrides (None means unset)."""
+    env: dict[str, object] = {}
+    for name, cast in (
+        ("compute_host", str),
+        ("compute_user", str),
+        ("region_id", str),
+        ("workers", int),
+        ("poll_seconds", float),
+        ("lease_seconds", float),
+    ):
+        raw = os.environ.get(f"PGPLANE_{name.upper()}")
+        if raw:
+            env[name] = cast(raw)
+    bins = os.environ.get("PGPLANE_PG_BIN_DIRS")
+    if bins:
+        env["pg_bin_dirs"] = tuple(Path(p) for p in bins.split(os.pathsep) if p)
+    env.update({k: v for k, v in overrides.items() if v is not None})
+    return Settings(**env)  # type: ignore[arg-type]

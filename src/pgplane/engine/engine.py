@@ -1,0 +1,199 @@
+"""The dispatcher: finds claimable operations, claims them with a lease, runs their handlers.
+
+One dispatcher per process runs up to ``settings.workers`` attempts at once. Claims are
+compare-and-set in the store, so several processes (or replicas of the control plane later) can
+run dispatchers against one store without running an attempt twice. A worker that dies leaves a
+``running`` operation whose lease expires; the next dispatcher to look claims it again and counts
+the abandoned attempt as a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+
+import msgspec
+
+from pgplane.compute.driver import ComputeDriver, ComputeError
+from pgplane.config import Settings
+from pgplane.core import clock
+from pgplane.core.models import Operation
+from pgplane.core.operations import Action, RetryPolicy, Status, check_transition, claimable
+from pgplane.engine.handlers import HANDLERS, Context, Handler, PermanentError
+from pgplane.errors import PgplaneError
+from pgplane.store import Store
+
+log = logging.getLogger(__name__)
+
+_US = 1_000_000
+
+
+class Engine:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        driver: ComputeDriver,
+        settings: Settings,
+        handlers: dict[Action, Handler] | None = None,
+    ) -> None:
+        self._store = store
+        self._settings = settings
+        self._context = Context(store=store, driver=driver, settings=settings)
+        self._handlers: dict[Action, Handler] = dict(handlers or HANDLERS)
+        self._policy = RetryPolicy(
+            max_attempts=settings.max_attempts,
+            base_seconds=settings.retry_base_seconds,
+            cap_seconds=settings.retry_cap_seconds,
+        )
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._wake = asyncio.Event()
+        self._running: dict[str, asyncio.Task[None]] = {}
+        self._slots = asyncio.Semaphore(settings.workers)
+
+    def wake(self) -> None:
+        """Look for work now (called after a request wrote new operations)."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Dispatch until cancelled; in-flight attempts are cancelled with it (leases expire)."""
+        log.info(
+            "operations engine started (%d workers, owner %s)", self._settings.workers, self.owner
+        )
+        try:
+            while True:
+                try:
+                    await self._dispatch_once()
+                except Exception:
+                    log.exception("operations dispatcher failed; continuing")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self._settings.poll_seconds)
+                self._wake.clear()
+        finally:
+            for task in list(self._running.values()):
+                task.cancel()
+            await asyncio.gather(*self._running.values(), return_exceptions=True)
+
+    async def _dispatch_once(self) -> None:
+        async with self._store.read() as tx:
+            unsettled = await tx.list_unsettled_operations()
+        now = clock.now_us()
+        for op in claimable(unsettled, now):
+            if op.id in self._running:
+                continue
+            if self._slots.locked():
+                return
+            async with self._store.write() as tx:
+                claimed = await tx.claim_operation(
+                    seen=op,
+                    owner=self.owner,
+                    now=now,
+                    lease_until=now + int(self._settings.lease_seconds * _US),
+                    # An expired lease held by a worker means that worker died mid-attempt.
+                    failed_attempt=op.status is Status.RUNNING and op.lease_owner is not None,
+                )
+            if claimed is None:
+                continue
+            await self._slots.acquire()
+            task = asyncio.create_task(self._attempt(claimed), name=f"operation {claimed.id}")
+            self._running[claimed.id] = task
+
+    async def _attempt(self, op: Operation) -> None:
+        heartbeat = asyncio.create_task(self._heartbeat(op))
+        try:
+            await self._run_handler(op)
+        finally:
+            heartbeat.cancel()
+            self._running.pop(op.id, None)
+            self._slots.release()
+            self._wake.set()  # what waited behind this operation may run now
+
+    async def _run_handler(self, op: Operation) -> None:
+        started = op.attempt_started_at or clock.now_us()
+        log.info(
+            "operation %s %s (%s) attempt %d",
+            op.id,
+            op.action,
+            op.project_id,
+            op.failures_count + 1,
+        )
+        try:
+            on_finish = await self._handler_for(op)(self._context, op)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            await self._record_failure(op, started, exc)
+            return
+        now = clock.now_us()
+        done = msgspec.structs.replace(
+            op,
+            status=Status.FINISHED,
+            error=None,
+            retry_at=None,
+            updated_at=now,
+            total_duration_ms=op.total_duration_ms + (now - started) // 1000,
+            lease_owner=None,
+            lease_expires_at=None,
+            attempt_started_at=None,
+        )
+        check_transition(op.status, done.status)
+        async with self._store.write() as tx:
+            if await tx.update_owned_operation(done, owner=self.owner) and on_finish is not None:
+                await on_finish(tx)
+        log.info("operation %s %s finished in %d ms", op.id, op.action, (now - started) // 1000)
+
+    def _handler_for(self, op: Operation) -> Handler:
+        handler = self._handlers.get(op.action)
+        if handler is None:
+            raise PermanentError(f"no handler for action {op.action}")
+        if op.failures_count >= self._policy.max_attempts:
+            # A worker died during the last allowed attempt: give up rather than loop forever.
+            raise PermanentError(op.error or "too many failed attempts")
+        return handler
+
+    async def _record_failure(self, op: Operation, started: int, exc: Exception) -> None:
+        if isinstance(exc, ComputeError | PgplaneError | PermanentError):
+            reason = str(exc)
+            log.warning("operation %s %s failed: %s", op.id, op.action, reason)
+        else:
+            reason = f"internal error: {type(exc).__name__}: {exc}"
+            log.exception("operation %s %s failed unexpectedly", op.id, op.action)
+        now = clock.now_us()
+        failures = op.failures_count + 1
+        final = isinstance(exc, PermanentError) or self._policy.exhausted(failures)
+        retry_at = None if final else now + int(self._policy.backoff_seconds(failures) * _US)
+        failed = msgspec.structs.replace(
+            op,
+            status=Status.FAILED if final else Status.SCHEDULING,
+            failures_count=failures,
+            error=reason,
+            retry_at=retry_at,
+            updated_at=now,
+            total_duration_ms=op.total_duration_ms + (now - started) // 1000,
+            lease_owner=None,
+            lease_expires_at=None,
+            attempt_started_at=None,
+        )
+        check_transition(op.status, failed.status)
+        async with self._store.write() as tx:
+            await tx.update_owned_operation(failed, owner=self.owner)
+
+    async def _heartbeat(self, op: Operation) -> None:
+        """Extend the lease while the handler runs, so a slow attempt is not taken for dead."""
+        current = op
+        while True:
+            await asyncio.sleep(self._settings.heartbeat_seconds)
+            now = clock.now_us()
+            renewed = msgspec.structs.replace(
+                current,
+                lease_expires_at=now + int(self._settings.lease_seconds * _US),
+            )
+            async with self._store.write() as tx:
+                if not await tx.update_owned_operation(renewed, owner=self.owner):
+                    log.warning("operation %s: lease lost", op.id)
+                    return
+            current = renewed

@@ -1,0 +1,141 @@
+"""One handler per action. Each converges ("make it so"), so a retry after a crash is safe.
+
+A handler does the data-plane work and returns what to record in the store when the operation
+finishes; the engine writes that in the same transaction that marks the operation finished.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from pgplane.compute.driver import ComputeDriver, ComputeSpec, DatabaseSpec, RoleSpec
+from pgplane.config import Settings
+from pgplane.core import clock
+from pgplane.core.models import Operation, Project
+from pgplane.core.operations import Action
+from pgplane.store import Store, Tx
+
+OnFinish = Callable[[Tx], Awaitable[None]]
+
+
+class PermanentError(Exception):
+    """Retrying cannot help (the operation's object is gone or the action is unknown)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    store: Store
+    driver: ComputeDriver
+    settings: Settings
+
+
+Handler = Callable[[Context, Operation], Awaitable[OnFinish | None]]
+
+
+async def _project(ctx: Context, op: Operation) -> Project:
+    async with ctx.store.read() as tx:
+        project = await tx.get_project_by_id(op.project_id)
+    if project is None:
+        raise PermanentError(f"project {op.project_id} does not exist")
+    return project
+
+
+def _require_branch(op: Operation) -> str:
+    if op.branch_id is None:
+        raise PermanentError(f"{op.action} needs a branch")
+    return op.branch_id
+
+
+async def create_timeline(ctx: Context, op: Operation) -> OnFinish | None:
+    project = await _project(ctx, op)
+    branch_id = _require_branch(op)
+    if project.deleted_at is not None:
+        return None
+    async with ctx.store.read() as tx:
+        roles = await tx.list_roles(branch_id)
+        databases = await tx.list_databases(branch_id)
+    await ctx.driver.create_timeline(
+        project_id=project.id,
+        branch_id=branch_id,
+        pg_version=project.pg_version,
+        roles=[RoleSpec(name=r.name, password=r.password) for r in roles],
+        databases=[DatabaseSpec(name=d.name, owner_name=d.owner_name) for d in databases],
+    )
+
+    async def ready(tx: Tx) -> None:
+        await tx.set_branch_state(
+            branch_id=branch_id, current_state="ready", pending_state=None, now=clock.now_us()
+        )
+
+    return ready
+
+
+async def start_compute(ctx: Context, op: Operation) -> OnFinish | None:
+    project = await _project(ctx, op)
+    if project.deleted_at is not None or op.endpoint_id is None:
+        return None
+    async with ctx.store.read() as tx:
+        endpoint = await tx.get_endpoint(project_id=project.id, endpoint_id=op.endpoint_id)
+    if endpoint is None:
+        return None  # deleted since: nothing to start
+    await ctx.driver.start_compute(
+        ComputeSpec(
+            project_id=project.id,
+            branch_id=endpoint.branch_id,
+            endpoint_id=endpoint.id,
+            pg_version=project.pg_version,
+            port=endpoint.port,
+            pg_settings={k: str(v) for k, v in endpoint.settings.get("pg_settings", {}).items()},
+        )
+    )
+
+    async def active(tx: Tx) -> None:
+        await tx.set_endpoint_state(
+            endpoint_id=endpoint.id, current_state="active", pending_state=None, now=clock.now_us()
+        )
+
+    return active
+
+
+async def suspend_compute(ctx: Context, op: Operation) -> OnFinish | None:
+    if op.endpoint_id is None:
+        raise PermanentError("suspend_compute needs an endpoint")
+    endpoint_id = op.endpoint_id
+    await ctx.driver.stop_compute(
+        project_id=op.project_id, branch_id=_require_branch(op), endpoint_id=endpoint_id
+    )
+
+    async def idle(tx: Tx) -> None:
+        await tx.set_endpoint_state(
+            endpoint_id=endpoint_id, current_state="idle", pending_state=None, now=clock.now_us()
+        )
+
+    return idle
+
+
+async def apply_storage_config(ctx: Context, op: Operation) -> OnFinish | None:
+    project = await _project(ctx, op)
+    if project.deleted_at is None:
+        await ctx.driver.apply_storage_config(
+            project_id=project.id, history_retention_seconds=project.history_retention_seconds
+        )
+    return None
+
+
+async def delete_tenant(ctx: Context, op: Operation) -> OnFinish | None:
+    await ctx.driver.delete_tenant(project_id=op.project_id)
+
+    async def release(tx: Tx) -> None:
+        await tx.delete_project_endpoints(project_id=op.project_id, now=clock.now_us())
+
+    return release
+
+
+HANDLERS: dict[Action, Handler] = {
+    Action.CREATE_TIMELINE: create_timeline,
+    Action.START_COMPUTE: start_compute,
+    Action.SUSPEND_COMPUTE: suspend_compute,
+    Action.APPLY_STORAGE_CONFIG: apply_storage_config,
+    Action.DELETE_TENANT: delete_tenant,
+}

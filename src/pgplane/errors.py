@@ -1,0 +1,85 @@
+"""The one error tree. Each error knows its HTTP status and code; one API handler renders the body.
+
+::
+
+    PgplaneError (500 INTERNAL)
+     ├── BadRequest (400 BAD_REQUEST)
+     ├── Unauthorized (401 UNAUTHORIZED)
+     ├── NotFound (404 NOT_FOUND)
+     ├── MethodNotAllowed (405 METHOD_NOT_ALLOWED)
+     ├── Conflict (409 CONFLICT)
+     ├── PreconditionFailed (412 PRECONDITION_FAILED)
+     ├── PayloadTooLarge (413 PAYLOAD_TOO_LARGE)
+     ├── Locked (423 LOCKED)
+     ├── TooManyRequests (429 TOO_MANY_REQUESTS)
+     └── Unavailable (503 SERVICE_UNAVAILABLE)
+
+Services raise these; they never build HTTP responses.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class PgplaneError(Exception):
+    status: ClassVar[int] = 500
+    code: ClassVar[str] = "INTERNAL"
+
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers = headers or {}
+
+
+class BadRequest(PgplaneError):
+    status = 400
+    code = "BAD_REQUEST"
+
+
+class Unauthorized(PgplaneError):
+    status = 401
+    code = "UNAUTHORIZED"
+
+    def __init__(self, message: str = "authentication required: a valid API key") -> None:
+        super().__init__(message, headers={"WWW-Authenticate": "Bearer"})
+
+
+class NotFound(PgplaneError):
+    status = 404
+    code = "NOT_FOUND"
+
+
+class MethodNotAllowed(PgplaneError):
+    status = 405
+    code = "METHOD_NOT_ALLOWED"
+
+
+class Conflict(PgplaneError):
+    status = 409
+    code = "CONFLICT"
+
+
+class PreconditionFailed(PgplaneError):
+    status = 412
+    code = "PRECONDITION_FAILED"
+
+
+class PayloadTooLarge(PgplaneError):
+    status = 413
+    code = "PAYLOAD_TOO_LARGE"
+
+
+class Locked(PgplaneError):
+    status = 423
+    code = "LOCKED"
+
+
+class TooManyRequests(PgplaneError):
+    status = 429
+    code = "TOO_MANY_REQUESTS"
+
+
+class Unavailable(PgplaneError):
+    status = 503
+    code = "SERVICE_UNAVAILABLE"

@@ -1,0 +1,81 @@
+"""API keys: created (value shown once), listed, revoked, and checked on every request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pgplane.core import clock, keys
+from pgplane.core.models import ApiKey
+from pgplane.errors import BadRequest, NotFound
+from pgplane.store import Tx
+
+MAX_NAME_LENGTH = 64
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedKey:
+    key: ApiKey
+    value: str  # the secret: returned to the caller once, never stored
+
+
+def _check_name(name: str) -> str:
+    if not name.strip():
+        raise BadRequest("key_name must not be empty")
+    if len(name) > MAX_NAME_LENGTH:
+        raise BadRequest(f"key_name must be at most {MAX_NAME_LENGTH} characters")
+    return name
+
+
+async def create(tx: Tx, *, account_id: str, name: str, created_by: str) -> CreatedKey:
+    value = keys.generate()
+    key = await tx.insert_api_key(
+        account_id=account_id,
+        name=_check_name(name),
+        digest=keys.digest(value),
+        created_at=clock.now_us(),
+        created_by=created_by,
+    )
+    return CreatedKey(key=key, value=value)
+
+
+async def list_(tx: Tx, *, account_id: str) -> list[ApiKey]:
+    return await tx.list_api_keys(account_id)
+
+
+async def revoke(tx: Tx, *, account_id: str, key_id: int) -> ApiKey:
+    """Revoke at once and for good; an unknown, foreign or already revoked key is a 404."""
+    key = await tx.revoke_api_key(account_id=account_id, key_id=key_id, now=clock.now_us())
+    if key is None:
+        raise NotFound("API key not found")
+    return key
+
+
+async def authenticate(tx: Tx, *, value: str) -> ApiKey | None:
+    """The live key with this value, or None. Malformed values never reach the store."""
+    if not keys.is_well_formed(value):
+        return None
+    key = await tx.get_api_key_by_digest(keys.digest(value))
+    if key is None or key.revoked_at is not None:
+        return None
+    return key
+
+
+class UseRecorder:
+    """Remembers the latest use of each key and writes them in batches.
+
+    Writing ``last_used_at`` on every request would make each read a write; instead uses are kept
+    in memory and flushed every few seconds, so a burst costs one update per key.
+    """
+
+    def __init__(self) -> None:
+        self._pending: dict[int, tuple[int, str]] = {}
+
+    def record(self, key_id: int, address: str) -> None:
+        self._pending[key_id] = (clock.now_us(), address)
+
+    def has_pending(self) -> bool:
+        return bool(self._pending)
+
+    async def flush(self, tx: Tx) -> None:
+        pending, self._pending = self._pending, {}
+        await tx.record_api_key_use([(k, at, addr) for k, (at, addr) in pending.items()])

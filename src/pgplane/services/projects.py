@@ -1,0 +1,250 @@
+"""Projects: created with their root branch, compute, role and database; changed; deleted.
+
+Creating writes the whole desired state and the operations that realise it in the caller's
+transaction, so a client reads roles, endpoints and passwords at once, while ``create_timeline``
+and ``start_compute`` make them real.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from pgplane.config import Settings
+from pgplane.core import clock, ids
+from pgplane.core.models import Branch, Database, Endpoint, Operation, Project, Role
+from pgplane.core.operations import Action
+from pgplane.errors import BadRequest, Unavailable
+from pgplane.services import access, names, operations
+from pgplane.store import Tx
+
+DEFAULT_LIMIT = 10
+MAX_LIMIT = 400
+MAX_HISTORY_RETENTION_SECONDS = 2_592_000
+DEFAULT_HISTORY_RETENTION_SECONDS = 86_400
+DEFAULT_CU = 0.25
+PROVISIONER = "k8s-pod"
+
+
+@dataclass(frozen=True, slots=True)
+class NewProject:
+    """What a create request asks for; anything left None takes the platform's default."""
+
+    name: str | None = None
+    region_id: str | None = None
+    pg_version: int | None = None
+    branch_name: str | None = None
+    role_name: str | None = None
+    database_name: str | None = None
+    history_retention_seconds: int | None = None
+    store_passwords: bool | None = None
+    default_endpoint_settings: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectChanges:
+    name: str | None = None
+    history_retention_seconds: int | None = None
+    default_endpoint_settings: dict[str, Any] | None = None
+    settings: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedProject:
+    project: Project
+    branch: Branch
+    endpoint: Endpoint
+    roles: list[Role]
+    databases: list[Database]
+    operations: list[Operation]
+
+
+def _retention(value: int | None) -> int:
+    if value is None:
+        return DEFAULT_HISTORY_RETENTION_SECONDS
+    if not 0 <= value <= MAX_HISTORY_RETENTION_SECONDS:
+        raise BadRequest(
+            f"history_retention_seconds must be between 0 and {MAX_HISTORY_RETENTION_SECONDS}"
+        )
+    return value
+
+
+def _pg_version(requested: int | None, settings: Settings) -> int:
+    available = settings.pg_versions
+    if not available:
+        raise Unavailable("no PostgreSQL binaries are available to this platform")
+    if requested is None:
+        return max(available)
+    if requested not in available:
+        offered = ", ".join(str(v) for v in available)
+        raise BadRequest(f"pg_version {requested} is not available here; available: {offered}")
+    return requested
+
+
+def _cu(endpoint_settings: dict[str, Any], key: str) -> float:
+    value = endpoint_settings.get(key, DEFAULT_CU)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.25 <= value <= 16:
+        raise BadRequest(f"{key} must be a number between 0.25 and 16")
+    return float(value)
+
+
+async def allocate_port(tx: Tx, settings: Settings) -> int:
+    """The lowest compute port in the configured range that no live endpoint holds."""
+    used = await tx.used_ports()
+    low, high = settings.compute_ports
+    for port in range(low, high + 1):
+        if port not in used:
+            return port
+    raise Unavailable("no free compute port: widen the configured compute port range")
+
+
+async def create(
+    tx: Tx, *, account_id: str, spec: NewProject, settings: Settings
+) -> CreatedProject:
+    now = clock.now_us()
+    project_id = ids.new_project_id()
+    if spec.region_id is not None and spec.region_id != settings.region_id:
+        raise BadRequest(
+            f"region_id {spec.region_id!r} is not served here; use {settings.region_id!r}"
+        )
+    database_name = names.database(spec.database_name or "neondb")
+    role_name = names.role(spec.role_name or f"{database_name}_owner")
+    endpoint_settings = dict(spec.default_endpoint_settings)
+    min_cu = _cu(endpoint_settings, "autoscaling_limit_min_cu")
+    max_cu = _cu(endpoint_settings, "autoscaling_limit_max_cu")
+    if min_cu > max_cu:
+        raise BadRequest("autoscaling_limit_min_cu must not exceed autoscaling_limit_max_cu")
+    project = Project(
+        id=project_id,
+        account_id=account_id,
+        name=names.project(spec.name) if spec.name is not None else project_id,
+        region_id=settings.region_id,
+        pg_version=_pg_version(spec.pg_version, settings),
+        provisioner=PROVISIONER,
+        store_passwords=True if spec.store_passwords is None else spec.store_passwords,
+        history_retention_seconds=_retention(spec.history_retention_seconds),
+        default_endpoint_settings=endpoint_settings,
+        settings=dict(spec.settings),
+        created_at=now,
+        updated_at=now,
+    )
+    branch = Branch(
+        id=ids.new_branch_id(),
+        project_id=project_id,
+        parent_id=None,
+        name=names.branch(spec.branch_name or "main"),
+        default=True,
+        protected=False,
+        current_state="init",
+        pending_state="ready",
+        state_changed_at=now,
+        created_at=now,
+        updated_at=now,
+    )
+    endpoint = Endpoint(
+        id=ids.new_endpoint_id(),
+        project_id=project_id,
+        branch_id=branch.id,
+        type="read_write",
+        current_state="init",
+        pending_state="active",
+        port=await allocate_port(tx, settings),
+        autoscaling_limit_min_cu=min_cu,
+        autoscaling_limit_max_cu=max_cu,
+        suspend_timeout_seconds=int(endpoint_settings.get("suspend_timeout_seconds", 0)),
+        settings={},
+        disabled=False,
+        created_at=now,
+        updated_at=now,
+    )
+    role = Role(
+        branch_id=branch.id,
+        name=role_name,
+        password=ids.new_password(),
+        protected=False,
+        created_at=now,
+        updated_at=now,
+    )
+    await tx.insert_project(project)
+    await tx.insert_branch(branch)
+    await tx.insert_endpoint(endpoint)
+    await tx.insert_role(role)
+    database = await tx.insert_database(
+        branch_id=branch.id, name=database_name, owner_name=role_name, now=now
+    )
+    ops = await operations.start(
+        tx,
+        project_id=project_id,
+        starts=[
+            operations.Start(Action.CREATE_TIMELINE, branch_id=branch.id),
+            operations.Start(Action.START_COMPUTE, branch_id=branch.id, endpoint_id=endpoint.id),
+        ],
+    )
+    return CreatedProject(
+        project=msgspec.structs.replace(project, locked=True),
+        branch=branch,
+        endpoint=endpoint,
+        roles=[role],
+        databases=[database],
+        operations=ops,
+    )
+
+
+async def get(tx: Tx, *, account_id: str, project_id: str) -> Project:
+    return await access.project(tx, account_id=account_id, project_id=project_id)
+
+
+async def list_(tx: Tx, *, account_id: str, limit: int | None, cursor: str | None) -> list[Project]:
+    size = DEFAULT_LIMIT if limit is None else limit
+    if not 1 <= size <= MAX_LIMIT:
+        raise BadRequest(f"limit must be between 1 and {MAX_LIMIT}")
+    if cursor is not None and not (
+        ids.is_valid_id(cursor)
+        and await tx.project_exists(account_id=account_id, project_id=cursor)
+    ):
+        raise BadRequest("cursor must be the pagination.cursor of a previous page")
+    return await tx.list_projects(account_id=account_id, after_id=cursor, limit=size)
+
+
+async def update(
+    tx: Tx, *, account_id: str, project_id: str, changes: ProjectChanges
+) -> tuple[Project, list[Operation]]:
+    project = await get(tx, account_id=account_id, project_id=project_id)
+    updated = msgspec.structs.replace(project, updated_at=clock.now_us())
+    if changes.name is not None:
+        updated = msgspec.structs.replace(updated, name=names.project(changes.name))
+    if changes.default_endpoint_settings is not None:
+        updated = msgspec.structs.replace(
+            updated, default_endpoint_settings=changes.default_endpoint_settings
+        )
+    if changes.settings is not None:
+        updated = msgspec.structs.replace(updated, settings=changes.settings)
+    starts = []
+    if (
+        changes.history_retention_seconds is not None
+        and changes.history_retention_seconds != project.history_retention_seconds
+    ):
+        updated = msgspec.structs.replace(
+            updated, history_retention_seconds=_retention(changes.history_retention_seconds)
+        )
+        starts.append(operations.Start(Action.APPLY_STORAGE_CONFIG))
+    await tx.update_project(updated)
+    ops = await operations.start(tx, project_id=project_id, starts=starts) if starts else []
+    if ops:
+        updated = msgspec.structs.replace(updated, locked=True)
+    return updated, ops
+
+
+async def delete(tx: Tx, *, account_id: str, project_id: str) -> tuple[Project, list[Operation]]:
+    """Mark the project deleted at once; ``delete_tenant`` stops its computes and frees its data."""
+    project = await get(tx, account_id=account_id, project_id=project_id)
+    now = clock.now_us()
+    deleted = msgspec.structs.replace(project, deleted_at=now, updated_at=now, locked=True)
+    await tx.update_project(deleted)
+    ops = await operations.start(
+        tx, project_id=project_id, starts=[operations.Start(Action.DELETE_TENANT)]
+    )
+    return deleted, ops

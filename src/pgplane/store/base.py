@@ -1,0 +1,223 @@
+"""The store contract.
+
+Every backend (SQLite now, PostgreSQL for a replicated control plane later) implements
+:class:`Store` and :class:`Tx` with exactly these guarantees, so services never know which one
+they talk to.
+
+Atomicity:
+
+- Everything done through one ``Tx`` from :meth:`Store.write` commits together or not at all.
+  Services never commit: the caller that opened the transaction owns it, so "project + branch +
+  endpoint + roles + operations" is one atomic change.
+- ``Tx`` from :meth:`Store.read` sees committed data only; each call is atomic on its own, but
+  two calls may see different snapshots. Read-modify-write belongs in :meth:`Store.write`.
+- Unique names are enforced by the store, not by a read-then-insert in a service: inserting a
+  duplicate raises :class:`pgplane.errors.Conflict` and leaves the transaction usable only for
+  rollback.
+- Claiming an operation (:meth:`Tx.claim_operation`) and every later change the engine makes to
+  it (:meth:`Tx.update_owned_operation`) are compare-and-set: they take effect only if the row is
+  still in the state the caller saw (and, for updates, still leased by the caller), so two
+  workers, in one process or many, never run the same attempt.
+- Operation ``created_at`` values are unique and strictly increasing within a project: the store
+  moves a new operation's timestamp forward by a microsecond where it would collide, so a cursor
+  that is a timestamp pages exactly.
+- Revoking a key is visible to every reader, in every process, as soon as the transaction
+  commits; no backend may cache key lookups across transactions.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+
+from pgplane.core.models import (
+    Account,
+    ApiKey,
+    Branch,
+    Database,
+    Endpoint,
+    Operation,
+    Project,
+    Role,
+)
+
+
+class Tx(abc.ABC):
+    """One unit of work against the store. Methods never commit."""
+
+    # -- accounts -------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def get_account(self, account_id: str) -> Account | None: ...
+
+    @abc.abstractmethod
+    async def get_account_by_email(self, email: str) -> Account | None: ...
+
+    @abc.abstractmethod
+    async def insert_account(self, account: Account) -> None:
+        """Insert; a duplicate email raises Conflict."""
+
+    # -- API keys -------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def insert_api_key(
+        self, *, account_id: str, name: str, digest: str, created_at: int, created_by: str
+    ) -> ApiKey:
+        """Insert a key; the store assigns its integer id."""
+
+    @abc.abstractmethod
+    async def get_api_key_by_digest(self, digest: str) -> ApiKey | None:
+        """The key with this digest, revoked or not (the caller decides)."""
+
+    @abc.abstractmethod
+    async def list_api_keys(self, account_id: str) -> list[ApiKey]:
+        """The account's keys that are not revoked, newest first."""
+
+    @abc.abstractmethod
+    async def revoke_api_key(self, *, account_id: str, key_id: int, now: int) -> ApiKey | None:
+        """Revoke atomically; None if no such unrevoked key belongs to the account."""
+
+    @abc.abstractmethod
+    async def record_api_key_use(self, uses: Sequence[tuple[int, int, str]]) -> None:
+        """Record ``(key_id, used_at, address)`` for each key, keeping the latest use."""
+
+    # -- projects -------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def insert_project(self, project: Project) -> None: ...
+
+    @abc.abstractmethod
+    async def get_project(
+        self, *, account_id: str, project_id: str, include_deleted: bool = False
+    ) -> Project | None:
+        """The project if it belongs to the account; ``locked`` is derived from its operations."""
+
+    @abc.abstractmethod
+    async def get_project_by_id(self, project_id: str) -> Project | None:
+        """Any project, deleted or not, for platform work (the engine)."""
+
+    @abc.abstractmethod
+    async def list_projects(
+        self, *, account_id: str, after_id: str | None, limit: int
+    ) -> list[Project]:
+        """The account's live projects, newest first, starting after the project ``after_id``."""
+
+    @abc.abstractmethod
+    async def project_exists(self, *, account_id: str, project_id: str) -> bool:
+        """Whether the id names a project of the account, deleted or not (cursor validation)."""
+
+    @abc.abstractmethod
+    async def update_project(self, project: Project) -> None:
+        """Write the mutable fields: name, settings, retention, updated_at, deleted_at."""
+
+    # -- branches, endpoints, roles, databases --------------------------------------------------
+
+    @abc.abstractmethod
+    async def insert_branch(self, branch: Branch) -> None:
+        """Insert; a live branch of the same name in the project raises Conflict."""
+
+    @abc.abstractmethod
+    async def get_branch(self, *, project_id: str, branch_id: str) -> Branch | None: ...
+
+    @abc.abstractmethod
+    async def list_branches(self, project_id: str) -> list[Branch]: ...
+
+    @abc.abstractmethod
+    async def set_branch_state(
+        self, *, branch_id: str, current_state: str, pending_state: str | None, now: int
+    ) -> None: ...
+
+    @abc.abstractmethod
+    async def insert_endpoint(self, endpoint: Endpoint) -> None:
+        """Insert; a second live read_write endpoint of a branch, or a taken port: Conflict."""
+
+    @abc.abstractmethod
+    async def get_endpoint(self, *, project_id: str, endpoint_id: str) -> Endpoint | None: ...
+
+    @abc.abstractmethod
+    async def list_endpoints(self, project_id: str) -> list[Endpoint]:
+        """The project's live endpoints."""
+
+    @abc.abstractmethod
+    async def used_ports(self) -> set[int]:
+        """Ports held by live endpoints of every project."""
+
+    @abc.abstractmethod
+    async def set_endpoint_state(
+        self,
+        *,
+        endpoint_id: str,
+        current_state: str,
+        pending_state: str | None,
+        now: int,
+    ) -> None:
+        """Record an observed compute state (``active`` sets started_at, ``idle`` suspended_at)."""
+
+    @abc.abstractmethod
+    async def delete_project_endpoints(self, *, project_id: str, now: int) -> None:
+        """Mark every endpoint of the project deleted, releasing their ports."""
+
+    @abc.abstractmethod
+    async def insert_role(self, role: Role) -> None:
+        """Insert; a duplicate name on the branch raises Conflict."""
+
+    @abc.abstractmethod
+    async def list_roles(self, branch_id: str) -> list[Role]: ...
+
+    @abc.abstractmethod
+    async def insert_database(
+        self, *, branch_id: str, name: str, owner_name: str, now: int
+    ) -> Database:
+        """Insert (the store assigns the integer id); a duplicate name raises Conflict."""
+
+    @abc.abstractmethod
+    async def list_databases(self, branch_id: str) -> list[Database]: ...
+
+    # -- operations -----------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def insert_operations(self, operations: Sequence[Operation]) -> list[Operation]:
+        """Insert in order; returns them as stored (``created_at`` made unique per project)."""
+
+    @abc.abstractmethod
+    async def get_operation(self, *, project_id: str, operation_id: str) -> Operation | None: ...
+
+    @abc.abstractmethod
+    async def list_operations(
+        self, *, project_id: str, before: int | None, limit: int
+    ) -> list[Operation]:
+        """Newest first, only those created strictly before ``before``; keyset, never OFFSET."""
+
+    @abc.abstractmethod
+    async def list_unsettled_operations(self, project_id: str | None = None) -> list[Operation]:
+        """Operations in ``scheduling`` or ``running`` (of one project, or all), oldest first."""
+
+    @abc.abstractmethod
+    async def claim_operation(
+        self, *, seen: Operation, owner: str, now: int, lease_until: int, failed_attempt: bool
+    ) -> Operation | None:
+        """Compare-and-set ``seen`` (unchanged since read) to ``running`` leased by ``owner``.
+
+        ``failed_attempt`` counts the previous, abandoned attempt (an expired lease) as a failure.
+        Returns the claimed operation, or None if another worker got there first.
+        """
+
+    @abc.abstractmethod
+    async def update_owned_operation(self, operation: Operation, *, owner: str) -> bool:
+        """Write the operation's state if ``owner`` still holds its lease; False otherwise."""
+
+
+class Store(abc.ABC):
+    """A connection to the platform's metadata."""
+
+    @abc.abstractmethod
+    def read(self) -> AbstractAsyncContextManager[Tx]:
+        """A reader: sees committed data, changes nothing."""
+
+    @abc.abstractmethod
+    def write(self) -> AbstractAsyncContextManager[Tx]:
+        """A transaction: commits on normal exit, rolls back if the block raises."""
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
