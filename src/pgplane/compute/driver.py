@@ -65,11 +65,15 @@ class ComputeDriver(Protocol):
         """Stop the endpoint's postmaster (fast shutdown); no-op when it is not running."""
         ...
 
-    async def is_compute_running(self, *, project_id: str, branch_id: str, endpoint_id: str) -> bool:
+    async def is_compute_running(
+        self, *, project_id: str, branch_id: str, endpoint_id: str
+    ) -> bool:
         """Whether a live postmaster serves the endpoint, read from the data directory."""
         ...
 
-    async def apply_storage_config(self, *, project_id: str, history_retention_seconds: int) -> None:
+    async def apply_storage_config(
+        self, *, project_id: str, history_retention_seconds: int
+    ) -> None:
         """Record the project's storage settings where the storage layer reads them."""
         ...
 
