@@ -67,6 +67,10 @@ def settings_from_env(**overrides: object) -> Settings:
         ("workers", int),
         ("poll_seconds", float),
         ("lease_seconds", float),
+        ("heartbeat_seconds", float),
+        ("retry_base_seconds", float),
+        ("key_use_flush_seconds", float),
+        ("max_attempts", int),
     ):
         raw = os.environ.get(f"PGPLANE_{name.upper()}")
         if raw:

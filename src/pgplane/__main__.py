@@ -1,0 +1,3 @@
+from pgplane.cli.main import main
+
+main()

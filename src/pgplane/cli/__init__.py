@@ -1,0 +1,1 @@
+"""The ``pgplane`` command."""

@@ -1,0 +1,109 @@
+"""``pgplane serve`` and ``pgplane api-keys create``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pgplane.config import settings_from_env
+
+app = typer.Typer(
+    name="pgplane",
+    help="A self-hostable Postgres platform with a Neon-compatible management API.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+api_keys_app = typer.Typer(
+    help="Manage API keys directly on a data directory.", no_args_is_help=True
+)
+app.add_typer(api_keys_app, name="api-keys")
+
+DataDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--data-dir",
+        help="Where pgplane keeps its store and databases "
+        "[default: $PGPLANE_DATA_DIR, else ~/.local/share/pgplane]",
+        show_default=False,
+    ),
+]
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+@app.command()
+def serve(
+    data_dir: DataDir = None,
+    host: Annotated[str, typer.Option(help="Address the API listens on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port the API listens on (0: any free port)")] = 8080,
+    compute_host: Annotated[
+        str | None, typer.Option(help="Address computes listen on and connection URIs name")
+    ] = None,
+    compute_user: Annotated[
+        str | None, typer.Option(help="OS user for Postgres when running as root [pgplane]")
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
+) -> None:
+    """Run the API, the operations engine and the computes' supervisor in one process."""
+    from pgplane.server import run  # noqa: PLC0415 - keep `api-keys` free of server imports
+
+    _logging(log_level)
+    settings = settings_from_env(
+        data_dir=data_dir,
+        host=host,
+        port=port,
+        compute_host=compute_host,
+        compute_user=compute_user,
+    )
+    run(settings)
+
+
+@api_keys_app.command("create")
+def api_keys_create(
+    name: Annotated[str, typer.Option("--name", help="A name to recognise the key by")],
+    account: Annotated[
+        str, typer.Option("--account", help="Account e-mail; created if it does not exist")
+    ] = "admin@localhost",
+    data_dir: DataDir = None,
+) -> None:
+    """Create an API key (and its account if needed); print it once as JSON."""
+    from pgplane.errors import PgplaneError  # noqa: PLC0415
+    from pgplane.services import accounts, api_keys  # noqa: PLC0415
+    from pgplane.store.sqlite import SqliteStore  # noqa: PLC0415
+
+    settings = settings_from_env(data_dir=data_dir)
+
+    async def create() -> dict[str, object]:
+        store = SqliteStore(settings.store_path)
+        try:
+            async with store.write() as tx:
+                owner = await accounts.ensure(tx, email=account)
+                created = await api_keys.create(
+                    tx, account_id=owner.id, name=name, created_by=owner.id
+                )
+        finally:
+            await store.close()
+        return {"id": created.key.id, "key": created.value, "name": created.key.name}
+
+    try:
+        result = asyncio.run(create())
+    except PgplaneError as exc:
+        typer.echo(f"error: {exc.message}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(json.dumps(result))
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,83 @@
+"""``pgplane serve``: one process running the API, the operations engine and (later) the proxy.
+
+This is the only place that wires concrete pieces together: the SQLite store, the local compute
+driver, the engine and the ASGI app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+
+import uvicorn
+
+from pgplane.api import create_app
+from pgplane.compute.local import LocalComputeDriver, LocalDriverConfig
+from pgplane.config import Settings
+from pgplane.engine import Engine
+from pgplane.store.sqlite import SqliteStore
+
+log = logging.getLogger("pgplane")
+
+
+async def _announce(server: uvicorn.Server, settings: Settings) -> None:
+    while not server.started:  # noqa: ASYNC110 - uvicorn offers no event for "bound"
+        await asyncio.sleep(0.01)
+    for srv in server.servers:
+        for sock in srv.sockets:
+            host, port = sock.getsockname()[:2]
+            log.info("pgplane API listening on http://%s:%d/api/v2", host, port)
+    log.info("pgplane data directory: %s", settings.data_dir)
+
+
+async def serve(settings: Settings) -> None:
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    driver = LocalComputeDriver(
+        LocalDriverConfig(
+            data_dir=settings.data_dir,
+            pg_bin_dirs=settings.pg_bin_dirs,
+            compute_user=settings.compute_user,
+            listen_host=settings.compute_host,
+        )
+    )
+    settings = dataclasses.replace(settings, pg_versions=tuple(driver.pg_versions()))
+    log.info("PostgreSQL versions available: %s", ", ".join(map(str, settings.pg_versions)))
+    store = SqliteStore(settings.store_path)
+    engine = Engine(store=store, driver=driver, settings=settings)
+    app = create_app(store=store, settings=settings, notify=engine.wake)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=settings.host,
+            port=settings.port,
+            http="httptools",
+            lifespan="on",
+            access_log=False,
+            log_config=None,
+            timeout_graceful_shutdown=5,
+        )
+    )
+    engine_task = asyncio.create_task(engine.run(), name="operations engine")
+    announce = asyncio.create_task(_announce(server, settings))
+    try:
+        await server.serve()
+    finally:
+        announce.cancel()
+        engine_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await engine_task
+        await driver.close()
+        await store.close()
+        log.info("pgplane stopped")
+
+
+def run(settings: Settings) -> None:
+    """Run the server until SIGINT/SIGTERM, on uvloop when it is installed."""
+    try:
+        import uvloop  # noqa: PLC0415 - optional speed-up, part of uvicorn[standard]
+    except ImportError:  # pragma: no cover
+        asyncio.run(serve(settings))
+    else:
+        uvloop.run(serve(settings))

@@ -1,0 +1,83 @@
+"""Contract §2.1 and §3.1: API keys are created (shown once), listed and revoked."""
+
+from __future__ import annotations
+
+import re
+import time
+
+from tests.support import Api, Server
+
+TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z$")
+
+
+def test_create_returns_the_value_once(api: Api) -> None:
+    r = api.http.post("/api_keys", json={"key_name": "ci"})
+    assert r.status_code == 200
+    body = r.json()
+    assert isinstance(body["id"], int)
+    assert re.fullmatch(r"pgp_[0-9A-Za-z]{60}", body["key"])
+    assert body["name"] == "ci"
+    assert TIMESTAMP.match(body["created_at"])
+    assert isinstance(body["created_by"], str)
+
+    listed = api.http.get("/api_keys").json()
+    item = next(k for k in listed if k["id"] == body["id"])
+    assert set(item) == {
+        "id", "name", "created_at", "created_by", "last_used_at", "last_used_from_addr"
+    }  # fmt: skip
+    assert body["key"] not in api.http.get("/api_keys").text
+    assert item["last_used_at"] is None
+    assert item["last_used_from_addr"] == ""
+    assert set(item["created_by"]) == {"id", "name", "image"}
+
+
+def test_list_is_newest_first_and_excludes_revoked(api: Api) -> None:
+    ids = [api.http.post("/api_keys", json={"key_name": f"k{i}"}).json()["id"] for i in range(3)]
+    api.http.delete(f"/api_keys/{ids[1]}")
+    listed = [k["id"] for k in api.http.get("/api_keys").json()]
+    assert ids[1] not in listed
+    assert listed.index(ids[2]) < listed.index(ids[0])
+    assert listed == sorted(listed, reverse=True)
+
+
+def test_revoke_response(api: Api) -> None:
+    key = api.http.post("/api_keys", json={"key_name": "gone"}).json()
+    r = api.http.delete(f"/api_keys/{key['id']}")
+    assert r.status_code == 200
+    body = r.json()
+    assert body["id"] == key["id"]
+    assert body["name"] == "gone"
+    assert body["revoked"] is True
+    assert "last_used_at" in body
+    assert body["last_used_from_addr"] == ""
+    assert "key" not in body
+
+
+def test_last_use_is_recorded(server: Server, api: Api) -> None:
+    key = api.http.post("/api_keys", json={"key_name": "used"}).json()
+    with Api(server, key["key"]) as used:
+        assert used.http.get("/projects").status_code == 200
+        deadline = time.monotonic() + 10
+        while True:
+            item = next(k for k in api.http.get("/api_keys").json() if k["id"] == key["id"])
+            if item["last_used_at"] is not None:
+                break
+            assert time.monotonic() < deadline, item
+            time.sleep(0.1)
+        assert TIMESTAMP.match(item["last_used_at"])
+        assert item["last_used_from_addr"] == "127.0.0.1"
+
+
+def test_bad_key_requests_change_nothing(api: Api) -> None:
+    before = api.http.get("/api_keys").json()
+    for body in ({}, {"key_name": ""}, {"key_name": "x" * 65}, {"key_name": 5}, []):
+        r = api.http.post("/api_keys", json=body)
+        assert r.status_code == 400, (body, r.text)
+        assert set(r.json()) == {"code", "message", "request_id"}
+    r = api.http.post(
+        "/api_keys", content=b"{not json", headers={"Content-Type": "application/json"}
+    )
+    assert r.status_code == 400
+    assert api.http.delete("/api_keys/999999999").status_code == 404
+    assert api.http.delete("/api_keys/abc").status_code in (400, 404)
+    assert api.http.get("/api_keys").json() == before

@@ -1,0 +1,188 @@
+"""Test support: run the real ``pgplane`` command and clean up the postmasters it leaves.
+
+Postmasters outlive ``pgplane serve`` by design (a platform restart must not take databases
+down), so tests stop them themselves, by the PID in each data directory's ``postmaster.pid``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+PGPLANE = [sys.executable, "-m", "pgplane"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def make_data_dir() -> Path:
+    """A data directory under /tmp that an unprivileged compute user can traverse."""
+    path = Path(tempfile.mkdtemp(prefix="pgplane-test-"))
+    path.chmod(0o711)
+    return path
+
+
+def stop_postmasters(data_dir: Path) -> None:
+    pids = []
+    for pidfile in data_dir.glob("projects/*/branches/*/pgdata/postmaster.pid"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            pids.append(int(pidfile.read_text().splitlines()[0]))
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGINT)
+    deadline = time.monotonic() + 10
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.01)
+
+
+def run_cli(*args: str, data_dir: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*PGPLANE, *args, "--data-dir", str(data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@dataclass
+class Server:
+    """A running ``pgplane serve``."""
+
+    data_dir: Path
+    port: int
+    env: dict[str, str]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    keys: list[str] = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api/v2"
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [*PGPLANE, "serve", "--data-dir", str(self.data_dir), "--port", str(self.port)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+            )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"pgplane serve exited:\n{self.log()}")
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{self.base_url}/openapi.json", timeout=1).status_code == 200:
+                    return
+            time.sleep(0.05)
+        raise RuntimeError(f"pgplane serve did not start:\n{self.log()}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.process is None:
+            return
+        self.process.send_signal(sig)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def create_key(self, account: str, name: str = "test") -> tuple[int, str]:
+        done = run_cli(
+            "api-keys", "create", "--name", name, "--account", account, data_dir=self.data_dir
+        )
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr)
+        out = json.loads(done.stdout)
+        return int(out["id"]), str(out["key"])
+
+
+@contextlib.contextmanager
+def running_server(**env_overrides: str) -> Iterator[Server]:
+    data_dir = make_data_dir()
+    env = {
+        **os.environ,
+        "PGPLANE_POLL_SECONDS": "0.2",
+        "PGPLANE_KEY_USE_FLUSH_SECONDS": "0.5",
+        **env_overrides,
+    }
+    server = Server(data_dir=data_dir, port=free_port(), env=env, log_path=data_dir / "serve.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        stop_postmasters(data_dir)
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+class Api:
+    """A client of one account: httpx with its key, and the calls tests repeat."""
+
+    def __init__(self, server: Server, key: str) -> None:
+        self.server = server
+        self.key = key
+        self.http = httpx.Client(
+            base_url=server.base_url, headers={"Authorization": f"Bearer {key}"}, timeout=30
+        )
+
+    def __enter__(self) -> Api:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.http.close()
+
+    def wait_operations(
+        self, project_id: str, op_ids: list[str], timeout: float = 60
+    ) -> list[dict]:
+        """Poll until every operation settles; return them as last seen."""
+        deadline = time.monotonic() + timeout
+        while True:
+            ops = [
+                self.http.get(f"/projects/{project_id}/operations/{op}").json()["operation"]
+                for op in op_ids
+            ]
+            if all(op["status"] in ("finished", "failed") for op in ops):
+                return ops
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"operations did not settle: {ops}\n{self.server.log()[-4000:]}"
+                )
+            time.sleep(0.05)
+
+    def create_project(self, **project: object) -> dict:
+        r = self.http.post("/projects", json={"project": project})
+        assert r.status_code == 201, r.text
+        return dict(r.json())
+
+    def create_ready_project(self, **project: object) -> dict:
+        body = self.create_project(**project)
+        ops = self.wait_operations(body["project"]["id"], [o["id"] for o in body["operations"]])
+        assert [o["status"] for o in ops] == ["finished"] * len(ops), ops
+        return body

@@ -1,0 +1,258 @@
+"""The operations engine against the real SQLite store, with handlers written for the test."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any, cast
+
+import msgspec
+import pytest
+
+from pgplane.compute.driver import ComputeDriver, ComputeError
+from pgplane.config import Settings
+from pgplane.core import clock
+from pgplane.core.models import Operation
+from pgplane.core.operations import Action, Status
+from pgplane.engine import Engine
+from pgplane.engine.handlers import Context, OnFinish
+from pgplane.services import accounts, operations, projects
+from pgplane.store.sqlite import SqliteStore
+
+FAST = {
+    "poll_seconds": 0.02,
+    "lease_seconds": 0.5,
+    "heartbeat_seconds": 0.1,
+    "retry_base_seconds": 0.01,
+    "retry_cap_seconds": 0.05,
+    "max_attempts": 3,
+    "pg_versions": (16,),
+}
+
+Handler = Callable[[Context, Operation], Awaitable[OnFinish | None]]
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    s = SqliteStore(tmp_path / "store.db")
+    yield s
+    await s.close()
+
+
+@contextlib.asynccontextmanager
+async def engine(
+    store: SqliteStore, handlers: dict[Action, Handler], **settings: Any
+) -> AsyncIterator[Engine]:
+    eng = Engine(
+        store=store,
+        driver=cast(ComputeDriver, object()),
+        settings=Settings(**{**FAST, **settings}),
+        handlers=handlers,
+    )
+    task = asyncio.create_task(eng.run())
+    try:
+        yield eng
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def _project(store: SqliteStore) -> str:
+    async with store.write() as tx:
+        account = await accounts.ensure(tx, email="e@example.com")
+        created = await projects.create(
+            tx, account_id=account.id, spec=projects.NewProject(), settings=Settings(**FAST)
+        )
+    return created.project.id
+
+
+async def _start(store: SqliteStore, project_id: str, *starts: operations.Start) -> list[str]:
+    async with store.write() as tx:
+        ops = await operations.start(tx, project_id=project_id, starts=starts)
+    return [o.id for o in ops]
+
+
+async def _settled(store: SqliteStore, project_id: str, timeout: float = 10) -> list[Operation]:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        async with store.read() as tx:
+            ops = await tx.list_operations(project_id=project_id, before=None, limit=1000)
+        if all(o.status.settled for o in ops):
+            return list(reversed(ops))
+        assert asyncio.get_running_loop().time() < deadline, ops
+        await asyncio.sleep(0.02)
+
+
+async def _noop(ctx: Context, op: Operation) -> OnFinish | None:
+    return None
+
+
+ALL_NOOP: dict[Action, Handler] = dict.fromkeys(Action, _noop)
+
+
+async def test_operations_finish_and_record_their_duration(store: SqliteStore) -> None:
+    pid = await _project(store)
+    async with engine(store, ALL_NOOP):
+        ops = await _settled(store, pid)
+    assert [o.status for o in ops] == [Status.FINISHED, Status.FINISHED]
+    assert all(o.lease_owner is None and o.error is None for o in ops)
+
+
+async def test_on_finish_is_written_with_the_finish(store: SqliteStore) -> None:
+    pid = await _project(store)
+
+    async def ready(ctx: Context, op: Operation) -> OnFinish | None:
+        async def mark(tx: Any) -> None:
+            assert op.branch_id is not None
+            await tx.set_branch_state(
+                branch_id=op.branch_id,
+                current_state="ready",
+                pending_state=None,
+                now=clock.now_us(),
+            )
+
+        return mark
+
+    async with engine(store, {**ALL_NOOP, Action.CREATE_TIMELINE: ready}):
+        ops = await _settled(store, pid)
+    async with store.read() as tx:
+        (branch,) = await tx.list_branches(pid)
+    assert branch.current_state == "ready"
+    assert ops[0].status is Status.FINISHED
+
+
+async def test_failures_are_retried_then_fail_with_the_reason(store: SqliteStore) -> None:
+    pid = await _project(store)
+    attempts: list[int] = []
+
+    async def broken(ctx: Context, op: Operation) -> OnFinish | None:
+        attempts.append(op.failures_count)
+        raise ComputeError("disk on fire")
+
+    async with engine(store, {**ALL_NOOP, Action.CREATE_TIMELINE: broken}):
+        ops = await _settled(store, pid)
+    timeline, compute = ops
+    assert attempts == [0, 1, 2]
+    assert timeline.status is Status.FAILED
+    assert timeline.failures_count == 3
+    assert timeline.error == "disk on fire"
+    assert timeline.retry_at is None
+    # The compute's start waited for the timeline, then ran (and here succeeded).
+    assert compute.status is Status.FINISHED
+
+
+async def test_a_flaky_handler_succeeds_on_retry(store: SqliteStore) -> None:
+    pid = await _project(store)
+    calls = 0
+
+    async def flaky(ctx: Context, op: Operation) -> OnFinish | None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("transient")
+        return None
+
+    async with engine(store, {**ALL_NOOP, Action.CREATE_TIMELINE: flaky}):
+        ops = await _settled(store, pid)
+    assert ops[0].status is Status.FINISHED
+    assert ops[0].failures_count == 1
+    assert ops[0].error is None
+
+
+async def test_a_dead_workers_operation_is_taken_over_when_its_lease_expires(
+    store: SqliteStore,
+) -> None:
+    pid = await _project(store)
+    # A worker claims the first operation, then dies (never finishes, never renews).
+    async with store.read() as tx:
+        first = (await tx.list_unsettled_operations(pid))[0]
+    now = clock.now_us()
+    async with store.write() as tx:
+        claimed = await tx.claim_operation(
+            seen=first,
+            owner="dead-worker",
+            now=now,
+            lease_until=now + 200_000,
+            failed_attempt=False,
+        )
+    assert claimed is not None and claimed.status is Status.RUNNING
+    async with engine(store, ALL_NOOP):
+        ops = await _settled(store, pid)
+    assert [o.status for o in ops] == [Status.FINISHED, Status.FINISHED]
+    assert ops[0].failures_count == 1  # the abandoned attempt counts
+
+
+async def test_claims_are_compare_and_set(store: SqliteStore) -> None:
+    pid = await _project(store)
+    async with store.read() as tx:
+        first = (await tx.list_unsettled_operations(pid))[0]
+    now = clock.now_us()
+    async with store.write() as tx:
+        a = await tx.claim_operation(
+            seen=first, owner="a", now=now, lease_until=now + 10**7, failed_attempt=False
+        )
+        b = await tx.claim_operation(
+            seen=first, owner="b", now=now, lease_until=now + 10**7, failed_attempt=False
+        )
+    assert a is not None and b is None
+    stolen = msgspec.structs.replace(a, status=Status.FINISHED)
+    async with store.write() as tx:
+        assert not await tx.update_owned_operation(stolen, owner="b")
+        assert await tx.update_owned_operation(stolen, owner="a")
+
+
+async def test_same_branch_in_order_other_branches_in_parallel(store: SqliteStore) -> None:
+    pid = await _project(store)
+    events: list[str] = []
+    gate = asyncio.Event()
+
+    async def slow(ctx: Context, op: Operation) -> OnFinish | None:
+        events.append(f"start {op.branch_id}:{op.action}")
+        if op.branch_id == "b1":
+            await gate.wait()
+        events.append(f"end {op.branch_id}:{op.action}")
+        return None
+
+    await _settled_with(store, pid)
+    await _start(
+        store,
+        pid,
+        operations.Start(Action.APPLY_CONFIG, branch_id="b1"),
+        operations.Start(Action.SUSPEND_COMPUTE, branch_id="b1"),
+        operations.Start(Action.APPLY_CONFIG, branch_id="b2"),
+    )
+    async with engine(store, dict.fromkeys(Action, slow)):
+        while "end b2:apply_config" not in events:
+            await asyncio.sleep(0.01)
+        # b2 finished while b1's first operation still runs, and b1's second has not started.
+        assert "start b1:suspend_compute" not in events
+        gate.set()
+        await _settled(store, pid)
+    b1 = [e for e in events if "b1" in e]
+    assert b1 == [
+        "start b1:apply_config",
+        "end b1:apply_config",
+        "start b1:suspend_compute",
+        "end b1:suspend_compute",
+    ]
+
+
+async def _settled_with(store: SqliteStore, pid: str) -> None:
+    """Settle the project's creation operations first, so only the test's own remain."""
+    async with engine(store, ALL_NOOP):
+        await _settled(store, pid)
+
+
+async def test_unknown_action_fails_at_once(store: SqliteStore) -> None:
+    pid = await _project(store)
+    await _settled_with(store, pid)
+    (op_id,) = await _start(store, pid, operations.Start(Action.TENANT_ATTACH))
+    async with engine(store, {}):
+        ops = await _settled(store, pid)
+    op = next(o for o in ops if o.id == op_id)
+    assert op.status is Status.FAILED
+    assert op.failures_count == 1
+    assert op.error == "no handler for action tenant_attach"
