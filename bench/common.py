@@ -1,0 +1,54 @@
+"""Shared by the benchmarks: a real ``pgplane serve`` on a fresh data directory, and wrk."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass
+
+ROOT = __file__.rsplit("/bench/", 1)[0]
+sys.path.insert(0, ROOT)
+
+from tests.support import Api, Server, free_port, running_server  # noqa: E402
+
+__all__ = ["Api", "Server", "WrkResult", "free_port", "percentile", "running_server", "wrk"]
+
+
+@dataclass(frozen=True)
+class WrkResult:
+    requests_per_second: float
+    p50_ms: float
+    p99_ms: float
+    non_2xx: int
+
+
+def _ms(text: str) -> float:
+    value, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", text).groups()  # type: ignore[union-attr]
+    return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+
+
+def wrk(url: str, *, connections: int, seconds: int, headers: dict[str, str] | None = None) -> WrkResult:
+    """Run wrk (Debian package ``wrk``) against ``url``; parse throughput and latency."""
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is needed: apt-get install wrk")
+    cmd = ["wrk", "-t2", f"-c{connections}", f"-d{seconds}s", "--latency"]
+    for k, v in (headers or {}).items():
+        cmd += ["-H", f"{k}: {v}"]
+    out = subprocess.run([*cmd, url], capture_output=True, text=True, check=True).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    p50 = _ms(re.search(r"50%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
+    p99 = _ms(re.search(r"99%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    return WrkResult(rps, p50, p99, int(bad.group(1)) if bad else 0)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
