@@ -30,7 +30,9 @@ def _ms(text: str) -> float:
     return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
 
 
-def wrk(url: str, *, connections: int, seconds: int, headers: dict[str, str] | None = None) -> WrkResult:
+def wrk(
+    url: str, *, connections: int, seconds: int, headers: dict[str, str] | None = None
+) -> WrkResult:
     """Run wrk (Debian package ``wrk``) against ``url``; parse throughput and latency."""
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is needed: apt-get install wrk")

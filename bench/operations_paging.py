@@ -58,7 +58,9 @@ def main() -> None:
         _, key = server.create_key("paging@example.com")
         headers = {"Authorization": f"Bearer {key}"}
         with httpx.Client(base_url=server.base_url, headers=headers, timeout=30) as client:
-            pid = client.post("/projects", json={"project": {"name": "deep"}}).json()["project"]["id"]
+            pid = client.post("/projects", json={"project": {"name": "deep"}}).json()["project"][
+                "id"
+            ]
             t0 = time.perf_counter()
             stamps = seed(str(server.data_dir / "pgplane.db"), pid, args.operations)
             print(f"seeded {args.operations} operations in {time.perf_counter() - t0:.1f} s")
@@ -71,9 +73,15 @@ def main() -> None:
                 deep += timed(client, url, {"limit": 10, "cursor": deep_cursor}, args.requests // 3)
 
     ratio = median(deep) / median(first)
-    print(f"first page:           median {median(first):6.2f} ms   p99 {percentile(first, 0.99):6.2f} ms")
-    print(f"page 900,000 deep:    median {median(deep):6.2f} ms   p99 {percentile(deep, 0.99):6.2f} ms")
-    print(f"ratio deep / first:   {ratio:6.2f}   target <= 1.5: {'met' if ratio <= 1.5 else 'NOT met'}")
+    print(
+        f"first page:           median {median(first):6.2f} ms   p99 {percentile(first, 0.99):6.2f} ms"
+    )
+    print(
+        f"page 900,000 deep:    median {median(deep):6.2f} ms   p99 {percentile(deep, 0.99):6.2f} ms"
+    )
+    print(
+        f"ratio deep / first:   {ratio:6.2f}   target <= 1.5: {'met' if ratio <= 1.5 else 'NOT met'}"
+    )
 
 
 if __name__ == "__main__":

@@ -32,7 +32,8 @@ def _as_postgres_user() -> dict[str, object]:
 
 
 def bare_initdb_and_copy(runs: int = 3) -> tuple[float, float]:
-    install = discover(())[-1]
+    installs = discover(())
+    install = installs[max(installs)]  # the version pgplane picks by default
     initdb_ms, copy_ms = [], []
     for _ in range(runs):
         work = Path(tempfile.mkdtemp(prefix="pgplane-bench-"))
@@ -86,7 +87,9 @@ def main() -> None:
     initdb_ms, copy_ms = bare_initdb_and_copy()
     print(f"bare initdb:                  {initdb_ms:7.1f} ms")
     print(f"bare cp -a of a new cluster:  {copy_ms:7.1f} ms")
-    print(f"POST /projects:               median {median(post_ms):6.1f} ms   p99 {percentile(post_ms, 0.99):6.1f} ms")
+    print(
+        f"POST /projects:               median {median(post_ms):6.1f} ms   p99 {percentile(post_ms, 0.99):6.1f} ms"
+    )
     print(
         f"operations finished after:    median {median(settle_ms):6.1f} ms   "
         f"max {max(settle_ms):6.1f} ms   ({median(settle_ms) / initdb_ms:.2f}x a bare initdb)"

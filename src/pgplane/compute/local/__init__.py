@@ -1,0 +1,14 @@
+"""The local data plane: real Postgres postmasters on this machine (DESIGN §3).
+
+One module per concern, as patroni's ``postgresql`` package: ``binaries`` (discovery),
+``user`` (running as the compute user), ``relocate`` (binaries out of its reach), ``cluster``
+(template, roles and databases), ``timeline`` (building a branch's data), ``postmaster``
+(spawn, readiness, stop), ``pidfile`` (which process serves a data directory),
+``layout`` (paths), ``files`` (atomic and durable writes);
+``driver`` is the thin facade.
+"""
+
+from pgplane.compute.local.config import LocalDriverConfig
+from pgplane.compute.local.driver import LocalComputeDriver
+
+__all__ = ["LocalComputeDriver", "LocalDriverConfig"]

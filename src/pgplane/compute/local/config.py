@@ -1,0 +1,22 @@
+"""Configuration of the local compute driver."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class LocalDriverConfig:
+    """Where the local data plane keeps its data, and how it runs Postgres."""
+
+    data_dir: Path
+    # Postgres bin directories from configuration, searched before PATH and usual places.
+    pg_bin_dirs: Sequence[Path] = ()
+    # OS user computes run as when pgplane runs as root ("pgplane" if unset); ignored otherwise.
+    compute_user: str | None = None
+    # TCP address the postmasters listen on.
+    listen_host: str = "127.0.0.1"
+    # Only the pgserver wheel's binaries (tests prove the bundled Postgres works on its own).
+    use_pgserver_only: bool = False

@@ -1,0 +1,278 @@
+"""The local compute driver: the ComputeDriver contract on this machine, kept thin.
+
+Each method validates ids (the only way they become paths), takes the lock of what it changes,
+and delegates: binaries and relocation, the template, timeline building, postmasters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import shutil
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from pgplane.compute.driver import ComputeError, ComputeSpec, DatabaseSpec, RoleSpec
+from pgplane.compute.local.binaries import PgInstall, discover
+from pgplane.compute.local.cluster import ensure_template, template_pgdata
+from pgplane.compute.local.config import LocalDriverConfig
+from pgplane.compute.local.files import remove_tree, sweep_trash, write_atomic
+from pgplane.compute.local.layout import (
+    TIMELINE_MARKER,
+    Layout,
+    check_id,
+    ensure_dir,
+    ensure_private_dir,
+)
+from pgplane.compute.local.pidfile import PidFile, command_line, is_postmaster_of
+from pgplane.compute.local.postmaster import (
+    Postmasters,
+    check_settings,
+    postmaster_argv,
+    wait_ready,
+)
+from pgplane.compute.local.relocate import runnable_install
+from pgplane.compute.local.timeline import build_timeline, temporary_pgdata
+from pgplane.compute.local.user import RunAs, open_traversal, resolve_run_as
+
+log = logging.getLogger(__name__)
+
+
+class LocalComputeDriver:
+    """Postmasters on this machine, one per endpoint, their data under ``config.data_dir``."""
+
+    def __init__(self, config: LocalDriverConfig) -> None:
+        self._config = config
+        self.layout = Layout(config.data_dir.resolve())
+        # Probing runs `postgres --version` once per candidate: a few ms, once per process.
+        self._installs = discover(config.pg_bin_dirs, pgserver_only=config.use_pgserver_only)
+        self._postmasters = Postmasters()
+        self._locks: defaultdict[tuple[object, ...], asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._run_as: RunAs | None = None
+        self._runnable: dict[int, PgInstall] = {}
+
+    def pg_versions(self) -> Sequence[int]:
+        return list(self._installs)
+
+    def installation(self, pg_version: int) -> PgInstall:
+        """The installation found for a major version (before any relocation)."""
+        install = self._installs.get(pg_version)
+        if install is None:
+            available = ", ".join(map(str, self._installs)) or "none"
+            raise ComputeError(f"Postgres {pg_version} is not available (available: {available})")
+        return install
+
+    def pgdata(self, project_id: str, branch_id: str) -> Path:
+        return self.layout.pgdata(project_id, branch_id)
+
+    def socket_dir(self, endpoint_id: str) -> Path:
+        """Where the endpoint's postmaster puts its unix socket (``.s.PGSQL.<port>``)."""
+        return self.layout.socket_dir(endpoint_id)
+
+    def log_path(self, endpoint_id: str) -> Path:
+        return self.layout.log_path(endpoint_id)
+
+    async def create_timeline(
+        self,
+        *,
+        project_id: str,
+        branch_id: str,
+        pg_version: int,
+        roles: Sequence[RoleSpec],
+        databases: Sequence[DatabaseSpec],
+    ) -> None:
+        pgdata = self.layout.pgdata(project_id, branch_id)
+        socket_dir = self.layout.init_socket_dir(project_id, branch_id)
+        self.installation(pg_version)
+        async with self._locks["timeline", pgdata]:
+            if (pgdata / TIMELINE_MARKER).is_file():
+                _check_data_version(pgdata, pg_version)
+                return
+            if pgdata.exists():
+                raise ComputeError(f"{pgdata} exists but was not completed by pgplane")
+            install, run_as = await self._install(pg_version)
+            await asyncio.to_thread(ensure_dir, pgdata.parent)
+            await build_timeline(
+                install=install,
+                run_as=run_as,
+                postmasters=self._postmasters,
+                template=template_pgdata(self.layout.template(pg_version)),
+                pgdata=pgdata,
+                socket_dir=socket_dir,
+                roles=roles,
+                databases=databases,
+            )
+
+    async def start_compute(self, spec: ComputeSpec) -> None:
+        pgdata = self.layout.pgdata(spec.project_id, spec.branch_id)
+        socket_dir = self.layout.socket_dir(spec.endpoint_id)
+        log_path = self.layout.log_path(spec.endpoint_id)
+        settings = check_settings(spec.pg_settings)
+        self.installation(spec.pg_version)
+        if not (pgdata / TIMELINE_MARKER).is_file():
+            raise ComputeError(
+                f"branch {spec.branch_id} of project {spec.project_id} has no data directory"
+            )
+        _check_data_version(pgdata, spec.pg_version)
+        install, run_as = await self._install(spec.pg_version)
+        argv = postmaster_argv(
+            install,
+            pgdata,
+            port=spec.port,
+            socket_dir=socket_dir,
+            listen=self._config.listen_host,
+            settings=settings,
+        )
+        async with self._locks["postmaster", pgdata]:
+            current = self._postmasters.running(pgdata)
+            if current is not None:
+                if _serves(current, argv, spec.port, socket_dir):
+                    await wait_ready(
+                        socket_dir,
+                        spec.port,
+                        alive=lambda: is_postmaster_of(current.pid, pgdata),
+                        log_path=log_path,
+                    )
+                    return
+                log.info("restarting the postmaster of %s: its command line changed", pgdata)
+                await self._postmasters.stop(pgdata)
+            await asyncio.to_thread(
+                self._prepare_endpoint, spec.project_id, spec.endpoint_id, run_as
+            )
+            await self._postmasters.start(
+                argv,
+                pgdata=pgdata,
+                port=spec.port,
+                socket_dir=socket_dir,
+                run_as=run_as,
+                log_path=log_path,
+            )
+
+    async def stop_compute(self, *, project_id: str, branch_id: str, endpoint_id: str) -> None:
+        pgdata = self.layout.pgdata(project_id, branch_id)
+        socket_dir = self.layout.socket_dir(endpoint_id)
+        async with self._locks["postmaster", pgdata]:
+            await self._postmasters.stop(pgdata)
+        await asyncio.to_thread(shutil.rmtree, socket_dir, True)
+
+    async def is_compute_running(
+        self, *, project_id: str, branch_id: str, endpoint_id: str
+    ) -> bool:
+        pgdata = self.layout.pgdata(project_id, branch_id)
+        socket_dir = self.layout.socket_dir(endpoint_id)
+        current = self._postmasters.running(pgdata)
+        return current is not None and current.socket_dir == str(socket_dir)
+
+    async def apply_storage_config(
+        self, *, project_id: str, history_retention_seconds: int
+    ) -> None:
+        path = self.layout.storage_config(project_id)
+        await self._prepare()
+        data = json.dumps({"history_retention_seconds": history_retention_seconds}).encode()
+        await asyncio.to_thread(ensure_dir, path.parent)
+        await asyncio.to_thread(write_atomic, path, data)
+
+    async def delete_tenant(self, *, project_id: str) -> None:
+        project_dir = self.layout.project_dir(project_id)
+        if not project_dir.exists():
+            return
+        for branch_id in _ids(project_dir / "branches"):
+            pgdata = self.layout.pgdata(project_id, branch_id)
+            for data_dir in (pgdata, temporary_pgdata(pgdata)):
+                async with self._locks["postmaster", data_dir]:
+                    await self._postmasters.stop(data_dir)
+            init_sockets = self.layout.init_socket_dir(project_id, branch_id)
+            await asyncio.to_thread(shutil.rmtree, init_sockets, True)
+        endpoint_ids = list(_ids(self.layout.endpoint_records(project_id)))
+        await remove_tree(project_dir)
+        for endpoint_id in endpoint_ids:
+            await asyncio.to_thread(shutil.rmtree, self.layout.socket_dir(endpoint_id), True)
+            self.layout.log_path(endpoint_id).unlink(missing_ok=True)
+
+    async def close(self) -> None:
+        # The postmasters keep running: they outlive the platform process by design.
+        self._postmasters.forget()
+        run_root = self.layout.run_root
+        if not run_root.is_relative_to(self.layout.data_dir):
+            # Tidy /tmp when no endpoint uses the fallback socket root any more.
+            with contextlib.suppress(OSError):
+                run_root.rmdir()
+
+    async def _prepare(self) -> RunAs:
+        """First use: the compute user, the directory skeleton, leftovers of a crash."""
+        if self._run_as is None:
+            async with self._locks["prepare",]:
+                if self._run_as is None:
+                    run_as = await resolve_run_as(self._config.compute_user)
+                    await asyncio.to_thread(self._make_dirs, run_as)
+                    await sweep_trash(self.layout.projects)
+                    self._run_as = run_as
+        return self._run_as
+
+    def _make_dirs(self, run_as: RunAs) -> None:
+        layout = self.layout
+        if not layout.data_dir.exists():
+            ensure_dir(layout.data_dir)
+        open_traversal(layout.data_dir, run_as)
+        for directory in (layout.projects, layout.templates):
+            ensure_dir(directory)
+        ensure_dir(layout.installs, 0o755)
+        ensure_dir(layout.logs, 0o700)
+        if layout.run_root.is_relative_to(layout.data_dir):
+            ensure_dir(layout.run_root)
+        else:
+            ensure_private_dir(layout.run_root)
+
+    async def _install(self, major: int) -> tuple[PgInstall, RunAs]:
+        """The installation the compute user can run, with its template built."""
+        run_as = await self._prepare()
+        if major not in self._runnable:
+            async with self._locks["install", major]:
+                if major not in self._runnable:
+                    install = self.installation(major)
+                    install = await runnable_install(
+                        install, run_as, self.layout.install_copy(major)
+                    )
+                    await ensure_template(install, run_as, self.layout.template(major))
+                    self._runnable[major] = install
+        return self._runnable[major], run_as
+
+    def _prepare_endpoint(self, project_id: str, endpoint_id: str, run_as: RunAs) -> None:
+        # Recorded so delete_tenant finds the endpoint's socket directory and log.
+        records = ensure_dir(self.layout.endpoint_records(project_id))
+        (records / endpoint_id).touch()
+        socket_dir = self.layout.socket_dir(endpoint_id)
+        socket_dir.mkdir(mode=0o700, exist_ok=True)
+        socket_dir.chmod(0o700)
+        run_as.chown(socket_dir)
+
+
+def _serves(current: PidFile, argv: Sequence[str], port: int, socket_dir: Path) -> bool:
+    """Whether the running postmaster is the one we would start (same port, socket, settings)."""
+    if current.port != port or current.socket_dir != str(socket_dir):
+        return False
+    running_argv = command_line(current.pid)
+    if running_argv is None or "-D" not in running_argv:
+        return True  # no /proc, or a process title rewritten: the port and socket must do
+    # Only the arguments: the binary's path may differ (a relocated copy) without mattering.
+    return running_argv[1:] == list(argv[1:])
+
+
+def _check_data_version(pgdata: Path, pg_version: int) -> None:
+    data_version = (pgdata / "PG_VERSION").read_text().strip()
+    if data_version != str(pg_version):
+        raise ComputeError(f"{pgdata} holds Postgres {data_version} data, not {pg_version}")
+
+
+def _ids(directory: Path) -> Iterator[str]:
+    """Entries of ``directory`` that are valid ids (anything else was never ours)."""
+    if not directory.is_dir():
+        return
+    for entry in sorted(directory.iterdir()):
+        try:
+            yield check_id("id", entry.name)
+        except ComputeError:
+            continue

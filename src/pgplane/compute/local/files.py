@@ -1,0 +1,134 @@
+"""File operations that are atomic or durable, run off the event loop.
+
+The recurring pattern: build in a temporary sibling, make it durable, rename it into place, then
+fsync the parent so the rename itself survives a crash. A reader sees all or nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import secrets
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from pgplane.compute.driver import ComputeError
+from pgplane.compute.local.user import RunAs
+
+_COPY_TIMEOUT = 600.0
+TRASH_PREFIX = ".trash-"
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file and directory under ``root`` (what ``initdb --sync-only`` does)."""
+    for dirpath, _dirnames, filenames in os.walk(root):
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            if os.path.islink(path):
+                continue
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(dirpath))
+
+
+def sync_tree(root: Path) -> None:
+    """Make everything under ``root`` durable, as fast as the platform allows.
+
+    On Linux one syncfs(2) flushes the whole filesystem: ~20 ms for a fresh cluster here,
+    against ~140 ms for fsync on each of its 1,300 files. It also flushes other writers' dirty
+    data on that filesystem, the same trade Postgres offers as recovery_init_sync_method=syncfs.
+    """
+    if _syncfs is not None:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            if _syncfs(fd) == 0:
+                return
+        finally:
+            os.close(fd)
+    fsync_tree(root)
+
+
+def _load_syncfs() -> Callable[[int], int] | None:
+    if sys.platform != "linux":
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        syncfs: Callable[[int], int] = libc.syncfs
+    except (OSError, AttributeError):
+        return None
+    return syncfs
+
+
+_syncfs = _load_syncfs()
+
+
+def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """Replace ``path`` with ``data``: temp file, fsync, rename, fsync of the directory."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+async def copy_tree(src: Path, dst: Path) -> None:
+    """Copy a directory tree keeping owners and modes, sharing blocks where the filesystem can."""
+    # cp with reflinks is a fraction of shutil.copytree's time, and a true copy-on-write clone
+    # on btrfs/XFS; BSD cp (macOS) has no --reflink.
+    reflink = ["--reflink=auto"] if sys.platform == "linux" else []
+    argv = ["cp", "-a", *reflink, "--", str(src), str(dst)]
+    try:
+        await RunAs.current().run(argv, time_limit=_COPY_TIMEOUT)
+    except ComputeError as exc:
+        raise ComputeError(f"copying {src} to {dst}: {exc}") from exc
+
+
+async def remove_tree(path: Path) -> None:
+    """Remove a directory tree so that a crash midway never leaves it looking whole.
+
+    The rename to a trash name is atomic; the slow rmtree then only ever works on trash, which
+    :func:`sweep_trash` finishes after a crash.
+    """
+    trash = await asyncio.to_thread(_to_trash, path)
+    if trash is not None:
+        await asyncio.to_thread(shutil.rmtree, trash)
+
+
+def _to_trash(path: Path) -> Path | None:
+    if not path.exists():
+        return None
+    trash = path.with_name(f"{TRASH_PREFIX}{path.name}-{secrets.token_hex(4)}")
+    os.replace(path, trash)
+    fsync_dir(path.parent)
+    return trash
+
+
+async def sweep_trash(directory: Path) -> None:
+    """Finish removals that a crash interrupted."""
+    await asyncio.to_thread(_sweep_trash, directory)
+
+
+def _sweep_trash(directory: Path) -> None:
+    if not directory.is_dir():
+        return
+    for entry in directory.iterdir():
+        if entry.name.startswith(TRASH_PREFIX):
+            shutil.rmtree(entry, ignore_errors=True)

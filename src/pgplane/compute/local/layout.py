@@ -1,0 +1,127 @@
+"""Where everything lives under the data directory, and the one gate ids pass to become paths.
+
+::
+
+    <data_dir>/
+      projects/<project_id>/storage.json             storage settings (history retention)
+      projects/<project_id>/endpoints/<endpoint_id>  empty file: endpoints that ever ran here
+      projects/<project_id>/branches/<branch_id>/pgdata   the branch's Postgres data directory
+      templates/<major>/                             initdb output, copied for every new cluster
+      pg/<major>/                                    binaries copied out of reach of root-only dirs
+      logs/<endpoint_id>.log                         postmaster stderr
+      run/<endpoint_id>/                             unix socket directory of the postmaster
+
+Unix socket paths are limited to 107 bytes, so when ``<data_dir>/run/<id>/.s.PGSQL.<port>`` could
+exceed it the socket root moves to ``/tmp/pgplane-<hash of data_dir>/`` (one per data directory,
+checked to be ours before use).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from pgplane.compute.driver import ComputeError
+
+_ID = re.compile(r"[a-z0-9-]{1,60}")
+
+# sockaddr_un.sun_path is 108 bytes with the NUL; Postgres appends "/.s.PGSQL.65535".
+_MAX_SOCKET_DIR = 107 - len("/.s.PGSQL.65535")
+_MAX_ID = 60
+
+TIMELINE_MARKER = "pgplane.timeline-complete"
+
+
+def check_id(kind: str, value: str) -> str:
+    """Return ``value`` if it is safe as one path component, else raise ComputeError."""
+    # fullmatch, not match+$: "$" accepts a trailing newline.
+    if not isinstance(value, str) or _ID.fullmatch(value) is None:
+        raise ComputeError(f"invalid {kind} {value!r}: expected 1-60 of [a-z0-9-]")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    data_dir: Path
+
+    @property
+    def projects(self) -> Path:
+        return self.data_dir / "projects"
+
+    @property
+    def templates(self) -> Path:
+        return self.data_dir / "templates"
+
+    @property
+    def installs(self) -> Path:
+        return self.data_dir / "pg"
+
+    @property
+    def logs(self) -> Path:
+        return self.data_dir / "logs"
+
+    @property
+    def run_root(self) -> Path:
+        """Parent of the socket directories: in the data directory when the path is short enough."""
+        local = self.data_dir / "run"
+        if len(os.fsencode(local)) + 1 + _MAX_ID <= _MAX_SOCKET_DIR:
+            return local
+        digest = hashlib.sha256(os.fsencode(self.data_dir)).hexdigest()[:12]
+        return Path("/tmp") / f"pgplane-{digest}"  # noqa: S108 - checked by ensure_private_dir
+
+    def project_dir(self, project_id: str) -> Path:
+        return self.projects / check_id("project id", project_id)
+
+    def storage_config(self, project_id: str) -> Path:
+        return self.project_dir(project_id) / "storage.json"
+
+    def endpoint_records(self, project_id: str) -> Path:
+        return self.project_dir(project_id) / "endpoints"
+
+    def branch_dir(self, project_id: str, branch_id: str) -> Path:
+        return self.project_dir(project_id) / "branches" / check_id("branch id", branch_id)
+
+    def pgdata(self, project_id: str, branch_id: str) -> Path:
+        return self.branch_dir(project_id, branch_id) / "pgdata"
+
+    def socket_dir(self, endpoint_id: str) -> Path:
+        return self.run_root / check_id("endpoint id", endpoint_id)
+
+    def init_socket_dir(self, project_id: str, branch_id: str) -> Path:
+        """Socket directory of the temporary postmaster that creates a timeline's roles."""
+        key = f"{check_id('project id', project_id)}/{check_id('branch id', branch_id)}"
+        return self.run_root / f"init-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+    def log_path(self, endpoint_id: str) -> Path:
+        return self.logs / f"{check_id('endpoint id', endpoint_id)}.log"
+
+    def template(self, major: int) -> Path:
+        return self.templates / str(major)
+
+    def install_copy(self, major: int) -> Path:
+        return self.installs / str(major)
+
+
+def ensure_dir(path: Path, mode: int = 0o711) -> Path:
+    """Create ``path`` (and parents) if missing and set its mode, whatever the umask."""
+    path.mkdir(parents=True, exist_ok=True)
+    if stat.S_IMODE(path.stat().st_mode) != mode:
+        path.chmod(mode)
+    return path
+
+
+def ensure_private_dir(path: Path, mode: int = 0o711) -> Path:
+    """Like ensure_dir, for a directory in a shared place such as /tmp: refuse one we do not own."""
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=mode)
+    st = path.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise ComputeError(f"{path} exists and is not a directory owned by us; remove it")
+    if stat.S_IMODE(st.st_mode) != mode:
+        path.chmod(mode)
+    return path

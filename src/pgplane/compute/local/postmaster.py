@@ -1,0 +1,265 @@
+"""The postmaster: spawn, readiness, stop, and its identity read from ``postmaster.pid``.
+
+A compute's truth is its data directory: the pid file says which process serves it, and
+``/proc`` confirms that process still is a postgres in that directory (pids get reused).
+Postmasters run in their own session so they outlive pgplane; one started by an earlier pgplane
+process is adopted through its pid file, one we spawned is also reaped through its Popen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import signal
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import psycopg
+from psycopg.conninfo import make_conninfo
+
+from pgplane.compute.driver import ComputeError
+from pgplane.compute.local.binaries import PgInstall
+from pgplane.compute.local.pidfile import PidFile, alive, is_postmaster_of, read_pid_file
+from pgplane.compute.local.user import RunAs, postgres_env
+
+log = logging.getLogger(__name__)
+
+ADMIN_USER = "cloud_admin"
+READY_TIMEOUT = 30.0
+_POLL = 0.005
+# Fast shutdown (SIGINT) includes a checkpoint; give it time before the immediate one.
+_STOP_STEPS = ((signal.SIGINT, 10.0), (signal.SIGQUIT, 5.0), (signal.SIGKILL, 5.0))
+
+
+# Settings pgplane owns: routing, the socket, where the configuration and data live.
+_MANAGED = frozenset(
+    {
+        "port",
+        "listen_addresses",
+        "unix_socket_directories",
+        "unix_socket_permissions",
+        "unix_socket_group",
+        "logging_collector",
+        "data_directory",
+        "config_file",
+        "hba_file",
+        "ident_file",
+    }
+)
+_SETTING_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
+
+
+def check_settings(settings: Mapping[str, str]) -> dict[str, str]:
+    """Validate endpoint settings before they reach the command line."""
+    for name, value in settings.items():
+        if _SETTING_NAME.fullmatch(name) is None:
+            raise ComputeError(f"invalid Postgres setting name {name!r}")
+        if name.lower() in _MANAGED:
+            raise ComputeError(f"Postgres setting {name!r} is managed by pgplane")
+        if not isinstance(value, str) or "\0" in value:
+            raise ComputeError(f"invalid value for Postgres setting {name!r}")
+    return dict(settings)
+
+
+def postmaster_argv(
+    install: PgInstall,
+    pgdata: Path,
+    *,
+    port: int,
+    socket_dir: Path,
+    listen: str,
+    settings: Mapping[str, str],
+) -> list[str]:
+    """The command line; what routing depends on comes last so no setting can override it."""
+    argv = [str(install.postgres), "-D", str(pgdata)]
+    for name, value in settings.items():
+        argv += ["-c", f"{name}={value}"]
+    # On the command line, not in postgresql.conf: ALTER SYSTEM cannot break them (as patroni).
+    argv += ["-p", str(port), "-k", str(socket_dir), "-c", f"listen_addresses={listen}"]
+    argv += ["-c", "unix_socket_permissions=0700", "-c", "logging_collector=off"]
+    return argv
+
+
+def admin_conninfo(socket_dir: Path, port: int) -> str:
+    """cloud_admin over the unix socket (trust); explicit so PG* variables cannot interfere."""
+    return make_conninfo(
+        host=str(socket_dir),
+        port=port,
+        user=ADMIN_USER,
+        dbname="postgres",
+        sslmode="disable",
+        gssencmode="disable",
+        connect_timeout=5,
+        application_name="pgplane",
+    )
+
+
+def log_tail(path: Path, size: int = 2000) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - size))
+            return f.read().decode(errors="replace").strip()
+    except OSError as exc:
+        return f"(log unreadable: {exc})"
+
+
+class _Child(subprocess.Popen[bytes]):
+    def __del__(self) -> None:
+        # Postmasters outlive the driver by design, so no "still running" ResourceWarning; the
+        # stdlib's own list of running children still reaps it once it exits.
+        if self.returncode is None and self.poll() is None:
+            active = getattr(subprocess, "_active", None)
+            if isinstance(active, list):
+                active.append(self)
+
+
+class Postmasters:
+    """The postmasters of this driver, keyed by data directory."""
+
+    def __init__(self) -> None:
+        self._children: dict[Path, _Child] = {}
+
+    def running(self, pgdata: Path) -> PidFile | None:
+        """The pid file of the live postmaster serving ``pgdata``, or None."""
+        self._reap(pgdata)
+        pid_file = read_pid_file(pgdata)
+        if pid_file is None or not is_postmaster_of(pid_file.pid, pgdata):
+            return None
+        return pid_file
+
+    def _reap(self, pgdata: Path) -> bool:
+        """Collect our child's exit status if it has exited; True when it has."""
+        child = self._children.get(pgdata)
+        if child is None or child.poll() is None:
+            return False
+        del self._children[pgdata]
+        return True
+
+    async def start(
+        self,
+        argv: Sequence[str],
+        *,
+        pgdata: Path,
+        port: int,
+        socket_dir: Path,
+        run_as: RunAs,
+        log_path: Path,
+    ) -> None:
+        """Spawn the postmaster and return once it accepts a real client startup."""
+        env = postgres_env()
+        stale = read_pid_file(pgdata)
+        if stale is not None and not is_postmaster_of(stale.pid, pgdata):
+            # A stale pid file whose pid now belongs to another process of the compute user (a
+            # backend of another compute, say) makes Postgres refuse to start. As patroni does,
+            # tell it that pid is safe to ignore rather than unlink the file (unlink races).
+            env["PG_GRANDPARENT_PID"] = str(stale.pid)
+        child = await asyncio.to_thread(_spawn, argv, run_as, log_path, env)
+        self._children[pgdata] = child
+        try:
+            await wait_ready(
+                socket_dir, port, alive=lambda: child.poll() is None, log_path=log_path
+            )
+        except BaseException:
+            # Leave nothing half started, whatever interrupted us (a timeout, a cancellation).
+            await asyncio.shield(self._abort(pgdata, child))
+            raise
+
+    async def _abort(self, pgdata: Path, child: _Child) -> None:
+        if self.running(pgdata) is not None:
+            await self.stop(pgdata)
+        elif child.poll() is None:  # alive but no pid file yet
+            _signal(child.pid, signal.SIGKILL)
+            await self._wait_gone(pgdata, child.pid, _STOP_STEPS[-1][1])
+
+    async def stop(self, pgdata: Path) -> bool:
+        """Fast shutdown, escalating to immediate then kill; False when nothing was running."""
+        pid_file = self.running(pgdata)
+        if pid_file is None:
+            return False
+        pid = pid_file.pid
+        for sig, time_limit in _STOP_STEPS:
+            _signal(pid, sig)
+            if await self._wait_gone(pgdata, pid, time_limit):
+                return True
+            log.warning("postmaster %d on %s still running after %s", pid, pgdata, sig.name)
+        raise ComputeError(f"postmaster {pid} on {pgdata} survived SIGKILL")
+
+    async def _wait_gone(self, pgdata: Path, pid: int, time_limit: float) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + time_limit
+        ours = pgdata in self._children and self._children[pgdata].pid == pid
+        while True:
+            if self._reap(pgdata) if ours else not alive(pid):
+                return True
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(_POLL)
+
+    def forget(self) -> None:
+        """Drop our children without stopping them (they outlive the driver)."""
+        self._children.clear()
+
+
+def _spawn(argv: Sequence[str], run_as: RunAs, log_path: Path, env: dict[str, str]) -> _Child:
+    with log_path.open("ab") as log_file:
+        return _Child(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=log_file,
+            cwd="/",
+            env=env,
+            start_new_session=True,  # its own session: pgplane's exit or ^C must not reach it
+            user=run_as.user,
+            group=run_as.group,
+            extra_groups=run_as.extra_groups,
+        )
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        if sig == signal.SIGKILL and os.getpgid(pid) == pid:
+            # The postmaster leads its own process group: take its backends down with it,
+            # since a killed postmaster cannot tell them to exit.
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+
+
+async def wait_ready(
+    socket_dir: Path,
+    port: int,
+    *,
+    alive: Callable[[], bool],
+    log_path: Path,
+    time_limit: float = READY_TIMEOUT,
+) -> None:
+    """Poll with a real startup packet until the server accepts it.
+
+    Accepting a connection is not enough: a postmaster still recovering answers "the database
+    system is starting up". Polling every 5 ms (not pg_ctl's 100 ms) keeps a cold start at
+    tens of milliseconds.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + time_limit
+    conninfo = admin_conninfo(socket_dir, port)
+    while True:
+        try:
+            conn = await asyncio.wait_for(psycopg.AsyncConnection.connect(conninfo), 10.0)
+        except (psycopg.OperationalError, TimeoutError) as exc:
+            last_error: Exception = exc
+        else:
+            await conn.close()
+            return
+        if not alive():
+            raise ComputeError(f"postmaster exited during start-up; log: {log_tail(log_path)}")
+        if loop.time() >= deadline:
+            raise ComputeError(
+                f"postmaster not ready after {time_limit:.0f} s ({last_error}); "
+                f"log: {log_tail(log_path)}"
+            )
+        await asyncio.sleep(_POLL)

@@ -1,0 +1,83 @@
+"""Building a new timeline's data directory: template copy, roles and databases, publish.
+
+Everything happens in ``pgdata.tmp`` next to the final ``pgdata``; only a complete, durable
+directory is renamed into place, so a crash at any point leaves a temporary directory that the
+next attempt removes (after stopping the temporary postmaster it may have left running).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+from pgplane.compute.driver import DatabaseSpec, RoleSpec
+from pgplane.compute.local.binaries import PgInstall
+from pgplane.compute.local.cluster import create_roles_and_databases
+from pgplane.compute.local.files import copy_tree, fsync_dir, sync_tree, write_atomic
+from pgplane.compute.local.layout import TIMELINE_MARKER
+from pgplane.compute.local.postmaster import Postmasters, postmaster_argv
+from pgplane.compute.local.user import RunAs
+
+# Only a unix socket in a directory of its own, so any port number will do.
+_INIT_PORT = 5432
+
+
+def temporary_pgdata(pgdata: Path) -> Path:
+    return pgdata.with_name(f"{pgdata.name}.tmp")
+
+
+def _fresh_socket_dir(socket_dir: Path, run_as: RunAs) -> None:
+    shutil.rmtree(socket_dir, ignore_errors=True)
+    socket_dir.mkdir(mode=0o700)
+    run_as.chown(socket_dir)
+
+
+async def build_timeline(
+    *,
+    install: PgInstall,
+    run_as: RunAs,
+    postmasters: Postmasters,
+    template: Path,
+    pgdata: Path,
+    socket_dir: Path,
+    roles: Sequence[RoleSpec],
+    databases: Sequence[DatabaseSpec],
+) -> None:
+    """Create ``pgdata`` as a copy of ``template`` holding ``roles`` and ``databases``."""
+    tmp = temporary_pgdata(pgdata)
+    await postmasters.stop(tmp)
+    await asyncio.to_thread(shutil.rmtree, tmp, True)
+    await copy_tree(template, tmp)
+
+    await asyncio.to_thread(_fresh_socket_dir, socket_dir, run_as)
+    argv = postmaster_argv(
+        install,
+        tmp,
+        port=_INIT_PORT,
+        socket_dir=socket_dir,
+        listen="",  # no TCP: nobody but us may reach a cluster that is still being built
+        # fsync=off is safe here: sync_tree below flushes every file before the directory is
+        # published, and a crash before that throws the whole directory away.
+        settings={"fsync": "off"},
+    )
+    log_path = pgdata.parent / "create_timeline.log"
+    await postmasters.start(
+        argv, pgdata=tmp, port=_INIT_PORT, socket_dir=socket_dir, run_as=run_as, log_path=log_path
+    )
+    try:
+        await create_roles_and_databases(socket_dir, _INIT_PORT, roles, databases)
+    finally:
+        await postmasters.stop(tmp)
+        await asyncio.to_thread(shutil.rmtree, socket_dir, True)
+
+    # The copied template files are only in the page cache until now, as is whatever the
+    # postmaster wrote with fsync=off.
+    await asyncio.to_thread(sync_tree, tmp)
+    marker = tmp / TIMELINE_MARKER
+    await asyncio.to_thread(write_atomic, marker, b"")
+    run_as.chown(marker)
+    os.replace(tmp, pgdata)
+    await asyncio.to_thread(fsync_dir, pgdata.parent)

@@ -1,0 +1,109 @@
+"""Helpers shared by the compute tests (fixtures live in conftest.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import psycopg
+
+from pgplane.compute.driver import ComputeSpec, DatabaseSpec, RoleSpec
+from pgplane.compute.local import LocalComputeDriver
+from pgplane.compute.local.pidfile import is_postmaster_of, read_pid_file
+
+ROLE = RoleSpec(name="neondb_owner", password="npg_s3cret'\"pass")
+DATABASE = DatabaseSpec(name="neondb", owner_name="neondb_owner")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def stop_leftover_postmasters(data_dir: Path) -> list[int]:
+    """SIGQUIT every live postmaster on a data directory under ``data_dir``; their pids."""
+    stopped = []
+    for pid_file in data_dir.glob("projects/*/branches/*/*/postmaster.pid"):
+        info = read_pid_file(pid_file.parent)
+        if info is not None and is_postmaster_of(info.pid, pid_file.parent):
+            os.kill(info.pid, signal.SIGQUIT)
+            stopped.append(info.pid)
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in stopped) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return stopped
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+class Computes:
+    """Starts computes through the driver and remembers them, so teardown stops them all."""
+
+    def __init__(self, driver: LocalComputeDriver) -> None:
+        self.driver = driver
+        self.started: list[ComputeSpec] = []
+
+    async def start(self, spec: ComputeSpec) -> None:
+        self.started.append(spec)
+        await self.driver.start_compute(spec)
+
+    async def stop_all(self) -> None:
+        for spec in self.started:
+            await self.driver.stop_compute(
+                project_id=spec.project_id, branch_id=spec.branch_id, endpoint_id=spec.endpoint_id
+            )
+
+
+async def lifecycle(
+    driver: LocalComputeDriver, project_id: str, endpoint_id: str, version: int | None = None
+) -> int:
+    """create_timeline, start, SCRAM login over TCP with a table round trip, stop; the pid."""
+    version = version or driver.pg_versions()[-1]
+    await driver.create_timeline(
+        project_id=project_id,
+        branch_id="br-main",
+        pg_version=version,
+        roles=[ROLE],
+        databases=[DATABASE],
+    )
+    spec = ComputeSpec(
+        project_id=project_id,
+        branch_id="br-main",
+        endpoint_id=endpoint_id,
+        pg_version=version,
+        port=free_port(),
+    )
+    ids = {"project_id": project_id, "branch_id": "br-main", "endpoint_id": endpoint_id}
+    await driver.start_compute(spec)
+    try:
+        async with await psycopg.AsyncConnection.connect(
+            host="127.0.0.1",
+            port=spec.port,
+            user=ROLE.name,
+            password=ROLE.password,
+            dbname=DATABASE.name,
+            autocommit=True,
+        ) as conn:
+            await conn.execute("CREATE TABLE t AS SELECT 42 AS answer")
+            cur = await conn.execute("SELECT answer, current_setting('server_version_num') FROM t")
+            answer, version_num = await cur.fetchone() or (None, "0")
+        assert answer == 42
+        assert int(version_num) // 10000 == version
+        pid_file = read_pid_file(driver.pgdata(project_id, "br-main"))
+        assert pid_file is not None
+        assert await driver.is_compute_running(**ids)
+    finally:
+        await driver.stop_compute(**ids)
+    assert not await driver.is_compute_running(**ids)
+    return pid_file.pid

@@ -1,0 +1,109 @@
+"""Running Postgres as the compute user when pgplane runs as root."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+from compute_helpers import lifecycle, stop_leftover_postmasters
+
+from pgplane.compute.local import LocalComputeDriver, LocalDriverConfig
+from pgplane.compute.local.binaries import pgserver_bin_dir
+from pgplane.compute.local.user import RunAs, open_traversal, resolve_run_as
+
+NOBODY = RunAs(name="nobody", uid=65534, gid=65534, switch=True)
+
+
+async def test_the_compute_user_is_never_root() -> None:
+    run_as = await resolve_run_as(None)
+    if os.geteuid() == 0:
+        assert run_as.switch
+        assert run_as.name == "pgplane"
+        assert run_as.uid != 0
+        assert pwd.getpwnam("pgplane").pw_shell.endswith("nologin")
+    else:
+        assert not run_as.switch
+        assert run_as.uid == os.geteuid()
+
+
+def test_open_traversal_adds_only_the_search_bit(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    outer = tmp_path / "outer"
+    inner = outer / "inner"
+    target = inner / "data"
+    target.mkdir(parents=True)
+    outer.chmod(0o700)
+    inner.chmod(0o750)
+    target.chmod(0o700)
+
+    with caplog.at_level(logging.WARNING, logger="pgplane.compute.local.user"):
+        changed = open_traversal(target, NOBODY)
+
+    assert {outer, inner, target} <= set(changed)
+    assert stat.S_IMODE(outer.stat().st_mode) == 0o701
+    assert stat.S_IMODE(inner.stat().st_mode) == 0o751
+    assert stat.S_IMODE(target.stat().st_mode) == 0o701
+    assert all(NOBODY.may_traverse(d) for d in [*target.parents, target])
+    assert f"{outer}, {inner}, {target}" in caplog.text
+    assert open_traversal(target, NOBODY) == []
+
+
+def test_open_traversal_changes_nothing_when_not_switching_user(tmp_path: Path) -> None:
+    tmp_path.chmod(0o700)
+    me = RunAs(name="me", uid=os.geteuid(), gid=os.getegid(), switch=False)
+    assert open_traversal(tmp_path, me) == []
+    assert stat.S_IMODE(tmp_path.stat().st_mode) == 0o700
+
+
+async def test_bundled_postgres_runs_the_whole_cycle(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    data_dir = tmp_path_factory.mktemp("pgserver-only")
+    driver = LocalComputeDriver(LocalDriverConfig(data_dir=data_dir, use_pgserver_only=True))
+    bundled = pgserver_bin_dir()
+    assert bundled is not None
+    assert driver.installation(driver.pg_versions()[-1]).bin_dir == bundled.resolve()
+    try:
+        await lifecycle(driver, "proj-bundled", "ep-bundled")
+    finally:
+        stop_leftover_postmasters(data_dir)
+        await driver.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="binaries are relocated only when running as root")
+async def test_binaries_out_of_the_compute_users_reach_are_copied(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    # The pgserver wheel as it sits in a venv under /root: a 0700 directory, and libpq loaded
+    # through $ORIGIN/../../../pgserver.libs, outside the installation itself.
+    bundled = pgserver_bin_dir()
+    assert bundled is not None
+    site = bundled.resolve().parents[2]
+    hidden = tmp_path_factory.mktemp("root-home")
+    hidden.chmod(0o700)
+    shutil.copytree(site / "pgserver" / "pginstall", hidden / "pgserver" / "pginstall")
+    shutil.copytree(site / "pgserver.libs", hidden / "pgserver.libs")
+    hidden_bin = hidden / "pgserver" / "pginstall" / "bin"
+
+    data_dir = tmp_path_factory.mktemp("relocated")
+    driver = LocalComputeDriver(LocalDriverConfig(data_dir=data_dir, pg_bin_dirs=[hidden_bin]))
+    major = driver.pg_versions()[-1]
+    assert driver.installation(major).bin_dir == hidden_bin
+    try:
+        await lifecycle(driver, "proj-relocated", "ep-relocated")
+    finally:
+        stop_leftover_postmasters(data_dir)
+        await driver.close()
+
+    copy = data_dir / "pg" / str(major) / "tree"
+    assert (copy / "pgserver" / "pginstall" / "bin" / "postgres").is_file()
+    assert any((copy / "pgserver.libs").glob("libpq*.so*"))
+    template = (data_dir / "templates" / str(major) / "template.json").read_text()
+    assert str(copy / "pgserver" / "pginstall" / "bin") in template
+    assert stat.S_IMODE(hidden.stat().st_mode) == 0o700  # the hidden place was left alone
