@@ -26,8 +26,8 @@ class WrkResult:
 
 
 def _ms(text: str) -> float:
-    value, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", text).groups()  # type: ignore[union-attr]
-    return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+    value, unit = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text).groups()  # type: ignore[union-attr]
+    return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}[unit]
 
 
 def wrk(
@@ -36,10 +36,12 @@ def wrk(
     """Run wrk (Debian package ``wrk``) against ``url``; parse throughput and latency."""
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is needed: apt-get install wrk")
-    cmd = ["wrk", "-t2", f"-c{connections}", f"-d{seconds}s", "--latency"]
+    cmd = ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency"]
     for k, v in (headers or {}).items():
         cmd += ["-H", f"{k}: {v}"]
     out = subprocess.run([*cmd, url], capture_output=True, text=True, check=True).stdout
+    if "Requests/sec" not in out:
+        raise RuntimeError(f"wrk printed no result:\n{out}")
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
     p50 = _ms(re.search(r"50%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
     p99 = _ms(re.search(r"99%\s+(\S+)", out).group(1))  # type: ignore[union-attr]

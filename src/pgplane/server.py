@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import logging
 
 import uvicorn
@@ -55,10 +56,18 @@ async def serve(settings: Settings) -> None:
             http="httptools",
             lifespan="on",
             access_log=False,
+            # No proxy in front by default: trusting X-Forwarded-For would let any client choose
+            # the address recorded as a key's last use. Fewer per-request steps, too.
+            proxy_headers=False,
+            server_header=False,
             log_config=None,
             timeout_graceful_shutdown=5,
         )
     )
+    # Everything allocated so far lives as long as the process: move it out of the collector's
+    # sight, so full collections under load stop scanning it (they caused 100+ ms pauses).
+    gc.collect()
+    gc.freeze()
     engine_task = asyncio.create_task(engine.run(), name="operations engine")
     announce = asyncio.create_task(_announce(server, settings))
     try:

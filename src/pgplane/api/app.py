@@ -5,20 +5,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from litestar import Litestar, MediaType, Request, Router, get
 from litestar.datastructures import State
-from litestar.di import Provide
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import SwaggerRenderPlugin
 from litestar.openapi.spec import Components, SecurityScheme
 
 from pgplane import __version__
-from pgplane.api.auth import current_caller
-from pgplane.api.deps import Notify
+from pgplane.api.auth import Platform, require_key
 from pgplane.api.errors import on_http_error, on_platform_error, on_unexpected
 from pgplane.api.routes.api_keys import ApiKeys
 from pgplane.api.routes.operations import Operations
@@ -54,7 +52,9 @@ async def _flush_key_uses(store: Store, recorder: api_keys.UseRecorder) -> None:
             await recorder.flush(tx)
 
 
-def create_app(*, store: Store, settings: Settings, notify: Notify = _nothing) -> Litestar:
+def create_app(
+    *, store: Store, settings: Settings, notify: Callable[[], None] = _nothing
+) -> Litestar:
     """The API over ``store``; ``notify`` is called after a request starts operations."""
     recorder = api_keys.UseRecorder()
 
@@ -80,16 +80,11 @@ def create_app(*, store: Store, settings: Settings, notify: Notify = _nothing) -
     api = Router(
         path=BASE_PATH,
         route_handlers=[ApiKeys, Projects, Operations],
-        dependencies={"caller": Provide(current_caller)},
         security=[{"BearerAuth": []}],
+        guards=[require_key],
     )
     return Litestar(
         route_handlers=[api, openapi_document],
-        dependencies={
-            "store": Provide(lambda: store, sync_to_thread=False, use_cache=True),
-            "settings": Provide(lambda: settings, sync_to_thread=False, use_cache=True),
-            "notify": Provide(lambda: notify, sync_to_thread=False, use_cache=True),
-        },
         exception_handlers={
             PgplaneError: on_platform_error,
             HTTPException: on_http_error,
@@ -108,7 +103,7 @@ def create_app(*, store: Store, settings: Settings, notify: Notify = _nothing) -
             ),
         ),
         request_max_body_size=settings.max_body_bytes,
-        state=State({"key_uses": recorder}),
+        state=State({"platform": Platform(store, settings, notify, recorder)}),
         lifespan=[key_use_flusher],
         debug=False,
     )

@@ -20,3 +20,15 @@ async def project(
     if found is None:
         raise NotFound("project not found")
     return found
+
+
+async def require_project(tx: Tx, *, account_id: str, project_id: str) -> None:
+    """Raise NotFound unless the id names a project of the account, deleted or not.
+
+    The cheap check for the hot read paths (operations stay readable after a deletion).
+    """
+    if not (
+        ids.is_valid_id(project_id)
+        and await tx.project_exists(account_id=account_id, project_id=project_id)
+    ):
+        raise NotFound("project not found")

@@ -94,14 +94,19 @@ async def list_(
 ) -> Page:
     """Newest first. Past the end: no operations, and the cursor that was sent."""
     size, before = parse_limit(limit), parse_cursor(cursor)
-    await access.project(tx, account_id=account_id, project_id=project_id, include_deleted=True)
-    ops = await tx.list_operations(project_id=project_id, before=before, limit=size)
+    ops = []
+    if ids.is_valid_id(project_id):
+        ops = await tx.list_operations(
+            project_id=project_id, before=before, limit=size, account_id=account_id
+        )
+    if not ops:  # the end of the list, or no such project for this account
+        await access.require_project(tx, account_id=account_id, project_id=project_id)
     next_cursor = clock.format_us(ops[-1].created_at) if ops else cursor
     return Page(operations=ops, cursor=next_cursor)
 
 
 async def get(tx: Tx, *, account_id: str, project_id: str, operation_id: str) -> Operation:
-    await access.project(tx, account_id=account_id, project_id=project_id, include_deleted=True)
+    await access.require_project(tx, account_id=account_id, project_id=project_id)
     op = None
     if ids.is_valid_uuid(operation_id):
         op = await tx.get_operation(project_id=project_id, operation_id=operation_id)

@@ -185,9 +185,12 @@ class Tx(abc.ABC):
 
     @abc.abstractmethod
     async def list_operations(
-        self, *, project_id: str, before: int | None, limit: int
+        self, *, project_id: str, before: int | None, limit: int, account_id: str | None = None
     ) -> list[Operation]:
-        """Newest first, only those created strictly before ``before``; keyset, never OFFSET."""
+        """Newest first, only those created strictly before ``before``; keyset, never OFFSET.
+
+        With ``account_id``, only if the project (deleted or not) belongs to that account.
+        """
 
     @abc.abstractmethod
     async def list_unsettled_operations(self, project_id: str | None = None) -> list[Operation]:

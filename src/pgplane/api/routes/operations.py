@@ -6,11 +6,10 @@ from litestar import Controller, get
 from litestar.params import Parameter
 
 from pgplane.api import presenters
-from pgplane.api.auth import Caller
-from pgplane.api.deps import error_responses
+from pgplane.api.auth import AnyRequest, authorized
+from pgplane.api.responses import error_responses
 from pgplane.api.schemas import OperationResponse, OperationsPage, Pagination
 from pgplane.services import operations
-from pgplane.store import Store
 
 
 class Operations(Controller):
@@ -20,22 +19,22 @@ class Operations(Controller):
     @get(operation_id="listProjectOperations", responses=error_responses())
     async def list_(
         self,
-        caller: Caller,
-        store: Store,
+        request: AnyRequest,
         project_id: str,
         limit: int | None = Parameter(
-            default=None, description="1 to 1000; 10 when absent", required=False
+            default=None, ge=1, le=1000, description="1 to 1000; 10 when absent"
         ),
         cursor: str | None = Parameter(
             default=None,
+            max_length=64,
             description="pagination.cursor of the previous page (a timestamp with microseconds)",
-            required=False,
         ),
     ) -> OperationsPage:
         """The project's operations, newest first."""
-        async with store.read() as tx:
+        ctx = authorized(request)
+        async with ctx.store.read() as tx:
             page = await operations.list_(
-                tx, account_id=caller.account_id, project_id=project_id, limit=limit, cursor=cursor
+                tx, account_id=ctx.account_id, project_id=project_id, limit=limit, cursor=cursor
             )
         return OperationsPage(
             operations=presenters.operations(page.operations),
@@ -44,11 +43,12 @@ class Operations(Controller):
 
     @get("/{operation_id:str}", operation_id="getProjectOperation", responses=error_responses())
     async def get_(
-        self, caller: Caller, store: Store, project_id: str, operation_id: str
+        self, request: AnyRequest, project_id: str, operation_id: str
     ) -> OperationResponse:
         """One operation, for polling until it is finished."""
-        async with store.read() as tx:
+        ctx = authorized(request)
+        async with ctx.store.read() as tx:
             op = await operations.get(
-                tx, account_id=caller.account_id, project_id=project_id, operation_id=operation_id
+                tx, account_id=ctx.account_id, project_id=project_id, operation_id=operation_id
             )
         return OperationResponse(operation=presenters.operation(op))

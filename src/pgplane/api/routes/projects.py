@@ -6,8 +6,8 @@ from litestar import Controller, delete, get, patch, post
 from litestar.params import Parameter
 
 from pgplane.api import presenters
-from pgplane.api.auth import Caller
-from pgplane.api.deps import Notify, error_responses
+from pgplane.api.auth import AnyRequest, authorized
+from pgplane.api.responses import error_responses
 from pgplane.api.schemas import (
     Pagination,
     ProjectCreated,
@@ -18,10 +18,9 @@ from pgplane.api.schemas import (
     ProjectUpdateRequest,
     to_builtins,
 )
-from pgplane.config import Settings
 from pgplane.services import projects
 from pgplane.services.connections import connection
-from pgplane.store import Store, Tx
+from pgplane.store import Tx
 
 
 async def _owner_email(tx: Tx, account_id: str) -> str:
@@ -36,19 +35,21 @@ class Projects(Controller):
     @get(operation_id="listProjects", responses=error_responses())
     async def list_(
         self,
-        caller: Caller,
-        store: Store,
-        settings: Settings,
-        limit: int | None = Parameter(default=None, description="1 to 400; 10 when absent"),
+        request: AnyRequest,
+        limit: int | None = Parameter(
+            default=None, ge=1, le=400, description="1 to 400; 10 when absent"
+        ),
         cursor: str | None = Parameter(
-            default=None, description="pagination.cursor of the previous page (a project id)"
+            default=None,
+            max_length=60,
+            description="pagination.cursor of the previous page (a project id)",
         ),
     ) -> ProjectsPage:
         """The account's projects, newest first."""
+        ctx = authorized(request)
+        store, settings = ctx.store, ctx.settings
         async with store.read() as tx:
-            found = await projects.list_(
-                tx, account_id=caller.account_id, limit=limit, cursor=cursor
-            )
+            found = await projects.list_(tx, account_id=ctx.account_id, limit=limit, cursor=cursor)
         return ProjectsPage(
             projects=[presenters.project_item(p, settings) for p in found],
             applications={},
@@ -57,15 +58,10 @@ class Projects(Controller):
         )
 
     @post(status_code=201, operation_id="createProject", responses=error_responses(409))
-    async def create(
-        self,
-        caller: Caller,
-        store: Store,
-        settings: Settings,
-        notify: Notify,
-        data: ProjectCreateRequest,
-    ) -> ProjectCreated:
+    async def create(self, request: AnyRequest, data: ProjectCreateRequest) -> ProjectCreated:
         """Create a project with its default branch, compute, role and database."""
+        ctx = authorized(request)
+        store, settings = ctx.store, ctx.settings
         req = data.project
         branch = req.branch
         endpoint_settings = (
@@ -89,10 +85,10 @@ class Projects(Controller):
         )
         async with store.write() as tx:
             created = await projects.create(
-                tx, account_id=caller.account_id, spec=spec, settings=settings
+                tx, account_id=ctx.account_id, spec=spec, settings=settings
             )
-            email = await _owner_email(tx, caller.account_id)
-        notify()
+            email = await _owner_email(tx, ctx.account_id)
+        ctx.notify()
         return ProjectCreated(
             project=presenters.project(created.project, settings, owner_email=email),
             connection_uris=[
@@ -111,25 +107,21 @@ class Projects(Controller):
         )
 
     @get("/{project_id:str}", operation_id="getProject", responses=error_responses())
-    async def get_(
-        self, caller: Caller, store: Store, settings: Settings, project_id: str
-    ) -> ProjectResponse:
+    async def get_(self, request: AnyRequest, project_id: str) -> ProjectResponse:
+        ctx = authorized(request)
+        store, settings = ctx.store, ctx.settings
         async with store.read() as tx:
-            project = await projects.get(tx, account_id=caller.account_id, project_id=project_id)
-            email = await _owner_email(tx, caller.account_id)
+            project = await projects.get(tx, account_id=ctx.account_id, project_id=project_id)
+            email = await _owner_email(tx, ctx.account_id)
         return ProjectResponse(project=presenters.project(project, settings, owner_email=email))
 
     @patch("/{project_id:str}", operation_id="updateProject", responses=error_responses())
     async def update(
-        self,
-        caller: Caller,
-        store: Store,
-        settings: Settings,
-        notify: Notify,
-        project_id: str,
-        data: ProjectUpdateRequest,
+        self, request: AnyRequest, project_id: str, data: ProjectUpdateRequest
     ) -> ProjectOperations:
         """Rename; change history retention (starts ``apply_storage_config``)."""
+        ctx = authorized(request)
+        store, settings = ctx.store, ctx.settings
         req = data.project
         changes = projects.ProjectChanges(
             name=req.name,
@@ -143,11 +135,11 @@ class Projects(Controller):
         )
         async with store.write() as tx:
             project, ops = await projects.update(
-                tx, account_id=caller.account_id, project_id=project_id, changes=changes
+                tx, account_id=ctx.account_id, project_id=project_id, changes=changes
             )
-            email = await _owner_email(tx, caller.account_id)
+            email = await _owner_email(tx, ctx.account_id)
         if ops:
-            notify()
+            ctx.notify()
         return ProjectOperations(
             project=presenters.project(project, settings, owner_email=email),
             operations=presenters.operations(ops),
@@ -159,16 +151,16 @@ class Projects(Controller):
         operation_id="deleteProject",
         responses=error_responses(),
     )
-    async def delete_(
-        self, caller: Caller, store: Store, settings: Settings, notify: Notify, project_id: str
-    ) -> ProjectOperations:
+    async def delete_(self, request: AnyRequest, project_id: str) -> ProjectOperations:
         """Delete: computes stop and ``delete_tenant`` removes the data; poll its operation."""
+        ctx = authorized(request)
+        store, settings = ctx.store, ctx.settings
         async with store.write() as tx:
             project, ops = await projects.delete(
-                tx, account_id=caller.account_id, project_id=project_id
+                tx, account_id=ctx.account_id, project_id=project_id
             )
-            email = await _owner_email(tx, caller.account_id)
-        notify()
+            email = await _owner_email(tx, ctx.account_id)
+        ctx.notify()
         return ProjectOperations(
             project=presenters.project(project, settings, owner_email=email),
             operations=presenters.operations(ops),

@@ -23,6 +23,7 @@ from pgplane.errors import Conflict
 from pgplane.store.base import Tx
 
 _json_encode = msgspec.json.encode
+_NEVER = 1 << 62  # a cursor later than any timestamp: "from the newest"
 _json_decode = msgspec.json.decode
 
 _OP_COLUMNS = (
@@ -541,20 +542,19 @@ class SqliteTx(Tx):
         return _operation(r) if r else None
 
     async def list_operations(
-        self, *, project_id: str, before: int | None, limit: int
+        self, *, project_id: str, before: int | None, limit: int, account_id: str | None = None
     ) -> list[Operation]:
-        if before is None:
-            rows = self._c.execute(
-                f"SELECT {_OP_COLUMNS} FROM operations WHERE project_id = ?"
-                " ORDER BY created_at DESC LIMIT ?",
-                (project_id, limit),
-            ).fetchall()
-        else:
-            rows = self._c.execute(
-                f"SELECT {_OP_COLUMNS} FROM operations WHERE project_id = ? AND created_at < ?"
-                " ORDER BY created_at DESC LIMIT ?",
-                (project_id, before, limit),
-            ).fetchall()
+        owner = (
+            ""
+            if account_id is None
+            else (" AND EXISTS (SELECT 1 FROM projects p WHERE p.id = ?1 AND p.account_id = ?4)")
+        )
+        rows = self._c.execute(
+            f"SELECT {_OP_COLUMNS} FROM operations WHERE project_id = ?1 AND created_at < ?2"
+            f"{owner} ORDER BY created_at DESC LIMIT ?3",
+            (project_id, _NEVER if before is None else before, limit)
+            + (() if account_id is None else (account_id,)),
+        ).fetchall()
         return [_operation(r) for r in rows]
 
     async def list_unsettled_operations(self, project_id: str | None = None) -> list[Operation]:

@@ -1,16 +1,10 @@
-"""What route handlers may ask for by name: ``caller``, ``store``, ``settings``, ``notify``."""
+"""What every route declares in the OpenAPI document besides its success response."""
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 from litestar.openapi.datastructures import ResponseSpec
 
 from pgplane.api.schemas import ErrorBody
-from pgplane.config import Settings
-from pgplane.store import Store
-
-Notify = Callable[[], None]
 
 # Documented on every route: what a client can get besides success.
 ERROR_RESPONSES = (400, 401, 404, 413, 429, 503)
@@ -23,6 +17,3 @@ def error_responses(*extra: int) -> dict[int, ResponseSpec]:
         code: ResponseSpec(data_container=ErrorBody, description="Error", generate_examples=False)
         for code in statuses
     }
-
-
-__all__ = ["Notify", "Settings", "Store", "error_responses"]
