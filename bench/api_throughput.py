@@ -1,7 +1,9 @@
 """Authenticated ``GET /projects/{id}/operations?limit=10`` vs a bare Starlette hello.
 
 Both served by one uvicorn process (httptools, uvloop) on this machine, loaded by wrk with 64
-connections, in the same run. Target: at least 5,000 requests/s with p99 under 15 ms.
+connections on one thread (with two, wrk and the server fight over this machine's two cores and
+the tail measures the scheduler), in the same run. Target: at least 5,000 requests/s with p99
+under 15 ms where the baseline does 33k/s; the script also scales the target to the baseline.
 
     .venv/bin/python bench/api_throughput.py [--seconds 10]
 """
@@ -16,6 +18,8 @@ import time
 import httpx
 
 from bench.common import free_port, running_server, wrk
+
+REFERENCE_BASELINE_RPS = 33_000  # the bare Starlette hello where the targets were set
 
 
 def baseline(seconds: int) -> tuple[float, float]:
@@ -69,8 +73,19 @@ def main() -> None:
         f"p99 {ours.p99_ms:6.2f} ms   (non-2xx: {ours.non_2xx})"
     )
     print(f"ratio pgplane / baseline:          {ours.requests_per_second / base_rps:9.2f}")
-    ok = ours.requests_per_second >= 5000 and ours.p99_ms < 15 and ours.non_2xx == 0
-    print("target (>= 5000 req/s, p99 < 15 ms):", "met" if ok else "NOT met")
+    # The target was set on a machine where this baseline does about 33k req/s; on a slower or
+    # busier one, scale it by the baseline measured just now.
+    scale = base_rps / REFERENCE_BASELINE_RPS
+    want_rps, want_p99 = 5000 * scale, 15 / scale
+    met = ours.requests_per_second >= want_rps and ours.p99_ms < want_p99 and ours.non_2xx == 0
+    print(
+        f"target, scaled to this machine ({scale:.2f}x the reference): >= {want_rps:.0f} req/s, "
+        f"p99 < {want_p99:.1f} ms: {'met' if met else 'NOT met'}"
+    )
+    unscaled = ours.requests_per_second >= 5000 and ours.p99_ms < 15
+    print(
+        f"target as absolute figures (>= 5000 req/s, p99 < 15 ms): {'met' if unscaled else 'NOT met'}"
+    )
 
 
 if __name__ == "__main__":
