@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pgplane.api import schemas as s
 from pgplane.config import Settings
 from pgplane.core.clock import format_s, format_us
@@ -72,65 +74,51 @@ def api_key_revoked(key: ApiKey) -> s.ApiKeyRevoked:
     )
 
 
+def _project_fields(p: Project, settings: Settings) -> dict[str, Any]:
+    """The fields a project shows both in lists and on its own."""
+    return {
+        "id": p.id,
+        "platform_id": "local",
+        "region_id": p.region_id,
+        "name": p.name,
+        "provisioner": p.provisioner,
+        "default_endpoint_settings": p.default_endpoint_settings,
+        "settings": p.settings,
+        "pg_version": p.pg_version,
+        "proxy_host": settings.proxy_host,
+        "branch_logical_size_limit": BRANCH_LOGICAL_SIZE_LIMIT_MIB,
+        "branch_logical_size_limit_bytes": BRANCH_LOGICAL_SIZE_LIMIT_MIB * MIB,
+        "store_passwords": p.store_passwords,
+        "creation_source": CREATION_SOURCE,
+        "history_retention_seconds": p.history_retention_seconds,
+        "created_at": format_s(p.created_at),
+        "updated_at": format_s(p.updated_at),
+        "owner_id": p.account_id,
+        "locked": p.locked,
+        "cpu_used_sec": 0,
+    }
+
+
 def project_item(p: Project, settings: Settings) -> s.ProjectListItem:
-    return s.ProjectListItem(
-        id=p.id,
-        platform_id="local",
-        region_id=p.region_id,
-        name=p.name,
-        provisioner=p.provisioner,
-        default_endpoint_settings=p.default_endpoint_settings,
-        settings=p.settings,
-        pg_version=p.pg_version,
-        proxy_host=settings.proxy_host,
-        branch_logical_size_limit=BRANCH_LOGICAL_SIZE_LIMIT_MIB,
-        branch_logical_size_limit_bytes=BRANCH_LOGICAL_SIZE_LIMIT_MIB * MIB,
-        store_passwords=p.store_passwords,
-        active_time=0,
-        cpu_used_sec=0,
-        creation_source=CREATION_SOURCE,
-        history_retention_seconds=p.history_retention_seconds,
-        created_at=format_s(p.created_at),
-        updated_at=format_s(p.updated_at),
-        owner_id=p.account_id,
-        locked=p.locked,
-    )
+    return s.ProjectListItem(**_project_fields(p, settings), active_time=0)
 
 
 def project(p: Project, settings: Settings, *, owner_email: str) -> s.ProjectOut:
     return s.ProjectOut(
-        id=p.id,
-        platform_id="local",
-        region_id=p.region_id,
-        name=p.name,
-        provisioner=p.provisioner,
-        default_endpoint_settings=p.default_endpoint_settings,
-        settings=p.settings,
-        pg_version=p.pg_version,
-        proxy_host=settings.proxy_host,
-        branch_logical_size_limit=BRANCH_LOGICAL_SIZE_LIMIT_MIB,
-        branch_logical_size_limit_bytes=BRANCH_LOGICAL_SIZE_LIMIT_MIB * MIB,
-        store_passwords=p.store_passwords,
-        creation_source=CREATION_SOURCE,
-        history_retention_seconds=p.history_retention_seconds,
-        created_at=format_s(p.created_at),
-        updated_at=format_s(p.updated_at),
+        **_project_fields(p, settings),
         consumption_period_start=_EPOCH_ZERO,
         consumption_period_end=_EPOCH_ZERO,
-        owner_id=p.account_id,
         owner=s.ProjectOwner(
             email=owner_email,
             name=owner_email.split("@", 1)[0],
             branches_limit=5000,
             subscription_type="UNKNOWN",
         ),
-        locked=p.locked,
         data_storage_bytes_hour=0,
         data_transfer_bytes=0,
         written_data_bytes=0,
         compute_time_seconds=0,
         active_time_seconds=0,
-        cpu_used_sec=0,
         deleted_at=_ts(p.deleted_at),
     )
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import msgspec
 from msgspec import Meta, Struct
 
 Name256 = Annotated[str, Meta(min_length=1, max_length=256)]
@@ -316,6 +315,4 @@ class ProjectUpdateRequest(Struct, kw_only=True):
 
 def to_builtins(value: Struct) -> dict[str, Any]:
     """A request sub-object as a plain dict, unset fields left out."""
-    out = msgspec.to_builtins(value)
-    assert isinstance(out, dict)  # noqa: S101 - a Struct always becomes a dict
-    return {k: v for k, v in out.items() if v is not None}
+    return {f: getattr(value, f) for f in value.__struct_fields__ if getattr(value, f) is not None}
