@@ -81,3 +81,12 @@ def test_bad_key_requests_change_nothing(api: Api) -> None:
     assert api.http.delete("/api_keys/999999999").status_code == 404
     assert api.http.delete("/api_keys/abc").status_code in (400, 404)
     assert api.http.get("/api_keys").json() == before
+
+
+def test_no_small_limit_on_keys_per_account(api: Api) -> None:
+    """Contract §8: no strict limit on keys per account (keep below 10,000 is advice)."""
+    made = {
+        api.http.post("/api_keys", json={"key_name": f"many-{i}"}).json()["id"] for i in range(150)
+    }
+    listed = {k["id"] for k in api.http.get("/api_keys").json()}
+    assert made <= listed
