@@ -10,6 +10,7 @@ PostgreSQL, and a bare ``cp -a`` of an initialised cluster. Targets: the POST an
 from __future__ import annotations
 
 import argparse
+import asyncio
 import shutil
 import subprocess
 import tempfile
@@ -19,7 +20,7 @@ from pathlib import Path
 import httpx
 
 from bench.common import median, percentile, running_server
-from pgplane.compute.local.binaries import discover
+from pgplane.compute.local import LocalComputeDriver, LocalDriverConfig
 
 
 def _as_postgres_user() -> dict[str, object]:
@@ -32,8 +33,11 @@ def _as_postgres_user() -> dict[str, object]:
 
 
 def bare_initdb_and_copy(runs: int = 3) -> tuple[float, float]:
-    installs = discover(())
-    install = installs[max(installs)]  # the version pgplane picks by default
+    # The binaries as pgplane runs them (copied where the compute user can reach them).
+    driver = LocalComputeDriver(
+        LocalDriverConfig(data_dir=Path(tempfile.mkdtemp(prefix="pgplane-bench-")))
+    )
+    install = asyncio.run(driver.runnable_installation(max(driver.pg_versions())))
     initdb_ms, copy_ms = [], []
     for _ in range(runs):
         work = Path(tempfile.mkdtemp(prefix="pgplane-bench-"))

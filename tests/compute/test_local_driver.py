@@ -182,7 +182,7 @@ async def test_create_timeline_recovers_from_a_crash(
     socket_dir = driver.layout.run_root / "crashed"
     socket_dir.mkdir(mode=0o700)
     run_as.chown(socket_dir)
-    install = driver.installation(newest(driver))
+    install = await driver.runnable_installation(newest(driver))
     argv = postmaster_argv(install, tmp, port=5432, socket_dir=socket_dir, listen="", settings={})
     await crashed.start(
         argv,

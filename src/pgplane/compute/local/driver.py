@@ -65,6 +65,11 @@ class LocalComputeDriver:
             raise ComputeError(f"Postgres {pg_version} is not available (available: {available})")
         return install
 
+    async def runnable_installation(self, pg_version: int) -> PgInstall:
+        """The installation as the compute user runs it (relocated if it had to be)."""
+        install, _ = await self._install(pg_version)
+        return install
+
     def pgdata(self, project_id: str, branch_id: str) -> Path:
         return self.layout.pgdata(project_id, branch_id)
 
