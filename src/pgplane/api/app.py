@@ -106,4 +106,5 @@ def create_app(
         state=State({"platform": Platform(store, settings, notify, recorder)}),
         lifespan=[key_use_flusher],
         debug=False,
+        logging_config=None,  # the process entry point configures logging
     )
