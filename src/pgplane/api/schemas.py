@@ -103,7 +103,9 @@ class ProjectOwner(Struct, kw_only=True):
     subscription_type: str
 
 
-class ProjectListItem(Struct, kw_only=True, omit_defaults=True):
+class ProjectFields(Struct, kw_only=True, omit_defaults=True):
+    """What a project shows both in lists and on its own."""
+
     id: str
     platform_id: str
     region_id: str
@@ -116,7 +118,6 @@ class ProjectListItem(Struct, kw_only=True, omit_defaults=True):
     branch_logical_size_limit: int
     branch_logical_size_limit_bytes: int
     store_passwords: bool
-    active_time: int
     cpu_used_sec: int
     creation_source: str
     history_retention_seconds: int
@@ -124,37 +125,22 @@ class ProjectListItem(Struct, kw_only=True, omit_defaults=True):
     updated_at: str
     owner_id: str
     locked: bool
+
+
+class ProjectListItem(ProjectFields, kw_only=True, omit_defaults=True):
+    active_time: int
     compute_last_active_at: str | None = None
 
 
-class ProjectOut(Struct, kw_only=True, omit_defaults=True):
-    id: str
-    platform_id: str
-    region_id: str
-    name: str
-    provisioner: str
-    default_endpoint_settings: dict[str, Any]
-    settings: dict[str, Any]
-    pg_version: int
-    proxy_host: str
-    branch_logical_size_limit: int
-    branch_logical_size_limit_bytes: int
-    store_passwords: bool
-    creation_source: str
-    history_retention_seconds: int
-    created_at: str
-    updated_at: str
+class ProjectOut(ProjectFields, kw_only=True, omit_defaults=True):
     consumption_period_start: str
     consumption_period_end: str
-    owner_id: str
     owner: ProjectOwner
-    locked: bool
     data_storage_bytes_hour: int
     data_transfer_bytes: int
     written_data_bytes: int
     compute_time_seconds: int
     active_time_seconds: int
-    cpu_used_sec: int
     compute_last_active_at: str | None = None
     deleted_at: str | None = None
 
