@@ -19,17 +19,9 @@ log = logging.getLogger(__name__)
 AnyRequest = Request[Any, Any, State]
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-_CODES = {
-    400: "BAD_REQUEST",
-    401: "UNAUTHORIZED",
-    404: "NOT_FOUND",
-    405: "METHOD_NOT_ALLOWED",
-    409: "CONFLICT",
-    413: "PAYLOAD_TOO_LARGE",
-    415: "UNSUPPORTED_MEDIA_TYPE",
-    429: "TOO_MANY_REQUESTS",
-    503: "SERVICE_UNAVAILABLE",
-}
+# The framework's own errors (404 for no route, 405, 413, validation) take the code our error tree
+# gives their status, so every body speaks one vocabulary.
+_CODES = {cls.status: cls.code for cls in PgplaneError.__subclasses__()}
 
 
 def request_id(request: AnyRequest) -> str:

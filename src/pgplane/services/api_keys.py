@@ -6,10 +6,9 @@ from dataclasses import dataclass
 
 from pgplane.core import clock, keys
 from pgplane.core.models import ApiKey
-from pgplane.errors import BadRequest, NotFound
+from pgplane.errors import NotFound
+from pgplane.services import names
 from pgplane.store import Tx
-
-MAX_NAME_LENGTH = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,19 +17,11 @@ class CreatedKey:
     value: str  # the secret: returned to the caller once, never stored
 
 
-def _check_name(name: str) -> str:
-    if not name.strip():
-        raise BadRequest("key_name must not be empty")
-    if len(name) > MAX_NAME_LENGTH:
-        raise BadRequest(f"key_name must be at most {MAX_NAME_LENGTH} characters")
-    return name
-
-
 async def create(tx: Tx, *, account_id: str, name: str, created_by: str) -> CreatedKey:
     value = keys.generate()
     key = await tx.insert_api_key(
         account_id=account_id,
-        name=_check_name(name),
+        name=names.api_key(name),
         digest=keys.digest(value),
         created_at=clock.now_us(),
         created_by=created_by,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pgplane.errors import BadRequest
 
 MAX_OBJECT_NAME = 256
+MAX_API_KEY_NAME = 64
 MAX_PG_IDENTIFIER_BYTES = 63  # NAMEDATALEN - 1: Postgres would silently truncate longer names
 
 
@@ -23,6 +24,10 @@ def _identifier(kind: str, value: str) -> str:
     if len(value.encode("utf-8")) > MAX_PG_IDENTIFIER_BYTES:
         raise BadRequest(f"{kind} name must be at most {MAX_PG_IDENTIFIER_BYTES} bytes")
     return value
+
+
+def api_key(value: str) -> str:
+    return _text("API key", value, MAX_API_KEY_NAME)
 
 
 def project(value: str) -> str:
