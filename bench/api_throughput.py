@@ -72,7 +72,10 @@ def main() -> None:
         f"pgplane GET operations?limit=10:   {ours.requests_per_second:9.0f} req/s   "
         f"p99 {ours.p99_ms:6.2f} ms   (non-2xx: {ours.non_2xx})"
     )
-    print(f"ratio pgplane / baseline:          {ours.requests_per_second / base_rps:9.2f}")
+    print(
+        f"ratio pgplane / baseline:          {ours.requests_per_second / base_rps:9.2f}"
+        f"   (pgplane p50 {ours.p50_ms:.2f} ms)"
+    )
     # The target was set on a machine where this baseline does about 33k req/s; on a slower or
     # busier one, scale it by the baseline measured just now.
     scale = base_rps / REFERENCE_BASELINE_RPS

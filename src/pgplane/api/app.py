@@ -81,7 +81,7 @@ def create_app(
         path=BASE_PATH,
         route_handlers=[ApiKeys, Projects, Operations],
         security=[{"BearerAuth": []}],
-        guards=[require_key],
+        before_request=require_key,
     )
     return Litestar(
         route_handlers=[api, openapi_document],

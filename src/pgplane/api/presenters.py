@@ -26,8 +26,8 @@ def operation(op: Operation) -> s.OperationOut:
         project_id=op.project_id,
         branch_id=op.branch_id,
         endpoint_id=op.endpoint_id,
-        action=op.action.value,
-        status=op.status.value,
+        action=op.action,  # StrEnum members are str; encoded as their value
+        status=op.status,
         failures_count=op.failures_count,
         error=op.error,
         retry_at=None if op.retry_at is None else format_us(op.retry_at),

@@ -189,7 +189,9 @@ class Tx(abc.ABC):
     ) -> list[Operation]:
         """Newest first, only those created strictly before ``before``; keyset, never OFFSET.
 
-        With ``account_id``, only if the project (deleted or not) belongs to that account.
+        With ``account_id``, only if the project (deleted or not) belongs to that account. For
+        clients' pages: the lease fields may be left ``None`` (the engine reads operations through
+        the methods that claim them).
         """
 
     @abc.abstractmethod
