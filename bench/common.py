@@ -14,7 +14,16 @@ sys.path.insert(0, ROOT)
 
 from tests.support import Api, Server, free_port, running_server  # noqa: E402
 
-__all__ = ["Api", "Server", "WrkResult", "free_port", "percentile", "running_server", "wrk"]
+__all__ = [
+    "Api",
+    "Server",
+    "WrkResult",
+    "free_port",
+    "median",
+    "percentile",
+    "running_server",
+    "wrk",
+]
 
 
 @dataclass(frozen=True)

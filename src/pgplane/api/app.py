@@ -16,7 +16,7 @@ from litestar.openapi.plugins import SwaggerRenderPlugin
 from litestar.openapi.spec import Components, SecurityScheme
 
 from pgplane import __version__
-from pgplane.api.auth import Platform, require_key
+from pgplane.api.auth import Platform, key_hook
 from pgplane.api.errors import on_http_error, on_platform_error, on_unexpected
 from pgplane.api.routes.api_keys import ApiKeys
 from pgplane.api.routes.operations import Operations
@@ -81,7 +81,7 @@ def create_app(
         path=BASE_PATH,
         route_handlers=[ApiKeys, Projects, Operations],
         security=[{"BearerAuth": []}],
-        before_request=require_key,
+        before_request=key_hook(Platform(store, settings, notify, recorder)),
     )
     return Litestar(
         route_handlers=[api, openapi_document],
@@ -103,7 +103,6 @@ def create_app(
             ),
         ),
         request_max_body_size=settings.max_body_bytes,
-        state=State({"platform": Platform(store, settings, notify, recorder)}),
         lifespan=[key_use_flusher],
         debug=False,
         logging_config=None,  # the process entry point configures logging

@@ -9,9 +9,9 @@ every guard call (a sixteenth).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from litestar import Request
 from litestar.datastructures import State
@@ -26,7 +26,7 @@ AnyRequest = Request[Any, Any, State]
 
 @dataclass(frozen=True, slots=True)
 class Platform:
-    """What the API is wired to; one per app, kept in its state."""
+    """What the API is wired to; one per app."""
 
     store: Store
     settings: Settings
@@ -45,28 +45,44 @@ class Authorized:
     notify: Callable[[], None]
 
 
-async def require_key(connection: AnyRequest) -> None:
-    """Hook: the caller behind the request's Bearer key; anything else is the same 401."""
-    platform: Platform = connection.app.state.platform
-    header = connection.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise Unauthorized()
-    async with platform.store.read() as tx:
-        key = await api_keys.authenticate(tx, value=token.strip())
-    if key is None:
-        raise Unauthorized()
-    platform.key_uses.record(key.id, connection.client.host if connection.client else "")
-    connection.state.authorized = Authorized(
-        account_id=key.account_id,
-        key_id=key.id,
-        store=platform.store,
-        settings=platform.settings,
-        notify=platform.notify,
+# Where the hook leaves its result: a key of our own in the ASGI scope (Litestar's
+# ``request.state`` builds a wrapper object on every access).
+_AUTHORIZED = "pgplane.authorized"
+
+
+def key_hook(platform: Platform) -> Callable[[AnyRequest], Awaitable[None]]:
+    """The ``before_request`` hook that authenticates against ``platform``."""
+    store, settings, notify, key_uses = (
+        platform.store,
+        platform.settings,
+        platform.notify,
+        platform.key_uses,
     )
+
+    async def require_key(request: AnyRequest) -> None:
+        """The caller behind the request's Bearer key; anything else is the same 401."""
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise Unauthorized()
+        async with store.read() as tx:
+            key = await api_keys.authenticate(tx, value=token)
+        if key is None:
+            raise Unauthorized()
+        key_uses.record(key.id, request.client.host if request.client else "")
+        scope = cast("dict[str, Any]", request.scope)
+        scope[_AUTHORIZED] = Authorized(
+            account_id=key.account_id,
+            key_id=key.id,
+            store=store,
+            settings=settings,
+            notify=notify,
+        )
+
+    return require_key
 
 
 def authorized(request: AnyRequest) -> Authorized:
     """What the hook established for this request."""
-    ctx: Authorized = request.state.authorized
+    ctx: Authorized = cast("dict[str, Any]", request.scope)[_AUTHORIZED]
     return ctx
