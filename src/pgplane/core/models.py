@@ -90,6 +90,8 @@ class Role(msgspec.Struct, frozen=True, kw_only=True):
     protected: bool
     created_at: int
     updated_at: int
+    login: bool = True
+    deleted_at: int | None = None  # deleted; dropped on the compute by a pending apply_config
 
 
 class Database(msgspec.Struct, frozen=True, kw_only=True):
@@ -99,6 +101,9 @@ class Database(msgspec.Struct, frozen=True, kw_only=True):
     owner_name: str
     created_at: int
     updated_at: int
+    # The name the compute holds, until a rename is applied (None: not created there yet).
+    applied_name: str | None = None
+    deleted_at: int | None = None  # deleted; dropped on the compute by a pending apply_config
 
 
 class Operation(msgspec.Struct, frozen=True, kw_only=True):
@@ -114,6 +119,8 @@ class Operation(msgspec.Struct, frozen=True, kw_only=True):
     created_at: int
     updated_at: int
     total_duration_ms: int
+    # The branch a create_branch copies: the operation also waits for that branch's earlier work.
+    source_branch_id: str | None = None
     # Engine bookkeeping, never shown to clients.
     lease_owner: str | None = None
     lease_expires_at: int | None = None

@@ -87,19 +87,27 @@ class Scope:
 
     Operations of one project whose scopes overlap run strictly in creation order; others run in
     parallel. A scope without a branch (project-wide work such as ``delete_tenant``) overlaps
-    every operation of its project.
+    every operation of its project. A ``create_branch`` also covers the branch it copies
+    (``source_branch_id``), so it copies its parent after the parent's earlier work (its creation,
+    role changes) and before the parent's later work.
     """
 
     project_id: str
     branch_id: str | None
     endpoint_id: str | None
+    source_branch_id: str | None = None
+
+    @classmethod
+    def of(cls, op: Operation) -> Scope:
+        return cls(op.project_id, op.branch_id, op.endpoint_id, op.source_branch_id)
 
     def overlaps(self, other: Scope) -> bool:
         if self.project_id != other.project_id:
             return False
         if self.branch_id is None or other.branch_id is None:
             return True
-        if self.branch_id == other.branch_id:
+        mine = {self.branch_id, self.source_branch_id} - {None}
+        if mine & {other.branch_id, other.source_branch_id}:
             return True
         return self.endpoint_id is not None and self.endpoint_id == other.endpoint_id
 
@@ -115,7 +123,7 @@ def claimable(unsettled: list[Operation], now: int) -> list[Operation]:
     ready = []
     seen: list[Scope] = []
     for op in unsettled:
-        scope = Scope(op.project_id, op.branch_id, op.endpoint_id)
+        scope = Scope.of(op)
         blocked = any(scope.overlaps(s) for s in seen)
         seen.append(scope)
         if blocked:

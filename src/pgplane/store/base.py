@@ -121,7 +121,20 @@ class Tx(abc.ABC):
     async def get_branch(self, *, project_id: str, branch_id: str) -> Branch | None: ...
 
     @abc.abstractmethod
-    async def list_branches(self, project_id: str) -> list[Branch]: ...
+    async def list_branches(self, project_id: str) -> list[Branch]:
+        """The project's live branches, newest first."""
+
+    @abc.abstractmethod
+    async def update_branch(self, branch: Branch) -> None:
+        """Write name, protected, default and updated_at; a taken name raises Conflict."""
+
+    @abc.abstractmethod
+    async def delete_branch(self, *, branch_id: str, now: int) -> None:
+        """Mark the branch deleted (its name is free again at once)."""
+
+    @abc.abstractmethod
+    async def has_child_branches(self, branch_id: str) -> bool:
+        """Whether a live branch was created from this one."""
 
     @abc.abstractmethod
     async def set_branch_state(
@@ -137,11 +150,23 @@ class Tx(abc.ABC):
 
     @abc.abstractmethod
     async def list_endpoints(self, project_id: str) -> list[Endpoint]:
-        """The project's live endpoints."""
+        """The project's live endpoints, newest first."""
 
     @abc.abstractmethod
-    async def used_ports(self) -> set[int]:
-        """Ports held by live endpoints of every project."""
+    async def update_endpoint(self, endpoint: Endpoint) -> None:
+        """Write the mutable fields: limits, suspend timeout, settings, disabled, states."""
+
+    @abc.abstractmethod
+    async def delete_endpoint(self, *, endpoint_id: str, now: int) -> None:
+        """Mark the endpoint deleted."""
+
+    @abc.abstractmethod
+    async def used_ports(self, *, held_since: int) -> set[int]:
+        """Ports held by live endpoints, or by endpoints deleted after ``held_since``.
+
+        A deleted endpoint's postmaster stops only when its operation runs: its port is not
+        handed out again at once.
+        """
 
     @abc.abstractmethod
     async def set_endpoint_state(
@@ -160,19 +185,66 @@ class Tx(abc.ABC):
 
     @abc.abstractmethod
     async def insert_role(self, role: Role) -> None:
-        """Insert; a duplicate name on the branch raises Conflict."""
+        """Insert; a live role of the same name on the branch raises Conflict."""
 
     @abc.abstractmethod
-    async def list_roles(self, branch_id: str) -> list[Role]: ...
+    async def get_role(self, *, branch_id: str, name: str) -> Role | None:
+        """The live role of that name."""
+
+    @abc.abstractmethod
+    async def list_roles(self, branch_id: str, *, deleted: bool = False) -> list[Role]:
+        """The branch's live roles, oldest first; with ``deleted``, the tombstones instead."""
+
+    @abc.abstractmethod
+    async def update_role(self, role: Role) -> None:
+        """Write password, login and updated_at of the live role."""
+
+    @abc.abstractmethod
+    async def delete_role(self, *, branch_id: str, name: str, now: int) -> None:
+        """Turn the live role into a tombstone until its drop is applied."""
+
+    @abc.abstractmethod
+    async def purge_roles(self, *, branch_id: str, tombstones: Sequence[Role]) -> None:
+        """Forget these tombstones (their drop was applied)."""
 
     @abc.abstractmethod
     async def insert_database(
-        self, *, branch_id: str, name: str, owner_name: str, now: int
+        self,
+        *,
+        branch_id: str,
+        name: str,
+        owner_name: str,
+        now: int,
+        applied_name: str | None = None,
     ) -> Database:
-        """Insert (the store assigns the integer id); a duplicate name raises Conflict."""
+        """Insert (the store assigns the integer id); a live duplicate name raises Conflict.
+
+        ``applied_name``: the name the database already has on the branch's data, if it has one.
+        """
 
     @abc.abstractmethod
-    async def list_databases(self, branch_id: str) -> list[Database]: ...
+    async def get_database(self, *, branch_id: str, name: str) -> Database | None:
+        """The live database of that name."""
+
+    @abc.abstractmethod
+    async def list_databases(self, branch_id: str, *, deleted: bool = False) -> list[Database]:
+        """The branch's live databases by id; with ``deleted``, the tombstones instead."""
+
+    @abc.abstractmethod
+    async def update_database(self, database: Database) -> None:
+        """Write name, owner and updated_at; a taken name raises Conflict."""
+
+    @abc.abstractmethod
+    async def delete_database(self, *, database_id: int, now: int) -> None:
+        """Turn the live database into a tombstone until its drop is applied."""
+
+    @abc.abstractmethod
+    async def mark_databases_applied(self, applied: Sequence[tuple[int, str]]) -> None:
+        """Record ``(database_id, name)``: the name each has on the compute now."""
+
+    @abc.abstractmethod
+    async def purge_databases(self, database_ids: Sequence[int]) -> None:
+        """Forget these tombstones (their drop was applied)."""
 
     # -- operations -----------------------------------------------------------------------------
 

@@ -28,11 +28,12 @@ _json_decode = msgspec.json.decode
 
 _OP_COLUMNS = (
     "id, project_id, branch_id, endpoint_id, action, status, failures_count, error, retry_at,"
-    " created_at, updated_at, total_duration_ms, lease_owner, lease_expires_at, attempt_started_at"
+    " created_at, updated_at, total_duration_ms, lease_owner, lease_expires_at, attempt_started_at,"
+    " source_branch_id"
 )
 # The operations pages are the hottest queries: their text is built once, and they leave out the
 # engine's lease bookkeeping (every column read costs, and clients never see those).
-_OP_PAGE_COLUMNS = _OP_COLUMNS.rsplit(", lease_owner", 1)[0]
+_OP_PAGE_COLUMNS = _OP_COLUMNS.split(", lease_owner", 1)[0]
 _LIST_OPS = (
     f"SELECT {_OP_PAGE_COLUMNS} FROM operations WHERE project_id = ?1 AND created_at < ?2"
     " ORDER BY created_at DESC LIMIT ?3"
@@ -70,12 +71,14 @@ _ACTIONS = {a.value: a for a in Action}
 _STATUSES = {s.value: s for s in Status}
 
 
-_NO_LEASE = (None, None, None)
+_NO_LEASE = (None, None, None, None)
 
 
 def _operation(r: Sequence[Any]) -> Operation:
     """A row of ``_OP_COLUMNS``, or of ``_OP_PAGE_COLUMNS`` (without the lease)."""
-    lease_owner, lease_expires_at, attempt_started_at = r[12:] if len(r) > 12 else _NO_LEASE
+    lease_owner, lease_expires_at, attempt_started_at, source_branch_id = (
+        r[12:] if len(r) > 12 else _NO_LEASE
+    )
     return Operation(
         id=r[0],
         project_id=r[1],
@@ -92,6 +95,7 @@ def _operation(r: Sequence[Any]) -> Operation:
         lease_owner=lease_owner,
         lease_expires_at=lease_expires_at,
         attempt_started_at=attempt_started_at,
+        source_branch_id=source_branch_id,
     )
 
 
@@ -149,6 +153,38 @@ def _endpoint(r: Sequence[Any]) -> Endpoint:
         last_active=r[14],
         started_at=r[15],
         suspended_at=r[16],
+    )
+
+
+_ROLE_COLUMNS = "branch_id, name, password, protected, created_at, updated_at, login, deleted_at"
+_DATABASE_COLUMNS = (
+    "id, branch_id, name, owner_name, created_at, updated_at, applied_name, deleted_at"
+)
+
+
+def _role(r: Sequence[Any]) -> Role:
+    return Role(
+        branch_id=r[0],
+        name=r[1],
+        password=r[2],
+        protected=bool(r[3]),
+        created_at=r[4],
+        updated_at=r[5],
+        login=bool(r[6]),
+        deleted_at=r[7],
+    )
+
+
+def _database(r: Sequence[Any]) -> Database:
+    return Database(
+        id=r[0],
+        branch_id=r[1],
+        name=r[2],
+        owner_name=r[3],
+        created_at=r[4],
+        updated_at=r[5],
+        applied_name=r[6],
+        deleted_at=r[7],
     )
 
 
@@ -377,6 +413,31 @@ class SqliteTx(Tx):
         ).fetchall()
         return [_branch(r) for r in rows]
 
+    async def update_branch(self, branch: Branch) -> None:
+        b = branch
+        try:
+            self._c.execute(
+                "UPDATE branches SET name = ?, protected = ?, is_default = ?, updated_at = ?"
+                " WHERE id = ? AND deleted_at IS NULL",
+                (b.name, int(b.protected), int(b.default), b.updated_at, b.id),
+            )
+        except sqlite3.IntegrityError as exc:
+            raise Conflict(f"branch already exists; branch_name:{b.name!r}") from exc
+
+    async def delete_branch(self, *, branch_id: str, now: int) -> None:
+        self._c.execute(
+            "UPDATE branches SET deleted_at = ?, updated_at = ?, is_default = 0"
+            " WHERE id = ? AND deleted_at IS NULL",
+            (now, now, branch_id),
+        )
+
+    async def has_child_branches(self, branch_id: str) -> bool:
+        r = self._c.execute(
+            "SELECT 1 FROM branches WHERE parent_id = ? AND deleted_at IS NULL LIMIT 1",
+            (branch_id,),
+        ).fetchone()
+        return r is not None
+
     async def set_branch_state(
         self, *, branch_id: str, current_state: str, pending_state: str | None, now: int
     ) -> None:
@@ -429,8 +490,36 @@ class SqliteTx(Tx):
         ).fetchall()
         return [_endpoint(r) for r in rows]
 
-    async def used_ports(self) -> set[int]:
-        rows = self._c.execute("SELECT port FROM endpoints WHERE deleted_at IS NULL").fetchall()
+    async def update_endpoint(self, endpoint: Endpoint) -> None:
+        e = endpoint
+        self._c.execute(
+            "UPDATE endpoints SET autoscaling_limit_min_cu = ?, autoscaling_limit_max_cu = ?,"
+            " suspend_timeout_seconds = ?, settings = ?, disabled = ?, current_state = ?,"
+            " pending_state = ?, updated_at = ? WHERE id = ? AND deleted_at IS NULL",
+            (
+                e.autoscaling_limit_min_cu,
+                e.autoscaling_limit_max_cu,
+                e.suspend_timeout_seconds,
+                _json_encode(e.settings),
+                int(e.disabled),
+                e.current_state,
+                e.pending_state,
+                e.updated_at,
+                e.id,
+            ),
+        )
+
+    async def delete_endpoint(self, *, endpoint_id: str, now: int) -> None:
+        self._c.execute(
+            "UPDATE endpoints SET deleted_at = ?, updated_at = ?"
+            " WHERE id = ? AND deleted_at IS NULL",
+            (now, now, endpoint_id),
+        )
+
+    async def used_ports(self, *, held_since: int) -> set[int]:
+        rows = self._c.execute(
+            "SELECT port FROM endpoints WHERE deleted_at IS NULL OR deleted_at > ?", (held_since,)
+        ).fetchall()
         return {r[0] for r in rows}
 
     async def set_endpoint_state(
@@ -455,37 +544,70 @@ class SqliteTx(Tx):
     async def insert_role(self, role: Role) -> None:
         r = role
         self._insert(
-            "INSERT INTO roles (branch_id, name, password, protected, created_at, updated_at)"
-            " VALUES (?, ?, ?, ?, ?, ?)",
-            (r.branch_id, r.name, r.password, int(r.protected), r.created_at, r.updated_at),
+            "INSERT INTO roles (branch_id, name, password, protected, login, created_at,"
+            " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                r.branch_id,
+                r.name,
+                r.password,
+                int(r.protected),
+                int(r.login),
+                r.created_at,
+                r.updated_at,
+            ),
             f"role already exists; role_name:{r.name!r}",
         )
 
-    async def list_roles(self, branch_id: str) -> list[Role]:
+    async def get_role(self, *, branch_id: str, name: str) -> Role | None:
+        r = self._c.execute(
+            f"SELECT {_ROLE_COLUMNS} FROM roles"
+            " WHERE branch_id = ? AND name = ? AND deleted_at IS NULL",
+            (branch_id, name),
+        ).fetchone()
+        return _role(r) if r else None
+
+    async def list_roles(self, branch_id: str, *, deleted: bool = False) -> list[Role]:
+        state = "IS NOT NULL" if deleted else "IS NULL"
         rows = self._c.execute(
-            "SELECT branch_id, name, password, protected, created_at, updated_at FROM roles"
-            " WHERE branch_id = ? ORDER BY created_at, name",
+            f"SELECT {_ROLE_COLUMNS} FROM roles WHERE branch_id = ? AND deleted_at {state}"
+            " ORDER BY id",
             (branch_id,),
         ).fetchall()
-        return [
-            Role(
-                branch_id=r[0],
-                name=r[1],
-                password=r[2],
-                protected=bool(r[3]),
-                created_at=r[4],
-                updated_at=r[5],
-            )
-            for r in rows
-        ]
+        return [_role(r) for r in rows]
+
+    async def update_role(self, role: Role) -> None:
+        self._c.execute(
+            "UPDATE roles SET password = ?, login = ?, updated_at = ?"
+            " WHERE branch_id = ? AND name = ? AND deleted_at IS NULL",
+            (role.password, int(role.login), role.updated_at, role.branch_id, role.name),
+        )
+
+    async def delete_role(self, *, branch_id: str, name: str, now: int) -> None:
+        self._c.execute(
+            "UPDATE roles SET deleted_at = ?, updated_at = ?"
+            " WHERE branch_id = ? AND name = ? AND deleted_at IS NULL",
+            (now, now, branch_id, name),
+        )
+
+    async def purge_roles(self, *, branch_id: str, tombstones: Sequence[Role]) -> None:
+        self._c.executemany(
+            "DELETE FROM roles WHERE branch_id = ? AND name = ? AND deleted_at = ?",
+            [(branch_id, r.name, r.deleted_at) for r in tombstones if r.deleted_at is not None],
+        )
 
     async def insert_database(
-        self, *, branch_id: str, name: str, owner_name: str, now: int
+        self,
+        *,
+        branch_id: str,
+        name: str,
+        owner_name: str,
+        now: int,
+        applied_name: str | None = None,
     ) -> Database:
         cur = self._insert(
-            "INSERT INTO databases (branch_id, name, owner_name, created_at, updated_at)"
-            " VALUES (?, ?, ?, ?, ?)",
-            (branch_id, name, owner_name, now, now),
+            "INSERT INTO databases (branch_id, name, owner_name, applied_name, created_at,"
+            " updated_at) VALUES (?, ?, ?, ?, ?, ?)",
+            (branch_id, name, owner_name, applied_name, now, now),
             f"database already exists; database_name:{name!r}",
         )
         assert cur.lastrowid is not None  # noqa: S101 - sqlite always sets it after an INSERT
@@ -496,25 +618,52 @@ class SqliteTx(Tx):
             owner_name=owner_name,
             created_at=now,
             updated_at=now,
+            applied_name=applied_name,
         )
 
-    async def list_databases(self, branch_id: str) -> list[Database]:
+    async def get_database(self, *, branch_id: str, name: str) -> Database | None:
+        r = self._c.execute(
+            f"SELECT {_DATABASE_COLUMNS} FROM databases"
+            " WHERE branch_id = ? AND name = ? AND deleted_at IS NULL",
+            (branch_id, name),
+        ).fetchone()
+        return _database(r) if r else None
+
+    async def list_databases(self, branch_id: str, *, deleted: bool = False) -> list[Database]:
+        state = "IS NOT NULL" if deleted else "IS NULL"
         rows = self._c.execute(
-            "SELECT id, branch_id, name, owner_name, created_at, updated_at FROM databases"
-            " WHERE branch_id = ? ORDER BY id",
+            f"SELECT {_DATABASE_COLUMNS} FROM databases WHERE branch_id = ?"
+            f" AND deleted_at {state} ORDER BY id",
             (branch_id,),
         ).fetchall()
-        return [
-            Database(
-                id=r[0],
-                branch_id=r[1],
-                name=r[2],
-                owner_name=r[3],
-                created_at=r[4],
-                updated_at=r[5],
+        return [_database(r) for r in rows]
+
+    async def update_database(self, database: Database) -> None:
+        d = database
+        try:
+            self._c.execute(
+                "UPDATE databases SET name = ?, owner_name = ?, updated_at = ?"
+                " WHERE id = ? AND deleted_at IS NULL",
+                (d.name, d.owner_name, d.updated_at, d.id),
             )
-            for r in rows
-        ]
+        except sqlite3.IntegrityError as exc:
+            raise Conflict(f"database already exists; database_name:{d.name!r}") from exc
+
+    async def delete_database(self, *, database_id: int, now: int) -> None:
+        self._c.execute(
+            "UPDATE databases SET deleted_at = ?, updated_at = ?"
+            " WHERE id = ? AND deleted_at IS NULL",
+            (now, now, database_id),
+        )
+
+    async def mark_databases_applied(self, applied: Sequence[tuple[int, str]]) -> None:
+        self._c.executemany("UPDATE databases SET applied_name = ?2 WHERE id = ?1", list(applied))
+
+    async def purge_databases(self, database_ids: Sequence[int]) -> None:
+        self._c.executemany(
+            "DELETE FROM databases WHERE id = ? AND deleted_at IS NOT NULL",
+            [(i,) for i in database_ids],
+        )
 
     # -- operations -----------------------------------------------------------------------------
 
@@ -535,7 +684,7 @@ class SqliteTx(Tx):
                 op = msgspec.structs.replace(given, created_at=created, updated_at=created)
             self._c.execute(
                 f"INSERT INTO operations ({_OP_COLUMNS})"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     op.id,
                     op.project_id,
@@ -552,6 +701,7 @@ class SqliteTx(Tx):
                     op.lease_owner,
                     op.lease_expires_at,
                     op.attempt_started_at,
+                    op.source_branch_id,
                 ),
             )
             stored.append(op)
