@@ -13,6 +13,7 @@ import psycopg
 from pgplane.compute.driver import ComputeSpec, DatabaseSpec, RoleSpec
 from pgplane.compute.local import LocalComputeDriver
 from pgplane.compute.local.pidfile import is_postmaster_of, read_pid_file
+from pgplane.compute.local.postmaster import admin_conninfo
 
 ROLE = RoleSpec(name="neondb_owner", password="npg_s3cret'\"pass")
 DATABASE = DatabaseSpec(name="neondb", owner_name="neondb_owner")
@@ -45,6 +46,44 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+async def connect(
+    port: int,
+    *,
+    user: str = ROLE.name,
+    password: str = ROLE.password,
+    dbname: str = DATABASE.name,
+) -> psycopg.AsyncConnection[tuple[object, ...]]:
+    """A client over TCP with a password (SCRAM), as any user of the platform connects."""
+    return await psycopg.AsyncConnection.connect(
+        host="127.0.0.1",
+        port=port,
+        user=user,
+        password=password,
+        dbname=dbname,
+        sslmode="disable",
+        autocommit=True,
+    )
+
+
+async def query(
+    port: int, statement: str, *, dbname: str = DATABASE.name
+) -> list[tuple[object, ...]]:
+    """Run one statement as the default role; its rows ([] when it returns none)."""
+    async with await connect(port, dbname=dbname) as conn:
+        cur = await conn.execute(statement)
+        return await cur.fetchall() if cur.description else []
+
+
+async def admin_query(
+    driver: LocalComputeDriver, spec: ComputeSpec, statement: str
+) -> list[tuple[object, ...]]:
+    """Run one statement as cloud_admin over the compute's unix socket."""
+    conninfo = admin_conninfo(driver.socket_dir(spec.endpoint_id), spec.port)
+    async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+        cur = await conn.execute(statement)
+        return await cur.fetchall() if cur.description else []
 
 
 class Computes:

@@ -18,8 +18,15 @@ class ComputeError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class RoleSpec:
+    """A role as the branch must hold it: its password (SCRAM-hashed by Postgres) and LOGIN.
+
+    ``login=False`` is Neon's ``no_login``: the role exists (it can own objects, be granted) but
+    cannot connect. An empty password leaves the role without one.
+    """
+
     name: str
     password: str
+    login: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +45,26 @@ class ComputeSpec:
     pg_version: int
     port: int
     pg_settings: Mapping[str, str] = field(default_factory=dict)
+    # Compute units (1 CU ~ 1 vCPU and 4 GB of RAM). A driver without autoscaling sizes the
+    # compute for the maximum; pg_settings override what it derives from it.
+    autoscaling_limit_min_cu: float = 0.25
+    autoscaling_limit_max_cu: float = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigChange:
+    """Roles and databases to converge a branch to; what is not named is left as it is.
+
+    Applied in this order: renames (when the old name exists and the new one does not), roles
+    (created or updated: password, LOGIN), databases (created, or given to their owner), dropped
+    databases, dropped roles (what they own is first given to each database's owner).
+    """
+
+    roles: Sequence[RoleSpec] = ()
+    databases: Sequence[DatabaseSpec] = ()
+    renamed_databases: Mapping[str, str] = field(default_factory=dict)
+    dropped_databases: Sequence[str] = ()
+    dropped_roles: Sequence[str] = ()
 
 
 class ComputeDriver(Protocol):
@@ -55,6 +82,35 @@ class ComputeDriver(Protocol):
         databases: Sequence[DatabaseSpec],
     ) -> None:
         """Create the root branch's data: a fresh cluster with these roles and databases."""
+        ...
+
+    async def create_branch(
+        self, *, project_id: str, parent_branch_id: str, branch_id: str, pg_version: int
+    ) -> None:
+        """Create the branch's data: a consistent copy of its parent's data at its head.
+
+        A running parent is copied online, without stopping it; a stopped one as files.
+        """
+        ...
+
+    async def delete_timeline(self, *, project_id: str, branch_id: str) -> None:
+        """Stop whatever runs on the branch's data and remove it; no-op when it is gone."""
+        ...
+
+    async def apply_config(
+        self,
+        *,
+        project_id: str,
+        branch_id: str,
+        pg_version: int,
+        compute: ComputeSpec | None,
+        change: ConfigChange,
+    ) -> None:
+        """Converge the branch's roles and databases with ``change``, with real SQL.
+
+        Through ``compute``, started if it is not running; a branch without a compute gets a
+        temporary postmaster for the time it takes.
+        """
         ...
 
     async def start_compute(self, spec: ComputeSpec) -> None:

@@ -2,10 +2,12 @@
 
 One module per concern, as patroni's ``postgresql`` package: ``binaries`` (discovery),
 ``user`` (running as the compute user), ``relocate`` (binaries out of its reach), ``cluster``
-(template, roles and databases), ``timeline`` (building a branch's data), ``postmaster``
-(spawn, readiness, stop), ``pidfile`` (which process serves a data directory),
-``layout`` (paths), ``files`` (atomic and durable writes);
-``driver`` is the thin facade.
+(template, roles and databases), ``timeline`` (building a root branch's data), ``branch``
+(a branch's data as a copy of its parent's), ``datacopy`` (copying a data directory),
+``wal`` (which WAL segments a copy needs), ``catalog`` (roles and databases of a running
+cluster), ``sizing`` (compute units as settings), ``postmaster`` (spawn, readiness, stop),
+``pidfile`` (which process serves a data directory), ``layout`` (paths), ``files`` (atomic and
+durable writes); ``driver`` is the thin facade.
 """
 
 from pgplane.compute.local.config import LocalDriverConfig

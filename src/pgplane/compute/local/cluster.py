@@ -130,8 +130,10 @@ async def _create(
         for role in roles:
             # The server hashes the password (password_encryption = scram-sha-256); only the
             # SCRAM verifier is stored. Never interpolated: Identifier and Literal quote.
-            query = sql.SQL("CREATE ROLE {} LOGIN CREATEDB CREATEROLE PASSWORD {}").format(
-                sql.Identifier(role.name), sql.Literal(role.password)
+            query = sql.SQL("CREATE ROLE {} {} CREATEDB CREATEROLE PASSWORD {}").format(
+                sql.Identifier(role.name),
+                sql.SQL("LOGIN" if role.login else "NOLOGIN"),
+                sql.Literal(role.password),
             )
             await _execute(conn, query, f"creating role {role.name!r}")
         for database in databases:

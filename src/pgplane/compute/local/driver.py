@@ -15,8 +15,16 @@ from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from pgplane.compute.driver import ComputeError, ComputeSpec, DatabaseSpec, RoleSpec
+from pgplane.compute.driver import (
+    ComputeError,
+    ComputeSpec,
+    ConfigChange,
+    DatabaseSpec,
+    RoleSpec,
+)
 from pgplane.compute.local.binaries import PgInstall, discover
+from pgplane.compute.local.branch import build_branch
+from pgplane.compute.local.catalog import apply_change, check_change
 from pgplane.compute.local.cluster import ensure_template, template_pgdata
 from pgplane.compute.local.config import LocalDriverConfig
 from pgplane.compute.local.files import remove_tree, sweep_trash, write_atomic
@@ -35,7 +43,13 @@ from pgplane.compute.local.postmaster import (
     wait_ready,
 )
 from pgplane.compute.local.relocate import runnable_install
-from pgplane.compute.local.timeline import build_timeline, temporary_pgdata
+from pgplane.compute.local.sizing import compute_settings
+from pgplane.compute.local.timeline import (
+    INIT_PORT,
+    build_timeline,
+    fresh_socket_dir,
+    temporary_pgdata,
+)
 from pgplane.compute.local.user import RunAs, open_traversal, resolve_run_as
 
 log = logging.getLogger(__name__)
@@ -111,11 +125,124 @@ class LocalComputeDriver:
                 databases=databases,
             )
 
+    async def create_branch(
+        self, *, project_id: str, parent_branch_id: str, branch_id: str, pg_version: int
+    ) -> None:
+        parent = self.layout.pgdata(project_id, parent_branch_id)
+        pgdata = self.layout.pgdata(project_id, branch_id)
+        self.installation(pg_version)
+        if parent == pgdata:
+            raise ComputeError(f"branch {branch_id} cannot be its own parent")
+        async with self._locks["timeline", pgdata]:
+            if (pgdata / TIMELINE_MARKER).is_file():
+                _check_data_version(pgdata, pg_version)
+                return
+            if pgdata.exists():
+                raise ComputeError(f"{pgdata} exists but was not completed by pgplane")
+            if not (parent / TIMELINE_MARKER).is_file():
+                raise ComputeError(
+                    f"parent branch {parent_branch_id} of project {project_id} has no data"
+                )
+            _check_data_version(parent, pg_version)
+            install, run_as = await self._install(pg_version)
+            await asyncio.to_thread(ensure_dir, pgdata.parent)
+            # Held for the whole copy: a stopped parent cannot start under it, nor a running one
+            # stop (its session holds the backup).
+            async with self._locks["postmaster", parent]:
+                await build_branch(
+                    install=install,
+                    run_as=run_as,
+                    postmasters=self._postmasters,
+                    parent=parent,
+                    pgdata=pgdata,
+                    label=f"pgplane branch {project_id}/{branch_id}",
+                )
+
+    async def delete_timeline(self, *, project_id: str, branch_id: str) -> None:
+        pgdata = self.layout.pgdata(project_id, branch_id)
+        branch_dir = self.layout.branch_dir(project_id, branch_id)
+        async with self._locks["timeline", pgdata]:
+            for data_dir in (pgdata, temporary_pgdata(pgdata)):
+                async with self._locks["postmaster", data_dir]:
+                    current = self._postmasters.running(data_dir)
+                    await self._postmasters.stop(data_dir)
+                if current is not None and current.socket_dir is not None:
+                    socket_dir = Path(current.socket_dir)
+                    if socket_dir.parent == self.layout.run_root:
+                        await asyncio.to_thread(shutil.rmtree, socket_dir, True)
+            init_sockets = self.layout.init_socket_dir(project_id, branch_id)
+            await asyncio.to_thread(shutil.rmtree, init_sockets, True)
+            await remove_tree(branch_dir)
+
+    async def apply_config(
+        self,
+        *,
+        project_id: str,
+        branch_id: str,
+        pg_version: int,
+        compute: ComputeSpec | None,
+        change: ConfigChange,
+    ) -> None:
+        pgdata = self.layout.pgdata(project_id, branch_id)
+        check_change(change)
+        if compute is not None:
+            if (compute.project_id, compute.branch_id) != (project_id, branch_id):
+                raise ComputeError(f"endpoint {compute.endpoint_id} is not on branch {branch_id}")
+            argv, run_as = await self._compute_argv(compute)
+            async with self._locks["postmaster", pgdata]:
+                await self._ensure_running(compute, argv, run_as)
+                await apply_change(
+                    self.layout.socket_dir(compute.endpoint_id), compute.port, change
+                )
+            return
+        self.installation(pg_version)
+        if not (pgdata / TIMELINE_MARKER).is_file():
+            raise ComputeError(f"branch {branch_id} of project {project_id} has no data directory")
+        _check_data_version(pgdata, pg_version)
+        install, run_as = await self._install(pg_version)
+        socket_dir = self.layout.init_socket_dir(project_id, branch_id)
+        async with self._locks["postmaster", pgdata]:
+            current = self._postmasters.running(pgdata)
+            if (
+                current is not None
+                and current.socket_dir not in (None, str(socket_dir))
+                and current.port is not None
+            ):
+                # An endpoint the caller did not name serves the branch: apply there.
+                await apply_change(Path(current.socket_dir), current.port, change)
+                return
+            # Nothing serves the branch (or only the temporary postmaster of a crashed attempt).
+            await self._postmasters.stop(pgdata)
+            await asyncio.to_thread(fresh_socket_dir, socket_dir, run_as)
+            argv = postmaster_argv(
+                install, pgdata, port=INIT_PORT, socket_dir=socket_dir, listen="", settings={}
+            )
+            log_path = pgdata.parent / "apply_config.log"
+            await self._postmasters.start(
+                argv,
+                pgdata=pgdata,
+                port=INIT_PORT,
+                socket_dir=socket_dir,
+                run_as=run_as,
+                log_path=log_path,
+            )
+            try:
+                await apply_change(socket_dir, INIT_PORT, change)
+            finally:
+                await self._postmasters.stop(pgdata)
+                await asyncio.to_thread(shutil.rmtree, socket_dir, True)
+
     async def start_compute(self, spec: ComputeSpec) -> None:
+        argv, run_as = await self._compute_argv(spec)
+        pgdata = self.layout.pgdata(spec.project_id, spec.branch_id)
+        async with self._locks["postmaster", pgdata]:
+            await self._ensure_running(spec, argv, run_as)
+
+    async def _compute_argv(self, spec: ComputeSpec) -> tuple[list[str], RunAs]:
+        """The endpoint's postmaster command line, after checking what it names."""
         pgdata = self.layout.pgdata(spec.project_id, spec.branch_id)
         socket_dir = self.layout.socket_dir(spec.endpoint_id)
-        log_path = self.layout.log_path(spec.endpoint_id)
-        settings = check_settings(spec.pg_settings)
+        settings = compute_settings(spec.autoscaling_limit_max_cu, check_settings(spec.pg_settings))
         self.installation(spec.pg_version)
         if not (pgdata / TIMELINE_MARKER).is_file():
             raise ComputeError(
@@ -131,30 +258,34 @@ class LocalComputeDriver:
             listen=self._config.listen_host,
             settings=settings,
         )
-        async with self._locks["postmaster", pgdata]:
-            current = self._postmasters.running(pgdata)
-            if current is not None:
-                if _serves(current, argv, spec.port, socket_dir):
-                    await wait_ready(
-                        socket_dir,
-                        spec.port,
-                        alive=lambda: is_postmaster_of(current.pid, pgdata),
-                        log_path=log_path,
-                    )
-                    return
-                log.info("restarting the postmaster of %s: its command line changed", pgdata)
-                await self._postmasters.stop(pgdata)
-            await asyncio.to_thread(
-                self._prepare_endpoint, spec.project_id, spec.endpoint_id, run_as
-            )
-            await self._postmasters.start(
-                argv,
-                pgdata=pgdata,
-                port=spec.port,
-                socket_dir=socket_dir,
-                run_as=run_as,
-                log_path=log_path,
-            )
+        return argv, run_as
+
+    async def _ensure_running(self, spec: ComputeSpec, argv: list[str], run_as: RunAs) -> None:
+        """Start the endpoint's postmaster unless it runs as ``argv``; the caller holds the lock."""
+        pgdata = self.layout.pgdata(spec.project_id, spec.branch_id)
+        socket_dir = self.layout.socket_dir(spec.endpoint_id)
+        log_path = self.layout.log_path(spec.endpoint_id)
+        current = self._postmasters.running(pgdata)
+        if current is not None:
+            if _serves(current, argv, spec.port, socket_dir):
+                await wait_ready(
+                    socket_dir,
+                    spec.port,
+                    alive=lambda: is_postmaster_of(current.pid, pgdata),
+                    log_path=log_path,
+                )
+                return
+            log.info("restarting the postmaster of %s: its command line changed", pgdata)
+            await self._postmasters.stop(pgdata)
+        await asyncio.to_thread(self._prepare_endpoint, spec.project_id, spec.endpoint_id, run_as)
+        await self._postmasters.start(
+            argv,
+            pgdata=pgdata,
+            port=spec.port,
+            socket_dir=socket_dir,
+            run_as=run_as,
+            log_path=log_path,
+        )
 
     async def stop_compute(self, *, project_id: str, branch_id: str, endpoint_id: str) -> None:
         pgdata = self.layout.pgdata(project_id, branch_id)

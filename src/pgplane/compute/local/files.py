@@ -76,6 +76,36 @@ def _load_syncfs() -> Callable[[int], int] | None:
 _syncfs = _load_syncfs()
 
 
+_SYNC_FILE_RANGE_WRITE = 2  # linux/fs.h
+
+
+def start_writeback(fd: int) -> None:
+    """Start writing a file's dirty pages to disk, without waiting (as Postgres' pg_flush_data).
+
+    Called as each large file of a copy is done, it overlaps the disk writes with the rest of
+    the copy: the final sync_tree then waits for little, and the parent's own WAL flushes never
+    queue behind one burst of a whole copy.
+    """
+    if _sync_file_range is not None:
+        _sync_file_range(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)
+
+
+def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    if sys.platform != "linux":
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        function = libc.sync_file_range
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    sync_file_range: Callable[[int, int, int, int], int] = function
+    return sync_file_range
+
+
+_sync_file_range = _load_sync_file_range()
+
+
 def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
     """Replace ``path`` with ``data``: temp file, fsync, rename, fsync of the directory."""
     tmp = path.with_name(f".{path.name}.tmp")

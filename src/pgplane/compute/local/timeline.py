@@ -22,14 +22,14 @@ from pgplane.compute.local.postmaster import Postmasters, postmaster_argv
 from pgplane.compute.local.user import RunAs
 
 # Only a unix socket in a directory of its own, so any port number will do.
-_INIT_PORT = 5432
+INIT_PORT = 5432
 
 
 def temporary_pgdata(pgdata: Path) -> Path:
     return pgdata.with_name(f"{pgdata.name}.tmp")
 
 
-def _fresh_socket_dir(socket_dir: Path, run_as: RunAs) -> None:
+def fresh_socket_dir(socket_dir: Path, run_as: RunAs) -> None:
     shutil.rmtree(socket_dir, ignore_errors=True)
     socket_dir.mkdir(mode=0o700)
     run_as.chown(socket_dir)
@@ -52,11 +52,11 @@ async def build_timeline(
     await asyncio.to_thread(shutil.rmtree, tmp, True)
     await copy_tree(template, tmp)
 
-    await asyncio.to_thread(_fresh_socket_dir, socket_dir, run_as)
+    await asyncio.to_thread(fresh_socket_dir, socket_dir, run_as)
     argv = postmaster_argv(
         install,
         tmp,
-        port=_INIT_PORT,
+        port=INIT_PORT,
         socket_dir=socket_dir,
         listen="",  # no TCP: nobody but us may reach a cluster that is still being built
         # fsync=off is safe here: sync_tree below flushes every file before the directory is
@@ -65,10 +65,10 @@ async def build_timeline(
     )
     log_path = pgdata.parent / "create_timeline.log"
     await postmasters.start(
-        argv, pgdata=tmp, port=_INIT_PORT, socket_dir=socket_dir, run_as=run_as, log_path=log_path
+        argv, pgdata=tmp, port=INIT_PORT, socket_dir=socket_dir, run_as=run_as, log_path=log_path
     )
     try:
-        await create_roles_and_databases(socket_dir, _INIT_PORT, roles, databases)
+        await create_roles_and_databases(socket_dir, INIT_PORT, roles, databases)
     finally:
         await postmasters.stop(tmp)
         await asyncio.to_thread(shutil.rmtree, socket_dir, True)

@@ -15,7 +15,7 @@ import pwd
 import shutil
 import stat
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,11 +68,16 @@ class RunAs:
         return cls(name=str(os.geteuid()), uid=os.geteuid(), gid=os.getegid(), switch=False)
 
     async def run(
-        self, argv: Sequence[str | os.PathLike[str]], *, time_limit: float, check: bool = True
+        self,
+        argv: Sequence[str | os.PathLike[str]],
+        *,
+        time_limit: float,
+        check: bool = True,
+        env: Mapping[str, str] | None = None,
     ) -> str:
         """Run a command as this user; return its stdout, raise ComputeError with its stderr.
 
-        The command is killed if it outlives ``time_limit``.
+        The command is killed if it outlives ``time_limit``; ``env`` adds to its environment.
         """
         # A thread running subprocess.run rather than asyncio's subprocesses: uvloop (the
         # server's loop) does not support user/group for its child processes.
@@ -83,7 +88,7 @@ class RunAs:
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
                 cwd="/",  # our own cwd may be unreachable for the compute user (e.g. under /root)
-                env=postgres_env(),
+                env={**postgres_env(), **(env or {})},
                 user=self.user,
                 group=self.group,
                 extra_groups=self.extra_groups,

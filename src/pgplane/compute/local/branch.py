@@ -1,0 +1,235 @@
+"""Building a branch's data directory: a consistent copy of its parent's data at its head.
+
+A running parent is copied online, as pg_basebackup does but without streaming anything: in one
+session on the parent, a temporary replication slot keeps the WAL the copy needs (a checkpoint
+during the copy would otherwise recycle it), ``pg_backup_start`` marks where recovery must
+start, the files are copied while the parent keeps serving, ``pg_backup_stop`` returns the
+backup label and ends the WAL the copy needs (it switches segments, so the last one needed is
+complete). The branch's first start replays that WAL from the label to a consistent state.
+
+A stopped parent is copied as files; the caller holds the parent's postmaster lock, so nothing
+can start on it meanwhile.
+
+As for a new timeline, everything is built in ``pgdata.tmp``, made durable, marked complete and
+renamed into place, so a crash at any point leaves only a temporary directory that the next
+attempt removes; the parent's backup ends with the session that made it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any, LiteralString
+
+import psycopg
+
+from pgplane.compute.driver import ComputeError
+from pgplane.compute.local.binaries import PgInstall
+from pgplane.compute.local.datacopy import (
+    BACKUP_FILES,
+    CopyStats,
+    copy_data_dir,
+    copy_files,
+)
+from pgplane.compute.local.files import fsync_dir, sync_tree, write_atomic
+from pgplane.compute.local.layout import TIMELINE_MARKER
+from pgplane.compute.local.pidfile import PidFile
+from pgplane.compute.local.postmaster import Postmasters, admin_conninfo
+from pgplane.compute.local.timeline import temporary_pgdata
+from pgplane.compute.local.user import RunAs
+from pgplane.compute.local.wal import (
+    needed_segments,
+    read_control_data,
+    segment_range,
+    wal_files,
+)
+
+log = logging.getLogger(__name__)
+
+_SQL_TIMEOUT = 300.0  # pg_backup_start waits for a checkpoint
+_PG15 = 150000
+
+
+async def build_branch(
+    *,
+    install: PgInstall,
+    run_as: RunAs,
+    postmasters: Postmasters,
+    parent: Path,
+    pgdata: Path,
+    label: str,
+) -> None:
+    """Create ``pgdata`` as a copy of ``parent``; the caller holds the parent's postmaster lock."""
+    tmp = temporary_pgdata(pgdata)
+    await postmasters.stop(tmp)
+    await asyncio.to_thread(shutil.rmtree, tmp, True)
+    started = time.perf_counter()
+    running = postmasters.running(parent)
+    try:
+        try:
+            if running is not None:
+                stats = await _copy_online(running, parent, tmp, label)
+            else:
+                stats = await _copy_offline(install, run_as, parent, tmp)
+            copied = time.perf_counter()
+            # Everything was written through the page cache only; one syncfs flushes it all.
+            await asyncio.to_thread(sync_tree, tmp)
+        except OSError as exc:  # a full disk, say: the operation says what, and retries
+            raise ComputeError(f"copying {parent} to {tmp}: {exc}") from exc
+    except BaseException:
+        # Do not leave a partial copy of a large parent lying around until the next attempt.
+        await asyncio.shield(asyncio.to_thread(shutil.rmtree, tmp, True))
+        raise
+    marker = tmp / TIMELINE_MARKER
+    await asyncio.to_thread(write_atomic, marker, b"")
+    run_as.chown(marker)
+    os.replace(tmp, pgdata)
+    await asyncio.to_thread(fsync_dir, pgdata.parent)
+    done = time.perf_counter()
+    log.info(
+        "branched %s from %s (%s): %d files, %.0f MB, copy %.0f ms, sync %.0f ms",
+        pgdata,
+        parent,
+        "online" if running is not None else "offline",
+        stats.files,
+        stats.bytes / 1e6,
+        (copied - started) * 1000,
+        (done - copied) * 1000,
+    )
+
+
+async def _copy_online(running: PidFile, parent: Path, tmp: Path, label: str) -> CopyStats:
+    if running.socket_dir is None or running.port is None:
+        raise ComputeError(f"the postmaster of {parent} is still starting; try again")
+    conninfo = admin_conninfo(Path(running.socket_dir), running.port)
+    try:
+        conn = await asyncio.wait_for(
+            psycopg.AsyncConnection.connect(conninfo, autocommit=True), _SQL_TIMEOUT
+        )
+    except (psycopg.Error, TimeoutError) as exc:
+        raise ComputeError(f"connecting to the postmaster of {parent}: {exc}") from exc
+    async with conn:
+        # Everything below runs in this one session: the backup and the slot end with it, so a
+        # crash of ours (the connection closes) leaves nothing behind on the parent.
+        version = conn.info.server_version
+        (in_recovery,) = await _one(conn, "SELECT pg_is_in_recovery()", ())
+        if in_recovery:
+            raise ComputeError(f"the postmaster of {parent} is still recovering; try again")
+        await _one(
+            conn,
+            "SELECT pg_create_physical_replication_slot(%s, true, true)",
+            (_slot_name(label),),
+        )
+        start_sql = (
+            "SELECT pg_backup_start(%s, true)"
+            if version >= _PG15
+            else "SELECT pg_start_backup(%s, true, false)"
+        )
+        (start_lsn,) = await _one(conn, start_sql, (label,))
+        stats = await _in_thread(
+            partial(copy_data_dir, parent, tmp, online=True, keep_backup_label=False)
+        )
+        stop_sql = (
+            "SELECT lsn, labelfile, spcmapfile FROM pg_backup_stop(false)"
+            if version >= _PG15
+            else "SELECT lsn, labelfile, spcmapfile FROM pg_stop_backup(false, false)"
+        )
+        stop_lsn, labelfile, spcmapfile = await _one(conn, stop_sql, ())
+        first, last, segment_size = await _one(
+            conn,
+            "SELECT pg_walfile_name(%s::pg_lsn), pg_walfile_name(%s::pg_lsn), "
+            "pg_size_bytes(current_setting('wal_segment_size'))",
+            (start_lsn, stop_lsn),
+        )
+        # From the segment of the backup's REDO point through the one of its end record; the
+        # slot kept them all, and the segment switch of pg_backup_stop completed the last one.
+        segments = segment_range(first, last, int(segment_size))
+        _, histories = await asyncio.to_thread(wal_files, parent / "pg_wal")
+        wal = await _in_thread(partial(copy_files, parent / "pg_wal", tmp / "pg_wal", segments))
+    await asyncio.to_thread(_write_label, tmp, labelfile, spcmapfile, parent)
+    await _in_thread(partial(copy_files, parent / "pg_wal", tmp / "pg_wal", histories))
+    log.debug(
+        "online copy of %s: WAL %s..%s, %d segments", parent, start_lsn, stop_lsn, len(segments)
+    )
+    stats.files += wal.files
+    stats.bytes += wal.bytes
+    return stats
+
+
+async def _copy_offline(install: PgInstall, run_as: RunAs, parent: Path, tmp: Path) -> CopyStats:
+    # A parent that is itself a copy never started holds a backup label: its recovery, now the
+    # branch's, needs that label and all the WAL the copy put in its pg_wal (nothing else).
+    unstarted_copy = (parent / "backup_label").is_file()
+    segments, histories = await asyncio.to_thread(wal_files, parent / "pg_wal")
+    if not unstarted_copy:
+        control = await read_control_data(install, run_as, parent)
+        segments = needed_segments(control, segments)
+    stats = await _in_thread(
+        partial(copy_data_dir, parent, tmp, online=False, keep_backup_label=unstarted_copy)
+    )
+    wal = await _in_thread(
+        partial(copy_files, parent / "pg_wal", tmp / "pg_wal", [*segments, *histories])
+    )
+    stats.files += wal.files
+    stats.bytes += wal.bytes
+    return stats
+
+
+async def _in_thread(copy: Callable[..., CopyStats]) -> CopyStats:
+    """Run a copy in a thread; if we are cancelled, stop it and wait until it has stopped.
+
+    A thread cannot be killed: without this, a cancelled create_branch would leave its copy
+    writing into ``pgdata.tmp`` while the cleanup (or the next attempt) removes it.
+    """
+    cancel = threading.Event()
+    running = asyncio.ensure_future(asyncio.to_thread(copy, cancel=cancel))
+    try:
+        return await asyncio.shield(running)
+    except asyncio.CancelledError:
+        cancel.set()
+        with contextlib.suppress(Exception):
+            await running  # at most the file being copied: it raises CopyCancelled
+        raise
+
+
+def _write_label(tmp: Path, labelfile: str, spcmapfile: str, parent: Path) -> None:
+    owner = os.stat(parent)
+    for name, content in zip(BACKUP_FILES, (labelfile, spcmapfile), strict=True):
+        if not content:
+            continue  # no tablespaces: pg_basebackup writes no tablespace_map either
+        path = tmp / name
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, content.encode())
+            os.fchown(fd, owner.st_uid, owner.st_gid)
+        finally:
+            os.close(fd)
+
+
+def _slot_name(label: str) -> str:
+    # Slot names are [a-z0-9_], at most 63 bytes; one per branch being created.
+    return "pgplane_branch_" + hashlib.sha256(label.encode()).hexdigest()[:24]
+
+
+async def _one(
+    conn: psycopg.AsyncConnection[tuple[Any, ...]],
+    query: LiteralString,
+    params: tuple[object, ...],
+) -> tuple[Any, ...]:
+    try:
+        cur = await asyncio.wait_for(conn.execute(query, params), _SQL_TIMEOUT)
+        row = await cur.fetchone()
+    except (psycopg.Error, TimeoutError) as exc:
+        raise ComputeError(f"online copy failed: {exc}") from exc
+    if row is None:
+        raise ComputeError(f"online copy failed: no result for {query}")
+    return row

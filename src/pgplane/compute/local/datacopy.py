@@ -1,0 +1,272 @@
+"""Copying a Postgres data directory for a new branch: only what a new cluster may inherit.
+
+What is left out follows pg_basebackup (``basebackup.c``): the pid and options files of the
+parent's postmaster, runtime state that Postgres rebuilds at start-up (``pg_dynshmem``,
+``pg_notify``, ``pg_serial``, ``pg_snapshots``, ``pg_stat_tmp``, ``pg_subtrans``), replication
+slots (a branch does not inherit its parent's subscribers), temporary files (``pgsql_tmp*``),
+relation cache files (``pg_internal.init``), recovery signal files, and pgplane's marker. The
+directories themselves are kept, empty, since Postgres expects them. ``pg_wal`` is copied
+empty: the caller adds the segments that the copy needs, and only those (a cluster keeps up to
+``max_wal_size`` of recycled segments that a copy would only carry along).
+
+Each file is cloned (FICLONE: copy-on-write on btrfs and XFS, no data written at all), else
+copied inside the kernel (copy_file_range), else read and written; the disk writes of a large
+file start as soon as it is copied. Owners and modes are kept, as ``cp -a`` keeps them.
+``cp -a`` is no faster: measured on 1 GB of data (ext4), both take the same time, and for a
+fresh cluster both are dominated by creating ~1,300 inodes. Copying here rather than in a
+``cp`` process lets an online copy tolerate files that vanish under it (a dropped table), leave
+out unlogged relations and whatever a new cluster must not inherit, and copy ``pg_control``
+last and whole.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import re
+import stat
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pgplane.compute.driver import ComputeError
+from pgplane.compute.local.files import start_writeback
+from pgplane.compute.local.layout import TIMELINE_MARKER
+
+# linux/fs.h: _IOW(0x94, 9, int)
+_FICLONE = 0x40049409
+# The filesystem (or the kernel) cannot clone or copy_file_range between these two files.
+_UNSUPPORTED = frozenset({errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS})
+_CHUNK = 1 << 30
+# Smaller files are left to the final sync: one call each would cost more than it saves.
+_WRITEBACK_FROM = 1 << 20
+
+# Runtime state Postgres rebuilds at start-up, slots, and WAL: the directory without its content.
+EMPTIED_DIRS = frozenset(
+    {
+        "pg_dynshmem",
+        "pg_notify",
+        "pg_replslot",
+        "pg_serial",
+        "pg_snapshots",
+        "pg_stat_tmp",
+        "pg_subtrans",
+        "pg_wal",
+    }
+)
+SKIPPED_FILES = frozenset(
+    {
+        "postmaster.pid",
+        "postmaster.opts",
+        "standby.signal",
+        "recovery.signal",
+        "postgresql.auto.conf.tmp",
+        "current_logfiles.tmp",
+        TIMELINE_MARKER,
+        f".{TIMELINE_MARKER}.tmp",
+    }
+)
+BACKUP_FILES = ("backup_label", "tablespace_map")
+_SKIPPED_PREFIXES = ("pgsql_tmp", "pg_internal.init")
+# A relation's files: <relfilenode>[_<fork>][.<segment>].
+_RELATION_FILE = re.compile(r"(\d+)(?:_(fsm|vm|init))?(?:\.\d+)?")
+
+
+class CopyCancelled(Exception):
+    """The copy was asked to stop (its caller was cancelled)."""
+
+
+@dataclass(slots=True)
+class CopyStats:
+    files: int = 0
+    bytes: int = 0
+    vanished: list[str] = field(default_factory=list)
+
+
+def copy_data_dir(
+    src: Path, dst: Path, *, online: bool, keep_backup_label: bool, cancel: threading.Event
+) -> CopyStats:
+    """Copy the data directory ``src`` to the new directory ``dst``, without WAL segments.
+
+    ``online``: a postmaster runs on ``src`` (inside pg_backup_start/stop), so files may vanish
+    or change during the copy; WAL replay from the backup's start repairs what changed, and the
+    unlogged relations, reset by that replay anyway, are left out but for their init fork.
+    ``keep_backup_label``: ``src`` is itself a copy that was never started, whose backup_label
+    (and tablespace_map) its recovery still needs. ``cancel`` set: stop before the next file.
+    """
+    control = src / "global" / "pg_control"
+    copier = _Copier(online=online, cancel=cancel, last=str(control))
+    skipped = SKIPPED_FILES if keep_backup_label else SKIPPED_FILES | set(BACKUP_FILES)
+    copier.make_dir(src, dst)
+    copier.tree(src, dst, top=True, skipped=skipped)
+    # Last, as pg_basebackup sends it; read until two reads agree, so that a write by the
+    # checkpointer during the read cannot leave a torn (CRC-failing) control file.
+    copier.stable_file(control, dst / "global" / "pg_control")
+    return copier.stats
+
+
+def copy_files(
+    src_dir: Path, dst_dir: Path, names: list[str], *, cancel: threading.Event
+) -> CopyStats:
+    """Copy the named files of ``src_dir`` (WAL segments, say) into the existing ``dst_dir``."""
+    copier = _Copier(online=False, cancel=cancel)
+    for name in names:
+        copier.file(str(src_dir / name), str(dst_dir / name))
+    return copier.stats
+
+
+class _Copier:
+    def __init__(self, *, online: bool, cancel: threading.Event, last: str = "") -> None:
+        self.online = online
+        self._cancel = cancel
+        self._last = last
+        self.stats = CopyStats()
+        self._clone = sys.platform == "linux"
+        self._copy_range = hasattr(os, "copy_file_range")  # not on macOS
+        self._uid, self._gid = os.geteuid(), os.getegid()
+
+    def make_dir(self, src: Path | str, dst: Path | str) -> bool:
+        try:
+            st = os.lstat(src)
+        except FileNotFoundError:
+            if self.online:
+                return False
+            raise
+        os.mkdir(dst, 0o700)
+        self._own(dst, st, None)
+        return True
+
+    def tree(self, src: Path | str, dst: Path | str, *, top: bool, skipped: frozenset[str]) -> None:
+        try:
+            with os.scandir(src) as it:
+                entries = list(it)
+        except FileNotFoundError:
+            if self.online:
+                return  # a database dropped during the copy: replay drops it too
+            raise
+        unlogged = _unlogged_relations(entries) if self.online else frozenset()
+        for entry in entries:
+            name = entry.name
+            target = os.path.join(dst, name)
+            if name.startswith(_SKIPPED_PREFIXES) or (top and name in skipped):
+                continue
+            if entry.is_symlink():
+                # pgplane never makes any; one in pg_tblspc is a tablespace, whose data lives
+                # elsewhere and would end up shared between the parent and the branch.
+                raise ComputeError(f"cannot branch {entry.path}: a symbolic link (tablespace?)")
+            if entry.is_dir(follow_symlinks=False):
+                if not self.make_dir(entry.path, target):
+                    continue
+                if top and name in EMPTIED_DIRS:
+                    if name == "pg_wal":  # archive_status (and summaries in 17) must exist
+                        self._skeleton(entry.path, target)
+                    continue
+                self.tree(entry.path, target, top=False, skipped=skipped)
+            elif entry.is_file(follow_symlinks=False):
+                if unlogged and _is_unlogged_data(name, unlogged):
+                    continue
+                if entry.path == self._last:
+                    continue  # copied last
+                self.file(entry.path, target)
+
+    def _skeleton(self, src: str, dst: str) -> None:
+        """The subdirectories of ``src`` under ``dst``, recursively, without any file."""
+        with os.scandir(src) as it:
+            subdirs = [e for e in it if e.is_dir(follow_symlinks=False)]
+        for entry in subdirs:
+            target = os.path.join(dst, entry.name)
+            if self.make_dir(entry.path, target):
+                self._skeleton(entry.path, target)
+
+    def file(self, src: str, dst: str) -> None:
+        if self._cancel.is_set():
+            raise CopyCancelled
+        try:
+            fin = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if self.online:
+                self.stats.vanished.append(src)
+                return
+            raise
+        try:
+            st = os.fstat(fin)
+            fout = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                self._data(fin, fout)
+                if st.st_size >= _WRITEBACK_FROM:
+                    start_writeback(fout)
+                self._own(dst, st, fout)
+            finally:
+                os.close(fout)
+        finally:
+            os.close(fin)
+        self.stats.files += 1
+        self.stats.bytes += st.st_size
+
+    def stable_file(self, src: Path, dst: Path) -> None:
+        data = src.read_bytes()
+        for _ in range(100):
+            again = src.read_bytes()
+            if again == data:
+                break
+            data = again
+        else:
+            raise ComputeError(f"{src} kept changing while it was read")
+        st = os.stat(src)
+        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, data)
+            self._own(dst, st, fd)
+        finally:
+            os.close(fd)
+        self.stats.files += 1
+        self.stats.bytes += len(data)
+
+    def _data(self, fin: int, fout: int) -> None:
+        if self._clone:
+            try:
+                fcntl.ioctl(fout, _FICLONE, fin)
+            except OSError as exc:
+                if exc.errno not in _UNSUPPORTED:
+                    raise
+                self._clone = False  # not on this filesystem: do not ask again for every file
+            else:
+                return
+        if self._copy_range:
+            try:
+                while os.copy_file_range(fin, fout, _CHUNK):
+                    pass
+            except OSError as exc:
+                if exc.errno not in _UNSUPPORTED:
+                    raise
+                self._copy_range = False  # the file offsets tell where the fallback resumes
+            else:
+                return
+        while chunk := os.read(fin, 1 << 20):
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(fout, view) :]
+
+    def _own(self, path: Path | str, st: os.stat_result, fd: int | None) -> None:
+        mode = stat.S_IMODE(st.st_mode)
+        if fd is None:
+            os.chmod(path, mode)  # mkdir's mode went through the umask
+            if (st.st_uid, st.st_gid) != (self._uid, self._gid):
+                os.chown(path, st.st_uid, st.st_gid, follow_symlinks=False)
+            return
+        if mode != 0o600:
+            os.fchmod(fd, mode)
+        if (st.st_uid, st.st_gid) != (self._uid, self._gid):
+            os.fchown(fd, st.st_uid, st.st_gid)
+
+
+def _unlogged_relations(entries: list[os.DirEntry[str]]) -> frozenset[str]:
+    """Relfilenodes with an init fork in this directory: the unlogged relations."""
+    return frozenset(e.name[: -len("_init")] for e in entries if e.name.endswith("_init"))
+
+
+def _is_unlogged_data(name: str, unlogged: frozenset[str]) -> bool:
+    match = _RELATION_FILE.fullmatch(name)
+    return match is not None and match.group(1) in unlogged and match.group(2) != "init"
