@@ -92,9 +92,13 @@ def test_every_route_in_the_openapi_document_requires_a_key(server: Server) -> N
             project_id="some-project-12345678",
             operation_id="00000000-0000-4000-8000-000000000000",
             key_id=1,
+            branch_id="br-some-branch-12345678",
+            endpoint_id="ep-some-endpoint-12345678",
+            role_name="someone",
+            database_name="somedb",
         )
         for method in methods:
             r = httpx.request(method.upper(), url, json={})
             assert r.status_code == 401, (method, path, r.text)
             checked += 1
-    assert checked >= 9
+    assert checked >= 40

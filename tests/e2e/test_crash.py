@@ -27,7 +27,10 @@ def test_sigkill_during_project_creation(delay: float) -> None:
             server.start()
             pid = body["project"]["id"]
             ops = api.wait_operations(pid, [o["id"] for o in body["operations"]])
-            assert [o["status"] for o in ops] == ["finished", "finished"], ops
+            assert [o["status"] for o in ops] == ["finished", "finished"], (
+                ops,
+                server.log()[-3000:],
+            )
             listed = api.http.get(f"/projects/{pid}/operations").json()["operations"]
             assert len(listed) == 2  # nothing duplicated
             uri = body["connection_uris"][0]["connection_uri"]

@@ -87,3 +87,59 @@ def test_sdk_enum_lacks_delete_tenant(neon: NeonAPI, api: Api) -> None:
 def test_sdk_surfaces_errors(neon: NeonAPI) -> None:
     with pytest.raises(NeonAPIError):
         neon.project("no-such-project-1")
+
+
+def test_sdk_parses_branch_endpoint_role_and_database_responses(neon: NeonAPI) -> None:
+    me = neon.me()
+    assert me.email.endswith("@example.com")
+    created = neon.project_create(project={"name": "sdk-branches"})
+    pid = created.project.id
+    raw_ops = neon.operations(pid).operations
+    _wait(neon, pid, [o.id for o in raw_ops])
+
+    main = next(b for b in neon.branches(pid).branches if b.default)
+    branch = neon.branch_create(pid, branch={"name": "sdk-dev"}, endpoints=[{"type": "read_write"}])
+    assert branch.branch.name == "sdk-dev"
+    _wait(neon, pid, [o.id for o in branch.operations])
+    bid = branch.branch.id
+    assert neon.branch(pid, bid).branch.current_state == "ready"
+    assert {b.id for b in neon.branches(pid).branches} == {main.id, bid}
+    assert neon.branch_update(pid, bid, branch={"name": "sdk-dev-2"}).branch.name == "sdk-dev-2"
+
+    endpoints = neon.endpoints(pid).endpoints
+    assert len(endpoints) == 2
+    ep = next(e for e in endpoints if e.branch_id == bid)
+    assert neon.endpoint(pid, ep.id).endpoint.current_state.value == "active"
+    suspended = neon.endpoint_suspend(pid, ep.id)
+    _wait(neon, pid, [o.id for o in suspended.operations])
+    started = neon.endpoint_start(pid, ep.id)
+    _wait(neon, pid, [o.id for o in started.operations])
+    updated = neon.endpoint_update(pid, ep.id, endpoint={"suspend_timeout_seconds": 300})
+    assert updated.endpoint.suspend_timeout_seconds == 300
+
+    role = neon.role_create(pid, bid, "sdk_role")
+    assert role.role.password
+    _wait(neon, pid, [o.id for o in role.operations])
+    assert neon.role_password_reveal(pid, bid, "sdk_role").password == role.role.password
+    assert "sdk_role" in [r.name for r in neon.roles(pid, bid).roles]
+    assert neon.role(pid, bid, "sdk_role").role.name == "sdk_role"
+    reset = neon.role_password_reset(pid, bid, "sdk_role")
+    _wait(neon, pid, [o.id for o in reset.operations])
+
+    database = neon.database_create(pid, bid, database={"name": "sdk_db", "owner_name": "sdk_role"})
+    assert database.database.name == "sdk_db"
+    assert "sdk_db" in [d.name for d in neon.databases(pid, bid).databases]
+    assert neon.database(pid, bid, "sdk_db").database.owner_name == "sdk_role"
+    uri = neon.connection_uri(pid, database_name="neondb", role_name="neondb_owner")
+    assert uri.uri.startswith("postgresql://")
+
+    neon.database_delete(pid, bid, "sdk_db")
+    deleted_role = neon.role_delete(pid, bid, "sdk_role")
+    _wait(neon, pid, [o.id for o in deleted_role.operations])
+    assert neon.branch_set_as_primary(pid, bid).branch.default is True
+    neon.branch_set_as_primary(pid, main.id)
+    endpoint_gone = neon.endpoint_delete(pid, ep.id)
+    _wait(neon, pid, [o.id for o in endpoint_gone.operations])
+    gone = neon.branch_delete(pid, bid)
+    _wait(neon, pid, [o.id for o in gone.operations])
+    neon.project_delete(pid)

@@ -18,9 +18,13 @@ from litestar.openapi.spec import Components, SecurityScheme
 from pgplane import __version__
 from pgplane.api.auth import Platform, key_hook
 from pgplane.api.errors import on_http_error, on_platform_error, on_unexpected
+from pgplane.api.routes.account import Account
 from pgplane.api.routes.api_keys import ApiKeys
+from pgplane.api.routes.branches import Branches
+from pgplane.api.routes.endpoints import Endpoints
 from pgplane.api.routes.operations import Operations
 from pgplane.api.routes.projects import Projects
+from pgplane.api.routes.roles import Databases, Roles
 from pgplane.config import Settings
 from pgplane.errors import PgplaneError
 from pgplane.services import api_keys
@@ -79,7 +83,16 @@ def create_app(
 
     api = Router(
         path=BASE_PATH,
-        route_handlers=[ApiKeys, Projects, Operations],
+        route_handlers=[
+            Account,
+            ApiKeys,
+            Projects,
+            Operations,
+            Branches,
+            Endpoints,
+            Roles,
+            Databases,
+        ],
         security=[{"BearerAuth": []}],
         before_request=key_hook(Platform(store, settings, notify, recorder)),
     )

@@ -13,7 +13,7 @@ from pgplane.services.connections import Connection
 MIB = 1 << 20
 BRANCH_LOGICAL_SIZE_LIMIT_MIB = 3072
 CREATION_SOURCE = "console"
-_EPOCH_ZERO = "0001-01-01T00:00:00Z"
+EPOCH_ZERO = "0001-01-01T00:00:00Z"
 
 
 def _ts(us: int | None) -> str | None:
@@ -106,8 +106,8 @@ def project_item(p: Project, settings: Settings) -> s.ProjectListItem:
 def project(p: Project, settings: Settings, *, owner_email: str) -> s.ProjectOut:
     return s.ProjectOut(
         **_project_fields(p, settings),
-        consumption_period_start=_EPOCH_ZERO,
-        consumption_period_end=_EPOCH_ZERO,
+        consumption_period_start=EPOCH_ZERO,
+        consumption_period_end=EPOCH_ZERO,
         owner=s.ProjectOwner(
             email=owner_email,
             name=owner_email.split("@", 1)[0],
@@ -148,7 +148,9 @@ def branch(b: Branch) -> s.BranchOut:
 
 def endpoint(e: Endpoint, settings: Settings) -> s.EndpointOut:
     return s.EndpointOut(
-        host=settings.compute_host,
+        # host:port, so that clients which build a URI from it (neonctl connection-string) reach
+        # the compute on its own port until the proxy listens for every endpoint.
+        host=f"{settings.compute_host}:{e.port}",
         id=e.id,
         project_id=e.project_id,
         branch_id=e.branch_id,

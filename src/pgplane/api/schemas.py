@@ -302,3 +302,272 @@ class ProjectUpdateRequest(Struct, kw_only=True):
 def to_builtins(value: Struct) -> dict[str, Any]:
     """A request sub-object as a plain dict, unset fields left out."""
     return {f: getattr(value, f) for f in value.__struct_fields__ if getattr(value, f) is not None}
+
+
+# -- branches ---------------------------------------------------------------------------------
+
+
+class BranchPagination(Struct, kw_only=True, omit_defaults=True):
+    sort_by: str
+    sort_order: str
+    next: str | None = None
+
+
+class BranchesPage(Struct, kw_only=True, omit_defaults=True):
+    branches: list[BranchOut]
+    # Neon's annotations by branch id; always present (neonctl's table output reads it).
+    annotations: dict[str, Any]
+    pagination: BranchPagination | None = None
+
+
+class BranchCount(Struct, kw_only=True):
+    count: int
+
+
+class BranchResponse(Struct, kw_only=True):
+    branch: BranchOut
+
+
+class BranchOperations(Struct, kw_only=True):
+    branch: BranchOut
+    operations: list[OperationOut]
+
+
+class BranchCreated(Struct, kw_only=True, omit_defaults=True):
+    branch: BranchOut
+    endpoints: list[EndpointOut]
+    operations: list[OperationOut]
+    roles: list[RoleOut]
+    databases: list[DatabaseOut]
+    connection_uris: list[ConnectionDetails] | None = None
+
+
+class EndpointSettingsIn(Struct, kw_only=True):
+    pg_settings: dict[str, str] | None = None
+
+
+CU = Annotated[float, Meta(ge=0.25, le=16)]
+SuspendTimeout = Annotated[int, Meta(ge=-1, le=604800)]
+
+
+class BranchEndpointSpec(Struct, kw_only=True):
+    type: Annotated[str, Meta(max_length=16)]
+    settings: EndpointSettingsIn | None = None
+    autoscaling_limit_min_cu: CU | None = None
+    autoscaling_limit_max_cu: CU | None = None
+    provisioner: Annotated[str, Meta(max_length=64)] | None = None
+    suspend_timeout_seconds: SuspendTimeout | None = None
+
+
+class BranchCreateSpec(Struct, kw_only=True):
+    parent_id: Annotated[str, Meta(max_length=60)] | None = None
+    name: Name256 | None = None
+    parent_lsn: Annotated[str, Meta(max_length=32)] | None = None
+    parent_timestamp: Annotated[str, Meta(max_length=64)] | None = None
+    protected: bool | None = None
+    archived: bool | None = None
+    init_source: Annotated[str, Meta(max_length=32)] | None = None
+    expires_at: Annotated[str, Meta(max_length=64)] | None = None
+
+
+class BranchCreateRequest(Struct, kw_only=True):
+    branch: BranchCreateSpec | None = None
+    endpoints: Annotated[list[BranchEndpointSpec], Meta(max_length=10)] | None = None
+    annotation_value: Annotated[dict[str, str], Meta(max_length=50)] | None = None
+
+
+class BranchUpdateSpec(Struct, kw_only=True):
+    name: Name256 | None = None
+    protected: bool | None = None
+    expires_at: Annotated[str, Meta(max_length=64)] | None = None
+
+
+class BranchUpdateRequest(Struct, kw_only=True):
+    branch: BranchUpdateSpec
+
+
+# -- endpoints --------------------------------------------------------------------------------
+
+
+class EndpointsResponse(Struct, kw_only=True):
+    endpoints: list[EndpointOut]
+
+
+class EndpointResponse(Struct, kw_only=True):
+    endpoint: EndpointOut
+
+
+class EndpointOperations(Struct, kw_only=True):
+    endpoint: EndpointOut
+    operations: list[OperationOut]
+
+
+class EndpointCreateSpec(Struct, kw_only=True):
+    branch_id: Annotated[str, Meta(min_length=1, max_length=60)]
+    type: Annotated[str, Meta(max_length=16)]
+    region_id: Annotated[str, Meta(max_length=64)] | None = None
+    settings: EndpointSettingsIn | None = None
+    autoscaling_limit_min_cu: CU | None = None
+    autoscaling_limit_max_cu: CU | None = None
+    provisioner: Annotated[str, Meta(max_length=64)] | None = None
+    pooler_enabled: bool | None = None
+    pooler_mode: Annotated[str, Meta(max_length=16)] | None = None
+    disabled: bool | None = None
+    passwordless_access: bool | None = None
+    suspend_timeout_seconds: SuspendTimeout | None = None
+    name: Annotated[str, Meta(min_length=1, max_length=64)] | None = None
+
+
+class EndpointCreateRequest(Struct, kw_only=True):
+    endpoint: EndpointCreateSpec
+
+
+class EndpointUpdateSpec(Struct, kw_only=True):
+    branch_id: Annotated[str, Meta(min_length=1, max_length=60)] | None = None
+    settings: EndpointSettingsIn | None = None
+    autoscaling_limit_min_cu: CU | None = None
+    autoscaling_limit_max_cu: CU | None = None
+    provisioner: Annotated[str, Meta(max_length=64)] | None = None
+    pooler_enabled: bool | None = None
+    pooler_mode: Annotated[str, Meta(max_length=16)] | None = None
+    disabled: bool | None = None
+    passwordless_access: bool | None = None
+    suspend_timeout_seconds: SuspendTimeout | None = None
+    name: Annotated[str, Meta(min_length=1, max_length=64)] | None = None
+
+
+class EndpointUpdateRequest(Struct, kw_only=True):
+    endpoint: EndpointUpdateSpec
+
+
+# -- roles and databases ----------------------------------------------------------------------
+
+
+class RolesResponse(Struct, kw_only=True):
+    roles: list[RoleOut]
+
+
+class RoleResponse(Struct, kw_only=True):
+    role: RoleOut
+
+
+class RoleOperations(Struct, kw_only=True):
+    role: RoleOut
+    operations: list[OperationOut]
+
+
+class RolePassword(Struct, kw_only=True):
+    password: str
+
+
+class RoleCreateSpec(Struct, kw_only=True):
+    name: Identifier
+    no_login: bool | None = None
+
+
+class RoleCreateRequest(Struct, kw_only=True):
+    role: RoleCreateSpec
+
+
+class DatabasesResponse(Struct, kw_only=True):
+    databases: list[DatabaseOut]
+
+
+class DatabaseResponse(Struct, kw_only=True):
+    database: DatabaseOut
+
+
+class DatabaseOperations(Struct, kw_only=True):
+    database: DatabaseOut
+    operations: list[OperationOut]
+
+
+class DatabaseCreateSpec(Struct, kw_only=True):
+    name: Identifier
+    owner_name: Identifier
+
+
+class DatabaseCreateRequest(Struct, kw_only=True):
+    database: DatabaseCreateSpec
+
+
+class DatabaseUpdateSpec(Struct, kw_only=True):
+    name: Identifier | None = None
+    owner_name: Identifier | None = None
+
+
+class DatabaseUpdateRequest(Struct, kw_only=True):
+    database: DatabaseUpdateSpec
+
+
+class ConnectionURI(Struct, kw_only=True):
+    uri: str
+
+
+# -- who is asking, and where ----------------------------------------------------------------
+
+
+class AuthInfo(Struct, kw_only=True):
+    account_id: str
+    auth_method: str
+    auth_data: str
+
+
+class AuthAccount(Struct, kw_only=True):
+    email: str
+    image: str
+    login: str
+    name: str
+    provider: str
+
+
+class PaymentSource(Struct, kw_only=True):
+    type: str
+
+
+class BillingAccount(Struct, kw_only=True):
+    state: str
+    payment_source: PaymentSource
+    subscription_type: str
+    payment_method: str
+    quota_reset_at_last: str
+    name: str
+    email: str
+    address_city: str
+    address_country: str
+    address_line1: str
+    address_line2: str
+    address_postal_code: str
+    address_state: str
+
+
+class CurrentUser(Struct, kw_only=True):
+    active_seconds_limit: int
+    billing_account: BillingAccount
+    auth_accounts: list[AuthAccount]
+    email: str
+    id: str
+    image: str
+    login: str
+    name: str
+    last_name: str
+    projects_limit: int
+    branches_limit: int
+    max_autoscaling_limit: float
+    plan: str
+
+
+class Organizations(Struct, kw_only=True):
+    organizations: list[dict[str, Any]]
+
+
+class Region(Struct, kw_only=True):
+    region_id: str
+    name: str
+    default: bool
+    geo_lat: str
+    geo_long: str
+
+
+class Regions(Struct, kw_only=True):
+    regions: list[Region]

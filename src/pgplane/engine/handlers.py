@@ -9,10 +9,16 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from pgplane.compute.driver import ComputeDriver, ComputeSpec, DatabaseSpec, RoleSpec
+from pgplane.compute.driver import (
+    ComputeDriver,
+    ComputeSpec,
+    ConfigChange,
+    DatabaseSpec,
+    RoleSpec,
+)
 from pgplane.config import Settings
 from pgplane.core import clock
-from pgplane.core.models import Operation, Project
+from pgplane.core.models import Endpoint, Operation, Project
 from pgplane.core.operations import Action
 from pgplane.store import Store, Tx
 
@@ -71,31 +77,38 @@ async def create_timeline(ctx: Context, op: Operation) -> OnFinish | None:
     return ready
 
 
+def _spec(project: Project, endpoint: Endpoint) -> ComputeSpec:
+    return ComputeSpec(
+        project_id=project.id,
+        branch_id=endpoint.branch_id,
+        endpoint_id=endpoint.id,
+        pg_version=project.pg_version,
+        port=endpoint.port,
+        pg_settings={k: str(v) for k, v in endpoint.settings.get("pg_settings", {}).items()},
+        autoscaling_limit_min_cu=endpoint.autoscaling_limit_min_cu,
+        autoscaling_limit_max_cu=endpoint.autoscaling_limit_max_cu,
+    )
+
+
+def _mark_active(endpoint_id: str) -> OnFinish:
+    async def active(tx: Tx) -> None:
+        await tx.set_endpoint_state(
+            endpoint_id=endpoint_id, current_state="active", pending_state=None, now=clock.now_us()
+        )
+
+    return active
+
+
 async def start_compute(ctx: Context, op: Operation) -> OnFinish | None:
     project = await _project(ctx, op)
     if project.deleted_at is not None or op.endpoint_id is None:
         return None
     async with ctx.store.read() as tx:
         endpoint = await tx.get_endpoint(project_id=project.id, endpoint_id=op.endpoint_id)
-    if endpoint is None:
-        return None  # deleted since: nothing to start
-    await ctx.driver.start_compute(
-        ComputeSpec(
-            project_id=project.id,
-            branch_id=endpoint.branch_id,
-            endpoint_id=endpoint.id,
-            pg_version=project.pg_version,
-            port=endpoint.port,
-            pg_settings={k: str(v) for k, v in endpoint.settings.get("pg_settings", {}).items()},
-        )
-    )
-
-    async def active(tx: Tx) -> None:
-        await tx.set_endpoint_state(
-            endpoint_id=endpoint.id, current_state="active", pending_state=None, now=clock.now_us()
-        )
-
-    return active
+    if endpoint is None or endpoint.disabled:
+        return None  # deleted or disabled since: nothing to start
+    await ctx.driver.start_compute(_spec(project, endpoint))
+    return _mark_active(endpoint.id)
 
 
 async def suspend_compute(ctx: Context, op: Operation) -> OnFinish | None:
@@ -132,7 +145,112 @@ async def delete_tenant(ctx: Context, op: Operation) -> OnFinish | None:
     return release
 
 
+async def create_branch(ctx: Context, op: Operation) -> OnFinish | None:
+    project = await _project(ctx, op)
+    branch_id = _require_branch(op)
+    if project.deleted_at is not None:
+        return None
+    async with ctx.store.read() as tx:
+        branch = await tx.get_branch(project_id=project.id, branch_id=branch_id)
+    if branch is None:
+        return None  # deleted before it was made: delete_timeline tidies up
+    parent_id = op.source_branch_id or branch.parent_id
+    if parent_id is None:
+        raise PermanentError(f"branch {branch_id} has no parent to copy")
+    await ctx.driver.create_branch(
+        project_id=project.id,
+        parent_branch_id=parent_id,
+        branch_id=branch_id,
+        pg_version=project.pg_version,
+    )
+
+    async def ready(tx: Tx) -> None:
+        await tx.set_branch_state(
+            branch_id=branch_id, current_state="ready", pending_state=None, now=clock.now_us()
+        )
+
+    return ready
+
+
+async def delete_timeline(ctx: Context, op: Operation) -> OnFinish | None:
+    await ctx.driver.delete_timeline(project_id=op.project_id, branch_id=_require_branch(op))
+    return None
+
+
+async def apply_config(ctx: Context, op: Operation) -> OnFinish | None:
+    """An endpoint's new settings (restart it if it runs), or a branch's roles and databases."""
+    project = await _project(ctx, op)
+    if project.deleted_at is not None:
+        return None
+    if op.endpoint_id is not None:
+        async with ctx.store.read() as tx:
+            endpoint = await tx.get_endpoint(project_id=project.id, endpoint_id=op.endpoint_id)
+        if endpoint is not None and await ctx.driver.is_compute_running(
+            project_id=project.id, branch_id=endpoint.branch_id, endpoint_id=endpoint.id
+        ):
+            await ctx.driver.start_compute(_spec(project, endpoint))  # restarts when changed
+        return None
+    return await _apply_roles_and_databases(ctx, project, _require_branch(op))
+
+
+async def _apply_roles_and_databases(
+    ctx: Context, project: Project, branch_id: str
+) -> OnFinish | None:
+    async with ctx.store.read() as tx:
+        branch = await tx.get_branch(project_id=project.id, branch_id=branch_id)
+        if branch is None:
+            return None  # deleted since
+        roles = await tx.list_roles(branch_id)
+        gone_roles = await tx.list_roles(branch_id, deleted=True)
+        databases = await tx.list_databases(branch_id)
+        gone_databases = await tx.list_databases(branch_id, deleted=True)
+        computes = [
+            e
+            for e in await tx.list_endpoints(project.id)
+            if e.branch_id == branch_id and e.type == "read_write" and not e.disabled
+        ]
+    live_roles = {r.name for r in roles}
+    live_databases = {d.name for d in databases}
+    change = ConfigChange(
+        roles=[RoleSpec(name=r.name, password=r.password, login=r.login) for r in roles],
+        databases=[DatabaseSpec(name=d.name, owner_name=d.owner_name) for d in databases],
+        renamed_databases={
+            d.applied_name: d.name
+            for d in databases
+            if d.applied_name is not None and d.applied_name != d.name
+        },
+        # A name that is live again (deleted, then created anew) is kept, not dropped.
+        dropped_databases=[
+            d.applied_name
+            for d in gone_databases
+            if d.applied_name is not None and d.applied_name not in live_databases
+        ],
+        dropped_roles=[r.name for r in gone_roles if r.name not in live_roles],
+    )
+    compute = computes[0] if computes else None
+    await ctx.driver.apply_config(
+        project_id=project.id,
+        branch_id=branch_id,
+        pg_version=project.pg_version,
+        compute=_spec(project, compute) if compute else None,
+        change=change,
+    )
+
+    async def applied(tx: Tx) -> None:
+        # Exactly what was applied: later changes have operations of their own.
+        await tx.mark_databases_applied([(d.id, d.name) for d in databases])
+        await tx.purge_databases([d.id for d in gone_databases])
+        await tx.purge_roles(branch_id=branch_id, tombstones=gone_roles)
+        if compute is not None:
+            await _mark_active(compute.id)(tx)
+
+    return applied
+
+
 HANDLERS: dict[Action, Handler] = {
+    Action.CREATE_BRANCH: create_branch,
+    Action.DELETE_TIMELINE: delete_timeline,
+    Action.APPLY_CONFIG: apply_config,
     Action.CREATE_TIMELINE: create_timeline,
     Action.START_COMPUTE: start_compute,
     Action.SUSPEND_COMPUTE: suspend_compute,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pgplane.core import ids
-from pgplane.core.models import Project
+from pgplane.core.models import Branch, Database, Endpoint, Project, Role
 from pgplane.errors import NotFound
 from pgplane.store import Tx
 
@@ -32,3 +32,42 @@ async def require_project(tx: Tx, *, account_id: str, project_id: str) -> None:
         and await tx.project_exists(account_id=account_id, project_id=project_id)
     ):
         raise NotFound("project not found")
+
+
+async def live_project(tx: Tx, *, account_id: str, project_id: str) -> Project:
+    """The account's project, not deleted: what every change to its objects needs."""
+    return await project(tx, account_id=account_id, project_id=project_id)
+
+
+async def branch(tx: Tx, *, project_id: str, branch_id: str) -> Branch:
+    """A live branch of the project (the project already checked); else NotFound."""
+    found = None
+    if ids.is_valid_id(branch_id):
+        found = await tx.get_branch(project_id=project_id, branch_id=branch_id)
+    if found is None:
+        raise NotFound("branch not found")
+    return found
+
+
+async def endpoint(tx: Tx, *, project_id: str, endpoint_id: str) -> Endpoint:
+    """A live endpoint of the project (the project already checked); else NotFound."""
+    found = None
+    if ids.is_valid_id(endpoint_id):
+        found = await tx.get_endpoint(project_id=project_id, endpoint_id=endpoint_id)
+    if found is None:
+        raise NotFound("endpoint not found")
+    return found
+
+
+async def role(tx: Tx, *, branch_id: str, name: str) -> Role:
+    found = await tx.get_role(branch_id=branch_id, name=name)
+    if found is None:
+        raise NotFound("role not found")
+    return found
+
+
+async def database(tx: Tx, *, branch_id: str, name: str) -> Database:
+    found = await tx.get_database(branch_id=branch_id, name=name)
+    if found is None:
+        raise NotFound("database not found")
+    return found

@@ -7,6 +7,9 @@ from urllib.parse import quote
 
 from pgplane.config import Settings
 from pgplane.core.models import Database, Endpoint, Role
+from pgplane.errors import BadRequest, NotFound
+from pgplane.services import access
+from pgplane.store import Tx
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,3 +33,41 @@ def connection(
     return Connection(
         uri=uri, host=host, role=role.name, password=role.password, database=database.name
     )
+
+
+async def find(
+    tx: Tx,
+    settings: Settings,
+    *,
+    account_id: str,
+    project_id: str,
+    database_name: str,
+    role_name: str,
+    branch_id: str | None,
+    endpoint_id: str | None,
+) -> Connection:
+    """The connection for a role and database, through the branch's (or the given) compute."""
+    project = await access.live_project(tx, account_id=account_id, project_id=project_id)
+    if branch_id is None:
+        defaults = [b for b in await tx.list_branches(project.id) if b.default]
+        if not defaults:
+            raise NotFound("the project has no default branch")
+        branch = defaults[0]
+    else:
+        branch = await access.branch(tx, project_id=project.id, branch_id=branch_id)
+    if endpoint_id is None:
+        computes = [
+            e
+            for e in await tx.list_endpoints(project.id)
+            if e.branch_id == branch.id and e.type == "read_write"
+        ]
+        if not computes:
+            raise NotFound("the branch has no compute; create an endpoint for it first")
+        endpoint = computes[0]
+    else:
+        endpoint = await access.endpoint(tx, project_id=project.id, endpoint_id=endpoint_id)
+        if endpoint.branch_id != branch.id:
+            raise BadRequest("endpoint_id is not a compute of the branch")
+    role = await access.role(tx, branch_id=branch.id, name=role_name)
+    database = await access.database(tx, branch_id=branch.id, name=database_name)
+    return connection(settings, endpoint=endpoint, role=role, database=database)

@@ -23,6 +23,7 @@ class Start:
     action: Action
     branch_id: str | None = None
     endpoint_id: str | None = None
+    source_branch_id: str | None = None  # create_branch: the branch it copies
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,13 +39,10 @@ async def start(tx: Tx, *, project_id: str, starts: Sequence[Start]) -> list[Ope
     shows a create request's first operation); the rest wait in ``scheduling``.
     """
     now = clock.now_us()
-    pending = [
-        Scope(o.project_id, o.branch_id, o.endpoint_id)
-        for o in await tx.list_unsettled_operations(project_id=project_id)
-    ]
+    pending = [Scope.of(o) for o in await tx.list_unsettled_operations(project_id=project_id)]
     new = []
     for s in starts:
-        scope = Scope(project_id, s.branch_id, s.endpoint_id)
+        scope = Scope(project_id, s.branch_id, s.endpoint_id, s.source_branch_id)
         blocked = any(scope.overlaps(p) for p in pending)
         pending.append(scope)
         new.append(
@@ -61,6 +59,7 @@ async def start(tx: Tx, *, project_id: str, starts: Sequence[Start]) -> list[Ope
                 created_at=now,
                 updated_at=now,
                 total_duration_ms=0,
+                source_branch_id=s.source_branch_id,
                 # Running but unowned, with a lease that has already ended: the next worker to
                 # look claims it, and no failed attempt is counted for it.
                 lease_owner=None,

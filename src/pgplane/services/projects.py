@@ -17,14 +17,13 @@ from pgplane.core import clock, ids
 from pgplane.core.models import Branch, Database, Endpoint, Operation, Project, Role
 from pgplane.core.operations import Action
 from pgplane.errors import BadRequest, Unavailable
-from pgplane.services import access, names, operations
+from pgplane.services import access, endpoints, names, operations
 from pgplane.store import Tx
 
 DEFAULT_LIMIT = 10
 MAX_LIMIT = 400
 MAX_HISTORY_RETENTION_SECONDS = 2_592_000
 DEFAULT_HISTORY_RETENTION_SECONDS = 86_400
-DEFAULT_CU = 0.25
 PROVISIONER = "k8s-pod"
 
 
@@ -84,23 +83,6 @@ def _pg_version(requested: int | None, settings: Settings) -> int:
     return requested
 
 
-def _cu(endpoint_settings: dict[str, Any], key: str) -> float:
-    value = endpoint_settings.get(key, DEFAULT_CU)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.25 <= value <= 16:
-        raise BadRequest(f"{key} must be a number between 0.25 and 16")
-    return float(value)
-
-
-async def allocate_port(tx: Tx, settings: Settings) -> int:
-    """The lowest compute port in the configured range that no live endpoint holds."""
-    used = await tx.used_ports()
-    low, high = settings.compute_ports
-    for port in range(low, high + 1):
-        if port not in used:
-            return port
-    raise Unavailable("no free compute port: widen the configured compute port range")
-
-
 async def create(
     tx: Tx, *, account_id: str, spec: NewProject, settings: Settings
 ) -> CreatedProject:
@@ -113,10 +95,6 @@ async def create(
     database_name = names.database(spec.database_name or "neondb")
     role_name = names.role(spec.role_name or f"{database_name}_owner")
     endpoint_settings = dict(spec.default_endpoint_settings)
-    min_cu = _cu(endpoint_settings, "autoscaling_limit_min_cu")
-    max_cu = _cu(endpoint_settings, "autoscaling_limit_max_cu")
-    if min_cu > max_cu:
-        raise BadRequest("autoscaling_limit_min_cu must not exceed autoscaling_limit_max_cu")
     project = Project(
         id=project_id,
         account_id=account_id,
@@ -144,22 +122,6 @@ async def create(
         created_at=now,
         updated_at=now,
     )
-    endpoint = Endpoint(
-        id=ids.new_endpoint_id(),
-        project_id=project_id,
-        branch_id=branch.id,
-        type="read_write",
-        current_state="init",
-        pending_state="active",
-        port=await allocate_port(tx, settings),
-        autoscaling_limit_min_cu=min_cu,
-        autoscaling_limit_max_cu=max_cu,
-        suspend_timeout_seconds=int(endpoint_settings.get("suspend_timeout_seconds", 0)),
-        settings={},
-        disabled=False,
-        created_at=now,
-        updated_at=now,
-    )
     role = Role(
         branch_id=branch.id,
         name=role_name,
@@ -170,10 +132,22 @@ async def create(
     )
     await tx.insert_project(project)
     await tx.insert_branch(branch)
-    await tx.insert_endpoint(endpoint)
+    endpoint = await endpoints.new_endpoint(
+        tx,
+        project=project,
+        branch_id=branch.id,
+        spec=endpoints.EndpointSpec(),
+        settings=settings,
+        now=now,
+    )
     await tx.insert_role(role)
+    # create_timeline makes the database under this name.
     database = await tx.insert_database(
-        branch_id=branch.id, name=database_name, owner_name=role_name, now=now
+        branch_id=branch.id,
+        name=database_name,
+        owner_name=role_name,
+        now=now,
+        applied_name=database_name,
     )
     ops = await operations.start(
         tx,

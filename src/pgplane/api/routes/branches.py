@@ -1,0 +1,239 @@
+"""``/projects/{project_id}/branches``: list, count, create, get, update, delete, set default."""
+
+from __future__ import annotations
+
+from litestar import Controller, delete, get, patch, post
+from litestar.params import Parameter
+
+from pgplane.api import presenters
+from pgplane.api.auth import AnyRequest, authorized
+from pgplane.api.responses import error_responses
+from pgplane.api.schemas import (
+    BranchCount,
+    BranchCreated,
+    BranchCreateRequest,
+    BranchEndpointSpec,
+    BranchesPage,
+    BranchOperations,
+    BranchPagination,
+    BranchResponse,
+    BranchUpdateRequest,
+    EndpointsResponse,
+)
+from pgplane.errors import BadRequest
+from pgplane.services import branches, endpoints
+from pgplane.services.connections import connection
+
+
+def _endpoint_spec(e: BranchEndpointSpec) -> endpoints.EndpointSpec:
+    return endpoints.EndpointSpec(
+        type=e.type,
+        autoscaling_limit_min_cu=e.autoscaling_limit_min_cu,
+        autoscaling_limit_max_cu=e.autoscaling_limit_max_cu,
+        suspend_timeout_seconds=e.suspend_timeout_seconds,
+        pg_settings=e.settings.pg_settings if e.settings else None,
+    )
+
+
+class Branches(Controller):
+    path = "/projects/{project_id:str}/branches"
+    tags = ["Branch"]  # noqa: RUF012 - Litestar reads it as an instance attribute
+
+    @get(operation_id="listProjectBranches", responses=error_responses())
+    async def list_(
+        self,
+        request: AnyRequest,
+        project_id: str,
+        limit: int | None = Parameter(
+            default=None, ge=1, le=10000, description="absent: every branch in one response"
+        ),
+        cursor: str | None = Parameter(default=None, max_length=1024),
+        sort_by: str | None = Parameter(
+            default=None, max_length=16, description="updated_at (default), created_at or name"
+        ),
+        sort_order: str | None = Parameter(default=None, max_length=4, description="asc | desc"),
+        search: str | None = Parameter(default=None, max_length=256),
+    ) -> BranchesPage:
+        """The project's branches."""
+        ctx = authorized(request)
+        async with ctx.store.read() as tx:
+            page = await branches.list_(
+                tx,
+                account_id=ctx.account_id,
+                project_id=project_id,
+                limit=limit,
+                cursor=cursor,
+                sort_by=sort_by,
+                sort_order=sort_order,
+                search=search,
+            )
+        return BranchesPage(
+            branches=[presenters.branch(b) for b in page.branches],
+            annotations={},
+            pagination=BranchPagination(
+                next=page.next, sort_by=page.sort_by, sort_order=page.sort_order.upper()
+            )
+            if limit is not None
+            else None,
+        )
+
+    @get("/count", operation_id="countProjectBranches", responses=error_responses())
+    async def count(
+        self,
+        request: AnyRequest,
+        project_id: str,
+        search: str | None = Parameter(default=None, max_length=256),
+    ) -> BranchCount:
+        ctx = authorized(request)
+        async with ctx.store.read() as tx:
+            n = await branches.count(
+                tx, account_id=ctx.account_id, project_id=project_id, search=search
+            )
+        return BranchCount(count=n)
+
+    @post(status_code=201, operation_id="createProjectBranch", responses=error_responses(409))
+    async def create(
+        self, request: AnyRequest, project_id: str, data: BranchCreateRequest | None = None
+    ) -> BranchCreated:
+        """Branch from the default branch (or ``parent_id``) at its head; computes on request."""
+        ctx = authorized(request)
+        req = data.branch if data and data.branch else None
+        if req is not None:
+            if req.parent_lsn is not None or req.parent_timestamp is not None:
+                raise BadRequest(
+                    "branching from a past point (parent_lsn, parent_timestamp) is not supported"
+                    " yet: a branch starts at its parent's head"
+                )
+            if req.init_source not in (None, "parent-data"):
+                raise BadRequest("init_source: only parent-data is supported")
+            if req.expires_at is not None:
+                raise BadRequest("expires_at: expiring branches are not supported yet")
+            if req.archived:
+                raise BadRequest("archived: archiving branches is not supported")
+        spec = branches.NewBranch(
+            name=req.name if req else None,
+            parent_id=req.parent_id if req else None,
+            protected=bool(req.protected) if req else False,
+            endpoints=[_endpoint_spec(e) for e in (data.endpoints or [])] if data else [],
+        )
+        async with ctx.store.write() as tx:
+            created = await branches.create(
+                tx,
+                account_id=ctx.account_id,
+                project_id=project_id,
+                spec=spec,
+                settings=ctx.settings,
+            )
+        ctx.notify()
+        uris = [
+            presenters.connection(connection(ctx.settings, endpoint=e, role=r, database=d))
+            for e in created.endpoints
+            for r in created.roles
+            for d in created.databases
+            if d.owner_name == r.name
+        ]
+        return BranchCreated(
+            branch=presenters.branch(created.branch),
+            endpoints=[presenters.endpoint(e, ctx.settings) for e in created.endpoints],
+            operations=presenters.operations(created.operations),
+            roles=[presenters.role(r, with_password=True) for r in created.roles],
+            databases=[presenters.database(d) for d in created.databases],
+            connection_uris=uris or None,
+        )
+
+    @get("/{branch_id:str}", operation_id="getProjectBranch", responses=error_responses())
+    async def get_(self, request: AnyRequest, project_id: str, branch_id: str) -> BranchResponse:
+        ctx = authorized(request)
+        async with ctx.store.read() as tx:
+            branch = await branches.get(
+                tx, account_id=ctx.account_id, project_id=project_id, branch_id=branch_id
+            )
+        return BranchResponse(branch=presenters.branch(branch))
+
+    @patch("/{branch_id:str}", operation_id="updateProjectBranch", responses=error_responses(409))
+    async def update(
+        self, request: AnyRequest, project_id: str, branch_id: str, data: BranchUpdateRequest
+    ) -> BranchOperations:
+        """Rename or (un)protect."""
+        ctx = authorized(request)
+        if data.branch.expires_at is not None:
+            raise BadRequest("expires_at: expiring branches are not supported yet")
+        changes = branches.BranchChanges(name=data.branch.name, protected=data.branch.protected)
+        async with ctx.store.write() as tx:
+            branch = await branches.update(
+                tx,
+                account_id=ctx.account_id,
+                project_id=project_id,
+                branch_id=branch_id,
+                changes=changes,
+            )
+        return BranchOperations(branch=presenters.branch(branch), operations=[])
+
+    @delete(
+        "/{branch_id:str}",
+        status_code=200,
+        operation_id="deleteProjectBranch",
+        responses=error_responses(409),
+    )
+    async def delete_(
+        self, request: AnyRequest, project_id: str, branch_id: str
+    ) -> BranchOperations:
+        """Delete (``delete_timeline``); not the default, a protected or a parent branch."""
+        ctx = authorized(request)
+        async with ctx.store.write() as tx:
+            branch, ops = await branches.delete(
+                tx, account_id=ctx.account_id, project_id=project_id, branch_id=branch_id
+            )
+        ctx.notify()
+        return BranchOperations(
+            branch=presenters.branch(branch), operations=presenters.operations(ops)
+        )
+
+    @post(
+        "/{branch_id:str}/set_as_default",
+        status_code=200,
+        operation_id="setDefaultProjectBranch",
+        responses=error_responses(),
+    )
+    async def set_as_default(
+        self, request: AnyRequest, project_id: str, branch_id: str
+    ) -> BranchOperations:
+        return await self._set_default(request, project_id, branch_id)
+
+    @post(
+        "/{branch_id:str}/set_as_primary",
+        status_code=200,
+        operation_id="setPrimaryProjectBranch",
+        responses=error_responses(),
+        deprecated=True,
+    )
+    async def set_as_primary(
+        self, request: AnyRequest, project_id: str, branch_id: str
+    ) -> BranchOperations:
+        """The legacy name of set_as_default (the Python SDK still calls it)."""
+        return await self._set_default(request, project_id, branch_id)
+
+    async def _set_default(
+        self, request: AnyRequest, project_id: str, branch_id: str
+    ) -> BranchOperations:
+        ctx = authorized(request)
+        async with ctx.store.write() as tx:
+            branch = await branches.set_default(
+                tx, account_id=ctx.account_id, project_id=project_id, branch_id=branch_id
+            )
+        return BranchOperations(branch=presenters.branch(branch), operations=[])
+
+    @get(
+        "/{branch_id:str}/endpoints",
+        operation_id="listProjectBranchEndpoints",
+        responses=error_responses(),
+    )
+    async def endpoints(
+        self, request: AnyRequest, project_id: str, branch_id: str
+    ) -> EndpointsResponse:
+        ctx = authorized(request)
+        async with ctx.store.read() as tx:
+            found = await endpoints.list_(
+                tx, account_id=ctx.account_id, project_id=project_id, branch_id=branch_id
+            )
+        return EndpointsResponse(endpoints=[presenters.endpoint(e, ctx.settings) for e in found])

@@ -1,0 +1,265 @@
+"""Branches: copies of a parent at its head, listed, renamed, protected, made default, deleted.
+
+Creating a branch writes it with its parent's roles (same passwords) and databases, any computes
+asked for, and ``create_branch``, which copies the parent's data once the parent's earlier work
+is done (see :class:`pgplane.core.operations.Scope`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import msgspec
+
+from pgplane.config import Settings
+from pgplane.core import clock, ids
+from pgplane.core.models import Branch, Database, Endpoint, Operation, Role
+from pgplane.core.operations import Action
+from pgplane.errors import BadRequest, Conflict
+from pgplane.services import access, endpoints, names, operations
+from pgplane.store import Tx
+
+MAX_LIMIT = 10_000
+SORT_FIELDS = ("updated_at", "created_at", "name")
+
+
+@dataclass(frozen=True, slots=True)
+class NewBranch:
+    name: str | None = None
+    parent_id: str | None = None
+    protected: bool = False
+    endpoints: Sequence[endpoints.EndpointSpec] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class BranchChanges:
+    name: str | None = None
+    protected: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedBranch:
+    branch: Branch
+    endpoints: list[Endpoint]
+    roles: list[Role]
+    databases: list[Database]
+    operations: list[Operation]
+
+
+@dataclass(frozen=True, slots=True)
+class BranchPage:
+    branches: list[Branch]
+    next: str | None  # the cursor of the next page, when there is one
+    sort_by: str
+    sort_order: str
+
+
+def _sort_value(branch: Branch, sort_by: str) -> str:
+    if sort_by == "name":
+        return branch.name
+    return clock.format_us(branch.created_at if sort_by == "created_at" else branch.updated_at)
+
+
+def _encode_cursor(branch: Branch, sort_by: str, sort_order: str) -> str:
+    data = {
+        "branch_id": branch.id,
+        "sort_by": sort_by,
+        "sort_by_value": _sort_value(branch, sort_by),
+        "sort_order": sort_order.upper(),
+    }
+    return base64.urlsafe_b64encode(json.dumps(data).encode()).decode()
+
+
+def _decode_cursor(cursor: str, sort_by: str, sort_order: str) -> tuple[str, str]:
+    try:
+        data = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+        position = (str(data["sort_by_value"]), str(data["branch_id"]))
+        same_order = data["sort_by"] == sort_by and data["sort_order"].lower() == sort_order
+    except (ValueError, TypeError, KeyError, AttributeError, binascii.Error):
+        same_order = False
+    if not same_order:
+        raise BadRequest("cursor must be the pagination.next of a previous page, same sort")
+    return position
+
+
+async def list_(
+    tx: Tx,
+    *,
+    account_id: str,
+    project_id: str,
+    limit: int | None,
+    cursor: str | None,
+    sort_by: str | None,
+    sort_order: str | None,
+    search: str | None,
+) -> BranchPage:
+    """Every branch when there is no ``limit`` (what clients expect); else keyset pages."""
+    project = await access.live_project(tx, account_id=account_id, project_id=project_id)
+    by = sort_by or "updated_at"
+    order = (sort_order or "desc").lower()
+    if by not in SORT_FIELDS:
+        raise BadRequest(f"sort_by must be one of {', '.join(SORT_FIELDS)}")
+    if order not in ("asc", "desc"):
+        raise BadRequest("sort_order must be asc or desc")
+    if limit is not None and not 1 <= limit <= MAX_LIMIT:
+        raise BadRequest(f"limit must be between 1 and {MAX_LIMIT}")
+    found = await tx.list_branches(project.id)
+    if search:
+        needle = search.lower()
+        found = [b for b in found if needle in b.name.lower() or needle in b.id]
+    found.sort(key=lambda b: (_sort_value(b, by), b.id), reverse=order == "desc")
+    if cursor is not None:
+        after = _decode_cursor(cursor, by, order)
+        found = [
+            b
+            for b in found
+            if (
+                (_sort_value(b, by), b.id) < after
+                if order == "desc"
+                else (_sort_value(b, by), b.id) > after
+            )
+        ]
+    if limit is None or len(found) <= limit:
+        return BranchPage(branches=found, next=None, sort_by=by, sort_order=order)
+    page = found[:limit]
+    return BranchPage(
+        branches=page, next=_encode_cursor(page[-1], by, order), sort_by=by, sort_order=order
+    )
+
+
+async def count(tx: Tx, *, account_id: str, project_id: str, search: str | None) -> int:
+    page = await list_(
+        tx,
+        account_id=account_id,
+        project_id=project_id,
+        limit=None,
+        cursor=None,
+        sort_by=None,
+        sort_order=None,
+        search=search,
+    )
+    return len(page.branches)
+
+
+async def get(tx: Tx, *, account_id: str, project_id: str, branch_id: str) -> Branch:
+    project = await access.live_project(tx, account_id=account_id, project_id=project_id)
+    return await access.branch(tx, project_id=project.id, branch_id=branch_id)
+
+
+async def create(
+    tx: Tx, *, account_id: str, project_id: str, spec: NewBranch, settings: Settings
+) -> CreatedBranch:
+    project = await access.live_project(tx, account_id=account_id, project_id=project_id)
+    if spec.parent_id is not None:
+        parent = await access.branch(tx, project_id=project.id, branch_id=spec.parent_id)
+    else:
+        defaults = [b for b in await tx.list_branches(project.id) if b.default]
+        if not defaults:
+            raise Conflict("the project has no default branch to branch from; give parent_id")
+        parent = defaults[0]
+    now = clock.now_us()
+    branch_id = ids.new_branch_id()
+    branch = Branch(
+        id=branch_id,
+        project_id=project.id,
+        parent_id=parent.id,
+        name=names.branch(spec.name) if spec.name is not None else branch_id,
+        default=False,
+        protected=spec.protected,
+        current_state="init",
+        pending_state="ready",
+        state_changed_at=now,
+        created_at=now,
+        updated_at=now,
+    )
+    await tx.insert_branch(branch)
+    # The copy holds the parent's roles and databases as they will be once the parent's
+    # earlier operations (which create_branch waits for) are done: its desired state.
+    roles = []
+    for r in await tx.list_roles(parent.id):
+        role = Role(
+            branch_id=branch_id,
+            name=r.name,
+            password=r.password,
+            protected=r.protected,
+            login=r.login,
+            created_at=now,
+            updated_at=now,
+        )
+        await tx.insert_role(role)
+        roles.append(role)
+    databases = [
+        await tx.insert_database(
+            branch_id=branch_id, name=d.name, owner_name=d.owner_name, now=now, applied_name=d.name
+        )
+        for d in await tx.list_databases(parent.id)
+    ]
+    computes = [
+        await endpoints.new_endpoint(
+            tx, project=project, branch_id=branch_id, spec=e, settings=settings, now=now
+        )
+        for e in spec.endpoints
+    ]
+    starts = [
+        operations.Start(Action.CREATE_BRANCH, branch_id=branch_id, source_branch_id=parent.id)
+    ]
+    starts += [endpoints.start_op(e) for e in computes if not e.disabled]
+    ops = await operations.start(tx, project_id=project.id, starts=starts)
+    return CreatedBranch(
+        branch=branch, endpoints=computes, roles=roles, databases=databases, operations=ops
+    )
+
+
+async def update(
+    tx: Tx, *, account_id: str, project_id: str, branch_id: str, changes: BranchChanges
+) -> Branch:
+    branch = await get(tx, account_id=account_id, project_id=project_id, branch_id=branch_id)
+    updated = msgspec.structs.replace(
+        branch,
+        name=branch.name if changes.name is None else names.branch(changes.name),
+        protected=branch.protected if changes.protected is None else changes.protected,
+        updated_at=clock.now_us(),
+    )
+    await tx.update_branch(updated)
+    return updated
+
+
+async def delete(
+    tx: Tx, *, account_id: str, project_id: str, branch_id: str
+) -> tuple[Branch, list[Operation]]:
+    """Delete a branch that is neither the default, protected, nor the parent of another."""
+    branch = await get(tx, account_id=account_id, project_id=project_id, branch_id=branch_id)
+    if branch.default:
+        raise Conflict("the default branch cannot be deleted; make another branch the default")
+    if branch.protected:
+        raise Conflict("a protected branch cannot be deleted; unprotect it first")
+    if await tx.has_child_branches(branch.id):
+        raise Conflict("a branch with child branches cannot be deleted; delete them first")
+    now = clock.now_us()
+    for endpoint in await tx.list_endpoints(branch.project_id):
+        if endpoint.branch_id == branch.id:
+            await tx.delete_endpoint(endpoint_id=endpoint.id, now=now)
+    await tx.delete_branch(branch_id=branch.id, now=now)
+    ops = await operations.start(
+        tx,
+        project_id=branch.project_id,
+        starts=[operations.Start(Action.DELETE_TIMELINE, branch_id=branch.id)],
+    )
+    return msgspec.structs.replace(branch, updated_at=now), ops
+
+
+async def set_default(tx: Tx, *, account_id: str, project_id: str, branch_id: str) -> Branch:
+    branch = await get(tx, account_id=account_id, project_id=project_id, branch_id=branch_id)
+    if branch.default:
+        return branch
+    now = clock.now_us()
+    for other in await tx.list_branches(branch.project_id):
+        if other.default:
+            await tx.update_branch(msgspec.structs.replace(other, default=False, updated_at=now))
+    updated = msgspec.structs.replace(branch, default=True, updated_at=now)
+    await tx.update_branch(updated)
+    return updated

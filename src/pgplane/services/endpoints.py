@@ -1,0 +1,349 @@
+"""Computes (endpoints): created, resized, configured, started, suspended, restarted, deleted.
+
+A request writes the endpoint's desired state and the operations that realise it; the
+postmaster's real state (``current_state``) is written when those operations finish.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from pgplane.config import Settings
+from pgplane.core import clock, ids
+from pgplane.core.models import Endpoint, Operation, Project
+from pgplane.core.operations import Action
+from pgplane.errors import BadRequest, Unavailable
+from pgplane.services import access, operations
+from pgplane.store import Tx
+
+MIN_CU = 0.25
+MAX_CU = 16.0
+MAX_SUSPEND_TIMEOUT_SECONDS = 604_800
+# A port stays reserved this long after its endpoint is deleted: the old postmaster stops only
+# when the deletion's operation runs.
+PORT_HOLD_SECONDS = 120
+
+# The Postgres settings a user may set per endpoint. Everything else (ports, sockets, paths,
+# libraries, WAL archiving, TLS) belongs to the platform; sizes follow the compute's CU.
+_USER_SETTINGS = frozenset(
+    {
+        "application_name",
+        "datestyle",
+        "default_statistics_target",
+        "default_transaction_isolation",
+        "effective_cache_size",
+        "effective_io_concurrency",
+        "enable_seqscan",
+        "idle_in_transaction_session_timeout",
+        "idle_session_timeout",
+        "intervalstyle",
+        "jit",
+        "lock_timeout",
+        "log_connections",
+        "log_disconnections",
+        "log_duration",
+        "log_lock_waits",
+        "log_min_duration_statement",
+        "log_min_messages",
+        "log_statement",
+        "log_temp_files",
+        "maintenance_work_mem",
+        "max_connections",
+        "max_parallel_workers",
+        "max_parallel_workers_per_gather",
+        "max_worker_processes",
+        "random_page_cost",
+        "search_path",
+        "seq_page_cost",
+        "shared_buffers",
+        "statement_timeout",
+        "temp_buffers",
+        "timezone",
+        "work_mem",
+    }
+)
+_USER_SETTING_PREFIXES = ("autovacuum", "pg_stat_statements.")
+_SETTING_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]{0,62}$")
+MAX_SETTING_VALUE = 256
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointSpec:
+    """A new compute; anything left None takes the project's defaults."""
+
+    type: str = "read_write"
+    autoscaling_limit_min_cu: float | None = None
+    autoscaling_limit_max_cu: float | None = None
+    suspend_timeout_seconds: int | None = None
+    pg_settings: dict[str, str] | None = None
+    disabled: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointChanges:
+    autoscaling_limit_min_cu: float | None = None
+    autoscaling_limit_max_cu: float | None = None
+    suspend_timeout_seconds: int | None = None
+    pg_settings: dict[str, str] | None = None
+    disabled: bool | None = None
+
+
+def pg_settings(values: dict[str, Any]) -> dict[str, str]:
+    """Validate user Postgres settings: known tunables only, plain string values."""
+    checked = {}
+    for name, value in values.items():
+        lowered = name.lower()
+        if _SETTING_NAME.match(name) is None or not (
+            lowered in _USER_SETTINGS or lowered.startswith(_USER_SETTING_PREFIXES)
+        ):
+            raise BadRequest(f"pg_settings: {name!r} cannot be set on a compute here")
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise BadRequest(f"pg_settings: the value of {name!r} must be a string")
+        text = str(value)
+        if len(text) > MAX_SETTING_VALUE or any(ord(c) < 32 for c in text):
+            raise BadRequest(f"pg_settings: invalid value for {name!r}")
+        checked[lowered] = text
+    return checked
+
+
+def _cu(value: Any, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise BadRequest(f"{key} must be a number")
+    if not MIN_CU <= value <= MAX_CU or (value * 4) % 1:
+        raise BadRequest(f"{key} must be between {MIN_CU} and {MAX_CU:g}, in steps of 0.25")
+    return float(value)
+
+
+def _suspend_timeout(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest("suspend_timeout_seconds must be an integer")
+    if not -1 <= value <= MAX_SUSPEND_TIMEOUT_SECONDS:
+        raise BadRequest(
+            f"suspend_timeout_seconds must be between -1 and {MAX_SUSPEND_TIMEOUT_SECONDS}"
+        )
+    return value
+
+
+def _limits(low: float, high: float) -> tuple[float, float]:
+    if low > high:
+        raise BadRequest("autoscaling_limit_min_cu must not exceed autoscaling_limit_max_cu")
+    return low, high
+
+
+def _bindable(port: int) -> bool:
+    """Whether nothing on this machine holds the port (another program, another pgplane)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+async def allocate_port(tx: Tx, settings: Settings) -> int:
+    """The lowest compute port in the configured range that no endpoint holds and is free."""
+    held_since = clock.now_us() - PORT_HOLD_SECONDS * 1_000_000
+    used = await tx.used_ports(held_since=held_since)
+    low, high = settings.compute_ports
+    for port in range(low, high + 1):
+        if port not in used and _bindable(port):
+            return port
+    raise Unavailable("no free compute port: widen the configured compute port range")
+
+
+async def new_endpoint(
+    tx: Tx, *, project: Project, branch_id: str, spec: EndpointSpec, settings: Settings, now: int
+) -> Endpoint:
+    """Build and insert an endpoint (no operations): creating one, or a branch with one."""
+    if spec.type != "read_write":
+        raise BadRequest(
+            "only read_write endpoints are supported: a read_only compute needs a replica,"
+            " which this platform does not run yet"
+        )
+    defaults = project.default_endpoint_settings
+    low, high = _limits(
+        _cu(
+            spec.autoscaling_limit_min_cu
+            if spec.autoscaling_limit_min_cu is not None
+            else defaults.get("autoscaling_limit_min_cu", MIN_CU),
+            "autoscaling_limit_min_cu",
+        ),
+        _cu(
+            spec.autoscaling_limit_max_cu
+            if spec.autoscaling_limit_max_cu is not None
+            else defaults.get("autoscaling_limit_max_cu", MIN_CU),
+            "autoscaling_limit_max_cu",
+        ),
+    )
+    timeout = _suspend_timeout(
+        spec.suspend_timeout_seconds
+        if spec.suspend_timeout_seconds is not None
+        else defaults.get("suspend_timeout_seconds", 0)
+    )
+    user_settings = pg_settings(
+        spec.pg_settings if spec.pg_settings is not None else defaults.get("pg_settings", {})
+    )
+    endpoint = Endpoint(
+        id=ids.new_endpoint_id(),
+        project_id=project.id,
+        branch_id=branch_id,
+        type=spec.type,
+        current_state="init",
+        pending_state=None if spec.disabled else "active",
+        port=await allocate_port(tx, settings),
+        autoscaling_limit_min_cu=low,
+        autoscaling_limit_max_cu=high,
+        suspend_timeout_seconds=timeout,
+        settings={"pg_settings": user_settings} if user_settings else {},
+        disabled=spec.disabled,
+        created_at=now,
+        updated_at=now,
+    )
+    await tx.insert_endpoint(endpoint)
+    return endpoint
+
+
+def start_op(endpoint: Endpoint) -> operations.Start:
+    return operations.Start(
+        Action.START_COMPUTE, branch_id=endpoint.branch_id, endpoint_id=endpoint.id
+    )
+
+
+def _suspend_op(endpoint: Endpoint) -> operations.Start:
+    return operations.Start(
+        Action.SUSPEND_COMPUTE, branch_id=endpoint.branch_id, endpoint_id=endpoint.id
+    )
+
+
+async def create(
+    tx: Tx,
+    *,
+    account_id: str,
+    project_id: str,
+    branch_id: str,
+    spec: EndpointSpec,
+    settings: Settings,
+) -> tuple[Endpoint, list[Operation]]:
+    project = await access.live_project(tx, account_id=account_id, project_id=project_id)
+    branch = await access.branch(tx, project_id=project.id, branch_id=branch_id)
+    endpoint = await new_endpoint(
+        tx, project=project, branch_id=branch.id, spec=spec, settings=settings, now=clock.now_us()
+    )
+    starts = [] if endpoint.disabled else [start_op(endpoint)]
+    ops = await operations.start(tx, project_id=project.id, starts=starts) if starts else []
+    return endpoint, ops
+
+
+async def list_(
+    tx: Tx, *, account_id: str, project_id: str, branch_id: str | None = None
+) -> list[Endpoint]:
+    project = await access.live_project(tx, account_id=account_id, project_id=project_id)
+    if branch_id is not None:
+        await access.branch(tx, project_id=project.id, branch_id=branch_id)
+    found = await tx.list_endpoints(project.id)
+    return [e for e in found if branch_id is None or e.branch_id == branch_id]
+
+
+async def get(tx: Tx, *, account_id: str, project_id: str, endpoint_id: str) -> Endpoint:
+    project = await access.live_project(tx, account_id=account_id, project_id=project_id)
+    return await access.endpoint(tx, project_id=project.id, endpoint_id=endpoint_id)
+
+
+async def update(
+    tx: Tx, *, account_id: str, project_id: str, endpoint_id: str, changes: EndpointChanges
+) -> tuple[Endpoint, list[Operation]]:
+    """Resize, retune or disable; a running compute is restarted with its new settings."""
+    endpoint = await get(tx, account_id=account_id, project_id=project_id, endpoint_id=endpoint_id)
+    low, high = _limits(
+        endpoint.autoscaling_limit_min_cu
+        if changes.autoscaling_limit_min_cu is None
+        else _cu(changes.autoscaling_limit_min_cu, "autoscaling_limit_min_cu"),
+        endpoint.autoscaling_limit_max_cu
+        if changes.autoscaling_limit_max_cu is None
+        else _cu(changes.autoscaling_limit_max_cu, "autoscaling_limit_max_cu"),
+    )
+    new_settings = dict(endpoint.settings)
+    if changes.pg_settings is not None:
+        checked = pg_settings(changes.pg_settings)
+        if checked:
+            new_settings["pg_settings"] = checked
+        else:
+            new_settings.pop("pg_settings", None)
+    updated = msgspec.structs.replace(
+        endpoint,
+        autoscaling_limit_min_cu=low,
+        autoscaling_limit_max_cu=high,
+        suspend_timeout_seconds=endpoint.suspend_timeout_seconds
+        if changes.suspend_timeout_seconds is None
+        else _suspend_timeout(changes.suspend_timeout_seconds),
+        settings=new_settings,
+        disabled=endpoint.disabled if changes.disabled is None else changes.disabled,
+        updated_at=clock.now_us(),
+    )
+    starts = []
+    if updated.disabled and not endpoint.disabled:
+        starts.append(_suspend_op(updated))
+        updated = msgspec.structs.replace(updated, pending_state="idle")
+    elif (
+        updated.autoscaling_limit_min_cu,
+        updated.autoscaling_limit_max_cu,
+        updated.settings,
+    ) != (endpoint.autoscaling_limit_min_cu, endpoint.autoscaling_limit_max_cu, endpoint.settings):
+        # apply_config restarts the compute with its new command line if it runs.
+        starts.append(
+            operations.Start(
+                Action.APPLY_CONFIG, branch_id=endpoint.branch_id, endpoint_id=endpoint.id
+            )
+        )
+    await tx.update_endpoint(updated)
+    ops = await operations.start(tx, project_id=endpoint.project_id, starts=starts)
+    return updated, ops
+
+
+async def delete(
+    tx: Tx, *, account_id: str, project_id: str, endpoint_id: str
+) -> tuple[Endpoint, list[Operation]]:
+    endpoint = await get(tx, account_id=account_id, project_id=project_id, endpoint_id=endpoint_id)
+    now = clock.now_us()
+    await tx.delete_endpoint(endpoint_id=endpoint.id, now=now)
+    ops = await operations.start(tx, project_id=endpoint.project_id, starts=[_suspend_op(endpoint)])
+    return msgspec.structs.replace(endpoint, pending_state="idle", updated_at=now), ops
+
+
+async def start(
+    tx: Tx, *, account_id: str, project_id: str, endpoint_id: str
+) -> tuple[Endpoint, list[Operation]]:
+    endpoint = await get(tx, account_id=account_id, project_id=project_id, endpoint_id=endpoint_id)
+    if endpoint.disabled:
+        raise BadRequest("endpoint is disabled; enable it before starting it")
+    return await _transition(tx, endpoint, "active", [start_op(endpoint)])
+
+
+async def suspend(
+    tx: Tx, *, account_id: str, project_id: str, endpoint_id: str
+) -> tuple[Endpoint, list[Operation]]:
+    endpoint = await get(tx, account_id=account_id, project_id=project_id, endpoint_id=endpoint_id)
+    return await _transition(tx, endpoint, "idle", [_suspend_op(endpoint)])
+
+
+async def restart(
+    tx: Tx, *, account_id: str, project_id: str, endpoint_id: str
+) -> tuple[Endpoint, list[Operation]]:
+    endpoint = await get(tx, account_id=account_id, project_id=project_id, endpoint_id=endpoint_id)
+    if endpoint.disabled:
+        raise BadRequest("endpoint is disabled; enable it before restarting it")
+    return await _transition(tx, endpoint, "active", [_suspend_op(endpoint), start_op(endpoint)])
+
+
+async def _transition(
+    tx: Tx, endpoint: Endpoint, pending: str, starts: list[operations.Start]
+) -> tuple[Endpoint, list[Operation]]:
+    updated = msgspec.structs.replace(endpoint, pending_state=pending, updated_at=clock.now_us())
+    await tx.update_endpoint(updated)
+    ops = await operations.start(tx, project_id=endpoint.project_id, starts=starts)
+    return updated, ops

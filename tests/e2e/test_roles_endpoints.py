@@ -1,0 +1,261 @@
+"""Computes, roles and databases changed through the API and checked through Postgres itself."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from tests.support import Api
+
+
+def _finish(api: Api, project_id: str, body: dict) -> dict:
+    ops = api.wait_operations(project_id, [o["id"] for o in body["operations"]])
+    assert [o["status"] for o in ops] == ["finished"] * len(ops), ops
+    return body
+
+
+def _uri(base: str, **changes: str) -> str:
+    params = conninfo_to_dict(base)
+    params.update(changes)
+    return make_conninfo(**params)  # type: ignore[arg-type]
+
+
+def test_roles_and_databases_are_real(api: Api) -> None:
+    project = api.create_ready_project(name="roles")
+    pid, bid = project["project"]["id"], project["branch"]["id"]
+    base = project["connection_uris"][0]["connection_uri"]
+    branch = f"/projects/{pid}/branches/{bid}"
+
+    r = api.http.post(f"{branch}/roles", json={"role": {"name": 'we"ird role'}})
+    assert r.status_code == 201, r.text
+    created = _finish(api, pid, r.json())
+    password = created["role"]["password"]
+    assert [o["action"] for o in created["operations"]] == ["apply_config"]
+    weird = _uri(base, user='we"ird role', password=password)
+    with psycopg.connect(weird) as conn:
+        assert conn.execute("SELECT current_user").fetchone() == ('we"ird role',)
+
+    for method in ("GET", "POST"):
+        r = api.http.request(method, f"{branch}/roles/we%22ird%20role/reveal_password")
+        assert r.status_code == 200 and r.json() == {"password": password}, r.text
+    listed = api.http.get(f"{branch}/roles").json()["roles"]
+    assert {x["name"] for x in listed} == {"neondb_owner", 'we"ird role'}
+    assert all("password" not in x for x in listed)
+
+    r = api.http.post(f"{branch}/roles/we%22ird%20role/reset_password")
+    assert r.status_code == 200, r.text
+    new_password = _finish(api, pid, r.json())["role"]["password"]
+    assert new_password != password
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(weird, connect_timeout=5).close()
+    with psycopg.connect(_uri(base, user='we"ird role', password=new_password)):
+        pass
+
+
+def test_databases_are_real(api: Api) -> None:
+    project = api.create_ready_project(name="databases")
+    pid, bid = project["project"]["id"], project["branch"]["id"]
+    base = project["connection_uris"][0]["connection_uri"]
+    branch = f"/projects/{pid}/branches/{bid}"
+    r = api.http.post(f"{branch}/roles", json={"role": {"name": 'we"ird role'}})
+    new_password = _finish(api, pid, r.json())["role"]["password"]
+
+    r = api.http.post(
+        f"{branch}/databases", json={"database": {"name": "app db", "owner_name": 'we"ird role'}}
+    )
+    assert r.status_code == 201, r.text
+    _finish(api, pid, r.json())
+    app = _uri(base, user='we"ird role', password=new_password, dbname="app db")
+    with psycopg.connect(app, autocommit=True) as conn:
+        conn.execute("CREATE TABLE kept (v int)")
+        conn.execute("INSERT INTO kept VALUES (7)")
+
+    r = api.http.patch(f"{branch}/databases/app%20db", json={"database": {"name": "renamed"}})
+    assert r.status_code == 200, r.text
+    _finish(api, pid, r.json())
+    with psycopg.connect(_uri(app, dbname="renamed")) as conn:
+        assert conn.execute("SELECT v FROM kept").fetchone() == (7,)  # renamed, not recreated
+
+    r = api.http.delete(f"{branch}/roles/we%22ird%20role")
+    assert r.status_code == 409 and "owns" in r.json()["message"]
+    r = api.http.delete(f"{branch}/databases/renamed")
+    assert r.status_code == 200, r.text
+    _finish(api, pid, r.json())
+    r = api.http.delete(f"{branch}/roles/we%22ird%20role")
+    assert r.status_code == 200, r.text
+    _finish(api, pid, r.json())
+    with psycopg.connect(base) as conn:
+        assert conn.execute(
+            "SELECT count(*) FROM pg_roles WHERE rolname = %s", ('we"ird role',)
+        ).fetchone() == (0,)
+        assert conn.execute(
+            "SELECT count(*) FROM pg_database WHERE datname = 'renamed'"
+        ).fetchone() == (0,)
+    assert api.http.get(f"{branch}/roles/we%22ird%20role").status_code == 404
+    assert api.http.get(f"{branch}/databases/renamed").status_code == 404
+
+    r = api.http.post(f"{branch}/roles", json={"role": {"name": "reader", "no_login": True}})
+    assert r.status_code == 201, r.text
+    _finish(api, pid, r.json())
+    with psycopg.connect(base) as conn:
+        assert conn.execute(
+            "SELECT rolcanlogin FROM pg_roles WHERE rolname = 'reader'"
+        ).fetchone() == (False,)
+
+
+def test_bad_role_and_database_requests_change_nothing(api: Api) -> None:
+    project = api.create_ready_project(name="bad")
+    pid, bid = project["project"]["id"], project["branch"]["id"]
+    branch = f"/projects/{pid}/branches/{bid}"
+    for body in (
+        {"role": {"name": "x" * 64}},
+        {"role": {"name": "é" * 32}},  # 64 bytes: Postgres would truncate it
+        {"role": {"name": "pg_monitor2"}},
+        {"role": {"name": ""}},
+        {"role": {}},
+    ):
+        r = api.http.post(f"{branch}/roles", json=body)
+        assert r.status_code == 400, (body, r.text)
+    r = api.http.post(f"{branch}/roles", json={"role": {"name": "neondb_owner"}})
+    assert r.status_code == 409
+    for body in (
+        {"database": {"name": "postgres", "owner_name": "neondb_owner"}},
+        {"database": {"name": "d", "owner_name": "nobody"}},
+        {"database": {"name": "d" * 64, "owner_name": "neondb_owner"}},
+    ):
+        r = api.http.post(f"{branch}/databases", json=body)
+        assert r.status_code == 400, (body, r.text)
+    r = api.http.post(
+        f"{branch}/databases", json={"database": {"name": "neondb", "owner_name": "neondb_owner"}}
+    )
+    assert r.status_code == 409
+    assert [x["name"] for x in api.http.get(f"{branch}/roles").json()["roles"]] == ["neondb_owner"]
+    assert [x["name"] for x in api.http.get(f"{branch}/databases").json()["databases"]] == [
+        "neondb"
+    ]
+    assert api.http.get(f"{branch}/roles/nobody/reveal_password").status_code == 404
+    assert api.http.get(f"/projects/{pid}/branches/br-nope-nope-00000000/roles").status_code == 404
+
+
+def test_compute_lifecycle_and_connection_uri(api: Api) -> None:
+    project = api.create_ready_project(name="computes")
+    pid = project["project"]["id"]
+    endpoint = project["endpoints"][0]
+    eid = endpoint["id"]
+    base = project["connection_uris"][0]["connection_uri"]
+
+    r = api.http.get(
+        f"/projects/{pid}/connection_uri",
+        params={"database_name": "neondb", "role_name": "neondb_owner", "pooled": "False"},
+    )
+    assert r.status_code == 200 and r.json()["uri"] == base, r.text
+    assert (
+        api.http.get(
+            f"/projects/{pid}/connection_uri",
+            params={"database_name": "nope", "role_name": "neondb_owner"},
+        ).status_code
+        == 404
+    )
+
+    r = api.http.post(
+        f"/projects/{pid}/endpoints",
+        json={"endpoint": {"branch_id": project["branch"]["id"], "type": "read_write"}},
+    )
+    assert r.status_code == 409, r.text
+
+    r = api.http.post(f"/projects/{pid}/endpoints/{eid}/suspend")
+    assert r.status_code == 200 and r.json()["endpoint"]["pending_state"] == "idle"
+    _finish(api, pid, r.json())
+    got = api.http.get(f"/projects/{pid}/endpoints/{eid}").json()["endpoint"]
+    assert got["current_state"] == "idle"
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(base, connect_timeout=3).close()
+
+    r = api.http.post(f"/projects/{pid}/endpoints/{eid}/start")
+    _finish(api, pid, r.json())
+    assert (
+        api.http.get(f"/projects/{pid}/endpoints/{eid}").json()["endpoint"]["current_state"]
+        == "active"
+    )
+
+
+def test_compute_resize_and_settings(api: Api) -> None:
+    project = api.create_ready_project(name="resize")
+    pid = project["project"]["id"]
+    eid = project["endpoints"][0]["id"]
+    base = project["connection_uris"][0]["connection_uri"]
+    r = api.http.patch(
+        f"/projects/{pid}/endpoints/{eid}",
+        json={
+            "endpoint": {
+                "autoscaling_limit_min_cu": 1,
+                "autoscaling_limit_max_cu": 2,
+                "settings": {"pg_settings": {"statement_timeout": "12345"}},
+                "suspend_timeout_seconds": 600,
+            }
+        },
+    )
+    assert r.status_code == 200, r.text
+    assert [o["action"] for o in r.json()["operations"]] == ["apply_config"]
+    _finish(api, pid, r.json())
+    with psycopg.connect(base) as conn:
+        assert conn.execute("SHOW statement_timeout").fetchone() == ("12345ms",)
+        assert int(conn.execute("SHOW max_connections").fetchone()[0]) > 112
+    got = api.http.get(f"/projects/{pid}/endpoints/{eid}").json()["endpoint"]
+    assert got["autoscaling_limit_max_cu"] == 2 and got["suspend_timeout_seconds"] == 600
+
+    for body in (
+        {"endpoint": {"settings": {"pg_settings": {"port": "1"}}}},
+        {"endpoint": {"autoscaling_limit_min_cu": 4, "autoscaling_limit_max_cu": 2}},
+        {"endpoint": {"suspend_timeout_seconds": -2}},
+    ):
+        r = api.http.patch(f"/projects/{pid}/endpoints/{eid}", json=body)
+        assert r.status_code == 400, (body, r.text)
+
+    r = api.http.post(f"/projects/{pid}/endpoints/{eid}/restart")
+    assert [o["action"] for o in r.json()["operations"]] == ["suspend_compute", "start_compute"]
+    _finish(api, pid, r.json())
+    with psycopg.connect(base) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_role_change_without_compute_then_a_new_compute(api: Api) -> None:
+    project = api.create_ready_project(name="no-compute")
+    pid = project["project"]["id"]
+    eid = project["endpoints"][0]["id"]
+    base = project["connection_uris"][0]["connection_uri"]
+    r = api.http.delete(f"/projects/{pid}/endpoints/{eid}")
+    assert r.status_code == 200, r.text
+    _finish(api, pid, r.json())
+    assert api.http.get(f"/projects/{pid}/endpoints").json() == {"endpoints": []}
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(base, connect_timeout=3).close()
+
+    # A role change on a branch with no compute runs on a temporary postmaster.
+    bid = project["branch"]["id"]
+    r = api.http.post(f"/projects/{pid}/branches/{bid}/roles", json={"role": {"name": "later"}})
+    _finish(api, pid, r.json())
+    r = api.http.post(
+        f"/projects/{pid}/endpoints", json={"endpoint": {"branch_id": bid, "type": "read_write"}}
+    )
+    assert r.status_code == 201, r.text
+    _finish(api, pid, r.json())
+    uri = api.http.get(
+        f"/projects/{pid}/connection_uri",
+        params={"database_name": "neondb", "role_name": "later"},
+    ).json()["uri"]
+    with psycopg.connect(uri) as conn:
+        assert conn.execute("SELECT current_user").fetchone() == ("later",)
+
+
+def test_startup_calls_of_clients(api: Api) -> None:
+    auth = api.http.get("/auth").json()
+    assert auth["auth_method"] == "api_key_user" and auth["account_id"]
+    me = api.http.get("/users/me").json()
+    assert me["id"] == auth["account_id"] and me["email"].endswith("@example.com")
+    assert api.http.get("/users/me/organizations").json() == {"organizations": []}
+    shared = api.http.get("/projects/shared", params={"limit": 100}).json()
+    assert shared["projects"] == []
+    regions = api.http.get("/regions").json()["regions"]
+    assert [r["default"] for r in regions] == [True]
