@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,6 +23,29 @@ _accounts = itertools.count()
 def server() -> Iterator[Server]:
     with running_server() as srv:
         yield srv
+        assert_operations_settled(srv)
+
+
+def assert_operations_settled(srv: Server, timeout: float = 120) -> None:
+    """Every operation any test started has finished: none left behind, none failed.
+
+    Read straight from the store, so operations no test polled are checked too.
+    """
+    deadline = time.monotonic() + timeout
+    with sqlite3.connect(srv.data_dir / "pgplane.db") as db:
+        while True:
+            unsettled = db.execute(
+                "SELECT project_id, action, status FROM operations"
+                " WHERE status IN ('scheduling', 'running')"
+            ).fetchall()
+            if not unsettled or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        failed = db.execute(
+            "SELECT project_id, action, error FROM operations WHERE status = 'failed'"
+        ).fetchall()
+    assert not unsettled, f"operations left unsettled: {unsettled}"
+    assert not failed, f"operations failed: {failed}"
 
 
 @pytest.fixture
