@@ -97,6 +97,7 @@ class Server:
                 if httpx.get(f"{self.base_url}/openapi.json", timeout=1).status_code == 200:
                     return
             time.sleep(0.05)
+        self.stop(signal.SIGKILL)  # never leave a half-started server behind
         raise RuntimeError(f"pgplane serve did not start:\n{self.log()}")
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
@@ -133,8 +134,8 @@ def running_server(**env_overrides: str) -> Iterator[Server]:
         **env_overrides,
     }
     server = Server(data_dir=data_dir, port=free_port(), env=env, log_path=data_dir / "serve.log")
-    server.start()
     try:
+        server.start()
         yield server
     finally:
         server.stop()
