@@ -49,6 +49,14 @@ async def branch(tx: Tx, *, project_id: str, branch_id: str) -> Branch:
     return found
 
 
+async def default_branch(tx: Tx, *, project_id: str) -> Branch:
+    """The project's default branch (the project already checked)."""
+    for found in await tx.list_branches(project_id):
+        if found.default:
+            return found
+    raise NotFound("the project has no default branch")
+
+
 async def endpoint(tx: Tx, *, project_id: str, endpoint_id: str) -> Endpoint:
     """A live endpoint of the project (the project already checked); else NotFound."""
     found = None

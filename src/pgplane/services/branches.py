@@ -157,10 +157,7 @@ async def create(
     if spec.parent_id is not None:
         parent = await access.branch(tx, project_id=project.id, branch_id=spec.parent_id)
     else:
-        defaults = [b for b in await tx.list_branches(project.id) if b.default]
-        if not defaults:
-            raise Conflict("the project has no default branch to branch from; give parent_id")
-        parent = defaults[0]
+        parent = await access.default_branch(tx, project_id=project.id)
     now = clock.now_us()
     branch_id = ids.new_branch_id()
     branch = Branch(

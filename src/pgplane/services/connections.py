@@ -49,10 +49,7 @@ async def find(
     """The connection for a role and database, through the branch's (or the given) compute."""
     project = await access.live_project(tx, account_id=account_id, project_id=project_id)
     if branch_id is None:
-        defaults = [b for b in await tx.list_branches(project.id) if b.default]
-        if not defaults:
-            raise NotFound("the project has no default branch")
-        branch = defaults[0]
+        branch = await access.default_branch(tx, project_id=project.id)
     else:
         branch = await access.branch(tx, project_id=project.id, branch_id=branch_id)
     if endpoint_id is None:

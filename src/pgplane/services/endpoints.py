@@ -91,6 +91,7 @@ class EndpointChanges:
     suspend_timeout_seconds: int | None = None
     pg_settings: dict[str, str] | None = None
     disabled: bool | None = None
+    branch_id: str | None = None  # only the endpoint's own branch: computes do not move
 
 
 def pg_settings(values: dict[str, Any]) -> dict[str, str]:
@@ -259,6 +260,8 @@ async def update(
 ) -> tuple[Endpoint, list[Operation]]:
     """Resize, retune or disable; a running compute is restarted with its new settings."""
     endpoint = await get(tx, account_id=account_id, project_id=project_id, endpoint_id=endpoint_id)
+    if changes.branch_id is not None and changes.branch_id != endpoint.branch_id:
+        raise BadRequest("moving a compute to another branch is not supported")
     low, high = _limits(
         endpoint.autoscaling_limit_min_cu
         if changes.autoscaling_limit_min_cu is None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from litestar import Controller, delete, get, patch, post
 
 from pgplane.api import presenters
@@ -26,6 +28,21 @@ def _answer(ctx: Authorized, endpoint: Endpoint, ops: list[Operation]) -> Endpoi
         endpoint=presenters.endpoint(endpoint, ctx.settings),
         operations=presenters.operations(ops),
     )
+
+
+EndpointAction = Callable[..., Awaitable[tuple[Endpoint, list[Operation]]]]
+
+
+async def _act(
+    request: AnyRequest, project_id: str, endpoint_id: str, action: EndpointAction
+) -> EndpointOperations:
+    """Delete, start, suspend or restart: one service call in a write transaction."""
+    ctx = authorized(request)
+    async with ctx.store.write() as tx:
+        endpoint, ops = await action(
+            tx, account_id=ctx.account_id, project_id=project_id, endpoint_id=endpoint_id
+        )
+    return _answer(ctx, endpoint, ops)
 
 
 class Endpoints(Controller):
@@ -91,13 +108,9 @@ class Endpoints(Controller):
             suspend_timeout_seconds=req.suspend_timeout_seconds,
             pg_settings=req.settings.pg_settings if req.settings else None,
             disabled=req.disabled,
+            branch_id=req.branch_id,
         )
         async with ctx.store.write() as tx:
-            endpoint = await endpoints.get(
-                tx, account_id=ctx.account_id, project_id=project_id, endpoint_id=endpoint_id
-            )
-            if req.branch_id is not None and req.branch_id != endpoint.branch_id:
-                raise BadRequest("moving a compute to another branch is not supported")
             endpoint, ops = await endpoints.update(
                 tx,
                 account_id=ctx.account_id,
@@ -116,12 +129,7 @@ class Endpoints(Controller):
     async def delete_(
         self, request: AnyRequest, project_id: str, endpoint_id: str
     ) -> EndpointOperations:
-        ctx = authorized(request)
-        async with ctx.store.write() as tx:
-            endpoint, ops = await endpoints.delete(
-                tx, account_id=ctx.account_id, project_id=project_id, endpoint_id=endpoint_id
-            )
-        return _answer(ctx, endpoint, ops)
+        return await _act(request, project_id, endpoint_id, endpoints.delete)
 
     @post(
         "/{endpoint_id:str}/start",
@@ -132,12 +140,7 @@ class Endpoints(Controller):
     async def start(
         self, request: AnyRequest, project_id: str, endpoint_id: str
     ) -> EndpointOperations:
-        ctx = authorized(request)
-        async with ctx.store.write() as tx:
-            endpoint, ops = await endpoints.start(
-                tx, account_id=ctx.account_id, project_id=project_id, endpoint_id=endpoint_id
-            )
-        return _answer(ctx, endpoint, ops)
+        return await _act(request, project_id, endpoint_id, endpoints.start)
 
     @post(
         "/{endpoint_id:str}/suspend",
@@ -148,12 +151,7 @@ class Endpoints(Controller):
     async def suspend(
         self, request: AnyRequest, project_id: str, endpoint_id: str
     ) -> EndpointOperations:
-        ctx = authorized(request)
-        async with ctx.store.write() as tx:
-            endpoint, ops = await endpoints.suspend(
-                tx, account_id=ctx.account_id, project_id=project_id, endpoint_id=endpoint_id
-            )
-        return _answer(ctx, endpoint, ops)
+        return await _act(request, project_id, endpoint_id, endpoints.suspend)
 
     @post(
         "/{endpoint_id:str}/restart",
@@ -164,9 +162,4 @@ class Endpoints(Controller):
     async def restart(
         self, request: AnyRequest, project_id: str, endpoint_id: str
     ) -> EndpointOperations:
-        ctx = authorized(request)
-        async with ctx.store.write() as tx:
-            endpoint, ops = await endpoints.restart(
-                tx, account_id=ctx.account_id, project_id=project_id, endpoint_id=endpoint_id
-            )
-        return _answer(ctx, endpoint, ops)
+        return await _act(request, project_id, endpoint_id, endpoints.restart)
