@@ -74,6 +74,7 @@ class Server:
     port: int
     env: dict[str, str]
     log_path: Path
+    proxy_port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
     keys: list[str] = field(default_factory=list)
 
@@ -84,7 +85,16 @@ class Server:
     def start(self) -> None:
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [*PGPLANE, "serve", "--data-dir", str(self.data_dir), "--port", str(self.port)],
+                [
+                    *PGPLANE,
+                    "serve",
+                    "--data-dir",
+                    str(self.data_dir),
+                    "--port",
+                    str(self.port),
+                    "--proxy-port",
+                    str(self.proxy_port),
+                ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=self.env,

@@ -27,13 +27,30 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8080
 
-    # Where computes listen and what connection URIs name. The proxy replaces this later.
+    # Where computes listen (the proxy reaches them there).
     compute_host: str = "127.0.0.1"
     compute_ports: tuple[int, int] = (55000, 56999)
     compute_user: str | None = None  # OS user for Postgres when pgplane runs as root
     pg_bin_dirs: tuple[Path, ...] = ()
     region_id: str = "local"
     pg_versions: tuple[int, ...] = ()  # filled in by the entry point from the compute driver
+
+    # The proxy: one listener for every endpoint. ``proxy_host`` is the name clients use: an
+    # endpoint's host is ``ep-….<proxy_host>``. With wildcard DNS for it (or *.localhost resolving,
+    # as under systemd-resolved), connection URIs name the endpoint by host (TLS SNI); without,
+    # they name the proxy and pass ``options=endpoint=ep-…``, which works everywhere.
+    proxy_listen: str = "127.0.0.1"
+    proxy_port: int = 5432
+    proxy_host: str = "localhost"
+    proxy_wildcard_dns: bool = False
+    tls_cert: Path | None = None  # with tls_key; None: generated once under the data directory
+    tls_key: Path | None = None
+
+    # The platform's own operations (the scheduler), in seconds.
+    scheduler_seconds: float = 1.0
+    default_suspend_timeout_seconds: int = 300  # what suspend_timeout_seconds 0 means
+    availability_check_seconds: float = 3600.0  # per branch with a compute; 0: never
+    detach_after_seconds: float = 30 * 86400.0  # idle time before tenant_detach; 0: never
 
     # Operations engine.
     workers: int = 4
@@ -52,9 +69,18 @@ class Settings:
     def store_path(self) -> Path:
         return self.data_dir / "pgplane.db"
 
+    def endpoint_host(self, endpoint_id: str) -> str:
+        """An endpoint's host as Neon gives it: ``ep-….<proxy_host>``, with the port if unusual."""
+        port = "" if self.proxy_port == 5432 else f":{self.proxy_port}"
+        return f"{endpoint_id}.{self.proxy_host}{port}"
+
     @property
-    def proxy_host(self) -> str:
-        return self.compute_host
+    def tls_dir(self) -> Path:
+        return self.data_dir / "tls"
+
+    @property
+    def archive_dir(self) -> Path:
+        return self.data_dir / "archive"
 
 
 def settings_from_env(**overrides: object) -> Settings:
@@ -62,6 +88,13 @@ def settings_from_env(**overrides: object) -> Settings:
     env: dict[str, object] = {}
     for name, cast in (
         ("compute_host", str),
+        ("proxy_host", str),
+        ("proxy_listen", str),
+        ("proxy_port", int),
+        ("scheduler_seconds", float),
+        ("default_suspend_timeout_seconds", int),
+        ("availability_check_seconds", float),
+        ("detach_after_seconds", float),
         ("compute_user", str),
         ("region_id", str),
         ("workers", int),

@@ -1,7 +1,8 @@
-"""``pgplane serve``: one process running the API, the operations engine and (later) the proxy.
+"""``pgplane serve``: one process running the API, the operations engine, the scheduler and the
+Postgres proxy.
 
 This is the only place that wires concrete pieces together: the SQLite store, the local compute
-driver, the engine and the ASGI app.
+driver, the engine, the proxy and the ASGI app.
 """
 
 from __future__ import annotations
@@ -18,7 +19,12 @@ from pgplane.api import create_app
 from pgplane.compute.local import LocalComputeDriver, LocalDriverConfig
 from pgplane.config import Settings
 from pgplane.engine import Engine
+from pgplane.engine.scheduler import Scheduler
+from pgplane.engine.wake import ComputeWaker
+from pgplane.proxy.activity import Activity
+from pgplane.proxy.server import Proxy
 from pgplane.store.sqlite import SqliteStore
+from pgplane.tls import CertPair, certificate_hash, ensure_certificate, server_context
 
 log = logging.getLogger("pgplane")
 
@@ -33,8 +39,15 @@ async def _announce(server: uvicorn.Server, settings: Settings) -> None:
     log.info("pgplane data directory: %s", settings.data_dir)
 
 
+def _certificate(settings: Settings) -> CertPair:
+    if settings.tls_cert is not None and settings.tls_key is not None:
+        return CertPair(settings.tls_cert, settings.tls_key)
+    return ensure_certificate(settings.tls_dir, settings.proxy_host)
+
+
 async def serve(settings: Settings) -> None:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    tls = _certificate(settings)
     driver = LocalComputeDriver(
         LocalDriverConfig(
             data_dir=settings.data_dir,
@@ -47,6 +60,22 @@ async def serve(settings: Settings) -> None:
     log.info("PostgreSQL versions available: %s", ", ".join(map(str, settings.pg_versions)))
     store = SqliteStore(settings.store_path)
     engine = Engine(store=store, driver=driver, settings=settings)
+    activity = Activity()
+    proxy = Proxy(
+        computes=ComputeWaker(store=store, engine=engine, driver=driver, settings=settings),
+        activity=activity,
+        proxy_host=settings.proxy_host,
+        server_tls=server_context(tls),
+        cert_hash=certificate_hash(tls),
+    )
+    bound = await proxy.start(settings.proxy_listen, settings.proxy_port)
+    # With port 0 the system chose: endpoints and connection URIs must name the real one.
+    settings = dataclasses.replace(settings, proxy_port=bound[0][1])
+    for host, port in bound:
+        log.info("pgplane Postgres proxy listening on %s:%d", host, port)
+    scheduler = Scheduler(
+        store=store, engine=engine, driver=driver, settings=settings, activity=activity
+    )
     app = create_app(store=store, settings=settings, notify=engine.wake)
     server = uvicorn.Server(
         uvicorn.Config(
@@ -69,14 +98,17 @@ async def serve(settings: Settings) -> None:
     gc.collect()
     gc.freeze()
     engine_task = asyncio.create_task(engine.run(), name="operations engine")
+    scheduler_task = asyncio.create_task(scheduler.run(), name="scheduler")
     announce = asyncio.create_task(_announce(server, settings))
     try:
         await server.serve()
     finally:
         announce.cancel()
-        engine_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await engine_task
+        await proxy.close()
+        for task in (scheduler_task, engine_task):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await driver.close()
         await store.close()
         log.info("pgplane stopped")

@@ -148,9 +148,7 @@ def branch(b: Branch) -> s.BranchOut:
 
 def endpoint(e: Endpoint, settings: Settings) -> s.EndpointOut:
     return s.EndpointOut(
-        # host:port, so that clients which build a URI from it (neonctl connection-string) reach
-        # the compute on its own port until the proxy listens for every endpoint.
-        host=f"{settings.compute_host}:{e.port}",
+        host=settings.endpoint_host(e.id),
         id=e.id,
         project_id=e.project_id,
         branch_id=e.branch_id,

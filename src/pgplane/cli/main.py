@@ -49,8 +49,26 @@ def serve(
     host: Annotated[str, typer.Option(help="Address the API listens on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port the API listens on (0: any free port)")] = 8080,
     compute_host: Annotated[
-        str | None, typer.Option(help="Address computes listen on and connection URIs name")
+        str | None, typer.Option(help="Address computes listen on (the proxy reaches them there)")
     ] = None,
+    proxy_port: Annotated[
+        int | None, typer.Option(help="Port of the Postgres proxy (0: any free port) [5432]")
+    ] = None,
+    proxy_listen: Annotated[
+        str | None, typer.Option(help="Address the Postgres proxy listens on [127.0.0.1]")
+    ] = None,
+    proxy_host: Annotated[
+        str | None,
+        typer.Option(help="Host name clients reach the proxy by; endpoints are ep-….<it>"),
+    ] = None,
+    proxy_wildcard_dns: Annotated[
+        bool | None,
+        typer.Option(help="ep-….<proxy-host> resolves: connection URIs use it (TLS SNI routing)"),
+    ] = None,
+    tls_cert: Annotated[
+        Path | None, typer.Option(help="PEM certificate for the proxy [generated once]")
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="PEM key of --tls-cert")] = None,
     compute_user: Annotated[
         str | None, typer.Option(help="OS user for Postgres when running as root [pgplane]")
     ] = None,
@@ -66,7 +84,16 @@ def serve(
         port=port,
         compute_host=compute_host,
         compute_user=compute_user,
+        proxy_port=proxy_port,
+        proxy_listen=proxy_listen,
+        proxy_host=proxy_host,
+        proxy_wildcard_dns=proxy_wildcard_dns,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
     )
+    if (settings.tls_cert is None) != (settings.tls_key is None):
+        typer.echo("error: --tls-cert and --tls-key go together", err=True)
+        raise typer.Exit(2)
     run(settings)
 
 

@@ -67,6 +67,15 @@ class ConfigChange:
     dropped_roles: Sequence[str] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class ComputeAddress:
+    """Where a running compute accepts clients: TCP, and a unix socket when there is one."""
+
+    host: str
+    port: int
+    unix_socket: str | None = None
+
+
 class ComputeDriver(Protocol):
     def pg_versions(self) -> Sequence[int]:
         """Postgres major versions this driver can serve, ascending."""
@@ -117,6 +126,10 @@ class ComputeDriver(Protocol):
         """Run the endpoint's postmaster; return once it accepts a real client startup."""
         ...
 
+    def compute_address(self, *, endpoint_id: str, port: int) -> ComputeAddress:
+        """Where the endpoint's compute listens once started (for the proxy)."""
+        ...
+
     async def stop_compute(self, *, project_id: str, branch_id: str, endpoint_id: str) -> None:
         """Stop the endpoint's postmaster (fast shutdown); no-op when it is not running."""
         ...
@@ -125,6 +138,36 @@ class ComputeDriver(Protocol):
         self, *, project_id: str, branch_id: str, endpoint_id: str
     ) -> bool:
         """Whether a live postmaster serves the endpoint, read from the data directory."""
+        ...
+
+    async def check_availability(
+        self, *, project_id: str, branch_id: str, pg_version: int, compute: ComputeSpec | None
+    ) -> None:
+        """Prove the branch's data readable: every database answers a query.
+
+        Through ``compute`` when it runs; otherwise a temporary postmaster starts on the data for
+        the check (so a suspended compute is also proved able to start). ComputeError says why not.
+        """
+        ...
+
+    async def last_activity(self, spec: ComputeSpec) -> float | None:
+        """When a client last used the running compute (epoch seconds), as Postgres sees it;
+        None when it has no client or is not running."""
+        ...
+
+    async def detach_tenant(self, *, project_id: str) -> None:
+        """Move the project's data to the cold archive (compressed, checksummed), then free the
+        hot copy; computes are stopped first. Done when there is nothing hot left."""
+        ...
+
+    async def reattach_tenant(self, *, project_id: str) -> None:
+        """Restore the project's data from the cold archive, verifying every checksum, then drop
+        the archive. Done when the data is hot and there is no archive."""
+        ...
+
+    async def tenant_state(self, *, project_id: str) -> str:
+        """Where the project's data is on this substrate: ``hot``, ``archived``, ``both`` (a
+        detach or reattach was interrupted) or ``none``."""
         ...
 
     async def apply_storage_config(

@@ -46,6 +46,7 @@ class Project(msgspec.Struct, frozen=True, kw_only=True):
     created_at: int
     updated_at: int
     deleted_at: int | None = None
+    storage_state: str = "attached"  # attached | detached (data in the cold archive)
     locked: bool = False  # derived: true while any of its operations is unsettled
 
 

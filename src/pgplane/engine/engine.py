@@ -54,10 +54,45 @@ class Engine:
         self._wake = asyncio.Event()
         self._running: dict[str, asyncio.Task[None]] = {}
         self._slots = asyncio.Semaphore(settings.workers)
+        # Operation id -> (event set when it settles here, number of waiters).
+        self._watched: dict[str, tuple[asyncio.Event, int]] = {}
 
     def wake(self) -> None:
         """Look for work now (called after a request wrote new operations)."""
         self._wake.set()
+
+    async def wait_settled(
+        self, *, project_id: str, operation_id: str, time_limit: float
+    ) -> Operation | None:
+        """The operation once finished or failed (None if it vanished); TimeoutError past the limit.
+
+        Woken at once when this process settles it; a short poll of the store covers an operation
+        another process (another replica) runs.
+        """
+        event, waiters = self._watched.get(operation_id, (asyncio.Event(), 0))
+        self._watched[operation_id] = (event, waiters + 1)
+        try:
+            async with asyncio.timeout(time_limit):
+                while True:
+                    async with self._store.read() as tx:
+                        op = await tx.get_operation(
+                            project_id=project_id, operation_id=operation_id
+                        )
+                    if op is None or op.status.settled:
+                        return op
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(event.wait(), 0.25)
+        finally:
+            event, waiters = self._watched[operation_id]
+            if waiters > 1:
+                self._watched[operation_id] = (event, waiters - 1)
+            else:
+                del self._watched[operation_id]
+
+    def _settled(self, operation_id: str) -> None:
+        watched = self._watched.get(operation_id)
+        if watched is not None:
+            watched[0].set()
 
     async def run(self) -> None:
         """Dispatch until cancelled; in-flight attempts are cancelled with it (leases expire)."""
@@ -144,6 +179,7 @@ class Engine:
         async with self._store.write() as tx:
             if await tx.update_owned_operation(done, owner=self.owner) and on_finish is not None:
                 await on_finish(tx)
+        self._settled(op.id)
         log.info("operation %s %s finished in %d ms", op.id, op.action, (now - started) // 1000)
 
     def _handler_for(self, op: Operation) -> Handler:
@@ -181,6 +217,8 @@ class Engine:
         check_transition(op.status, failed.status)
         async with self._store.write() as tx:
             await tx.update_owned_operation(failed, owner=self.owner)
+        if final:
+            self._settled(op.id)
 
     async def _heartbeat(self, op: Operation) -> None:
         """Extend the lease while the handler runs, so a slow attempt is not taken for dead."""

@@ -77,7 +77,7 @@ async def create_timeline(ctx: Context, op: Operation) -> OnFinish | None:
     return ready
 
 
-def _spec(project: Project, endpoint: Endpoint) -> ComputeSpec:
+def compute_spec(project: Project, endpoint: Endpoint) -> ComputeSpec:
     return ComputeSpec(
         project_id=project.id,
         branch_id=endpoint.branch_id,
@@ -107,7 +107,7 @@ async def start_compute(ctx: Context, op: Operation) -> OnFinish | None:
         endpoint = await tx.get_endpoint(project_id=project.id, endpoint_id=op.endpoint_id)
     if endpoint is None or endpoint.disabled:
         return None  # deleted or disabled since: nothing to start
-    await ctx.driver.start_compute(_spec(project, endpoint))
+    await ctx.driver.start_compute(compute_spec(project, endpoint))
     return _mark_active(endpoint.id)
 
 
@@ -188,7 +188,7 @@ async def apply_config(ctx: Context, op: Operation) -> OnFinish | None:
         if endpoint is not None and await ctx.driver.is_compute_running(
             project_id=project.id, branch_id=endpoint.branch_id, endpoint_id=endpoint.id
         ):
-            await ctx.driver.start_compute(_spec(project, endpoint))  # restarts when changed
+            await ctx.driver.start_compute(compute_spec(project, endpoint))  # restarts when changed
         return None
     return await _apply_roles_and_databases(ctx, project, _require_branch(op))
 
@@ -232,7 +232,7 @@ async def _apply_roles_and_databases(
         project_id=project.id,
         branch_id=branch_id,
         pg_version=project.pg_version,
-        compute=_spec(project, compute) if compute else None,
+        compute=compute_spec(project, compute) if compute else None,
         change=change,
     )
 
@@ -247,6 +247,63 @@ async def _apply_roles_and_databases(
     return applied
 
 
+async def check_availability(ctx: Context, op: Operation) -> OnFinish | None:
+    """The branch's data is readable and a compute can start on it (or runs and answers)."""
+    project = await _project(ctx, op)
+    branch_id = _require_branch(op)
+    if project.deleted_at is not None or project.storage_state != "attached":
+        return None  # nothing to check: gone, or resting in the archive
+    async with ctx.store.read() as tx:
+        branch = await tx.get_branch(project_id=project.id, branch_id=branch_id)
+        computes = [
+            e
+            for e in await tx.list_endpoints(project.id)
+            if e.branch_id == branch_id and not e.disabled
+        ]
+    if branch is None or not computes:
+        return None  # deleted since, or no compute left to check
+    await ctx.driver.check_availability(
+        project_id=project.id,
+        branch_id=branch_id,
+        pg_version=project.pg_version,
+        compute=compute_spec(project, computes[0]),
+    )
+    return None
+
+
+async def tenant_detach(ctx: Context, op: Operation) -> OnFinish | None:
+    project = await _project(ctx, op)
+    if project.deleted_at is not None:
+        return None
+    await ctx.driver.detach_tenant(project_id=project.id)
+
+    async def detached(tx: Tx) -> None:
+        now = clock.now_us()
+        await tx.set_project_storage(project_id=project.id, state="detached", now=now)
+        for endpoint in await tx.list_endpoints(project.id):
+            if endpoint.current_state != "idle":
+                await tx.set_endpoint_state(
+                    endpoint_id=endpoint.id,
+                    current_state="idle",
+                    pending_state=endpoint.pending_state,
+                    now=now,
+                )
+
+    return detached
+
+
+async def tenant_reattach(ctx: Context, op: Operation) -> OnFinish | None:
+    project = await _project(ctx, op)
+    if project.deleted_at is not None:
+        return None
+    await ctx.driver.reattach_tenant(project_id=project.id)
+
+    async def attached(tx: Tx) -> None:
+        await tx.set_project_storage(project_id=project.id, state="attached", now=clock.now_us())
+
+    return attached
+
+
 HANDLERS: dict[Action, Handler] = {
     Action.CREATE_BRANCH: create_branch,
     Action.DELETE_TIMELINE: delete_timeline,
@@ -256,4 +313,10 @@ HANDLERS: dict[Action, Handler] = {
     Action.SUSPEND_COMPUTE: suspend_compute,
     Action.APPLY_STORAGE_CONFIG: apply_storage_config,
     Action.DELETE_TENANT: delete_tenant,
+    Action.CHECK_AVAILABILITY: check_availability,
+    Action.TENANT_DETACH: tenant_detach,
+    Action.TENANT_REATTACH: tenant_reattach,
+    # Attaching storage found detached by accident (a crash between archiving and recording it)
+    # is the same convergence as a reattach.
+    Action.TENANT_ATTACH: tenant_reattach,
 }

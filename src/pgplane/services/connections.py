@@ -24,11 +24,17 @@ class Connection:
 def connection(
     settings: Settings, *, endpoint: Endpoint, role: Role, database: Database
 ) -> Connection:
-    # Until the proxy routes by endpoint name, a compute is reached on its own port.
-    host = f"{settings.compute_host}:{endpoint.port}"
+    # Through the proxy. Without wildcard DNS the endpoint's own name does not resolve, so the
+    # URI names the proxy and passes the endpoint in options, as Neon does for clients without SNI.
+    if settings.proxy_wildcard_dns:
+        host, query = settings.endpoint_host(endpoint.id), "sslmode=require"
+    else:
+        port = "" if settings.proxy_port == 5432 else f":{settings.proxy_port}"
+        host = f"{settings.proxy_host}{port}"
+        query = f"sslmode=require&options=endpoint%3D{endpoint.id}"
     uri = (
         f"postgresql://{quote(role.name, safe='')}:{quote(role.password, safe='')}"
-        f"@{host}/{quote(database.name, safe='')}"
+        f"@{host}/{quote(database.name, safe='')}?{query}"
     )
     return Connection(
         uri=uri, host=host, role=role.name, password=role.password, database=database.name

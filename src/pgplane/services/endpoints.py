@@ -17,7 +17,7 @@ from pgplane.config import Settings
 from pgplane.core import clock, ids
 from pgplane.core.models import Endpoint, Operation, Project
 from pgplane.core.operations import Action
-from pgplane.errors import BadRequest, Unavailable
+from pgplane.errors import BadRequest, Conflict, NotFound, Unavailable
 from pgplane.services import access, operations
 from pgplane.store import Tx
 
@@ -350,3 +350,31 @@ async def _transition(
     await tx.update_endpoint(updated)
     ops = await operations.start(tx, project_id=endpoint.project_id, starts=starts)
     return updated, ops
+
+
+async def wake(tx: Tx, *, endpoint_id: str) -> Operation:
+    """The ``start_compute`` a connection waits for: the pending one if it is the endpoint's last
+    operation, else a new one (which a detached project's ``tenant_reattach`` precedes).
+
+    Not scoped to an account: the proxy knows only the endpoint; Postgres authenticates the
+    client afterwards.
+    """
+    endpoint = await tx.find_endpoint(endpoint_id)
+    project = None if endpoint is None else await tx.get_project_by_id(endpoint.project_id)
+    if endpoint is None or project is None or project.deleted_at is not None:
+        raise NotFound(f"endpoint {endpoint_id} not found")
+    if endpoint.disabled:
+        raise Conflict(f"endpoint {endpoint_id} is disabled")
+    pending = [
+        o
+        for o in await tx.list_unsettled_operations(project_id=project.id)
+        if o.endpoint_id == endpoint.id or o.branch_id is None
+    ]
+    if pending and pending[-1].action is Action.START_COMPUTE:
+        return pending[-1]  # nothing after it can stop the compute again
+    if endpoint.pending_state is None:
+        await tx.update_endpoint(
+            msgspec.structs.replace(endpoint, pending_state="active", updated_at=clock.now_us())
+        )
+    ops = await operations.start(tx, project_id=project.id, starts=[start_op(endpoint)])
+    return ops[-1]

@@ -32,14 +32,36 @@ class Page:
     cursor: str | None
 
 
+# Work that does not need the project's data on hand (the rest waits for a reattach).
+_STORAGE_FREE = frozenset(
+    {Action.DELETE_TENANT, Action.TENANT_DETACH, Action.TENANT_REATTACH, Action.TENANT_ATTACH}
+)
+
+
 async def start(tx: Tx, *, project_id: str, starts: Sequence[Start]) -> list[Operation]:
     """Record operations in the caller's transaction, in order.
 
     One that nothing earlier blocks is created ``running`` and free to claim at once (as Neon
-    shows a create request's first operation); the rest wait in ``scheduling``.
+    shows a create request's first operation); the rest wait in ``scheduling``. Work on a detached
+    project is preceded by a ``tenant_reattach`` (one, however many requests need it).
     """
     now = clock.now_us()
-    pending = [Scope.of(o) for o in await tx.list_unsettled_operations(project_id=project_id)]
+    unsettled = await tx.list_unsettled_operations(project_id=project_id)
+    pending = [Scope.of(o) for o in unsettled]
+    if any(s.action not in _STORAGE_FREE for s in starts):
+        # The data is away, or on its way: unless a reattach is already the last word, add one.
+        last = next(
+            (
+                o.action
+                for o in reversed(unsettled)
+                if o.action in (Action.TENANT_DETACH, Action.TENANT_REATTACH)
+            ),
+            None,
+        )
+        project = await tx.get_project_by_id(project_id)
+        detached = project is not None and project.storage_state == "detached"
+        if last is Action.TENANT_DETACH or (detached and last is None):
+            starts = [Start(Action.TENANT_REATTACH), *starts]
     new = []
     for s in starts:
         scope = Scope(project_id, s.branch_id, s.endpoint_id, s.source_branch_id)

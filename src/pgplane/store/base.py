@@ -41,6 +41,7 @@ from pgplane.core.models import (
     Project,
     Role,
 )
+from pgplane.core.operations import Action
 
 
 class Tx(abc.ABC):
@@ -114,6 +115,18 @@ class Tx(abc.ABC):
     # -- branches, endpoints, roles, databases --------------------------------------------------
 
     @abc.abstractmethod
+    async def set_project_storage(self, *, project_id: str, state: str, now: int) -> None:
+        """Record where the project's data is: ``attached`` or ``detached``."""
+
+    @abc.abstractmethod
+    async def detach_candidates(self, *, idle_before: int) -> list[str]:
+        """Attached live projects with no activity and no user operation since ``idle_before``."""
+
+    @abc.abstractmethod
+    async def last_operation_times(self, action: Action) -> dict[str, int]:
+        """For each branch, when its latest operation of ``action`` was created."""
+
+    @abc.abstractmethod
     async def insert_branch(self, branch: Branch) -> None:
         """Insert; a live branch of the same name in the project raises Conflict."""
 
@@ -147,6 +160,18 @@ class Tx(abc.ABC):
 
     @abc.abstractmethod
     async def get_endpoint(self, *, project_id: str, endpoint_id: str) -> Endpoint | None: ...
+
+    @abc.abstractmethod
+    async def find_endpoint(self, endpoint_id: str) -> Endpoint | None:
+        """A live endpoint by id alone (the proxy knows no project)."""
+
+    @abc.abstractmethod
+    async def list_live_endpoints(self) -> list[Endpoint]:
+        """Every live endpoint of every live project (for the scheduler)."""
+
+    @abc.abstractmethod
+    async def record_endpoint_activity(self, activity: Sequence[tuple[str, int]]) -> None:
+        """Move each endpoint's ``last_active`` forward to the given time (never back)."""
 
     @abc.abstractmethod
     async def list_endpoints(self, project_id: str) -> list[Endpoint]:

@@ -188,3 +188,49 @@ async def _execute(conn: Conn, statement: sql.Composed, what: str) -> None:
     except psycopg.Error as exc:
         # The message is the server's (it never echoes the statement, so no password leaks).
         raise ComputeError(f"{what} failed: {exc}") from exc
+
+
+async def check_readable(socket_dir: Path, port: int) -> None:
+    """Every database answers a query that reads its catalog (the availability check)."""
+    try:
+        async with asyncio.timeout(_SQL_TIMEOUT):
+            conninfo = admin_conninfo(socket_dir, port)
+            async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+                cur = await conn.execute(
+                    "SELECT datname FROM pg_database WHERE datallowconn ORDER BY datname"
+                )
+                names = [r[0] for r in await cur.fetchall()]
+            for name in names:
+                db_conninfo = make_conninfo(conninfo, dbname=name)
+                async with await psycopg.AsyncConnection.connect(db_conninfo) as conn:
+                    await conn.execute("SELECT count(*) FROM pg_class")
+    except TimeoutError:
+        raise ComputeError("availability check timed out") from None
+    except psycopg.Error as exc:
+        raise ComputeError(f"availability check: {exc}") from exc
+
+
+async def last_client_activity(socket_dir: Path, port: int) -> float | None:
+    """When a client backend last did something, as the compute sees it (epoch seconds).
+
+    A query running or a transaction open counts as now; otherwise the latest moment a client
+    went idle. None when no client is connected (or the compute cannot be asked).
+    """
+    try:
+        async with await psycopg.AsyncConnection.connect(
+            admin_conninfo(socket_dir, port), autocommit=True
+        ) as conn:
+            cur = await conn.execute(
+                "SELECT bool_or(state <> 'idle'), extract(epoch FROM max(state_change)),"
+                " extract(epoch FROM now())"
+                " FROM pg_stat_activity WHERE backend_type = 'client backend'"
+                " AND pid <> pg_backend_pid() AND usename <> %s",
+                (ADMIN_USER,),
+            )
+            row = await cur.fetchone()
+    except psycopg.Error:
+        return None
+    if row is None or row[0] is None:
+        return None
+    busy, last, now = row
+    return float(now) if busy else float(last)

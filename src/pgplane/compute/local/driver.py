@@ -10,21 +10,29 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import shutil
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 
 from pgplane.compute.driver import (
+    ComputeAddress,
     ComputeError,
     ComputeSpec,
     ConfigChange,
     DatabaseSpec,
     RoleSpec,
 )
+from pgplane.compute.local import archive
 from pgplane.compute.local.binaries import PgInstall, discover
 from pgplane.compute.local.branch import build_branch
-from pgplane.compute.local.catalog import apply_change, check_change
+from pgplane.compute.local.catalog import (
+    apply_change,
+    check_change,
+    check_readable,
+    last_client_activity,
+)
 from pgplane.compute.local.cluster import ensure_template, template_pgdata
 from pgplane.compute.local.config import LocalDriverConfig
 from pgplane.compute.local.files import remove_tree, sweep_trash, write_atomic
@@ -183,17 +191,45 @@ class LocalComputeDriver:
         compute: ComputeSpec | None,
         change: ConfigChange,
     ) -> None:
-        pgdata = self.layout.pgdata(project_id, branch_id)
         check_change(change)
-        if compute is not None:
+
+        async def apply(socket_dir: Path, port: int) -> None:
+            await apply_change(socket_dir, port, change)
+
+        await self._on_branch(project_id, branch_id, pg_version, compute, apply, start=True)
+
+    async def check_availability(
+        self, *, project_id: str, branch_id: str, pg_version: int, compute: ComputeSpec | None
+    ) -> None:
+        # A running compute is checked as it is, never restarted: the check must not disturb.
+        await self._on_branch(
+            project_id, branch_id, pg_version, compute, check_readable, start=False
+        )
+
+    async def _on_branch(
+        self,
+        project_id: str,
+        branch_id: str,
+        pg_version: int,
+        compute: ComputeSpec | None,
+        action: Callable[[Path, int], Awaitable[None]],
+        *,
+        start: bool,
+    ) -> None:
+        """Run ``action`` against a postmaster on the branch's data.
+
+        The branch's compute if it runs (started first when ``start``); whatever endpoint serves
+        the branch otherwise; failing both, a temporary socket-only postmaster for the time it
+        takes.
+        """
+        pgdata = self.layout.pgdata(project_id, branch_id)
+        if compute is not None and start:
             if (compute.project_id, compute.branch_id) != (project_id, branch_id):
                 raise ComputeError(f"endpoint {compute.endpoint_id} is not on branch {branch_id}")
             argv, run_as = await self._compute_argv(compute)
             async with self._locks["postmaster", pgdata]:
                 await self._ensure_running(compute, argv, run_as)
-                await apply_change(
-                    self.layout.socket_dir(compute.endpoint_id), compute.port, change
-                )
+                await action(self.layout.socket_dir(compute.endpoint_id), compute.port)
             return
         self.installation(pg_version)
         if not (pgdata / TIMELINE_MARKER).is_file():
@@ -208,8 +244,8 @@ class LocalComputeDriver:
                 and current.socket_dir not in (None, str(socket_dir))
                 and current.port is not None
             ):
-                # An endpoint the caller did not name serves the branch: apply there.
-                await apply_change(Path(current.socket_dir), current.port, change)
+                # An endpoint serves the branch: act there.
+                await action(Path(current.socket_dir), current.port)
                 return
             # Nothing serves the branch (or only the temporary postmaster of a crashed attempt).
             await self._postmasters.stop(pgdata)
@@ -227,10 +263,17 @@ class LocalComputeDriver:
                 log_path=log_path,
             )
             try:
-                await apply_change(socket_dir, INIT_PORT, change)
+                await action(socket_dir, INIT_PORT)
             finally:
                 await self._postmasters.stop(pgdata)
                 await asyncio.to_thread(shutil.rmtree, socket_dir, True)
+
+    async def last_activity(self, spec: ComputeSpec) -> float | None:
+        if not await self.is_compute_running(
+            project_id=spec.project_id, branch_id=spec.branch_id, endpoint_id=spec.endpoint_id
+        ):
+            return None
+        return await last_client_activity(self.layout.socket_dir(spec.endpoint_id), spec.port)
 
     async def start_compute(self, spec: ComputeSpec) -> None:
         argv, run_as = await self._compute_argv(spec)
@@ -287,6 +330,10 @@ class LocalComputeDriver:
             log_path=log_path,
         )
 
+    def compute_address(self, *, endpoint_id: str, port: int) -> ComputeAddress:
+        socket = self.layout.socket_dir(endpoint_id) / f".s.PGSQL.{port}"
+        return ComputeAddress(host=self._config.listen_host, port=port, unix_socket=str(socket))
+
     async def stop_compute(self, *, project_id: str, branch_id: str, endpoint_id: str) -> None:
         pgdata = self.layout.pgdata(project_id, branch_id)
         socket_dir = self.layout.socket_dir(endpoint_id)
@@ -311,17 +358,78 @@ class LocalComputeDriver:
         await asyncio.to_thread(ensure_dir, path.parent)
         await asyncio.to_thread(write_atomic, path, data)
 
-    async def delete_tenant(self, *, project_id: str) -> None:
+    async def detach_tenant(self, *, project_id: str) -> None:
         project_dir = self.layout.project_dir(project_id)
-        if not project_dir.exists():
+        archive_dir = self.layout.archive(project_id)
+        await self._prepare()
+        async with self._locks["tenant", project_id]:
+            if not project_dir.exists():
+                if archive_dir.exists():
+                    await asyncio.to_thread(archive.verify, archive_dir)
+                    return  # detached already (a retry after the hot copy was freed)
+                raise ComputeError(f"project {project_id} has no data to detach")
+            await self._stop_project(project_id)
+            await asyncio.to_thread(ensure_dir, self.layout.archives, 0o700)
+            await asyncio.to_thread(archive.pack, project_dir, archive_dir)
+            # Proven readable before the only other copy goes.
+            await asyncio.to_thread(archive.verify, archive_dir)
+            await remove_tree(project_dir)
+            for endpoint_id in _ids(self.layout.endpoint_records(project_id)):
+                await asyncio.to_thread(shutil.rmtree, self.layout.socket_dir(endpoint_id), True)
+
+    async def reattach_tenant(self, *, project_id: str) -> None:
+        project_dir = self.layout.project_dir(project_id)
+        archive_dir = self.layout.archive(project_id)
+        run_as = await self._prepare()
+        async with self._locks["tenant", project_id]:
+            if not archive_dir.exists():
+                if project_dir.exists():
+                    return  # attached already
+                raise ComputeError(f"project {project_id} has neither data nor an archive")
+            if not project_dir.exists():
+                # Unpacked beside, verified file by file, then renamed into place: all or nothing.
+                await asyncio.to_thread(archive.unpack, archive_dir, project_dir)
+                await asyncio.to_thread(self._give_to_computes, project_id, run_as)
+            # Both present: a detach stopped before freeing the hot copy, or this reattach
+            # before dropping the archive. The hot copy is whole (renames are atomic) and the
+            # computes were stopped before packing, so the archive holds nothing newer.
+            await remove_tree(archive_dir)
+
+    async def tenant_state(self, *, project_id: str) -> str:
+        hot = self.layout.project_dir(project_id).exists()
+        archived = self.layout.archive(project_id).exists()
+        return {(True, True): "both", (True, False): "hot", (False, True): "archived"}.get(
+            (hot, archived), "none"
+        )
+
+    def _give_to_computes(self, project_id: str, run_as: RunAs) -> None:
+        """Data directories belong to the compute user (extraction as root made them root's)."""
+        if not run_as.switch:
             return
-        for branch_id in _ids(project_dir / "branches"):
+        for branch_id in _ids(self.layout.project_dir(project_id) / "branches"):
+            pgdata = self.layout.pgdata(project_id, branch_id)
+            if not pgdata.is_dir():
+                continue
+            run_as.chown(pgdata)
+            for dirpath, dirnames, filenames in os.walk(pgdata):
+                for name in [*dirnames, *filenames]:
+                    run_as.chown(Path(dirpath) / name)
+
+    async def _stop_project(self, project_id: str) -> None:
+        for branch_id in _ids(self.layout.project_dir(project_id) / "branches"):
             pgdata = self.layout.pgdata(project_id, branch_id)
             for data_dir in (pgdata, temporary_pgdata(pgdata)):
                 async with self._locks["postmaster", data_dir]:
                     await self._postmasters.stop(data_dir)
             init_sockets = self.layout.init_socket_dir(project_id, branch_id)
             await asyncio.to_thread(shutil.rmtree, init_sockets, True)
+
+    async def delete_tenant(self, *, project_id: str) -> None:
+        project_dir = self.layout.project_dir(project_id)
+        await remove_tree(self.layout.archive(project_id))
+        if not project_dir.exists():
+            return
+        await self._stop_project(project_id)
         endpoint_ids = list(_ids(self.layout.endpoint_records(project_id)))
         await remove_tree(project_dir)
         for endpoint_id in endpoint_ids:
@@ -345,6 +453,7 @@ class LocalComputeDriver:
                     run_as = await resolve_run_as(self._config.compute_user)
                     await asyncio.to_thread(self._make_dirs, run_as)
                     await sweep_trash(self.layout.projects)
+                    await sweep_trash(self.layout.archives)
                     self._run_as = run_as
         return self._run_as
 

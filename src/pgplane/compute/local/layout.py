@@ -6,6 +6,7 @@
       projects/<project_id>/storage.json             storage settings (history retention)
       projects/<project_id>/endpoints/<endpoint_id>  empty file: endpoints that ever ran here
       projects/<project_id>/branches/<branch_id>/pgdata   the branch's Postgres data directory
+      archive/<project_id>/                          cold archive of a detached project
       templates/<major>/                             initdb output, copied for every new cluster
       pg/<major>/                                    binaries copied out of reach of root-only dirs
       logs/<endpoint_id>.log                         postmaster stderr
@@ -73,6 +74,14 @@ class Layout:
             return local
         digest = hashlib.sha256(os.fsencode(self.data_dir)).hexdigest()[:12]
         return Path("/tmp") / f"pgplane-{digest}"  # noqa: S108 - checked by ensure_private_dir
+
+    @property
+    def archives(self) -> Path:
+        return self.data_dir / "archive"
+
+    def archive(self, project_id: str) -> Path:
+        """The cold archive of a detached project (tenant_detach / tenant_reattach)."""
+        return self.archives / check_id("project id", project_id)
 
     def project_dir(self, project_id: str) -> Path:
         return self.projects / check_id("project id", project_id)

@@ -48,6 +48,9 @@ _MANAGED = frozenset(
         "config_file",
         "hba_file",
         "ident_file",
+        "ssl",
+        "ssl_cert_file",
+        "ssl_key_file",
     }
 )
 _SETTING_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")

@@ -46,7 +46,7 @@ _LIST_ACCOUNT_OPS = (
 _PROJECT_COLUMNS = (
     "p.id, p.account_id, p.name, p.region_id, p.pg_version, p.provisioner, p.store_passwords,"
     " p.history_retention_seconds, p.default_endpoint_settings, p.settings, p.created_at,"
-    " p.updated_at, p.deleted_at,"
+    " p.updated_at, p.deleted_at, p.storage_state,"
     " EXISTS (SELECT 1 FROM operations o WHERE o.project_id = p.id"
     "         AND o.status IN ('scheduling', 'running'))"
 )
@@ -114,7 +114,8 @@ def _project(r: Sequence[Any]) -> Project:
         created_at=r[10],
         updated_at=r[11],
         deleted_at=r[12],
-        locked=bool(r[13]),
+        storage_state=r[13],
+        locked=bool(r[14]),
     )
 
 
@@ -375,6 +376,34 @@ class SqliteTx(Tx):
             ),
         )
 
+    async def set_project_storage(self, *, project_id: str, state: str, now: int) -> None:
+        self._c.execute("UPDATE projects SET storage_state = ? WHERE id = ?", (state, project_id))
+
+    async def detach_candidates(self, *, idle_before: int) -> list[str]:
+        # Idle: no compute active or changing, no endpoint used since, and no operation but the
+        # platform's own checks since (they must not keep a project attached forever).
+        rows = self._c.execute(
+            "SELECT p.id FROM projects p WHERE p.deleted_at IS NULL"
+            " AND p.storage_state = 'attached' AND p.updated_at < ?1"
+            " AND NOT EXISTS (SELECT 1 FROM endpoints e WHERE e.project_id = p.id"
+            "   AND e.deleted_at IS NULL AND (e.current_state = 'active'"
+            "   OR e.pending_state IS NOT NULL OR COALESCE(e.last_active, 0) >= ?1"
+            "   OR COALESCE(e.suspended_at, 0) >= ?1))"
+            " AND NOT EXISTS (SELECT 1 FROM operations o WHERE o.project_id = p.id"
+            "   AND (o.status IN ('scheduling', 'running') OR (o.updated_at >= ?1"
+            "   AND o.action NOT IN ('check_availability', 'tenant_detach'))))",
+            (idle_before,),
+        ).fetchall()
+        return [r[0] for r in rows]
+
+    async def last_operation_times(self, action: Action) -> dict[str, int]:
+        rows = self._c.execute(
+            "SELECT branch_id, MAX(created_at) FROM operations"
+            " WHERE action = ? AND branch_id IS NOT NULL GROUP BY branch_id",
+            (action.value,),
+        ).fetchall()
+        return {r[0]: r[1] for r in rows}
+
     # -- branches, endpoints, roles, databases --------------------------------------------------
 
     async def insert_branch(self, branch: Branch) -> None:
@@ -481,6 +510,28 @@ class SqliteTx(Tx):
             (endpoint_id, project_id),
         ).fetchone()
         return _endpoint(r) if r else None
+
+    async def find_endpoint(self, endpoint_id: str) -> Endpoint | None:
+        r = self._c.execute(
+            f"SELECT {_ENDPOINT_COLUMNS} FROM endpoints WHERE id = ? AND deleted_at IS NULL",
+            (endpoint_id,),
+        ).fetchone()
+        return _endpoint(r) if r else None
+
+    async def list_live_endpoints(self) -> list[Endpoint]:
+        rows = self._c.execute(
+            f"SELECT {_ENDPOINT_COLUMNS} FROM endpoints e WHERE deleted_at IS NULL"
+            " AND EXISTS (SELECT 1 FROM projects p WHERE p.id = e.project_id"
+            "             AND p.deleted_at IS NULL)"
+            " ORDER BY created_at, id"
+        ).fetchall()
+        return [_endpoint(r) for r in rows]
+
+    async def record_endpoint_activity(self, activity: Sequence[tuple[str, int]]) -> None:
+        self._c.executemany(
+            "UPDATE endpoints SET last_active = MAX(COALESCE(last_active, 0), ?) WHERE id = ?",
+            [(at, endpoint_id) for endpoint_id, at in activity],
+        )
 
     async def list_endpoints(self, project_id: str) -> list[Endpoint]:
         rows = self._c.execute(

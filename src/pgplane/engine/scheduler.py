@@ -1,0 +1,154 @@
+"""The platform's clock: records activity and starts the operations nobody asks for.
+
+Every ``scheduler_seconds`` it writes the proxy's activity to the store (so a restart neither
+postpones nor hastens a suspend: idleness is measured from the stored ``last_active``), suspends
+endpoints idle past their timeout, and at longer intervals starts ``check_availability`` for
+branches with a compute and ``tenant_detach`` for projects idle past ``detach_after_seconds``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from pgplane.compute.driver import ComputeDriver
+from pgplane.config import Settings
+from pgplane.core import clock
+from pgplane.core.models import Endpoint
+from pgplane.core.operations import Action
+from pgplane.engine.engine import Engine
+from pgplane.engine.handlers import compute_spec
+from pgplane.proxy.activity import Activity
+from pgplane.services import scheduled
+from pgplane.store import Store
+
+log = logging.getLogger(__name__)
+
+_US = 1_000_000
+# How often the slower duties look for due work, at most (they are due far less often).
+_SCAN_SECONDS = 60.0
+
+
+class Scheduler:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        engine: Engine,
+        driver: ComputeDriver,
+        settings: Settings,
+        activity: Activity,
+    ) -> None:
+        self._store = store
+        self._engine = engine
+        self._driver = driver
+        self._settings = settings
+        self._activity = activity
+        self._next_checks = 0.0
+        self._next_detach = 0.0
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("scheduler tick failed; continuing")
+            await asyncio.sleep(self._settings.scheduler_seconds)
+
+    async def tick(self) -> None:
+        now = clock.now_us()
+        changed = self._activity.sample(now)
+        if changed:
+            async with self._store.write() as tx:
+                await tx.record_endpoint_activity(list(changed.items()))
+        async with self._store.read() as tx:
+            live = await tx.list_live_endpoints()
+        started = await self._suspend_idle(live, now)
+        loop_now = asyncio.get_running_loop().time()
+        if self._settings.availability_check_seconds > 0 and loop_now >= self._next_checks:
+            self._next_checks = loop_now + min(
+                _SCAN_SECONDS, self._settings.availability_check_seconds
+            )
+            started += await self._check_availability(live, now)
+        if self._settings.detach_after_seconds > 0 and loop_now >= self._next_detach:
+            self._next_detach = loop_now + min(_SCAN_SECONDS, self._settings.detach_after_seconds)
+            started += await self._detach(now)
+        if started:
+            self._engine.wake()
+
+    def _timeout_us(self, endpoint: Endpoint) -> int | None:
+        seconds = endpoint.suspend_timeout_seconds
+        if seconds < 0:
+            return None
+        return (seconds or self._settings.default_suspend_timeout_seconds) * _US
+
+    async def _suspend_idle(self, live: list[Endpoint], now: int) -> int:
+        started = 0
+        for endpoint in live:
+            timeout = self._timeout_us(endpoint)
+            if (
+                timeout is None
+                or endpoint.current_state != "active"
+                or endpoint.pending_state is not None
+            ):
+                continue
+            idle_before = now - timeout
+            if max(endpoint.last_active or 0, endpoint.started_at or 0) >= idle_before:
+                continue
+            # The proxy saw no use; ask the compute too (clients may connect to it directly).
+            seen = await self._compute_activity(endpoint)
+            if seen is not None and seen >= idle_before:
+                async with self._store.write() as tx:
+                    await tx.record_endpoint_activity([(endpoint.id, seen)])
+                continue
+            async with self._store.write() as tx:
+                op = await scheduled.suspend_idle(
+                    tx, endpoint_id=endpoint.id, idle_before=idle_before
+                )
+            if op is not None:
+                log.info("endpoint %s idle for %d s: suspending", endpoint.id, timeout // _US)
+                started += 1
+        return started
+
+    async def _compute_activity(self, endpoint: Endpoint) -> int | None:
+        async with self._store.read() as tx:
+            project = await tx.get_project_by_id(endpoint.project_id)
+        if project is None:
+            return None
+        with contextlib.suppress(Exception):
+            seen = await self._driver.last_activity(compute_spec(project, endpoint))
+            return None if seen is None else int(seen * _US)
+        log.warning("could not ask endpoint %s for its activity", endpoint.id)
+        return None
+
+    async def _check_availability(self, live: list[Endpoint], now: int) -> int:
+        interval = int(self._settings.availability_check_seconds * _US)
+        async with self._store.read() as tx:
+            last = await tx.last_operation_times(Action.CHECK_AVAILABILITY)
+        started = 0
+        for branch in {(e.project_id, e.branch_id) for e in live if not e.disabled}:
+            project_id, branch_id = branch
+            if now - last.get(branch_id, 0) < interval:
+                continue
+            async with self._store.write() as tx:
+                op = await scheduled.check_availability(
+                    tx, project_id=project_id, branch_id=branch_id
+                )
+            started += op is not None
+        return started
+
+    async def _detach(self, now: int) -> int:
+        idle_before = now - int(self._settings.detach_after_seconds * _US)
+        async with self._store.read() as tx:
+            candidates = await tx.detach_candidates(idle_before=idle_before)
+        started = 0
+        for project_id in candidates:
+            async with self._store.write() as tx:
+                op = await scheduled.detach(tx, project_id=project_id, idle_before=idle_before)
+            if op is not None:
+                log.info("project %s idle: detaching its storage", project_id)
+                started += 1
+        return started

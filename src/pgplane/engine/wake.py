@@ -1,0 +1,129 @@
+"""Wake on connect: what the proxy calls to get a running compute for an endpoint.
+
+Many clients connecting to a suspended compute at once share one ``start_compute``: in this
+process they share one wake, and in the store :func:`endpoints.wake` reuses a pending start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from pgplane.compute.driver import ComputeDriver
+from pgplane.config import Settings
+from pgplane.core.models import Endpoint
+from pgplane.core.operations import Status
+from pgplane.engine.engine import Engine
+from pgplane.errors import Conflict, NotFound
+from pgplane.proxy import wire
+from pgplane.proxy.server import RouteError, Target
+from pgplane.services import endpoints
+from pgplane.store import Store
+
+log = logging.getLogger(__name__)
+
+_START_TIME_LIMIT = 120.0
+
+
+class ComputeWaker:
+    def __init__(
+        self, *, store: Store, engine: Engine, driver: ComputeDriver, settings: Settings
+    ) -> None:
+        self._store = store
+        self._engine = engine
+        self._driver = driver
+        self._settings = settings
+        self._waking: dict[str, asyncio.Task[Target]] = {}
+
+    async def target(self, endpoint_id: str, *, wake: bool) -> Target:
+        if not wake:
+            async with self._store.read() as tx:
+                endpoint = await tx.find_endpoint(endpoint_id)
+                project = (
+                    None if endpoint is None else await tx.get_project_by_id(endpoint.project_id)
+                )
+            if endpoint is None or project is None or project.deleted_at is not None:
+                raise _unknown(endpoint_id)
+            if endpoint.disabled:
+                raise _disabled(endpoint_id)
+            if (
+                endpoint.current_state == "active"
+                and endpoint.pending_state is None
+                and project.storage_state == "attached"
+            ):
+                return self._target(endpoint)
+        task = self._waking.get(endpoint_id)
+        if task is None:
+            task = asyncio.create_task(self._wake(endpoint_id), name=f"wake {endpoint_id}")
+            self._waking[endpoint_id] = task
+            task.add_done_callback(lambda _: self._waking.pop(endpoint_id, None))
+        return await asyncio.shield(task)
+
+    async def password(self, endpoint_id: str, role: str) -> str | None:
+        async with self._store.read() as tx:
+            endpoint = await tx.find_endpoint(endpoint_id)
+            project = None if endpoint is None else await tx.get_project_by_id(endpoint.project_id)
+            found = (
+                None
+                if endpoint is None
+                else await tx.get_role(branch_id=endpoint.branch_id, name=role)
+            )
+        if endpoint is None or project is None or project.deleted_at is not None:
+            raise _unknown(endpoint_id)
+        if endpoint.disabled:
+            raise _disabled(endpoint_id)
+        if found is None or not found.login or not found.password:
+            return None  # Postgres decides (a role created with SQL, or one that cannot log in)
+        return found.password
+
+    async def _wake(self, endpoint_id: str) -> Target:
+        try:
+            async with self._store.write() as tx:
+                op = await endpoints.wake(tx, endpoint_id=endpoint_id)
+        except NotFound:
+            raise _unknown(endpoint_id) from None
+        except Conflict:
+            raise _disabled(endpoint_id) from None
+        self._engine.wake()
+        try:
+            done = await self._engine.wait_settled(
+                project_id=op.project_id, operation_id=op.id, time_limit=_START_TIME_LIMIT
+            )
+        except TimeoutError:
+            raise RouteError(
+                wire.CONNECTION_FAILURE,
+                f"compute of endpoint {endpoint_id} did not start within {_START_TIME_LIMIT:.0f} s",
+            ) from None
+        if done is not None and done.status is Status.FAILED:
+            raise RouteError(
+                wire.CONNECTION_FAILURE,
+                f"compute of endpoint {endpoint_id} failed to start: {done.error}",
+            )
+        async with self._store.read() as tx:
+            endpoint = await tx.find_endpoint(endpoint_id)
+        if endpoint is None:
+            raise _unknown(endpoint_id)
+        if endpoint.disabled:
+            raise _disabled(endpoint_id)
+        return self._target(endpoint)
+
+    def _target(self, endpoint: Endpoint) -> Target:
+        address = self._driver.compute_address(endpoint_id=endpoint.id, port=endpoint.port)
+        return Target(
+            endpoint_id=endpoint.id,
+            host=address.host,
+            port=address.port,
+            unix_socket=Path(address.unix_socket) if address.unix_socket else None,
+        )
+
+
+def _unknown(endpoint_id: str) -> RouteError:
+    return RouteError(wire.CONNECTION_REJECTED, f"endpoint {endpoint_id} not found")
+
+
+def _disabled(endpoint_id: str) -> RouteError:
+    return RouteError(
+        wire.CONNECTION_REJECTED,
+        f"endpoint {endpoint_id} is disabled; enable it through the API to connect",
+    )

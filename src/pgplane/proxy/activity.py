@@ -1,0 +1,54 @@
+"""Which endpoints the proxy has seen used, and when: the input to idle suspend.
+
+Counting is cheap on purpose (the pipe adds one to a counter per chunk it forwards); turning
+counts into times happens once per scheduler tick, in :meth:`Activity.sample`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+
+class Session:
+    """One client connection through the proxy to an endpoint."""
+
+    __slots__ = ("endpoint_id", "seen", "ticks")
+
+    def __init__(self, endpoint_id: str) -> None:
+        self.endpoint_id = endpoint_id
+        self.ticks = 0  # chunks forwarded in either direction
+        self.seen = -1  # ``ticks`` at the last sample
+
+
+class Activity:
+    def __init__(self) -> None:
+        self._open: defaultdict[str, set[Session]] = defaultdict(set)
+        self._changed: dict[str, int] = {}
+
+    def open(self, endpoint_id: str, now: int) -> Session:
+        session = Session(endpoint_id)
+        self._open[endpoint_id].add(session)
+        self._changed[endpoint_id] = now
+        return session
+
+    def close(self, session: Session, now: int) -> None:
+        sessions = self._open.get(session.endpoint_id)
+        if sessions is not None:
+            sessions.discard(session)
+            if not sessions:
+                del self._open[session.endpoint_id]
+        if session.ticks != session.seen:
+            self._changed[session.endpoint_id] = now
+
+    def connections(self, endpoint_id: str) -> int:
+        return len(self._open.get(endpoint_id, ()))
+
+    def sample(self, now: int) -> dict[str, int]:
+        """Endpoints active since the last sample, with ``now`` (or when they went quiet)."""
+        for endpoint_id, sessions in self._open.items():
+            for session in sessions:
+                if session.ticks != session.seen:
+                    session.seen = session.ticks
+                    self._changed[endpoint_id] = now
+        changed, self._changed = self._changed, {}
+        return changed

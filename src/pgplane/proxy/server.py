@@ -1,0 +1,473 @@
+"""The proxy: one listener for every endpoint, routing on the startup, then a byte pipe.
+
+For each client: answer SSLRequest (TLS, with the SNI name kept), read the StartupMessage, find
+the endpoint (SNI ``ep-….<proxy_host>`` or ``options=endpoint=ep-…``), authenticate the role with
+SCRAM (channel binding included, see :mod:`pgplane.proxy.scram`) before anything is woken, ask
+the platform for a running compute (waking it if needed), log in there as the same role, then
+forward bytes both ways without parsing them. A role the platform does not know (created with
+SQL) is authenticated by Postgres itself, through the pipe, without channel binding.
+
+A compute that answers "starting up" / "shutting down", or cannot be reached at all, is woken and
+tried again: a client arriving while its compute suspends waits for the start that follows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, cast
+
+from pgplane.core import clock
+from pgplane.proxy import scram, wire
+from pgplane.proxy.activity import Activity, Session
+
+log = logging.getLogger(__name__)
+
+_HANDSHAKE_TIMEOUT = 30.0
+_CONNECT_ATTEMPTS = 5
+_HIGH_WATER = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where an endpoint's running compute accepts clients."""
+
+    endpoint_id: str
+    host: str
+    port: int
+    unix_socket: Path | None = None  # the socket file, for clients that did not ask for TLS
+
+
+class RouteError(Exception):
+    """The endpoint cannot be served; reaches the client as an ErrorResponse."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class Computes(Protocol):
+    """What the proxy asks of the platform."""
+
+    async def target(self, endpoint_id: str, *, wake: bool) -> Target:
+        """A running compute for the endpoint; ``wake`` starts one even if it seems running."""
+        ...
+
+    async def password(self, endpoint_id: str, role: str) -> str | None:
+        """The role's password on the endpoint's branch; None for a role the platform does not
+        manage. RouteError for an unknown or disabled endpoint."""
+        ...
+
+
+class _Closed(Exception):
+    pass
+
+
+class _NotReady(Exception):
+    """The compute answered "starting up" or "shutting down": wake it and try again."""
+
+
+async def _password_message(client: _Side) -> bytes:
+    header = await client.read_exactly(5)
+    (length,) = struct.unpack("!I", header[1:])
+    if header[:1] != b"p" or not 4 <= length <= 1 << 16:
+        raise wire.ProtocolViolation("expected a SASL response")
+    return await client.read_exactly(length - 4)
+
+
+class _Side(asyncio.Protocol):
+    """One connection (client or compute): buffered reads while handshaking, then a pipe."""
+
+    def __init__(self) -> None:
+        self._transport: asyncio.Transport | None = None
+        self._buffer = bytearray()
+        self._waiter: asyncio.Future[None] | None = None
+        self._eof = False
+        self._peer: asyncio.Transport | None = None
+        self._session: Session | None = None
+        self._sniff: Callable[[bytes], bool] | None = None
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    @property
+    def transport(self) -> asyncio.Transport:
+        if self._transport is None:
+            raise _Closed
+        return self._transport
+
+    @transport.setter
+    def transport(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+
+    # asyncio.Protocol --------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # Stream connections (TCP, unix, TLS) always give a full Transport.
+        self._transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        peer = self._peer
+        if peer is not None:
+            peer.write(data)
+            if self._session is not None:
+                self._session.ticks += 1
+            if self._sniff is not None and self._sniff(data):
+                self._sniff = None
+            return
+        self._buffer += data
+        self._wake()
+
+    def eof_received(self) -> bool | None:
+        self._eof = True
+        self._wake()
+        if self._peer is not None:
+            self._peer.close()
+        return None  # close our side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._eof = True
+        self._wake()
+        if self._peer is not None:
+            self._peer.close()
+        if not self.lost.done():
+            self.lost.set_result(None)
+
+    def pause_writing(self) -> None:
+        # Our transport's buffer is full: stop reading from whoever fills it.
+        if self._peer is not None:
+            self._peer.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self._peer is not None:
+            self._peer.resume_reading()
+
+    # handshake ---------------------------------------------------------------------------
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def read_exactly(self, n: int) -> bytes:
+        while len(self._buffer) < n:
+            if self._eof:
+                raise _Closed
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        data = bytes(self._buffer[:n])
+        del self._buffer[:n]
+        return data
+
+    async def read_message(self) -> tuple[bytes, bytes]:
+        """One backend message: its type byte and payload."""
+        header = await self.read_exactly(5)
+        (length,) = struct.unpack("!I", header[1:])
+        if length < 4 or length > 1 << 24:
+            raise _Closed
+        return header[:1], await self.read_exactly(length - 4)
+
+    def write(self, data: bytes) -> None:
+        if self._transport is not None:
+            self._transport.write(data)
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    def pipe_to(
+        self,
+        peer: _Side,
+        session: Session,
+        sniff: Callable[[bytes], bool] | None = None,
+    ) -> None:
+        """From now on, forward everything this side receives to ``peer``."""
+        self._peer = peer.transport
+        self._session = session
+        self._sniff = sniff
+        self.transport.set_write_buffer_limits(high=_HIGH_WATER)
+        if self._buffer:
+            pending, self._buffer = bytes(self._buffer), bytearray()
+            self.data_received(pending)
+        if self._eof:
+            peer.close()
+
+
+class _KeySniffer:
+    """Reads message frames of the backend's first replies until its BackendKeyData."""
+
+    def __init__(self, found: Callable[[int, bytes], None]) -> None:
+        self._buffer = b""
+        self._found = found
+
+    def __call__(self, data: bytes) -> bool:
+        self._buffer += data
+        while len(self._buffer) >= 5:
+            kind = self._buffer[:1]
+            (length,) = struct.unpack("!I", self._buffer[1:5])
+            if kind == b"K":
+                if len(self._buffer) < 1 + length:
+                    return False
+                (pid,) = struct.unpack("!I", self._buffer[5:9])
+                self._found(pid, self._buffer[9 : 1 + length])
+                return True
+            if kind in (b"Z", b"E") or length > 1 << 20:
+                return True  # ready (or failed) without a key: nothing to cancel
+            if len(self._buffer) < 1 + length:
+                return False
+            self._buffer = self._buffer[1 + length :]
+        return False
+
+
+class Proxy:
+    def __init__(
+        self,
+        *,
+        computes: Computes,
+        activity: Activity,
+        proxy_host: str,
+        server_tls: ssl.SSLContext | None,
+        cert_hash: bytes | None,
+    ) -> None:
+        self._computes = computes
+        self._activity = activity
+        self._proxy_host = proxy_host
+        self._server_tls = server_tls
+        self._cert_hash = cert_hash
+        self._cancel_keys: dict[tuple[int, bytes], Target] = {}
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        if server_tls is not None:
+            server_tls.sni_callback = _remember_sni
+
+    async def start(self, host: str, port: int) -> list[tuple[str, int]]:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._accept, host, port, reuse_address=True)
+        return [s.getsockname()[:2] for s in self._server.sockets]
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _accept(self) -> _Side:
+        side = _Side()
+        task = asyncio.get_running_loop().create_task(self._serve(side))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return side
+
+    async def _serve(self, client: _Side) -> None:
+        compute: _Side | None = None
+        try:
+            async with asyncio.timeout(_HANDSHAKE_TIMEOUT):
+                first = await self._first_packet(client)
+                if first is None:
+                    return
+                startup, server_name, tls = first
+                endpoint_id = wire.endpoint_from_sni(server_name, self._proxy_host)
+                option_endpoint, startup = wire.take_endpoint_option(startup)
+                endpoint_id = self._require_endpoint(endpoint_id or option_endpoint)
+                user = startup.params["user"]
+                password = await self._computes.password(endpoint_id, user)
+                if password is not None:
+                    await self._authenticate(client, user, password, tls)
+                compute, target, reply = await self._open_compute(endpoint_id, startup, password)
+            session = self._activity.open(endpoint_id, clock.now_us())
+            try:
+                client.write(reply)
+                keys: list[tuple[int, bytes]] = []
+
+                def found(pid: int, key: bytes) -> None:
+                    keys.append((pid, key))
+                    self._cancel_keys[pid, key] = target
+
+                compute.pipe_to(client, session, _KeySniffer(found))
+                client.pipe_to(compute, session)
+                await asyncio.wait([client.lost, compute.lost], return_when="FIRST_COMPLETED")
+            finally:
+                self._activity.close(session, clock.now_us())
+                for k in keys:
+                    self._cancel_keys.pop(k, None)
+        except RouteError as exc:
+            client.write(wire.error_response(exc.code, exc.message))
+        except scram.ScramError as exc:
+            client.write(wire.error_response(wire.INVALID_PASSWORD, str(exc)))
+        except wire.ProtocolViolation as exc:
+            client.write(wire.error_response(wire.PROTOCOL_VIOLATION, str(exc)))
+        except (_Closed, ConnectionError, ssl.SSLError, TimeoutError):
+            pass
+        except Exception:
+            log.exception("proxy connection failed")
+            client.write(wire.error_response(wire.CONNECTION_FAILURE, "internal proxy error"))
+        finally:
+            client.close()
+            if compute is not None:
+                compute.close()
+
+    def _require_endpoint(self, endpoint_id: str | None) -> str:
+        if endpoint_id is None:
+            raise RouteError(
+                wire.CONNECTION_REJECTED,
+                f"endpoint not specified: connect to ep-<id>.{self._proxy_host} (TLS with SNI)"
+                " or pass options=endpoint=<id>, as in the connection URI the API returns",
+            )
+        return endpoint_id
+
+    async def _first_packet(self, client: _Side) -> tuple[wire.Startup, str | None, bool] | None:
+        """The client's StartupMessage after any TLS negotiation; None for a cancel request."""
+        tls = False
+        server_name: str | None = None
+        while True:
+            length, code = struct.unpack("!II", await client.read_exactly(8))
+            if length < 8 or length > wire.MAX_STARTUP:
+                raise wire.ProtocolViolation("invalid length of startup packet")
+            payload = await client.read_exactly(length - 8)
+            if code == wire.SSL_REQUEST and not tls and length == 8:
+                if self._server_tls is None:
+                    client.write(b"N")
+                    continue
+                client.write(b"S")
+                server_name = await self._start_tls(client)
+                tls = True
+                continue
+            if code == wire.GSSENC_REQUEST and length == 8:
+                client.write(b"N")
+                continue
+            if code == wire.CANCEL_REQUEST and length >= 12:
+                await self._cancel(struct.unpack("!I", payload[:4])[0], payload[4:])
+                return None
+            return wire.parse_startup(code, payload), server_name, tls
+
+    async def _start_tls(self, client: _Side) -> str | None:
+        if self._server_tls is None:
+            raise _Closed
+        loop = asyncio.get_running_loop()
+        transport = await loop.start_tls(
+            client.transport, client, self._server_tls, server_side=True
+        )
+        if transport is None:
+            raise _Closed
+        client.transport = transport
+        ssl_object = transport.get_extra_info("ssl_object")
+        return getattr(ssl_object, "pgplane_sni", None)
+
+    async def _authenticate(self, client: _Side, user: str, password: str, tls: bool) -> None:
+        """SCRAM with the client, up to (not including) AuthenticationOk; ScramError if not."""
+        exchange = scram.ServerExchange(password, self._cert_hash if tls else None)
+        offer = b"".join(m.encode() + b"\0" for m in exchange.mechanisms()) + b"\0"
+        client.write(wire.auth_message(wire.AUTH_SASL, offer))
+        mechanism, first = wire.parse_sasl_initial(await _password_message(client))
+        server_first = exchange.first(mechanism, first)
+        client.write(wire.auth_message(wire.AUTH_SASL_CONTINUE, server_first.encode()))
+        try:
+            final = exchange.final((await _password_message(client)).decode())
+        except scram.ScramError as exc:
+            if str(exc) == "password authentication failed":
+                raise scram.ScramError(
+                    f'password authentication failed for user "{user}"'
+                ) from None
+            raise
+        client.write(wire.auth_message(wire.AUTH_SASL_FINAL, final.encode()))
+
+    async def _open_compute(
+        self, endpoint_id: str, startup: wire.Startup, password: str | None
+    ) -> tuple[_Side, Target, bytes]:
+        """Connect to the endpoint's compute and start the session; retry through a wake.
+
+        Returns the compute connection and what to send the client next: with ``password``, the
+        compute's AuthenticationOk (the proxy logged in); without, its authentication request.
+        """
+        wake = False
+        last_problem = ""
+        for _ in range(_CONNECT_ATTEMPTS):
+            target = await self._computes.target(endpoint_id, wake=wake)
+            wake = True
+            try:
+                compute = await self._dial(target)
+            except (OSError, _Closed) as exc:
+                last_problem = f"compute unreachable: {exc}"
+                continue
+            try:
+                compute.write(startup.encode())
+                reply = await self._login(compute, password)
+            except _NotReady as exc:
+                compute.close()
+                last_problem = str(exc)
+                continue
+            except (_Closed, ConnectionError):
+                compute.close()
+                last_problem = "compute closed the connection"
+                continue
+            return compute, target, reply
+        raise RouteError(
+            wire.CONNECTION_FAILURE, f"could not connect to endpoint {endpoint_id}: {last_problem}"
+        )
+
+    async def _login(self, compute: _Side, password: str | None) -> bytes:
+        """Read the compute's replies to the startup; log in with ``password`` when given."""
+        exchange = scram.ClientExchange(password) if password is not None else None
+        prefix = b""
+        while True:
+            kind, payload = await compute.read_message()
+            message = kind + struct.pack("!I", len(payload) + 4) + payload
+            if kind == b"E":
+                fields = wire.error_fields(payload)
+                if fields.get("C") == wire.CANNOT_CONNECT_NOW:
+                    raise _NotReady(fields.get("M", "compute not ready"))
+                return prefix + message  # the client sees Postgres' own refusal
+            if kind != b"R":
+                prefix += message  # NegotiateProtocolVersion: the client's to read
+                continue
+            if exchange is None or password is None:
+                return prefix + message  # Postgres authenticates the client itself
+            (code,) = struct.unpack("!I", payload[:4])
+            if code == wire.AUTH_OK:
+                return prefix + message
+            if code == wire.AUTH_SASL:
+                first = exchange.first().encode()
+                compute.write(wire.sasl_initial(scram.MECHANISM, first))
+            elif code == wire.AUTH_SASL_CONTINUE:
+                compute.write(wire.password_message(exchange.final(payload[4:].decode()).encode()))
+            elif code == wire.AUTH_SASL_FINAL:
+                exchange.check(payload[4:].decode())
+            elif code == wire.AUTH_CLEARTEXT:
+                compute.write(wire.password_message(password.encode() + b"\0"))
+            else:
+                raise scram.ScramError(f"the compute asked for unsupported authentication {code}")
+
+    async def _dial(self, target: Target) -> _Side:
+        loop = asyncio.get_running_loop()
+        if target.unix_socket is not None:
+            _, side = await loop.create_unix_connection(_Side, str(target.unix_socket))
+        else:
+            _, side = await loop.create_connection(_Side, target.host, target.port)
+        return side
+
+    async def _cancel(self, pid: int, key: bytes) -> None:
+        target = self._cancel_keys.get((pid, key))
+        if target is None:
+            return  # as Postgres: no answer either way
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(OSError):
+            if target.unix_socket is not None:
+                transport, _ = await loop.create_unix_connection(
+                    asyncio.Protocol, str(target.unix_socket)
+                )
+            else:
+                transport, _ = await loop.create_connection(
+                    asyncio.Protocol, target.host, target.port
+                )
+            transport.write(wire.cancel_request(pid, key))
+            transport.close()
+
+
+def _remember_sni(ssl_object: object, server_name: str | None, _ctx: ssl.SSLContext) -> None:
+    # The server side of an SSLObject does not keep the name; routing needs it after the
+    # handshake. SSLObject instances take attributes.
+    with contextlib.suppress(AttributeError):
+        ssl_object.pgplane_sni = server_name  # type: ignore[attr-defined]
