@@ -18,11 +18,22 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from importlib.util import find_spec
 from pathlib import Path
 
 import httpx
 
 PGPLANE = [sys.executable, "-m", "pgplane"]
+
+
+def pg_binary(name: str) -> str:
+    """A Postgres client program (psql, pgbench): the system's, else the pgserver wheel's."""
+    found = shutil.which(name)
+    if found:
+        return found
+    spec = find_spec("pgserver")
+    assert spec is not None and spec.origin is not None
+    return str(Path(spec.origin).parent / "pginstall" / "bin" / name)
 
 
 def free_port() -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import psycopg
 
@@ -49,20 +49,16 @@ def default_branch(api: Api, project_id: str) -> dict[str, Any]:
     return dict(branch)
 
 
-def plain_uri(uri: str) -> str:
-    """neonctl's URI with the two TLS parameters our computes cannot honour yet relaxed.
+def connect(uri: str) -> psycopg.Connection[tuple[Any, ...]]:
+    """Connect with neonctl's URI exactly as built, TLS and channel binding required.
 
-    neonctl builds ``postgresql://R:pw@host/D?sslmode=require&channel_binding=require``
-    locally. Our computes speak plain TCP only: ``sslmode=require`` fails before
-    authentication, and ``channel_binding=require`` needs SCRAM over TLS. Everything else
-    (user, password, host:port, database) is kept as neonctl built it; both parameters become
-    ``prefer``, which still uses TLS and channel binding once computes offer them.
+    The host is ``ep-….localhost``, which needs *.localhost to resolve (systemd-resolved does;
+    this machine may not): ``hostaddr`` supplies the address and leaves the name for TLS SNI,
+    which is how the proxy finds the endpoint.
     """
-    parts = urlsplit(uri)
-    query = dict(parse_qsl(parts.query))
+    query = dict(parse_qsl(urlsplit(uri).query))
     assert query == {"sslmode": "require", "channel_binding": "require"}, uri
-    query.update(sslmode="prefer", channel_binding="prefer")
-    return urlunsplit(parts._replace(query=urlencode(query)))
+    return psycopg.connect(uri, hostaddr="127.0.0.1", connect_timeout=10)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -244,7 +240,7 @@ def test_role_database_and_connection_string(neonctl: Neonctl, api: Api) -> None
     parts = urlsplit(uri)
     assert (parts.scheme, parts.username, parts.path) == ("postgresql", "r", "/d")
     assert parts.password
-    with psycopg.connect(plain_uri(uri), connect_timeout=10) as conn:
+    with connect(uri) as conn:
         assert conn.execute("select current_user, current_database()").fetchone() == ("r", "d")
         conn.execute("create table mine (id int)")  # r owns d, so it may create in it
 
@@ -253,7 +249,7 @@ def test_role_database_and_connection_string(neonctl: Neonctl, api: Api) -> None
         "connection-string", bid, "--project-id", pid, "--role-name", "neondb_owner",
         "--database-name", "neondb",
     ).stdout.strip()  # fmt: skip
-    with psycopg.connect(plain_uri(owner), connect_timeout=10) as conn:
+    with connect(owner) as conn:
         assert conn.execute("select v from seed").fetchall() == [("from main",)]
     extended = neonctl.json(
         "connection-string", bid, "--project-id", pid, "--role-name", "r", "--database-name",

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-from importlib.util import find_spec
-from pathlib import Path
 
 import psycopg
 import pytest
 
-from tests.support import Api, Server
+from tests.support import Api, Server, pg_binary
 
 CREATE_KEYS = {
     "project",
@@ -25,15 +22,6 @@ LIST_ITEM_FIELDS = {
     "id", "name", "platform_id", "region_id", "provisioner", "pg_version", "locked", "cpu_used_sec",
     "branch_logical_size_limit", "proxy_host", "created_at", "updated_at",
 }  # fmt: skip
-
-
-def psql_binary() -> str:
-    found = shutil.which("psql")
-    if found:
-        return found
-    spec = find_spec("pgserver")
-    assert spec is not None and spec.origin is not None
-    return str(Path(spec.origin).parent / "pginstall" / "bin" / "psql")
 
 
 def test_create_answers_at_once_with_neon_shape(api: Api) -> None:
@@ -60,7 +48,7 @@ def test_connection_uri_works_with_psql_and_a_driver(api: Api) -> None:
     body = api.create_ready_project(name="connect")
     uri = body["connection_uris"][0]["connection_uri"]
     out = subprocess.run(
-        [psql_binary(), uri, "-At", "-c", "select current_user, current_database()"],
+        [pg_binary("psql"), uri, "-At", "-c", "select current_user, current_database()"],
         capture_output=True,
         text=True,
         timeout=30,

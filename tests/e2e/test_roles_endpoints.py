@@ -169,8 +169,13 @@ def test_compute_lifecycle_and_connection_uri(api: Api) -> None:
     _finish(api, pid, r.json())
     got = api.http.get(f"/projects/{pid}/endpoints/{eid}").json()["endpoint"]
     assert got["current_state"] == "idle"
-    with pytest.raises(psycopg.OperationalError):
-        psycopg.connect(base, connect_timeout=3).close()
+    # A connection wakes it: the proxy starts the compute and the query runs.
+    with psycopg.connect(base, connect_timeout=30) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    got = api.http.get(f"/projects/{pid}/endpoints/{eid}").json()["endpoint"]
+    assert got["current_state"] == "active"
+    ops = api.http.get(f"/projects/{pid}/operations").json()["operations"]
+    assert ops[0]["action"] == "start_compute" and ops[0]["endpoint_id"] == eid
 
     r = api.http.post(f"/projects/{pid}/endpoints/{eid}/start")
     _finish(api, pid, r.json())

@@ -44,7 +44,7 @@ class Engine:
         self._store = store
         self._settings = settings
         self._context = Context(store=store, driver=driver, settings=settings)
-        self._handlers: dict[Action, Handler] = dict(handlers or HANDLERS)
+        self._handlers: dict[Action, Handler] = dict(HANDLERS if handlers is None else handlers)
         self._policy = RetryPolicy(
             max_attempts=settings.max_attempts,
             base_seconds=settings.retry_base_seconds,

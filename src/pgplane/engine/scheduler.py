@@ -128,10 +128,15 @@ class Scheduler:
         interval = int(self._settings.availability_check_seconds * _US)
         async with self._store.read() as tx:
             last = await tx.last_operation_times(Action.CHECK_AVAILABILITY)
+        # A branch is first checked one interval after it got its compute.
+        since: dict[tuple[str, str], int] = {}
+        for e in live:
+            if not e.disabled:
+                key = (e.project_id, e.branch_id)
+                since[key] = min(since.get(key, e.created_at), e.created_at)
         started = 0
-        for branch in {(e.project_id, e.branch_id) for e in live if not e.disabled}:
-            project_id, branch_id = branch
-            if now - last.get(branch_id, 0) < interval:
+        for (project_id, branch_id), created_at in since.items():
+            if now - last.get(branch_id, created_at) < interval:
                 continue
             async with self._store.write() as tx:
                 op = await scheduled.check_availability(
