@@ -19,6 +19,7 @@ from pgplane.api import create_app
 from pgplane.compute.local import LocalComputeDriver, LocalDriverConfig
 from pgplane.config import Settings
 from pgplane.engine import Engine
+from pgplane.engine.reconcile import reconcile
 from pgplane.engine.scheduler import Scheduler
 from pgplane.engine.wake import ComputeWaker
 from pgplane.proxy.activity import Activity
@@ -59,6 +60,7 @@ async def serve(settings: Settings) -> None:
     settings = dataclasses.replace(settings, pg_versions=tuple(driver.pg_versions()))
     log.info("PostgreSQL versions available: %s", ", ".join(map(str, settings.pg_versions)))
     store = SqliteStore(settings.store_path)
+    await reconcile(store, driver)
     engine = Engine(store=store, driver=driver, settings=settings)
     activity = Activity()
     proxy = Proxy(

@@ -76,6 +76,19 @@ class ComputeAddress:
     unix_socket: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class RunningCompute:
+    """A postmaster found running on a branch's data (by :meth:`ComputeDriver.running_computes`).
+
+    ``endpoint_id`` is None for a temporary one (roles applied or a check run on a branch with
+    no compute running).
+    """
+
+    project_id: str
+    branch_id: str
+    endpoint_id: str | None
+
+
 class ComputeDriver(Protocol):
     def pg_versions(self) -> Sequence[int]:
         """Postgres major versions this driver can serve, ascending."""
@@ -168,6 +181,10 @@ class ComputeDriver(Protocol):
     async def tenant_state(self, *, project_id: str) -> str:
         """Where the project's data is on this substrate: ``hot``, ``archived``, ``both`` (a
         detach or reattach was interrupted) or ``none``."""
+        ...
+
+    async def running_computes(self) -> Sequence[RunningCompute]:
+        """Every postmaster serving data of this driver now (after a crash: what was left)."""
         ...
 
     async def apply_storage_config(

@@ -306,6 +306,10 @@ class Tx(abc.ABC):
         """
 
     @abc.abstractmethod
+    async def expire_leases(self, *, owners: Sequence[str], now: int) -> int:
+        """End the leases these (dead) owners hold, so their operations are claimed again now."""
+
+    @abc.abstractmethod
     async def update_owned_operation(self, operation: Operation, *, owner: str) -> bool:
         """Write the operation's state if ``owner`` still holds its lease; False otherwise."""
 

@@ -23,6 +23,7 @@ from pgplane.compute.driver import (
     ConfigChange,
     DatabaseSpec,
     RoleSpec,
+    RunningCompute,
 )
 from pgplane.compute.local import archive
 from pgplane.compute.local.binaries import PgInstall, discover
@@ -348,6 +349,30 @@ class LocalComputeDriver:
         socket_dir = self.layout.socket_dir(endpoint_id)
         current = self._postmasters.running(pgdata)
         return current is not None and current.socket_dir == str(socket_dir)
+
+    async def running_computes(self) -> Sequence[RunningCompute]:
+        return await asyncio.to_thread(self._running_computes)
+
+    def _running_computes(self) -> list[RunningCompute]:
+        found = []
+        for project_id in _ids(self.layout.projects):
+            for branch_id in _ids(self.layout.project_dir(project_id) / "branches"):
+                pgdata = self.layout.pgdata(project_id, branch_id)
+                for data_dir in (pgdata, temporary_pgdata(pgdata)):
+                    current = self._postmasters.running(data_dir)
+                    if current is None:
+                        continue
+                    socket_dir = Path(current.socket_dir) if current.socket_dir else None
+                    endpoint_id = None
+                    if (
+                        data_dir == pgdata
+                        and socket_dir is not None
+                        and socket_dir.parent == self.layout.run_root
+                        and not socket_dir.name.startswith("init-")
+                    ):
+                        endpoint_id = socket_dir.name
+                    found.append(RunningCompute(project_id, branch_id, endpoint_id))
+        return found
 
     async def apply_storage_config(
         self, *, project_id: str, history_retention_seconds: int

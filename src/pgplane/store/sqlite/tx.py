@@ -814,6 +814,15 @@ class SqliteTx(Tx):
         ).fetchone()
         return _operation(r) if r else None
 
+    async def expire_leases(self, *, owners: Sequence[str], now: int) -> int:
+        marks = ", ".join("?" * len(owners))
+        cur = self._c.execute(
+            f"UPDATE operations SET lease_expires_at = ? WHERE status = 'running'"
+            f" AND lease_owner IN ({marks})",
+            (now, *owners),
+        )
+        return cur.rowcount
+
     async def update_owned_operation(self, operation: Operation, *, owner: str) -> bool:
         op = operation
         cur = self._c.execute(

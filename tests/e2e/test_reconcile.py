@@ -1,0 +1,89 @@
+"""``pgplane serve`` restarted after a crash makes the postmasters match the store."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import time
+from pathlib import Path
+
+import psycopg
+
+from tests.support import Api, running_server
+
+
+def _postmaster_pid(data_dir: Path, pid: str) -> int | None:
+    files = list(data_dir.glob(f"projects/{pid}/branches/*/pgdata/postmaster.pid"))
+    if not files:
+        return None
+    return int(files[0].read_text().splitlines()[0])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _state(api: Api, pid: str, eid: str) -> str:
+    return str(api.http.get(f"/projects/{pid}/endpoints/{eid}").json()["endpoint"]["current_state"])
+
+
+def _starts(api: Api, pid: str) -> int:
+    ops = api.http.get(f"/projects/{pid}/operations", params={"limit": 1000}).json()["operations"]
+    return len([o for o in ops if o["action"] == "start_compute"])
+
+
+def test_restart_adopts_stops_and_records() -> None:
+    with running_server() as server:
+        _, key = server.create_key("reconcile@example.com")
+        with Api(server, key) as api:
+            kept = api.create_ready_project(name="kept")
+            orphan = api.create_ready_project(name="orphan")
+            vanished = api.create_ready_project(name="vanished")
+            ids = {
+                name: (p["project"]["id"], p["endpoints"][0]["id"])
+                for name, p in (("kept", kept), ("orphan", orphan), ("vanished", vanished))
+            }
+            pids = {name: _postmaster_pid(server.data_dir, ids[name][0]) for name in ids}
+            assert all(pids.values()), pids
+
+            server.stop(signal.SIGKILL)
+            # While pgplane is down: the store forgets one compute runs, another one dies.
+            with sqlite3.connect(server.data_dir / "pgplane.db") as db:
+                db.execute(
+                    "UPDATE endpoints SET current_state = 'idle' WHERE id = ?",
+                    (ids["orphan"][1],),
+                )
+            vanished_pid = pids["vanished"]
+            assert vanished_pid is not None
+            os.killpg(vanished_pid, signal.SIGKILL)
+            server.start()
+
+            # Adopted: the same postmaster serves, no new start.
+            pid, eid = ids["kept"]
+            before = _starts(api, pid)
+            assert _postmaster_pid(server.data_dir, pid) == pids["kept"]
+            assert _state(api, pid, eid) == "active"
+            with psycopg.connect(kept["connection_uris"][0]["connection_uri"]) as conn:
+                assert conn.execute("select 1").fetchone() == (1,)
+            assert _starts(api, pid) == before
+
+            # Stopped: the store said it should not run.
+            orphan_pid = pids["orphan"]
+            assert orphan_pid is not None
+            deadline = time.monotonic() + 30
+            while _alive(orphan_pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not _alive(orphan_pid)
+            assert _state(api, *ids["orphan"]) == "idle"
+
+            # Recorded idle: nothing served it; the next connection wakes it.
+            pid, eid = ids["vanished"]
+            assert _state(api, pid, eid) == "idle"
+            with psycopg.connect(vanished["connection_uris"][0]["connection_uri"]) as conn:
+                assert conn.execute("select 1").fetchone() == (1,)
+            assert _state(api, pid, eid) == "active"
