@@ -12,7 +12,7 @@ from dataclasses import dataclass
 ROOT = __file__.rsplit("/bench/", 1)[0]
 sys.path.insert(0, ROOT)
 
-from tests.support import Api, Server, free_port, running_server  # noqa: E402
+from tests.support import Api, Server, free_port, pg_binary, running_server  # noqa: E402
 
 __all__ = [
     "Api",
@@ -21,6 +21,7 @@ __all__ = [
     "free_port",
     "median",
     "percentile",
+    "pg_binary",
     "running_server",
     "wrk",
 ]
