@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
+from pgplane.compute.local import archive
+from pgplane.compute.local.archive import tree_checksums
 from tests.support import Api, running_server
 
 
@@ -87,3 +91,34 @@ def test_restart_adopts_stops_and_records() -> None:
             with psycopg.connect(vanished["connection_uris"][0]["connection_uri"]) as conn:
                 assert conn.execute("select 1").fetchone() == (1,)
             assert _state(api, pid, eid) == "active"
+
+
+def test_restart_attaches_a_project_found_archived() -> None:
+    with running_server() as server:
+        _, key = server.create_key("attach@example.com")
+        with Api(server, key) as api:
+            archived = api.create_ready_project(name="archived")
+            apid, aeid = archived["project"]["id"], archived["endpoints"][0]["id"]
+            r = api.http.post(f"/projects/{apid}/endpoints/{aeid}/suspend")
+            api.wait_operations(apid, [o["id"] for o in r.json()["operations"]])
+            server.stop()
+            # The project's data is found only in the cold archive (moved there by hand).
+            project_dir = server.data_dir / "projects" / apid
+            sums = tree_checksums(project_dir / "branches")
+            archive.pack(project_dir, server.data_dir / "archive" / apid)
+            shutil.rmtree(project_dir)
+            server.start()
+
+            def attached() -> list[dict[str, Any]]:
+                ops = api.http.get(f"/projects/{apid}/operations").json()["operations"]
+                return [o for o in ops if o["action"] == "tenant_attach"]
+
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not (
+                attached() and attached()[0]["status"] == "finished"
+            ):
+                time.sleep(0.1)
+            assert [o["status"] for o in attached()] == ["finished"]
+            assert tree_checksums(project_dir / "branches") == sums
+            with psycopg.connect(archived["connection_uris"][0]["connection_uri"]) as conn:
+                assert conn.execute("select 1").fetchone() == (1,)

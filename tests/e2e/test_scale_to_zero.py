@@ -354,5 +354,9 @@ def test_availability_checks() -> None:
             )
             r = api.http.get(f"/projects/{pid}/operations/{failed[0]['id']}")
             assert "postmaster" in r.json()["operation"]["error"], r.text
+            # A connection now gets the reason as a Postgres error, not a hang.
+            uri = project["connection_uris"][0]["connection_uri"]
+            with pytest.raises(psycopg.OperationalError, match="failed to start"):
+                psycopg.connect(uri, connect_timeout=60)
             (pgdata / "pg_control.moved").rename(pgdata / "global" / "pg_control")
             del bare

@@ -7,7 +7,9 @@ operations half done. Before serving, it:
   retried now rather than when the lease runs out (each such attempt counts as failed);
 - adopts the postmasters of endpoints the store says are active;
 - stops those the store says should not run (suspended, disabled, deleted, unknown);
-- records as idle an endpoint the store says is active but that nothing serves.
+- records as idle an endpoint the store says is active but that nothing serves;
+- starts ``tenant_attach`` for a project the store says is attached whose data is found only in
+  the cold archive (restored by hand, or moved between machines), so its data is hot again.
 
 An endpoint with an operation in flight is left to that operation, which converges either way.
 Temporary postmasters (roles applied on a branch without a compute) belong to their operations
@@ -22,6 +24,8 @@ import socket
 
 from pgplane.compute.driver import ComputeDriver
 from pgplane.core import clock
+from pgplane.core.operations import Action
+from pgplane.services import operations
 from pgplane.store import Store
 
 log = logging.getLogger(__name__)
@@ -83,6 +87,7 @@ async def reconcile(store: Store, driver: ComputeDriver) -> None:
         await driver.stop_compute(
             project_id=found.project_id, branch_id=found.branch_id, endpoint_id=found.endpoint_id
         )
+    await _attach_archived(store, driver, busy_projects | {o.project_id for o in unsettled})
     stale = [
         e
         for e in endpoints.values()
@@ -98,3 +103,21 @@ async def reconcile(store: Store, driver: ComputeDriver) -> None:
                 await tx.set_endpoint_state(
                     endpoint_id=e.id, current_state="idle", pending_state=None, now=now
                 )
+
+
+async def _attach_archived(store: Store, driver: ComputeDriver, busy: set[str]) -> None:
+    async with store.read() as tx:
+        projects = {e.project_id for e in await tx.list_live_endpoints()}
+        attached = []
+        for project_id in sorted(projects - busy):
+            project = await tx.get_project_by_id(project_id)
+            if project is not None and project.storage_state == "attached":
+                attached.append(project_id)
+    for project_id in attached:
+        if await driver.tenant_state(project_id=project_id) != "archived":
+            continue
+        log.info("project %s is attached but its data is archived: attaching it", project_id)
+        async with store.write() as tx:
+            await operations.start(
+                tx, project_id=project_id, starts=[operations.Start(Action.TENANT_ATTACH)]
+            )
