@@ -137,9 +137,14 @@ class ServerExchange:
 
 @dataclass
 class ClientExchange:
-    """The proxy's side as a client of the compute (plain SCRAM-SHA-256, no binding)."""
+    """The proxy's side as a client of the compute (plain SCRAM-SHA-256: ``n,,``, no binding).
+
+    ``gs2`` and ``binding`` exist for the tests, which play a channel-binding client with it.
+    """
 
     password: str
+    gs2: str = "n,,"
+    binding: bytes = b""
     _nonce: str = ""
     _first_bare: str = ""
     _server_signature: bytes = b""
@@ -147,7 +152,7 @@ class ClientExchange:
     def first(self) -> str:
         self._nonce = _b64(secrets.token_bytes(18))
         self._first_bare = f"n=,r={self._nonce}"
-        return f"n,,{self._first_bare}"
+        return f"{self.gs2}{self._first_bare}"
 
     def final(self, server_first: str) -> str:
         attrs = _attributes(server_first)
@@ -155,7 +160,7 @@ class ClientExchange:
         if not nonce.startswith(self._nonce) or salt is None or not iterations.isdigit():
             raise ScramError("malformed SCRAM message from the compute")
         client_key, stored_key, server_key = _keys(self.password, _unb64(salt), int(iterations))
-        without_proof = f"c=biws,r={nonce}"
+        without_proof = f"c={_b64(self.gs2.encode() + self.binding)},r={nonce}"
         auth_message = f"{self._first_bare},{server_first},{without_proof}"
         signature = _hmac(stored_key, auth_message)
         proof = bytes(a ^ b for a, b in zip(client_key, signature, strict=True))

@@ -56,11 +56,10 @@ def parse_startup(version: int, payload: bytes) -> Startup:
     """The parameters of a StartupMessage (``payload`` follows the version)."""
     if version >> 16 != 3:
         raise ProtocolViolation(f"unsupported frontend protocol {version >> 16}.{version & 0xFFFF}")
-    if not payload.endswith(b"\0"):
+    # name\0value\0 ... \0: the list ends with an empty name.
+    if not payload.endswith(b"\0\0") and payload != b"\0":
         raise ProtocolViolation("malformed startup packet")
-    fields = payload[:-1].split(b"\0")
-    if fields and fields[-1] == b"":
-        fields.pop()
+    fields = payload[:-2].split(b"\0") if payload != b"\0" else []
     if len(fields) % 2:
         raise ProtocolViolation("malformed startup packet")
     try:
