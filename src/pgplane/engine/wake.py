@@ -23,7 +23,8 @@ from pgplane.store import Store
 
 log = logging.getLogger(__name__)
 
-_START_TIME_LIMIT = 120.0
+# A start may first wait for a reattach of the whole project from the cold archive.
+_START_TIME_LIMIT = 600.0
 
 
 class ComputeWaker:

@@ -276,11 +276,13 @@ class Proxy:
                 password = await self._computes.password(endpoint_id, user)
                 if password is not None:
                     await self._authenticate(client, user, password, tls)
-                compute, target, reply = await self._open_compute(endpoint_id, startup, password)
+            # Not under the handshake's time limit: a wake (or a reattach before it) takes as
+            # long as it takes, and ends in a compute or an error the client is told.
+            compute, target, reply = await self._open_compute(endpoint_id, startup, password)
             session = self._activity.open(endpoint_id, clock.now_us())
+            keys: list[tuple[int, bytes]] = []
             try:
                 client.write(reply)
-                keys: list[tuple[int, bytes]] = []
 
                 def found(pid: int, key: bytes) -> None:
                     keys.append((pid, key))
