@@ -70,7 +70,14 @@ async def serve(settings: Settings) -> None:
         server_tls=server_context(tls),
         cert_hash=certificate_hash(tls),
     )
-    bound = await proxy.start(settings.proxy_listen, settings.proxy_port)
+    try:
+        bound = await proxy.start(settings.proxy_listen, settings.proxy_port)
+    except OSError as exc:
+        await store.close()
+        raise SystemExit(
+            f"pgplane: the Postgres proxy cannot listen on {settings.proxy_listen}:"
+            f"{settings.proxy_port} ({exc.strerror}); choose another port with --proxy-port"
+        ) from None
     # With port 0 the system chose: endpoints and connection URIs must name the real one.
     settings = dataclasses.replace(settings, proxy_port=bound[0][1])
     for host, port in bound:
