@@ -69,18 +69,19 @@ class Settings:
     def store_path(self) -> Path:
         return self.data_dir / "pgplane.db"
 
-    def endpoint_host(self, endpoint_id: str) -> str:
-        """An endpoint's host as Neon gives it: ``ep-….<proxy_host>``, with the port if unusual."""
+    @property
+    def proxy_address(self) -> str:
+        """``proxy_host``, with the port when it is not Postgres' usual one."""
         port = "" if self.proxy_port == 5432 else f":{self.proxy_port}"
-        return f"{endpoint_id}.{self.proxy_host}{port}"
+        return f"{self.proxy_host}{port}"
+
+    def endpoint_host(self, endpoint_id: str) -> str:
+        """An endpoint's host as Neon gives it: ``ep-….<proxy_host>`` (and the port if unusual)."""
+        return f"{endpoint_id}.{self.proxy_address}"
 
     @property
     def tls_dir(self) -> Path:
         return self.data_dir / "tls"
-
-    @property
-    def archive_dir(self) -> Path:
-        return self.data_dir / "archive"
 
 
 def settings_from_env(**overrides: object) -> Settings:

@@ -279,7 +279,7 @@ async def tenant_detach(ctx: Context, op: Operation) -> OnFinish | None:
 
     async def detached(tx: Tx) -> None:
         now = clock.now_us()
-        await tx.set_project_storage(project_id=project.id, state="detached", now=now)
+        await tx.set_project_storage(project_id=project.id, state="detached")
         for endpoint in await tx.list_endpoints(project.id):
             if endpoint.current_state != "idle":
                 await tx.set_endpoint_state(
@@ -299,7 +299,7 @@ async def tenant_reattach(ctx: Context, op: Operation) -> OnFinish | None:
     await ctx.driver.reattach_tenant(project_id=project.id)
 
     async def attached(tx: Tx) -> None:
-        await tx.set_project_storage(project_id=project.id, state="attached", now=clock.now_us())
+        await tx.set_project_storage(project_id=project.id, state="attached")
 
     return attached
 
@@ -316,7 +316,7 @@ HANDLERS: dict[Action, Handler] = {
     Action.CHECK_AVAILABILITY: check_availability,
     Action.TENANT_DETACH: tenant_detach,
     Action.TENANT_REATTACH: tenant_reattach,
-    # Attaching storage found detached by accident (a crash between archiving and recording it)
-    # is the same convergence as a reattach.
+    # Start-up reconciliation's attach of a project found only in the archive: the same
+    # convergence as a reattach.
     Action.TENANT_ATTACH: tenant_reattach,
 }

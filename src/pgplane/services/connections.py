@@ -29,8 +29,7 @@ def connection(
     if settings.proxy_wildcard_dns:
         host, query = settings.endpoint_host(endpoint.id), "sslmode=require"
     else:
-        port = "" if settings.proxy_port == 5432 else f":{settings.proxy_port}"
-        host = f"{settings.proxy_host}{port}"
+        host = settings.proxy_address
         query = f"sslmode=require&options=endpoint%3D{endpoint.id}"
     uri = (
         f"postgresql://{quote(role.name, safe='')}:{quote(role.password, safe='')}"

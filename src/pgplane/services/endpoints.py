@@ -356,8 +356,8 @@ async def wake(tx: Tx, *, endpoint_id: str) -> Operation:
     """The ``start_compute`` a connection waits for: the pending one if it is the endpoint's last
     operation, else a new one (which a detached project's ``tenant_reattach`` precedes).
 
-    Not scoped to an account: the proxy knows only the endpoint; Postgres authenticates the
-    client afterwards.
+    Not scoped to an account: the proxy knows only the endpoint (it has authenticated the role
+    before asking).
     """
     endpoint = await tx.find_endpoint(endpoint_id)
     project = None if endpoint is None else await tx.get_project_by_id(endpoint.project_id)

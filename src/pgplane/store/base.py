@@ -115,7 +115,7 @@ class Tx(abc.ABC):
     # -- branches, endpoints, roles, databases --------------------------------------------------
 
     @abc.abstractmethod
-    async def set_project_storage(self, *, project_id: str, state: str, now: int) -> None:
+    async def set_project_storage(self, *, project_id: str, state: str) -> None:
         """Record where the project's data is: ``attached`` or ``detached``."""
 
     @abc.abstractmethod

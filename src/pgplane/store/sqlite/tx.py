@@ -376,7 +376,7 @@ class SqliteTx(Tx):
             ),
         )
 
-    async def set_project_storage(self, *, project_id: str, state: str, now: int) -> None:
+    async def set_project_storage(self, *, project_id: str, state: str) -> None:
         self._c.execute("UPDATE projects SET storage_state = ? WHERE id = ?", (state, project_id))
 
     async def detach_candidates(self, *, idle_before: int) -> list[str]:
