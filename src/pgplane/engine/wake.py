@@ -11,15 +11,14 @@ import logging
 from pathlib import Path
 
 from pgplane.compute.driver import ComputeDriver
-from pgplane.config import Settings
 from pgplane.core.models import Endpoint
 from pgplane.core.operations import Status
 from pgplane.engine.engine import Engine
 from pgplane.errors import Conflict, NotFound
 from pgplane.proxy import wire
-from pgplane.proxy.server import RouteError, Target
+from pgplane.proxy.server import Route, RouteError, Target
 from pgplane.services import endpoints
-from pgplane.store import Store
+from pgplane.store import Store, Tx
 
 log = logging.getLogger(__name__)
 
@@ -28,32 +27,27 @@ _START_TIME_LIMIT = 600.0
 
 
 class ComputeWaker:
-    def __init__(
-        self, *, store: Store, engine: Engine, driver: ComputeDriver, settings: Settings
-    ) -> None:
+    def __init__(self, *, store: Store, engine: Engine, driver: ComputeDriver) -> None:
         self._store = store
         self._engine = engine
         self._driver = driver
-        self._settings = settings
         self._waking: dict[str, asyncio.Task[Target]] = {}
 
-    async def target(self, endpoint_id: str, *, wake: bool) -> Target:
-        if not wake:
+    async def route(self, endpoint_id: str, role: str) -> Route:
+        async with self._store.read() as tx:
+            endpoint, target = await self._lookup(tx, endpoint_id)
+            found = await tx.get_role(branch_id=endpoint.branch_id, name=role)
+        # No password: Postgres decides (a role created with SQL, or one that cannot log in).
+        password = found.password if found is not None and found.login else None
+        return Route(password=password or None, target=target)
+
+    async def wake(self, endpoint_id: str, *, force: bool) -> Target:
+        if not force:
+            # Read again: another connection's wake may have finished since this one's route.
             async with self._store.read() as tx:
-                endpoint = await tx.find_endpoint(endpoint_id)
-                project = (
-                    None if endpoint is None else await tx.get_project_by_id(endpoint.project_id)
-                )
-            if endpoint is None or project is None or project.deleted_at is not None:
-                raise _unknown(endpoint_id)
-            if endpoint.disabled:
-                raise _disabled(endpoint_id)
-            if (
-                endpoint.current_state == "active"
-                and endpoint.pending_state is None
-                and project.storage_state == "attached"
-            ):
-                return self._target(endpoint)
+                _, target = await self._lookup(tx, endpoint_id)
+            if target is not None:
+                return target
         task = self._waking.get(endpoint_id)
         if task is None:
             task = asyncio.create_task(self._wake(endpoint_id), name=f"wake {endpoint_id}")
@@ -61,22 +55,20 @@ class ComputeWaker:
             task.add_done_callback(lambda _: self._waking.pop(endpoint_id, None))
         return await asyncio.shield(task)
 
-    async def password(self, endpoint_id: str, role: str) -> str | None:
-        async with self._store.read() as tx:
-            endpoint = await tx.find_endpoint(endpoint_id)
-            project = None if endpoint is None else await tx.get_project_by_id(endpoint.project_id)
-            found = (
-                None
-                if endpoint is None
-                else await tx.get_role(branch_id=endpoint.branch_id, name=role)
-            )
+    async def _lookup(self, tx: Tx, endpoint_id: str) -> tuple[Endpoint, Target | None]:
+        """The endpoint, and its compute when the store says it runs; RouteError if unusable."""
+        endpoint = await tx.find_endpoint(endpoint_id)
+        project = None if endpoint is None else await tx.get_project_by_id(endpoint.project_id)
         if endpoint is None or project is None or project.deleted_at is not None:
             raise _unknown(endpoint_id)
         if endpoint.disabled:
             raise _disabled(endpoint_id)
-        if found is None or not found.login or not found.password:
-            return None  # Postgres decides (a role created with SQL, or one that cannot log in)
-        return found.password
+        running = (
+            endpoint.current_state == "active"
+            and endpoint.pending_state is None
+            and project.storage_state == "attached"
+        )
+        return endpoint, self._target(endpoint) if running else None
 
     async def _wake(self, endpoint_id: str) -> Target:
         try:

@@ -59,12 +59,12 @@ def _attributes(message: str) -> dict[str, str]:
     return out
 
 
-def _verifier_salt(password: str) -> bytes:
-    # One salt per password for the life of the process, so its keys are computed once.
-    return _salts.setdefault(password, secrets.token_bytes(16))
-
-
+# One salt per password for the life of the process, so its keys are computed once.
 _salts: dict[str, bytes] = {}
+
+
+def _verifier_salt(password: str) -> bytes:
+    return _salts.setdefault(password, secrets.token_bytes(16))
 
 
 @dataclass
@@ -120,9 +120,7 @@ class ServerExchange:
             raise ScramError("SCRAM channel binding check failed")
         if attrs.get("r") != self._nonce:
             raise ScramError("SCRAM nonce mismatch")
-        client_key, stored_key, server_key = _keys(
-            self.password, _verifier_salt(self.password), ITERATIONS
-        )
+        _, stored_key, server_key = _keys(self.password, _verifier_salt(self.password), ITERATIONS)
         auth_message = f"{self._first_bare},{self._server_first},{without_proof}"
         signature = _hmac(stored_key, auth_message)
         proof = _unb64(proof_text)
@@ -131,7 +129,6 @@ class ServerExchange:
         candidate = bytes(a ^ b for a, b in zip(proof, signature, strict=True))
         if not hmac.compare_digest(hashlib.sha256(candidate).digest(), stored_key):
             raise ScramError("password authentication failed")
-        del client_key
         return f"v={_b64(_hmac(server_key, auth_message))}"
 
 

@@ -44,6 +44,14 @@ class Target:
     unix_socket: Path | None = None  # the socket file, for clients that did not ask for TLS
 
 
+@dataclass(frozen=True, slots=True)
+class Route:
+    """What one store read tells the proxy about a connection to an endpoint."""
+
+    password: str | None  # the role's, for SCRAM in the proxy; None: Postgres authenticates
+    target: Target | None  # the compute, when the store says it runs; None: wake it
+
+
 class RouteError(Exception):
     """The endpoint cannot be served; reaches the client as an ErrorResponse."""
 
@@ -56,13 +64,17 @@ class RouteError(Exception):
 class Computes(Protocol):
     """What the proxy asks of the platform."""
 
-    async def target(self, endpoint_id: str, *, wake: bool) -> Target:
-        """A running compute for the endpoint; ``wake`` starts one even if it seems running."""
+    async def route(self, endpoint_id: str, role: str) -> Route:
+        """The role's password and the running compute, if any; RouteError for an unknown or
+        disabled endpoint."""
         ...
 
-    async def password(self, endpoint_id: str, role: str) -> str | None:
-        """The role's password on the endpoint's branch; None for a role the platform does not
-        manage. RouteError for an unknown or disabled endpoint."""
+    async def wake(self, endpoint_id: str, *, force: bool) -> Target:
+        """Start the endpoint's compute (or join the start under way) and return it running.
+
+        Without ``force`` a compute the store says runs is returned as it is; with it (the
+        compute was found unreachable) a start runs regardless.
+        """
         ...
 
 
@@ -273,12 +285,12 @@ class Proxy:
                 option_endpoint, startup = wire.take_endpoint_option(startup)
                 endpoint_id = self._require_endpoint(endpoint_id or option_endpoint)
                 user = startup.params["user"]
-                password = await self._computes.password(endpoint_id, user)
-                if password is not None:
-                    await self._authenticate(client, user, password, tls)
+                route = await self._computes.route(endpoint_id, user)
+                if route.password is not None:
+                    await self._authenticate(client, user, route.password, tls)
             # Not under the handshake's time limit: a wake (or a reattach before it) takes as
             # long as it takes, and ends in a compute or an error the client is told.
-            compute, target, reply = await self._open_compute(endpoint_id, startup, password)
+            compute, target, reply = await self._open_compute(endpoint_id, startup, route)
             session = self._activity.open(endpoint_id, clock.now_us())
             keys: list[tuple[int, bytes]] = []
             try:
@@ -377,18 +389,19 @@ class Proxy:
         client.write(wire.auth_message(wire.AUTH_SASL_FINAL, final.encode()))
 
     async def _open_compute(
-        self, endpoint_id: str, startup: wire.Startup, password: str | None
+        self, endpoint_id: str, startup: wire.Startup, route: Route
     ) -> tuple[_Side, Target, bytes]:
         """Connect to the endpoint's compute and start the session; retry through a wake.
 
-        Returns the compute connection and what to send the client next: with ``password``, the
+        Returns the compute connection and what to send the client next: with a password, the
         compute's AuthenticationOk (the proxy logged in); without, its authentication request.
         """
-        wake = False
+        known, force = route.target, False
         last_problem = ""
         for _ in range(_CONNECT_ATTEMPTS):
-            target = await self._computes.target(endpoint_id, wake=wake)
-            wake = True
+            target = known or await self._computes.wake(endpoint_id, force=force)
+            # The store's word is tried once; after a failed connection only a start will do.
+            known, force = None, True
             try:
                 compute = await self._dial(target)
             except (OSError, _Closed) as exc:
@@ -396,7 +409,7 @@ class Proxy:
                 continue
             try:
                 compute.write(startup.encode())
-                reply = await self._login(compute, password)
+                reply = await self._login(compute, route.password)
             except _NotReady as exc:
                 compute.close()
                 last_problem = str(exc)
@@ -454,18 +467,10 @@ class Proxy:
         target = self._cancel_keys.get((pid, key))
         if target is None:
             return  # as Postgres: no answer either way
-        loop = asyncio.get_running_loop()
         with contextlib.suppress(OSError):
-            if target.unix_socket is not None:
-                transport, _ = await loop.create_unix_connection(
-                    asyncio.Protocol, str(target.unix_socket)
-                )
-            else:
-                transport, _ = await loop.create_connection(
-                    asyncio.Protocol, target.host, target.port
-                )
-            transport.write(wire.cancel_request(pid, key))
-            transport.close()
+            compute = await self._dial(target)
+            compute.write(wire.cancel_request(pid, key))
+            compute.close()
 
 
 def _remember_sni(ssl_object: object, server_name: str | None, _ctx: ssl.SSLContext) -> None:
