@@ -372,3 +372,44 @@ async def test_every_version_branches_online_and_offline(
         spec = dataclasses.replace(spec, port=free_port())
         await computes.start(spec)
         assert await ids(spec.port) == [5]
+
+
+async def test_branches_are_built_from_spares_made_ahead(
+    driver: LocalComputeDriver, computes: Computes
+) -> None:
+    await new_timeline(driver, "proj-spares")
+    parent = await start(driver, computes, "proj-spares", "br-main")
+    await query(parent.port, "CREATE TABLE t (id int PRIMARY KEY)")
+    await query(parent.port, "INSERT INTO t VALUES (1)")
+    await branch(driver, "proj-spares", "br-main", "br-one")
+    for _ in range(600):  # the refill runs in the background
+        if not driver.spares.needs_filling():
+            break
+        await asyncio.sleep(0.05)
+    files, dirs = driver.spares.counts()
+    one = driver.pgdata("proj-spares", "br-one")
+    assert files >= 2 * sum(1 for p in one.rglob("*") if p.is_file()) - 10
+    assert dirs > 0
+    spare_inodes = {p.stat().st_ino for p in driver.spares.directory.iterdir()}
+
+    await query(parent.port, "INSERT INTO t VALUES (2)")
+    await branch(driver, "proj-spares", "br-main", "br-two")
+    two = driver.pgdata("proj-spares", "br-two")
+    copied = list(two.rglob("*"))
+    from_spares = [p for p in copied if p.stat().st_ino in spare_inodes]
+    assert len(from_spares) > 0.9 * len(copied)
+    # Each file and directory of the copy has its parent's mode and owner, as a create gives.
+    parent_dir = driver.pgdata("proj-spares", "br-main")
+    for path in two.rglob("*"):
+        source = parent_dir / path.relative_to(two)
+        if source.exists() and not path.is_symlink():
+            got, want = path.stat(), source.stat()
+            assert (got.st_mode, got.st_uid, got.st_gid) == (
+                want.st_mode,
+                want.st_uid,
+                want.st_gid,
+            ), path
+    child = await start(driver, computes, "proj-spares", "br-two")
+    assert await ids(child.port) == [1, 2]
+    await query(child.port, "INSERT INTO t VALUES (3)")
+    assert await ids(parent.port) == [1, 2]

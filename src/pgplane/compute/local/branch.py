@@ -44,6 +44,7 @@ from pgplane.compute.local.files import fsync_dir, sync_tree, write_atomic
 from pgplane.compute.local.layout import TIMELINE_MARKER
 from pgplane.compute.local.pidfile import PidFile
 from pgplane.compute.local.postmaster import Postmasters, admin_conninfo
+from pgplane.compute.local.spares import SparePool
 from pgplane.compute.local.timeline import temporary_pgdata
 from pgplane.compute.local.user import RunAs
 from pgplane.compute.local.wal import (
@@ -67,8 +68,12 @@ async def build_branch(
     parent: Path,
     pgdata: Path,
     label: str,
-) -> None:
-    """Create ``pgdata`` as a copy of ``parent``; the caller holds the parent's postmaster lock."""
+    spares: SparePool | None = None,
+) -> CopyStats:
+    """Create ``pgdata`` as a copy of ``parent``; the caller holds the parent's postmaster lock.
+
+    ``spares``: empty files and directories made ahead, renamed into place rather than created.
+    """
     tmp = temporary_pgdata(pgdata)
     await postmasters.stop(tmp)
     await asyncio.to_thread(shutil.rmtree, tmp, True)
@@ -77,9 +82,9 @@ async def build_branch(
     try:
         try:
             if running is not None:
-                stats = await _copy_online(running, parent, tmp, label)
+                stats = await _copy_online(running, parent, tmp, label, spares)
             else:
-                stats = await _copy_offline(install, run_as, parent, tmp)
+                stats = await _copy_offline(install, run_as, parent, tmp, spares)
             copied = time.perf_counter()
             # Everything was written through the page cache only; one syncfs flushes it all.
             await asyncio.to_thread(sync_tree, tmp)
@@ -105,9 +110,12 @@ async def build_branch(
         (copied - started) * 1000,
         (done - copied) * 1000,
     )
+    return stats
 
 
-async def _copy_online(running: PidFile, parent: Path, tmp: Path, label: str) -> CopyStats:
+async def _copy_online(
+    running: PidFile, parent: Path, tmp: Path, label: str, spares: SparePool | None
+) -> CopyStats:
     if running.socket_dir is None or running.port is None:
         raise ComputeError(f"the postmaster of {parent} is still starting; try again")
     conninfo = admin_conninfo(Path(running.socket_dir), running.port)
@@ -136,7 +144,7 @@ async def _copy_online(running: PidFile, parent: Path, tmp: Path, label: str) ->
         )
         (start_lsn,) = await _one(conn, start_sql, (label,))
         stats = await _in_thread(
-            partial(copy_data_dir, parent, tmp, online=True, keep_backup_label=False)
+            partial(copy_data_dir, parent, tmp, online=True, keep_backup_label=False, spares=spares)
         )
         stop_sql = (
             "SELECT lsn, labelfile, spcmapfile FROM pg_backup_stop(false)"
@@ -154,7 +162,9 @@ async def _copy_online(running: PidFile, parent: Path, tmp: Path, label: str) ->
         # slot kept them all, and the segment switch of pg_backup_stop completed the last one.
         segments = segment_range(first, last, int(segment_size))
         _, histories = await asyncio.to_thread(wal_files, parent / "pg_wal")
-        wal = await _in_thread(partial(copy_files, parent / "pg_wal", tmp / "pg_wal", segments))
+        wal = await _in_thread(
+            partial(copy_files, parent / "pg_wal", tmp / "pg_wal", segments, spares=spares)
+        )
     await asyncio.to_thread(_write_label, tmp, labelfile, spcmapfile, parent)
     await _in_thread(partial(copy_files, parent / "pg_wal", tmp / "pg_wal", histories))
     log.debug(
@@ -165,7 +175,9 @@ async def _copy_online(running: PidFile, parent: Path, tmp: Path, label: str) ->
     return stats
 
 
-async def _copy_offline(install: PgInstall, run_as: RunAs, parent: Path, tmp: Path) -> CopyStats:
+async def _copy_offline(
+    install: PgInstall, run_as: RunAs, parent: Path, tmp: Path, spares: SparePool | None
+) -> CopyStats:
     # A parent that is itself a copy never started holds a backup label: its recovery, now the
     # branch's, needs that label and all the WAL the copy put in its pg_wal (nothing else).
     unstarted_copy = (parent / "backup_label").is_file()
@@ -174,10 +186,19 @@ async def _copy_offline(install: PgInstall, run_as: RunAs, parent: Path, tmp: Pa
         control = await read_control_data(install, run_as, parent)
         segments = needed_segments(control, segments)
     stats = await _in_thread(
-        partial(copy_data_dir, parent, tmp, online=False, keep_backup_label=unstarted_copy)
+        partial(
+            copy_data_dir,
+            parent,
+            tmp,
+            online=False,
+            keep_backup_label=unstarted_copy,
+            spares=spares,
+        )
     )
     wal = await _in_thread(
-        partial(copy_files, parent / "pg_wal", tmp / "pg_wal", [*segments, *histories])
+        partial(
+            copy_files, parent / "pg_wal", tmp / "pg_wal", [*segments, *histories], spares=spares
+        )
     )
     stats.files += wal.files
     stats.bytes += wal.bytes

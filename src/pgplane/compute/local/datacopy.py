@@ -34,6 +34,7 @@ from pathlib import Path
 from pgplane.compute.driver import ComputeError
 from pgplane.compute.local.files import start_writeback
 from pgplane.compute.local.layout import TIMELINE_MARKER
+from pgplane.compute.local.spares import SparePool
 
 # linux/fs.h: _IOW(0x94, 9, int)
 _FICLONE = 0x40049409
@@ -81,12 +82,19 @@ class CopyCancelled(Exception):
 @dataclass(slots=True)
 class CopyStats:
     files: int = 0
+    dirs: int = 0
     bytes: int = 0
     vanished: list[str] = field(default_factory=list)
 
 
 def copy_data_dir(
-    src: Path, dst: Path, *, online: bool, keep_backup_label: bool, cancel: threading.Event
+    src: Path,
+    dst: Path,
+    *,
+    online: bool,
+    keep_backup_label: bool,
+    cancel: threading.Event,
+    spares: SparePool | None = None,
 ) -> CopyStats:
     """Copy the data directory ``src`` to the new directory ``dst``, without WAL segments.
 
@@ -95,9 +103,10 @@ def copy_data_dir(
     unlogged relations, reset by that replay anyway, are left out but for their init fork.
     ``keep_backup_label``: ``src`` is itself a copy that was never started, whose backup_label
     (and tablespace_map) its recovery still needs. ``cancel`` set: stop before the next file.
+    ``spares``: files and directories made ahead, used before creating any.
     """
     control = src / "global" / "pg_control"
-    copier = _Copier(online=online, cancel=cancel, last=str(control))
+    copier = _Copier(online=online, cancel=cancel, spares=spares, last=str(control))
     skipped = SKIPPED_FILES if keep_backup_label else SKIPPED_FILES | set(BACKUP_FILES)
     copier.make_dir(src, dst)
     copier.tree(src, dst, top=True, skipped=skipped)
@@ -108,19 +117,32 @@ def copy_data_dir(
 
 
 def copy_files(
-    src_dir: Path, dst_dir: Path, names: list[str], *, cancel: threading.Event
+    src_dir: Path,
+    dst_dir: Path,
+    names: list[str],
+    *,
+    cancel: threading.Event,
+    spares: SparePool | None = None,
 ) -> CopyStats:
     """Copy the named files of ``src_dir`` (WAL segments, say) into the existing ``dst_dir``."""
-    copier = _Copier(online=False, cancel=cancel)
+    copier = _Copier(online=False, cancel=cancel, spares=spares)
     for name in names:
         copier.file(str(src_dir / name), str(dst_dir / name))
     return copier.stats
 
 
 class _Copier:
-    def __init__(self, *, online: bool, cancel: threading.Event, last: str = "") -> None:
+    def __init__(
+        self,
+        *,
+        online: bool,
+        cancel: threading.Event,
+        spares: SparePool | None,
+        last: str = "",
+    ) -> None:
         self.online = online
         self._cancel = cancel
+        self._spares = spares
         self._last = last
         self.stats = CopyStats()
         self._clone = sys.platform == "linux"
@@ -134,8 +156,10 @@ class _Copier:
             if self.online:
                 return False
             raise
-        os.mkdir(dst, 0o700)
+        if self._spares is None or not self._spares.place_dir(os.fspath(dst)):
+            os.mkdir(dst, 0o700)
         self._own(dst, st, None)
+        self.stats.dirs += 1
         return True
 
     def tree(self, src: Path | str, dst: Path | str, *, top: bool, skipped: frozenset[str]) -> None:
@@ -192,7 +216,10 @@ class _Copier:
             raise
         try:
             st = os.fstat(fin)
-            fout = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            if self._spares is not None and self._spares.place_file(dst):
+                fout = os.open(dst, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            else:
+                fout = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             try:
                 self._data(fin, fout)
                 if st.st_size >= _WRITEBACK_FROM:

@@ -53,6 +53,7 @@ from pgplane.compute.local.postmaster import (
 )
 from pgplane.compute.local.relocate import runnable_install
 from pgplane.compute.local.sizing import compute_settings
+from pgplane.compute.local.spares import SparePool
 from pgplane.compute.local.timeline import (
     INIT_PORT,
     build_timeline,
@@ -76,6 +77,12 @@ class LocalComputeDriver:
         self._locks: defaultdict[tuple[object, ...], asyncio.Lock] = defaultdict(asyncio.Lock)
         self._run_as: RunAs | None = None
         self._runnable: dict[int, PgInstall] = {}
+        self._spares = SparePool(self.layout.spares)
+        self._refilling: asyncio.Task[None] | None = None
+
+    @property
+    def spares(self) -> SparePool:
+        return self._spares
 
     def pg_versions(self) -> Sequence[int]:
         return list(self._installs)
@@ -158,14 +165,33 @@ class LocalComputeDriver:
             # Held for the whole copy: a stopped parent cannot start under it, nor a running one
             # stop (its session holds the backup).
             async with self._locks["postmaster", parent]:
-                await build_branch(
+                stats = await build_branch(
                     install=install,
                     run_as=run_as,
                     postmasters=self._postmasters,
                     parent=parent,
                     pgdata=pgdata,
                     label=f"pgplane branch {project_id}/{branch_id}",
+                    spares=self._spares,
                 )
+        # Spares for the next two branches of this parent (branches often come in a burst: a
+        # preview per pull request), made while nobody waits for them.
+        self._spares.want(2 * stats.files, 2 * stats.dirs)
+        self._refill_spares()
+
+    def _refill_spares(self) -> None:
+        if self._refilling is not None and not self._refilling.done():
+            return  # the running fill keeps going while the pool is short
+        if self._spares.needs_filling():
+            self._refilling = asyncio.create_task(self._fill_spares())
+
+    async def _fill_spares(self) -> None:
+        try:
+            made = await asyncio.to_thread(self._spares.fill)
+        except Exception:  # spares only make copies quicker; a failure must not go unseen
+            log.exception("making spare files in %s", self._spares.directory)
+        else:
+            log.debug("made %d spare files and directories", made)
 
     async def delete_timeline(self, *, project_id: str, branch_id: str) -> None:
         pgdata = self.layout.pgdata(project_id, branch_id)
@@ -464,6 +490,9 @@ class LocalComputeDriver:
     async def close(self) -> None:
         # The postmasters keep running: they outlive the platform process by design.
         self._postmasters.forget()
+        self._spares.stop()
+        if self._refilling is not None:
+            await self._refilling
         run_root = self.layout.run_root
         if not run_root.is_relative_to(self.layout.data_dir):
             # Tidy /tmp when no endpoint uses the fallback socket root any more.
@@ -489,6 +518,7 @@ class LocalComputeDriver:
         open_traversal(layout.data_dir, run_as)
         for directory in (layout.projects, layout.templates):
             ensure_dir(directory)
+        self._spares.adopt()
         ensure_dir(layout.installs, 0o755)
         ensure_dir(layout.logs, 0o700)
         if layout.run_root.is_relative_to(layout.data_dir):

@@ -8,6 +8,7 @@
       projects/<project_id>/branches/<branch_id>/pgdata   the branch's Postgres data directory
       archive/<project_id>/                          cold archive of a detached project
       templates/<major>/                             initdb output, copied for every new cluster
+      spare/                                         empty files made ahead for copies (spares.py)
       pg/<major>/                                    binaries copied out of reach of root-only dirs
       logs/<endpoint_id>.log                         postmaster stderr
       run/<endpoint_id>/                             unix socket directory of the postmaster
@@ -74,6 +75,10 @@ class Layout:
             return local
         digest = hashlib.sha256(os.fsencode(self.data_dir)).hexdigest()[:12]
         return Path("/tmp") / f"pgplane-{digest}"  # noqa: S108 - checked by ensure_private_dir
+
+    @property
+    def spares(self) -> Path:
+        return self.data_dir / "spare"
 
     @property
     def archives(self) -> Path:
