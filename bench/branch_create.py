@@ -29,12 +29,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import psycopg
 
 from bench.common import Api, Server, median, running_server
 from pgplane.compute.local.layout import Layout
+from pgplane.compute.local.pidfile import read_pid_file
 from pgplane.compute.local.postmaster import admin_conninfo
 
 ROWS_PER_GB = 1_900_000  # rows of (int, 500 x 'x'): ~1 GB of table
@@ -71,10 +71,11 @@ def fill(server: Server, parent: Parent, gb: float) -> float:
             [int(gb * ROWS_PER_GB)],
         )
         size = conn.execute("SELECT pg_database_size(current_database())").fetchone()
-    socket_dir = Layout(server.data_dir.resolve()).socket_dir(parent.endpoint_id)
-    port = urlsplit(parent.uri).port
-    assert port is not None
-    with psycopg.connect(admin_conninfo(socket_dir, port), autocommit=True) as admin:
+    # The URI names the proxy; the compute's own socket and port are in its postmaster.pid.
+    running = read_pid_file(parent.pgdata)
+    assert running is not None and running.socket_dir and running.port, "the parent is not running"
+    conninfo = admin_conninfo(Path(running.socket_dir), running.port)
+    with psycopg.connect(conninfo, autocommit=True) as admin:
         admin.execute("CHECKPOINT")
     print(
         f"filled the parent with {size[0] / 1e9 if size else 0:.2f} GB in {time.perf_counter() - t0:.0f} s"

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
@@ -146,8 +146,13 @@ class Server:
 
 
 @contextlib.contextmanager
-def running_server(**env_overrides: str) -> Iterator[Server]:
+def running_server(
+    prepare: Callable[[Path], None] | None = None, **env_overrides: str
+) -> Iterator[Server]:
+    """A started server on a fresh data directory; ``prepare`` sees the directory first."""
     data_dir = make_data_dir()
+    if prepare is not None:
+        prepare(data_dir)
     env = {
         **os.environ,
         "PGPLANE_POLL_SECONDS": "0.2",

@@ -32,6 +32,9 @@ class Settings:
     compute_ports: tuple[int, int] = (55000, 56999)
     compute_user: str | None = None  # OS user for Postgres when pgplane runs as root
     pg_bin_dirs: tuple[Path, ...] = ()
+    # Free space a branch copy must leave on the data disk, so running computes can still write
+    # their WAL; None: 5% of the disk, at most 1 GiB.
+    disk_reserve_bytes: int | None = None
     region_id: str = "local"
     pg_versions: tuple[int, ...] = ()  # filled in by the entry point from the compute driver
 
@@ -105,6 +108,7 @@ def settings_from_env(**overrides: object) -> Settings:
         ("retry_base_seconds", float),
         ("key_use_flush_seconds", float),
         ("max_attempts", int),
+        ("disk_reserve_bytes", int),
     ):
         raw = os.environ.get(f"PGPLANE_{name.upper()}")
         if raw:

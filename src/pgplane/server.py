@@ -55,6 +55,7 @@ async def serve(settings: Settings) -> None:
             pg_bin_dirs=settings.pg_bin_dirs,
             compute_user=settings.compute_user,
             listen_host=settings.compute_host,
+            disk_reserve_bytes=settings.disk_reserve_bytes,
         )
     )
     settings = dataclasses.replace(settings, pg_versions=tuple(driver.pg_versions()))

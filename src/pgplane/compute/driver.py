@@ -16,6 +16,14 @@ class ComputeError(Exception):
     """The data plane could not do what was asked; the message says why, for the operation."""
 
 
+class PortInUse(ComputeError):
+    """Another program holds the port the compute was given: the platform gives it another."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(f"port {port} is in use by another program")
+        self.port = port
+
+
 @dataclass(frozen=True, slots=True)
 class RoleSpec:
     """A role as the branch must hold it: its password (SCRAM-hashed by Postgres) and LOGIN.

@@ -18,6 +18,7 @@ import uuid
 
 import msgspec
 
+from pgplane import failpoints
 from pgplane.compute.driver import ComputeDriver, ComputeError
 from pgplane.config import Settings
 from pgplane.core import clock
@@ -157,7 +158,9 @@ class Engine:
             op.failures_count + 1,
         )
         try:
+            await failpoints.reached(f"before:{op.action}")
             on_finish = await self._handler_for(op)(self._context, op)
+            await failpoints.reached(f"after:{op.action}")
         except asyncio.CancelledError:
             raise
         except Exception as exc:

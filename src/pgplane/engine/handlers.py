@@ -6,21 +6,28 @@ finishes; the engine writes that in the same transaction that marks the operatio
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+
+import msgspec
 
 from pgplane.compute.driver import (
     ComputeDriver,
     ComputeSpec,
     ConfigChange,
     DatabaseSpec,
+    PortInUse,
     RoleSpec,
 )
 from pgplane.config import Settings
 from pgplane.core import clock
 from pgplane.core.models import Endpoint, Operation, Project
 from pgplane.core.operations import Action
+from pgplane.services.endpoints import allocate_port
 from pgplane.store import Store, Tx
+
+log = logging.getLogger(__name__)
 
 OnFinish = Callable[[Tx], Awaitable[None]]
 
@@ -107,8 +114,27 @@ async def start_compute(ctx: Context, op: Operation) -> OnFinish | None:
         endpoint = await tx.get_endpoint(project_id=project.id, endpoint_id=op.endpoint_id)
     if endpoint is None or endpoint.disabled:
         return None  # deleted or disabled since: nothing to start
-    await ctx.driver.start_compute(compute_spec(project, endpoint))
+    try:
+        await ctx.driver.start_compute(compute_spec(project, endpoint))
+    except PortInUse as exc:
+        # Another program took the port while the compute was down. Clients never see it (the
+        # proxy reaches the compute by its own socket), so the compute moves to a free one.
+        endpoint = await _move_port(ctx, endpoint, exc.port)
+        await ctx.driver.start_compute(compute_spec(project, endpoint))
     return _mark_active(endpoint.id)
+
+
+async def _move_port(ctx: Context, endpoint: Endpoint, taken: int) -> Endpoint:
+    async with ctx.store.write() as tx:
+        current = await tx.get_endpoint(project_id=endpoint.project_id, endpoint_id=endpoint.id)
+        if current is None:
+            raise PermanentError(f"endpoint {endpoint.id} was deleted")
+        if current.port != taken:
+            return current  # moved already (by an earlier attempt)
+        moved = msgspec.structs.replace(current, port=await allocate_port(tx, ctx.settings))
+        await tx.set_endpoint_port(endpoint_id=moved.id, port=moved.port, now=clock.now_us())
+    log.warning("endpoint %s: port %d is taken, moved to %d", endpoint.id, taken, moved.port)
+    return moved
 
 
 async def suspend_compute(ctx: Context, op: Operation) -> OnFinish | None:

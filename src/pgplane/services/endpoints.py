@@ -7,14 +7,13 @@ postmaster's real state (``current_state``) is written when those operations fin
 from __future__ import annotations
 
 import re
-import socket
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
 from pgplane.config import Settings
-from pgplane.core import clock, ids
+from pgplane.core import clock, ids, ports
 from pgplane.core.models import Endpoint, Operation, Project
 from pgplane.core.operations import Action
 from pgplane.errors import BadRequest, Conflict, NotFound, Unavailable
@@ -136,23 +135,13 @@ def _limits(low: float, high: float) -> tuple[float, float]:
     return low, high
 
 
-def _bindable(port: int) -> bool:
-    """Whether nothing on this machine holds the port (another program, another pgplane)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind(("", port))
-        except OSError:
-            return False
-    return True
-
-
 async def allocate_port(tx: Tx, settings: Settings) -> int:
     """The lowest compute port in the configured range that no endpoint holds and is free."""
     held_since = clock.now_us() - PORT_HOLD_SECONDS * 1_000_000
     used = await tx.used_ports(held_since=held_since)
     low, high = settings.compute_ports
     for port in range(low, high + 1):
-        if port not in used and _bindable(port):
+        if port not in used and ports.is_free(port):
             return port
     raise Unavailable("no free compute port: widen the configured compute port range")
 

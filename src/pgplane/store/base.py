@@ -182,6 +182,10 @@ class Tx(abc.ABC):
         """Write the mutable fields: limits, suspend timeout, settings, disabled, states."""
 
     @abc.abstractmethod
+    async def set_endpoint_port(self, *, endpoint_id: str, port: int, now: int) -> None:
+        """Move the endpoint's compute to ``port`` (its old one was taken by another program)."""
+
+    @abc.abstractmethod
     async def delete_endpoint(self, *, endpoint_id: str, now: int) -> None:
         """Mark the endpoint deleted."""
 

@@ -32,6 +32,7 @@ from typing import Any, LiteralString
 
 import psycopg
 
+from pgplane import failpoints
 from pgplane.compute.driver import ComputeError
 from pgplane.compute.local.binaries import PgInstall
 from pgplane.compute.local.datacopy import (
@@ -57,6 +58,8 @@ from pgplane.compute.local.wal import (
 log = logging.getLogger(__name__)
 
 _SQL_TIMEOUT = 300.0  # pg_backup_start waits for a checkpoint
+_WAL_SEGMENT = 16 << 20  # the default size; an estimate only
+_MAX_RESERVE = 1 << 30
 _PG15 = 150000
 
 
@@ -69,14 +72,17 @@ async def build_branch(
     pgdata: Path,
     label: str,
     spares: SparePool | None = None,
+    disk_reserve_bytes: int | None = None,
 ) -> CopyStats:
     """Create ``pgdata`` as a copy of ``parent``; the caller holds the parent's postmaster lock.
 
     ``spares``: empty files and directories made ahead, renamed into place rather than created.
+    ``disk_reserve_bytes``: free space the copy must leave (None: 5% of the disk, at most 1 GiB).
     """
     tmp = temporary_pgdata(pgdata)
     await postmasters.stop(tmp)
     await asyncio.to_thread(shutil.rmtree, tmp, True)
+    await asyncio.to_thread(check_space, parent, pgdata.parent, disk_reserve_bytes)
     started = time.perf_counter()
     running = postmasters.running(parent)
     try:
@@ -94,6 +100,7 @@ async def build_branch(
         # Do not leave a partial copy of a large parent lying around until the next attempt.
         await asyncio.shield(asyncio.to_thread(shutil.rmtree, tmp, True))
         raise
+    await failpoints.reached("create_branch:copied")
     marker = tmp / TIMELINE_MARKER
     await asyncio.to_thread(write_atomic, marker, b"")
     run_as.chown(marker)
@@ -111,6 +118,32 @@ async def build_branch(
         (done - copied) * 1000,
     )
     return stats
+
+
+def check_space(parent: Path, target_dir: Path, reserve: int | None) -> None:
+    """Refuse a copy that would fill the disk, before writing anything.
+
+    The parent's computes share the disk: filled by a copy, a running parent could not write its
+    WAL and would stop (Postgres PANICs on a full WAL disk). So the copy must fit and leave the
+    reserve. The estimate is the parent without its recycled WAL, plus two WAL segments.
+    """
+    needed = 2 * _WAL_SEGMENT
+    for dirpath, dirnames, filenames in os.walk(parent):
+        if dirpath == str(parent):
+            dirnames[:] = [d for d in dirnames if d != "pg_wal"]
+        for name in filenames:
+            with contextlib.suppress(FileNotFoundError):  # a running parent's files come and go
+                needed += os.lstat(os.path.join(dirpath, name)).st_size
+    fs = os.statvfs(target_dir)
+    free = fs.f_bavail * fs.f_frsize
+    if reserve is None:
+        reserve = min(fs.f_blocks * fs.f_frsize // 20, _MAX_RESERVE)
+    if needed + reserve > free:
+        raise ComputeError(
+            f"not enough free disk space to branch: the copy needs about {needed / 1e6:.0f} MB"
+            f" and {reserve / 1e6:.0f} MB must stay free, {free / 1e6:.0f} MB are free"
+            f" (No space left on device)"
+        )
 
 
 async def _copy_online(

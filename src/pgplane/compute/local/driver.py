@@ -16,12 +16,14 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 
+from pgplane import failpoints
 from pgplane.compute.driver import (
     ComputeAddress,
     ComputeError,
     ComputeSpec,
     ConfigChange,
     DatabaseSpec,
+    PortInUse,
     RoleSpec,
     RunningCompute,
 )
@@ -61,6 +63,7 @@ from pgplane.compute.local.timeline import (
     temporary_pgdata,
 )
 from pgplane.compute.local.user import RunAs, open_traversal, resolve_run_as
+from pgplane.core import ports
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +176,7 @@ class LocalComputeDriver:
                     pgdata=pgdata,
                     label=f"pgplane branch {project_id}/{branch_id}",
                     spares=self._spares,
+                    disk_reserve_bytes=self._config.disk_reserve_bytes,
                 )
         # Spares for the next two branches of this parent (branches often come in a burst: a
         # preview per pull request), made while nobody waits for them.
@@ -348,6 +352,9 @@ class LocalComputeDriver:
             log.info("restarting the postmaster of %s: its command line changed", pgdata)
             await self._postmasters.stop(pgdata)
         await asyncio.to_thread(self._prepare_endpoint, spec.project_id, spec.endpoint_id, run_as)
+        # Checked first: Postgres would only say so in its log, after its start-up.
+        if not await asyncio.to_thread(ports.is_free, spec.port, self._config.listen_host):
+            raise PortInUse(spec.port)
         await self._postmasters.start(
             argv,
             pgdata=pgdata,
@@ -424,6 +431,7 @@ class LocalComputeDriver:
             await asyncio.to_thread(archive.pack, project_dir, archive_dir)
             # Proven readable before the only other copy goes.
             await asyncio.to_thread(archive.verify, archive_dir)
+            await failpoints.reached("tenant_detach:packed")
             await remove_tree(project_dir)
             for endpoint_id in _ids(self.layout.endpoint_records(project_id)):
                 await asyncio.to_thread(shutil.rmtree, self.layout.socket_dir(endpoint_id), True)
@@ -441,6 +449,7 @@ class LocalComputeDriver:
                 # Unpacked beside, verified file by file, then renamed into place: all or nothing.
                 await asyncio.to_thread(archive.unpack, archive_dir, project_dir)
                 await asyncio.to_thread(self._give_to_computes, project_id, run_as)
+            await failpoints.reached("tenant_reattach:unpacked")
             # Both present: a detach stopped before freeing the hot copy, or this reattach
             # before dropping the archive. The hot copy is whole (renames are atomic) and the
             # computes were stopped before packing, so the archive holds nothing newer.

@@ -4,7 +4,12 @@ One writer connection guarded by an asyncio lock (SQLite has one writer; the loc
 writers without spinning on SQLITE_BUSY) and one reader connection (WAL readers never block the
 writer). Statements run synchronously on the event loop: each is tens of microseconds, far less
 than handing it to a thread would cost; only the commit, which waits for the disk, runs in a
-thread. Other processes (the CLI) wait at most ``busy_timeout``.
+thread.
+
+When another process holds the store's write lock (the CLI, or anything else that opened the
+file), the writer waits for it asynchronously, never blocking the event loop, for at most
+``BUSY_SECONDS``. A store that stays locked, or fails (a full disk, an I/O error), is a 503 with
+``Retry-After``: SQLite rolls the transaction back whole, so nothing is half written.
 """
 
 from __future__ import annotations
@@ -20,12 +25,22 @@ from pgplane.store.base import Store, Tx
 from pgplane.store.sqlite.migrate import migrate
 from pgplane.store.sqlite.tx import SqliteTx
 
-BUSY_TIMEOUT_MS = 5000
+BUSY_SECONDS = 5.0
+# SQLite's own wait, which blocks the thread it runs on: the event loop's, for the reader. WAL
+# readers are blocked only briefly (another process recovering the WAL), so a short wait.
+_READER_BUSY_MS = 200
+_RETRY_AFTER = {"Retry-After": "1"}
 
 
-def _connect(path: Path) -> sqlite3.Connection:
+def unavailable(exc: sqlite3.Error) -> Unavailable:
+    return Unavailable(
+        f"the platform's store is unavailable ({exc}); retry shortly", headers=_RETRY_AFTER
+    )
+
+
+def _connect(path: Path, busy_ms: int) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    conn.execute(f"PRAGMA busy_timeout = {busy_ms}")
     conn.execute("PRAGMA journal_mode = WAL")
     # FULL: an operation acknowledged to a client survives a power cut, not just a crash.
     conn.execute("PRAGMA synchronous = FULL")
@@ -47,17 +62,22 @@ class _Reading:
     async def __aenter__(self) -> Tx:
         return self._tx
 
-    async def __aexit__(self, *exc: object) -> None:
-        return None
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        if isinstance(exc, sqlite3.OperationalError):  # locked, unreadable: not a bug of ours
+            raise unavailable(exc) from exc
 
 
 class SqliteStore(Store):
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._writer = _connect(path)
+        self._writer = _connect(path, int(BUSY_SECONDS * 1000))
         migrate(self._writer)
-        self._reader = _connect(path)
+        # Past migrations, the writer never waits inside SQLite: write() waits without blocking.
+        self._writer.execute("PRAGMA busy_timeout = 0")
+        self._reader = _connect(path, _READER_BUSY_MS)
         self._read = _Reading(SqliteTx(self._reader))
         self._write_lock = asyncio.Lock()
 
@@ -68,21 +88,36 @@ class SqliteStore(Store):
     @asynccontextmanager
     async def write(self) -> AsyncIterator[Tx]:
         async with self._write_lock:
+            await self._begin()
+            try:
+                yield SqliteTx(self._writer)
+                # The commit waits for fsync (synchronous=FULL), which can take long on a busy
+                # disk; off the event loop, readers keep being served meanwhile.
+                await asyncio.to_thread(self._writer.execute, "COMMIT")
+            except BaseException as exc:
+                if self._writer.in_transaction:
+                    self._writer.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.OperationalError):  # a full disk, an I/O error
+                    raise unavailable(exc) from exc
+                raise
+
+    async def _begin(self) -> None:
+        """BEGIN IMMEDIATE, waiting asynchronously while another process holds the lock."""
+        deadline = asyncio.get_running_loop().time() + BUSY_SECONDS
+        pause = 0.002
+        while True:
             try:
                 self._writer.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError as exc:
-                # Locked past busy_timeout by another process: a retryable condition, not a bug.
-                raise Unavailable(
-                    "the platform's store is busy; retry shortly", headers={"Retry-After": "1"}
-                ) from exc
-            try:
-                yield SqliteTx(self._writer)
-            except BaseException:
-                self._writer.execute("ROLLBACK")
-                raise
-            # The commit waits for fsync (synchronous=FULL), which can take long on a busy disk;
-            # off the event loop, readers keep being served meanwhile. The lock is still held.
-            await asyncio.to_thread(self._writer.execute, "COMMIT")
+                # Extended codes (SQLITE_BUSY_RECOVERY...) carry the primary one in the low byte.
+                code = exc.sqlite_errorcode & 0xFF
+                locked = code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+                if not locked or asyncio.get_running_loop().time() >= deadline:
+                    raise unavailable(exc) from exc
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 0.1)
+            else:
+                return
 
     async def close(self) -> None:
         self._reader.close()

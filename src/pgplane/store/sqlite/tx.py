@@ -560,6 +560,12 @@ class SqliteTx(Tx):
             ),
         )
 
+    async def set_endpoint_port(self, *, endpoint_id: str, port: int, now: int) -> None:
+        self._c.execute(
+            "UPDATE endpoints SET port = ?, updated_at = ? WHERE id = ? AND deleted_at IS NULL",
+            (port, now, endpoint_id),
+        )
+
     async def delete_endpoint(self, *, endpoint_id: str, now: int) -> None:
         self._c.execute(
             "UPDATE endpoints SET deleted_at = ?, updated_at = ?"

@@ -1,0 +1,244 @@
+"""Faults under a running platform: a compute killed, its port taken, a full disk, a locked store.
+
+Each test breaks something the way the world does (SIGKILL, another program, a small disk, a
+process holding the store's lock) and checks that the platform answers clearly, loses nothing and
+recovers by itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from pgplane.store.sqlite.store import BUSY_SECONDS
+from tests.e2e.test_crash import assert_consistent, postmasters
+from tests.support import Api, Server, running_server
+
+ENV = {"PGPLANE_RETRY_BASE_SECONDS": "0.2", "PGPLANE_SCHEDULER_SECONDS": "0.2"}
+
+
+def _connect(uri: str, attempts: int = 10) -> psycopg.Connection[Any]:
+    """As a client does after losing its server: retry a few times."""
+    for attempt in range(attempts):
+        try:
+            return psycopg.connect(uri, connect_timeout=30, autocommit=True)
+        except psycopg.OperationalError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.5)
+    raise AssertionError("unreachable")
+
+
+def _postmaster_pid(server: Server, pid: str, branch_id: str) -> int:
+    pgdata = server.data_dir / "projects" / pid / "branches" / branch_id / "pgdata"
+    return int((pgdata / "postmaster.pid").read_text().splitlines()[0])
+
+
+def _endpoint_port(server: Server, eid: str) -> int:
+    with sqlite3.connect(server.data_dir / "pgplane.db") as db:
+        row = db.execute("SELECT port FROM endpoints WHERE id = ?", (eid,)).fetchone()
+    return int(row[0])
+
+
+def test_a_killed_postmaster_is_started_again_by_the_next_connection(api: Api) -> None:
+    server = api.server
+    body = api.create_ready_project(name="killed")
+    pid, branch_id = body["project"]["id"], body["branch"]["id"]
+    uri = body["connection_uris"][0]["connection_uri"]
+    acknowledged: list[int] = []
+    with _connect(uri) as conn:
+        conn.execute("CREATE TABLE acks (id int PRIMARY KEY)")
+    for round_ in range(3):
+        with _connect(uri) as conn:
+            for i in range(200):
+                n = round_ * 1000 + i
+                conn.execute("INSERT INTO acks VALUES (%s)", [n])
+                acknowledged.append(n)  # committed: autocommit returned
+        os.kill(_postmaster_pid(server, pid, branch_id), signal.SIGKILL)
+        with _connect(uri) as conn:  # the proxy finds it gone and starts it again
+            ids = {r[0] for r in conn.execute("SELECT id FROM acks").fetchall()}
+        assert set(acknowledged) <= ids
+    assert_consistent(server, api, pid)
+
+
+def test_a_taken_port_moves_the_compute_and_the_squatter_gets_no_client(api: Api) -> None:
+    body = api.create_ready_project(name="squatted")
+    pid, eid = body["project"]["id"], body["endpoints"][0]["id"]
+    uri = body["connection_uris"][0]["connection_uri"]
+    with _connect(uri) as conn:
+        conn.execute("CREATE TABLE t AS SELECT 1 AS v")
+    r = api.http.post(f"/projects/{pid}/endpoints/{eid}/suspend")
+    api.wait_operations(pid, [o["id"] for o in r.json()["operations"]])
+    port = _endpoint_port(api.server, eid)
+
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        squatter.setblocking(False)
+        with _connect(uri) as conn:
+            assert conn.execute("SELECT v FROM t").fetchone() == (1,)
+        with pytest.raises(BlockingIOError):
+            squatter.accept()  # nobody was sent to it
+    moved = _endpoint_port(api.server, eid)
+    assert moved != port
+    starts = [
+        o
+        for o in api.http.get(f"/projects/{pid}/operations").json()["operations"]
+        if o["action"] == "start_compute"
+    ]
+    assert starts[0]["status"] == "finished"
+    assert_consistent(api.server, api, pid)
+
+
+# -- the store locked by another process ----------------------------------------------------
+
+
+def test_a_locked_store_is_503_with_retry_after_and_reads_go_on(api: Api) -> None:
+    server = api.server
+    api.create_project(name="before-the-lock")
+    results: dict[str, Any] = {}
+    finished: list[str] = []
+    with sqlite3.connect(server.data_dir / "pgplane.db", isolation_level=None) as holder:
+        holder.execute("BEGIN IMMEDIATE")  # what another program writing the file would hold
+
+        def create() -> None:
+            results["post"] = api.http.post("/projects", json={"project": {"name": "locked"}})
+            finished.append("post")
+
+        writer = threading.Thread(target=create)
+        writer.start()
+        time.sleep(0.5)  # the POST is waiting for the lock now
+        listed = api.http.get("/projects")
+        finished.append("get")
+        writer.join()
+        holder.execute("ROLLBACK")
+    # The wait for the lock never blocked the server: the GET was answered meanwhile.
+    assert finished == ["get", "post"]
+    assert listed.status_code == 200
+    post = results["post"]
+    assert post.status_code == 503, post.text
+    assert int(post.headers["retry-after"]) >= 1
+    assert post.json()["code"] and post.json()["message"]
+
+    # Nothing of the refused request was written; the next one works; the file is sound.
+    names = [p["name"] for p in api.http.get("/projects").json()["projects"]]
+    assert names == ["before-the-lock"]
+    api.create_ready_project(name="after-the-lock")
+    with sqlite3.connect(server.data_dir / "pgplane.db") as db:
+        assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+# -- the data disk full during a branch copy -------------------------------------------------
+
+
+@contextlib.contextmanager
+def full_disk_server() -> Iterator[tuple[Server, str]]:
+    """A server whose branch copies cannot fit: how the disk is made small depends on who we are.
+
+    As root (CI here), the projects live on a real 200 MB filesystem (a tmpfs). Otherwise the
+    platform is told to keep free all but 20 MB of the disk, which refuses the copy the same way.
+    """
+    env = dict(ENV, PGPLANE_MAX_ATTEMPTS="2")
+    if os.geteuid() != 0:
+        free = shutil.disk_usage(Path("/tmp")).free
+        with running_server(PGPLANE_DISK_RESERVE_BYTES=str(free - (20 << 20)), **env) as server:
+            yield server, "reserve"
+        return
+    mounted: list[Path] = []
+
+    def prepare(data_dir: Path) -> None:
+        projects = data_dir / "projects"
+        projects.mkdir(mode=0o711)
+        options = "size=200m,mode=0711"
+        subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(projects)], check=True)
+        mounted.append(projects)
+
+    try:
+        with running_server(prepare=prepare, **env) as server:
+            yield server, "tmpfs"
+    finally:
+        for path in mounted:
+            subprocess.run(["umount", "-l", str(path)], check=False)
+            shutil.rmtree(path.parent, ignore_errors=True)
+
+
+def test_a_branch_that_would_fill_the_disk_fails_cleanly_and_the_parent_goes_on() -> None:
+    with full_disk_server() as (server, how), Api(server, server.create_key("full@x.io")[1]) as api:
+        body = api.create_ready_project(name="full")
+        pid = body["project"]["id"]
+        uri = body["connection_uris"][0]["connection_uri"]
+        with _connect(uri) as conn:
+            # ~35 MB of table (and as much WAL): with the ~50 MB of a new cluster, the parent
+            # takes ~120 MB of the 200, and a copy (~100 MB) does not fit.
+            conn.execute("CREATE TABLE t AS SELECT g AS v, repeat('x', 400) AS pad"
+                         " FROM generate_series(1, 75000) g")  # fmt: skip
+        projects = server.data_dir / "projects"
+        used_before = shutil.disk_usage(projects).used
+
+        r = api.http.post(f"/projects/{pid}/branches", json={"branch": {"name": "too-big"}})
+        assert r.status_code == 201, r.text
+        ops = api.wait_operations(pid, [o["id"] for o in r.json()["operations"]], timeout=120)
+        assert [o["status"] for o in ops] == ["failed"], ops
+        assert "No space left on device" in ops[0]["error"], ops[0]
+        assert ops[0]["failures_count"] == 2
+
+        # The parent never stopped and lost nothing; the space is back; nothing half-made.
+        with _connect(uri) as conn:
+            assert conn.execute("SELECT count(*), sum(v) FROM t").fetchone() == (
+                75000,
+                75000 * 75001 // 2,
+            )
+            conn.execute("INSERT INTO t VALUES (0, 'still writable')")
+        leftovers = list(projects.glob(f"{pid}/branches/*/pgdata.tmp"))
+        assert leftovers == []
+        if how == "tmpfs":  # a disk of its own: nothing else writes to it
+            assert shutil.disk_usage(projects).used <= used_before + (32 << 20)
+        assert len(postmasters(server.data_dir)) == 1
+
+
+def test_writes_racing_a_lock_holder_are_done_or_503_never_half(api: Api) -> None:
+    """Every answer is done (200) or a 503 with the error body, and only the done ones exist."""
+    server = api.server
+    statuses: list[int] = []
+    stop = threading.Event()
+
+    def hammer() -> None:
+        with httpx.Client(
+            base_url=server.base_url, headers={"Authorization": f"Bearer {api.key}"}, timeout=30
+        ) as http:
+            while not stop.is_set():
+                r = http.post("/api_keys", json={"key_name": "racing"})
+                statuses.append(r.status_code)
+                if r.status_code >= 500:
+                    assert r.json()["code"], r.text
+
+    threads = [threading.Thread(target=hammer) for _ in range(3)]
+    for t in threads:
+        t.start()
+    with sqlite3.connect(server.data_dir / "pgplane.db", isolation_level=None) as holder:
+        time.sleep(0.5)
+        holder.execute("BEGIN IMMEDIATE")
+        time.sleep(BUSY_SECONDS + 1)  # past what a writer waits: some requests are refused
+        holder.execute("ROLLBACK")
+        time.sleep(0.5)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert set(statuses) == {200, 503}, statuses
+    listed = api.http.get("/api_keys").json()
+    assert len([k for k in listed if k["name"] == "racing"]) == statuses.count(200)
