@@ -152,6 +152,11 @@ def running_server(**env_overrides: str) -> Iterator[Server]:
         **os.environ,
         "PGPLANE_POLL_SECONDS": "0.2",
         "PGPLANE_KEY_USE_FLUSH_SECONDS": "0.5",
+        # Tests are clients far faster than people, all from 127.0.0.1, and some send bad keys on
+        # purpose: the rate limits are off unless a test sets them (tests/e2e/test_rate_limits.py).
+        "PGPLANE_RATE_LIMIT_PER_MINUTE": "0",
+        "PGPLANE_RATE_LIMIT_BURST_PER_SECOND": "0",
+        "PGPLANE_AUTH_FAILURES_PER_MINUTE": "0",
         **env_overrides,
     }
     server = Server(data_dir=data_dir, port=free_port(), env=env, log_path=data_dir / "serve.log")
