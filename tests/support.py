@@ -135,6 +135,11 @@ class Server:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
+    def store_and_logs(self) -> bytes:
+        """What the server wrote to its store (with the WAL) and its logs, the computes' too."""
+        paths = [self.log_path, *self.data_dir.glob("pgplane.db*"), *self.data_dir.glob("logs/*")]
+        return b"".join(p.read_bytes() for p in paths if p.is_file())
+
     def create_key(self, account: str, name: str = "test") -> tuple[int, str]:
         done = run_cli(
             "api-keys", "create", "--name", name, "--account", account, data_dir=self.data_dir
