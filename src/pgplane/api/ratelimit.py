@@ -152,6 +152,10 @@ class RateLimiter:
             raise _refuse(wait, "too many failed authentication attempts from this address")
 
     def failed(self, host: str) -> None:
-        """Count a failed authentication from ``host``."""
+        """Count a failed authentication from ``host``.
+
+        Counted even past the limit (requests admitted together may all fail): the address then
+        waits that much longer, so over time it never fails faster than the limit.
+        """
         if self._failures is not None:
             self._failures.take(address_key(host), self._clock())
