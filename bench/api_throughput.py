@@ -6,6 +6,10 @@ the tail measures the scheduler), in the same run: interleaved rounds, medians r
 at least 5,000 requests/s with p99 under 15 ms where the baseline does 33k/s; the script also
 scales the target to the baseline.
 
+pgplane runs twice: with the rate limits off, and on with limits set beyond what wrk reaches
+(every request pays for the checks, none is refused); the ratio of the two is their cost. The
+target is judged with the limits on, the path every request takes in production.
+
     .venv/bin/python -m bench.api_throughput [--seconds 10] [--rounds 3]
 """
 
@@ -20,7 +24,7 @@ from collections.abc import Iterator
 
 import httpx
 
-from bench.common import free_port, median, running_server, wrk
+from bench.common import Server, free_port, median, running_server, wrk
 
 REFERENCE_BASELINE_RPS = 33_000  # the bare Starlette hello where the targets were set
 
@@ -46,49 +50,80 @@ def starlette_hello() -> Iterator[str]:
         proc.wait()
 
 
+LIMITS_OFF = {
+    "PGPLANE_RATE_LIMIT_PER_MINUTE": "0",
+    "PGPLANE_RATE_LIMIT_BURST_PER_SECOND": "0",
+    "PGPLANE_AUTH_FAILURES_PER_MINUTE": "0",
+}
+LIMITS_ON = {  # checked on every request, never reached by one key at wrk's rate
+    "PGPLANE_RATE_LIMIT_PER_MINUTE": "1000000000",
+    "PGPLANE_RATE_LIMIT_BURST_PER_SECOND": "1000000000",
+    "PGPLANE_AUTH_FAILURES_PER_MINUTE": "50",
+}
+
+
+def operations_page(server: Server) -> tuple[str, dict[str, str]]:
+    """A project with a full page of ten operations: the URL and the headers that read it."""
+    _, key = server.create_key("bench@example.com")
+    headers = {"Authorization": f"Bearer {key}"}
+    created = httpx.post(
+        f"{server.base_url}/projects", json={"project": {"name": "bench"}}, headers=headers
+    ).json()
+    pid = created["project"]["id"]
+    for i in range(12):
+        httpx.patch(
+            f"{server.base_url}/projects/{pid}",
+            json={"project": {"history_retention_seconds": 100 + i}},
+            headers=headers,
+        )
+    url = f"{server.base_url}/projects/{pid}/operations?limit=10"
+    page = httpx.get(url, headers=headers).json()
+    assert len(page["operations"]) == 10, page
+    return url, headers
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
 
-    with running_server() as server, starlette_hello() as hello_url:
-        _, key = server.create_key("bench@example.com")
-        headers = {"Authorization": f"Bearer {key}"}
-        created = httpx.post(
-            f"{server.base_url}/projects", json={"project": {"name": "bench"}}, headers=headers
-        ).json()
-        pid = created["project"]["id"]
-        for i in range(12):  # a full page of ten operations
-            httpx.patch(
-                f"{server.base_url}/projects/{pid}",
-                json={"project": {"history_retention_seconds": 100 + i}},
-                headers=headers,
-            )
-        url = f"{server.base_url}/projects/{pid}/operations?limit=10"
-        page = httpx.get(url, headers=headers).json()
-        assert len(page["operations"]) == 10, page
-        time.sleep(2)  # let the operations settle so the engine is idle
+    with (
+        running_server(**LIMITS_OFF) as off,
+        running_server(**LIMITS_ON) as on,
+        starlette_hello() as hello_url,
+    ):
+        off_url, off_headers = operations_page(off)
+        on_url, on_headers = operations_page(on)
+        time.sleep(2)  # let the operations settle so the engines are idle
         # Interleaved rounds, medians reported: this machine's neighbours come and go, and a
         # burst of stolen CPU in one run moves its p99 by tens of milliseconds.
-        bases, ours = [], []
+        bases, offs, ons = [], [], []
         for _ in range(args.rounds):
             bases.append(wrk(hello_url, connections=64, seconds=args.seconds))
-            ours.append(wrk(url, connections=64, seconds=args.seconds, headers=headers))
+            offs.append(wrk(off_url, connections=64, seconds=args.seconds, headers=off_headers))
+            ons.append(wrk(on_url, connections=64, seconds=args.seconds, headers=on_headers))
 
-    for name, runs in (("bare Starlette hello", bases), ("pgplane GET operations?limit=10", ours)):
+    for name, runs in (
+        ("bare Starlette hello", bases),
+        ("pgplane, rate limits off", offs),
+        ("pgplane, rate limits on", ons),
+    ):
         each = ", ".join(f"{r.requests_per_second:.0f}/s p99 {r.p99_ms:.1f}" for r in runs)
         print(f"{name + ':':34} {each}")
     base_rps = median([r.requests_per_second for r in bases])
-    rps = median([r.requests_per_second for r in ours])
-    p50 = median([r.p50_ms for r in ours])
-    p99 = median([r.p99_ms for r in ours])
-    non_2xx = sum(r.non_2xx for r in ours)
+    off_rps = median([r.requests_per_second for r in offs])
+    rps = median([r.requests_per_second for r in ons])
+    p50 = median([r.p50_ms for r in ons])
+    p99 = median([r.p99_ms for r in ons])
+    non_2xx = sum(r.non_2xx for r in ons) + sum(r.non_2xx for r in offs)
     print(f"median bare Starlette hello:       {base_rps:9.0f} req/s")
+    print(f"median pgplane, limits off:        {off_rps:9.0f} req/s")
     print(
-        f"median pgplane:                    {rps:9.0f} req/s   p50 {p50:6.2f} ms   "
+        f"median pgplane, limits on:         {rps:9.0f} req/s   p50 {p50:6.2f} ms   "
         f"p99 {p99:6.2f} ms   (non-2xx: {non_2xx})"
     )
+    print(f"ratio limits on / off:             {rps / off_rps:9.3f}")
     print(f"ratio pgplane / baseline:          {rps / base_rps:9.2f}")
     # The target was set on a machine where this baseline does about 33k req/s; on a slower or
     # busier one, scale it by the baseline measured just now.

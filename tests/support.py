@@ -135,6 +135,11 @@ class Server:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
+    def store_and_logs(self) -> bytes:
+        """What the server wrote to its store (with the WAL) and its logs, the computes' too."""
+        paths = [self.log_path, *self.data_dir.glob("pgplane.db*"), *self.data_dir.glob("logs/*")]
+        return b"".join(p.read_bytes() for p in paths if p.is_file())
+
     def create_key(self, account: str, name: str = "test") -> tuple[int, str]:
         done = run_cli(
             "api-keys", "create", "--name", name, "--account", account, data_dir=self.data_dir
@@ -157,6 +162,11 @@ def running_server(
         **os.environ,
         "PGPLANE_POLL_SECONDS": "0.2",
         "PGPLANE_KEY_USE_FLUSH_SECONDS": "0.5",
+        # Tests are clients far faster than people, all from 127.0.0.1, and some send bad keys on
+        # purpose: the rate limits are off unless a test sets them (tests/e2e/test_rate_limits.py).
+        "PGPLANE_RATE_LIMIT_PER_MINUTE": "0",
+        "PGPLANE_RATE_LIMIT_BURST_PER_SECOND": "0",
+        "PGPLANE_AUTH_FAILURES_PER_MINUTE": "0",
         **env_overrides,
     }
     server = Server(data_dir=data_dir, port=free_port(), env=env, log_path=data_dir / "serve.log")

@@ -67,6 +67,10 @@ class Settings:
     # API.
     max_body_bytes: int = 1 << 20
     key_use_flush_seconds: float = 5.0
+    # Rate limits, Neon's figures (api/ratelimit.py); 0 turns one off.
+    rate_limit_per_minute: int = 700  # per account, sustained
+    rate_limit_burst_per_second: int = 40  # per account and route
+    auth_failures_per_minute: int = 50  # per client address (IPv6: per /64)
 
     @property
     def store_path(self) -> Path:
@@ -109,6 +113,9 @@ def settings_from_env(**overrides: object) -> Settings:
         ("key_use_flush_seconds", float),
         ("max_attempts", int),
         ("disk_reserve_bytes", int),
+        ("rate_limit_per_minute", int),
+        ("rate_limit_burst_per_second", int),
+        ("auth_failures_per_minute", int),
     ):
         raw = os.environ.get(f"PGPLANE_{name.upper()}")
         if raw:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import re
 import time
 
+import httpx
+
+from pgplane.core import keys
 from tests.support import Api, Server
 
 TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z$")
@@ -25,7 +28,9 @@ def test_create_returns_the_value_once(api: Api) -> None:
     assert set(item) == {
         "id", "name", "created_at", "created_by", "last_used_at", "last_used_from_addr"
     }  # fmt: skip
-    assert body["key"] not in api.http.get("/api_keys").text
+    listed_text = api.http.get("/api_keys").text
+    assert body["key"] not in listed_text
+    assert keys.digest(body["key"]) not in listed_text
     assert item["last_used_at"] is None
     assert item["last_used_from_addr"] == ""
     assert set(item["created_by"]) == {"id", "name", "image"}
@@ -66,6 +71,35 @@ def test_last_use_is_recorded(server: Server, api: Api) -> None:
             time.sleep(0.1)
         assert TIMESTAMP.match(item["last_used_at"])
         assert item["last_used_from_addr"] == "127.0.0.1"
+
+
+def test_key_values_are_never_written_down(server: Server, api: Api) -> None:
+    """Scenario A2: after keys are made, used, misused and revoked, neither the store (with its
+    WAL) nor any log holds a value; the store holds their digests."""
+    made = [api.http.post("/api_keys", json={"key_name": f"secret-{i}"}).json() for i in range(3)]
+    values = [api.key, *(k["key"] for k in made)]
+    for value in values:
+        with Api(server, value) as client:
+            assert client.http.get("/projects").status_code == 200
+        # The same value where it does not belong: each answer is an error, none is logged.
+        assert (
+            httpx.get(f"{server.base_url}/projects", params={"api_key": value}).status_code == 401
+        )
+        basic = httpx.get(f"{server.base_url}/projects", auth=(value, value))
+        assert basic.status_code == 401
+        assert api.http.get(f"/projects/{value}").status_code in (400, 404)
+    api.http.delete(f"/api_keys/{made[0]['id']}")
+    with Api(server, made[0]["key"]) as revoked:
+        assert revoked.http.get("/projects").status_code == 401
+
+    deadline = time.monotonic() + 10  # until the uses are recorded: the store was written to
+    while any(k["last_used_at"] is None for k in api.http.get("/api_keys").json()):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    written = server.store_and_logs()
+    for value in values:
+        assert keys.digest(value).encode() in written
+        assert value.encode() not in written
 
 
 def test_bad_key_requests_change_nothing(api: Api) -> None:

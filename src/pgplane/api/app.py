@@ -18,6 +18,7 @@ from litestar.openapi.spec import Components, SecurityScheme
 from pgplane import __version__
 from pgplane.api.auth import Platform, key_hook
 from pgplane.api.errors import on_http_error, on_platform_error, on_unexpected
+from pgplane.api.ratelimit import RateLimiter
 from pgplane.api.routes.account import Account
 from pgplane.api.routes.api_keys import ApiKeys
 from pgplane.api.routes.branches import Branches
@@ -94,7 +95,9 @@ def create_app(
             Databases,
         ],
         security=[{"BearerAuth": []}],
-        before_request=key_hook(Platform(store, settings, notify, recorder)),
+        before_request=key_hook(
+            Platform(store, settings, notify, recorder, RateLimiter.from_settings(settings))
+        ),
     )
     return Litestar(
         route_handlers=[api, openapi_document],

@@ -5,6 +5,10 @@ are looked at (a bad body from a stranger is a 401, not a 400); routes then take
 ``ctx = authorized(request)``. Neither a framework dependency nor a guard: on the hottest route,
 dependency injection cost a tenth of the throughput, and Litestar copies the route handler for
 every guard call (a sixteenth).
+
+The hook also applies the rate limits (``ratelimit.py``): an address that failed too often is
+refused before its key is looked at, and an account's limits are counted once it is known, before
+anything is read or written for the request.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any, cast
 from litestar import Request
 from litestar.datastructures import State
 
+from pgplane.api.ratelimit import RateLimiter
 from pgplane.config import Settings
 from pgplane.errors import Unauthorized
 from pgplane.services import api_keys
@@ -32,6 +37,7 @@ class Platform:
     settings: Settings
     notify: Callable[[], None]  # tells the engine that new operations wait
     key_uses: api_keys.UseRecorder
+    limiter: RateLimiter
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,25 +58,33 @@ _AUTHORIZED = "pgplane.authorized"
 
 def key_hook(platform: Platform) -> Callable[[AnyRequest], Awaitable[None]]:
     """The ``before_request`` hook that authenticates against ``platform``."""
-    store, settings, notify, key_uses = (
+    store, settings, notify, key_uses, limiter = (
         platform.store,
         platform.settings,
         platform.notify,
         platform.key_uses,
+        platform.limiter,
     )
 
     async def require_key(request: AnyRequest) -> None:
         """The caller behind the request's Bearer key; anything else is the same 401."""
+        scope = cast("dict[str, Any]", request.scope)
+        client = scope.get("client")
+        address: str = client[0] if client else ""
+        limiter.check_address(address)
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
+            limiter.failed(address)
             raise Unauthorized()
         async with store.read() as tx:
             key = await api_keys.authenticate(tx, value=token)
         if key is None:
+            limiter.failed(address)
             raise Unauthorized()
-        key_uses.record(key.id, request.client.host if request.client else "")
-        scope = cast("dict[str, Any]", request.scope)
+        # Before the use is recorded: a refused request changes nothing, not even last_used_at.
+        limiter.admit(key.account_id, scope["route_handler"])
+        key_uses.record(key.id, address)
         scope[_AUTHORIZED] = Authorized(
             account_id=key.account_id,
             key_id=key.id,

@@ -12,6 +12,7 @@ from litestar.datastructures import State
 from litestar.exceptions import HTTPException, ValidationException
 
 from pgplane.api.schemas import ErrorBody
+from pgplane.core import keys
 from pgplane.errors import PgplaneError
 
 log = logging.getLogger(__name__)
@@ -25,9 +26,13 @@ _CODES = {cls.status: cls.code for cls in PgplaneError.__subclasses__()}
 
 
 def request_id(request: AnyRequest) -> str:
-    """The client's ``X-Request-ID`` when it is sane, else a fresh one."""
+    """The client's ``X-Request-ID`` when it is sane, else a fresh one.
+
+    Never one that looks like an API key: a client that put its key there by mistake would see it
+    echoed in error bodies, which may be logged or shown where the key must never appear.
+    """
     given = request.headers.get("x-request-id")
-    if given and _REQUEST_ID.match(given):
+    if given and _REQUEST_ID.match(given) and not given.startswith(keys.PREFIX):
         return given
     return uuid.uuid4().hex
 

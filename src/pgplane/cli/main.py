@@ -72,6 +72,17 @@ def serve(
     compute_user: Annotated[
         str | None, typer.Option(help="OS user for Postgres when running as root [pgplane]")
     ] = None,
+    rate_limit_per_minute: Annotated[
+        int | None, typer.Option(help="Requests a minute per account; 0: no limit [700]")
+    ] = None,
+    rate_limit_burst_per_second: Annotated[
+        int | None,
+        typer.Option(help="Requests a second per account on one route; 0: no limit [40]"),
+    ] = None,
+    auth_failures_per_minute: Annotated[
+        int | None,
+        typer.Option(help="Failed authentications a minute per client address; 0: no limit [50]"),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
 ) -> None:
     """Run the API, the operations engine and the computes' supervisor in one process."""
@@ -90,6 +101,9 @@ def serve(
         proxy_wildcard_dns=proxy_wildcard_dns,
         tls_cert=tls_cert,
         tls_key=tls_key,
+        rate_limit_per_minute=rate_limit_per_minute,
+        rate_limit_burst_per_second=rate_limit_burst_per_second,
+        auth_failures_per_minute=auth_failures_per_minute,
     )
     if (settings.tls_cert is None) != (settings.tls_key is None):
         typer.echo("error: --tls-cert and --tls-key go together", err=True)
