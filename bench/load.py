@@ -30,12 +30,12 @@ NO_LIMITS = {"PGPLANE_RATE_LIMIT_PER_MINUTE": "0", "PGPLANE_RATE_LIMIT_BURST_PER
 def report(name: str, result: LoadResult) -> None:
     posts, polls = result.post_ms, result.poll_ms
     print(
-        f"{name:9s} POST p50 {median(posts):6.1f} ms  p99 {percentile(posts, 99):6.1f} ms"
+        f"{name:9s} POST p50 {median(posts):6.1f} ms  p99 {percentile(posts, 0.99):6.1f} ms"
         f"  ({len(posts)} POSTs, {result.branches_created} branches)"
     )
     if polls:
         print(
-            f"{'':9s} GET  p50 {median(polls):6.1f} ms  p99 {percentile(polls, 99):6.1f} ms"
+            f"{'':9s} GET  p50 {median(polls):6.1f} ms  p99 {percentile(polls, 0.99):6.1f} ms"
             f"  ({len(polls)} GETs, {len(polls) / max(1, len(result.rss_mb)):.0f}/s)"
         )
 
@@ -64,14 +64,14 @@ def main() -> None:
                 unsettled = str(exc)
     report("baseline", base)
     report("loaded", loaded)
-    ratio = percentile(loaded.post_ms, 99) / percentile(base.post_ms, 99)
+    ratio = percentile(loaded.post_ms, 0.99) / percentile(base.post_ms, 0.99)
     quarter = max(1, len(loaded.rss_mb) // 4)
     first, last = max(loaded.rss_mb[:quarter]), max(loaded.rss_mb[-quarter:])
     print(f"POST p99 loaded/baseline: {ratio:.2f}x")
     print(f"5xx: {loaded.server_errors}   statuses: {dict(sorted(loaded.statuses.items()))}")
     print(f"server RSS: {first:.0f} MB (first quarter) -> {last:.0f} MB (last quarter)")
     checks = {
-        "POST p99 < 50 ms": percentile(loaded.post_ms, 99) < 50,
+        "POST p99 < 50 ms": percentile(loaded.post_ms, 0.99) < 50,
         "no 5xx": loaded.server_errors == 0 and base.server_errors == 0,
         "every operation settled": not unsettled and not loaded.errors,
         "memory flat (< 20 MB growth)": last - first < 20,
