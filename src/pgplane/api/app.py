@@ -16,7 +16,8 @@ from litestar.openapi.plugins import SwaggerRenderPlugin
 from litestar.openapi.spec import Components, SecurityScheme
 
 from pgplane import __version__
-from pgplane.api.auth import Platform, key_hook
+from pgplane.api import bodies
+from pgplane.api.auth import AnyRequest, Platform, key_hook
 from pgplane.api.errors import on_http_error, on_platform_error, on_unexpected
 from pgplane.api.routes.account import Account
 from pgplane.api.routes.api_keys import ApiKeys
@@ -81,6 +82,14 @@ def create_app(
                 await task
             await _flush_key_uses(store, recorder)
 
+    authenticate = key_hook(Platform(store, settings, notify, recorder))
+
+    async def before_request(request: AnyRequest) -> None:
+        """Every request: the key first (a stranger learns nothing, not even a 400), then the
+        body's form."""
+        await authenticate(request)
+        await bodies.check(request)
+
     api = Router(
         path=BASE_PATH,
         route_handlers=[
@@ -94,7 +103,7 @@ def create_app(
             Databases,
         ],
         security=[{"BearerAuth": []}],
-        before_request=key_hook(Platform(store, settings, notify, recorder)),
+        before_request=before_request,
     )
     return Litestar(
         route_handlers=[api, openapi_document],

@@ -91,7 +91,11 @@ class Branches(Controller):
             )
         return BranchCount(count=n)
 
-    @post(status_code=201, operation_id="createProjectBranch", responses=error_responses(409))
+    @post(
+        status_code=201,
+        operation_id="createProjectBranch",
+        responses=error_responses(409, body=True),
+    )
     async def create(
         self, request: AnyRequest, project_id: str, data: BranchCreateRequest | None = None
     ) -> BranchCreated:
@@ -150,7 +154,11 @@ class Branches(Controller):
             )
         return BranchResponse(branch=presenters.branch(branch))
 
-    @patch("/{branch_id:str}", operation_id="updateProjectBranch", responses=error_responses(409))
+    @patch(
+        "/{branch_id:str}",
+        operation_id="updateProjectBranch",
+        responses=error_responses(409, body=True),
+    )
     async def update(
         self, request: AnyRequest, project_id: str, branch_id: str, data: BranchUpdateRequest
     ) -> BranchOperations:
