@@ -8,12 +8,13 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from litestar import Litestar, MediaType, Request, Router, get
+from litestar import Litestar, MediaType, Request, Response, Router, get
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import SwaggerRenderPlugin
 from litestar.openapi.spec import Components, SecurityScheme
+from litestar.routes import HTTPRoute
 
 from pgplane import __version__
 from pgplane.api import bodies
@@ -51,6 +52,20 @@ def openapi_document(request: Request[Any, Any, State]) -> dict[str, Any]:
     return request.app.openapi_schema.to_schema()
 
 
+def _answer_options(allowed: dict[str, str]) -> Callable[[AnyRequest], Response[None]]:
+    """OPTIONS with the route's real methods in ``Allow``.
+
+    Litestar 2's own OPTIONS handler lists only the methods of the first handler registered for a
+    path (litestar-org/litestar#4169, fixed in 3): ``OPTIONS /projects`` said ``POST`` alone.
+    """
+
+    def answer(request: AnyRequest) -> Response[None]:
+        methods = allowed.get(request.scope.get("path_template", ""), "OPTIONS")
+        return Response(None, status_code=204, headers={"Allow": methods})
+
+    return answer
+
+
 async def _flush_key_uses(store: Store, recorder: api_keys.UseRecorder) -> None:
     if recorder.has_pending():
         async with store.write() as tx:
@@ -83,12 +98,17 @@ def create_app(
             await _flush_key_uses(store, recorder)
 
     authenticate = key_hook(Platform(store, settings, notify, recorder))
+    allowed: dict[str, str] = {}  # filled once the app has built its routes
+    answer_options = _answer_options(allowed)
 
-    async def before_request(request: AnyRequest) -> None:
-        """Every request: the key first (a stranger learns nothing, not even a 400), then the
-        body's form."""
+    async def before_request(request: AnyRequest) -> Response[None] | None:
+        """Every request: the key first (a stranger learns nothing, not even a 400), then OPTIONS,
+        then the body's form."""
         await authenticate(request)
+        if request.method == "OPTIONS":
+            return answer_options(request)
         await bodies.check(request)
+        return None
 
     api = Router(
         path=BASE_PATH,
@@ -105,7 +125,7 @@ def create_app(
         security=[{"BearerAuth": []}],
         before_request=before_request,
     )
-    return Litestar(
+    app = Litestar(
         route_handlers=[api, openapi_document],
         exception_handlers={
             PgplaneError: on_platform_error,
@@ -129,3 +149,11 @@ def create_app(
         debug=False,
         logging_config=None,  # the process entry point configures logging
     )
+    allowed.update(
+        {
+            route.path_format: ", ".join(sorted(route.methods))
+            for route in app.routes
+            if isinstance(route, HTTPRoute)
+        }
+    )
+    return app
