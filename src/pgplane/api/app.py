@@ -28,13 +28,14 @@ from pgplane.api.routes.operations import Operations
 from pgplane.api.routes.projects import Projects
 from pgplane.api.routes.roles import Databases, Roles
 from pgplane.config import Settings
-from pgplane.errors import PgplaneError
+from pgplane.errors import NotFound, PgplaneError
 from pgplane.services import api_keys
 from pgplane.store import Store
 
 log = logging.getLogger(__name__)
 
 BASE_PATH = "/api/v2"
+_ENCODED_SLASH = b"%2f"
 
 
 def _nothing() -> None:
@@ -105,6 +106,10 @@ def create_app(
         """Every request: the key first (a stranger learns nothing, not even a 400), then OPTIONS,
         then the body's form."""
         await authenticate(request)
+        if _ENCODED_SLASH in (request.scope.get("raw_path") or b"").lower():
+            # Routing sees the decoded path, where %2F is a separator: /projects/%2F would be
+            # /projects. No id or name here holds a slash, so such a path names nothing.
+            raise NotFound("not found")
         if request.method == "OPTIONS":
             return answer_options(request)
         await bodies.check(request)

@@ -23,6 +23,10 @@ def _identifier(kind: str, value: str) -> str:
     _text(kind, value, MAX_PG_IDENTIFIER_BYTES)
     if len(value.encode("utf-8")) > MAX_PG_IDENTIFIER_BYTES:
         raise BadRequest(f"{kind} name must be at most {MAX_PG_IDENTIFIER_BYTES} bytes")
+    if "/" in value:
+        # Paths name roles and databases, and a slash in one would be a path separator: such a
+        # role could be created but never read, changed or deleted.
+        raise BadRequest(f"{kind} name must not contain '/'")
     return value
 
 
