@@ -146,8 +146,9 @@ class Server:
 
 
 @contextlib.contextmanager
-def running_server(**env_overrides: str) -> Iterator[Server]:
-    data_dir = make_data_dir()
+def running_server(data_dir: Path | None = None, **env_overrides: str) -> Iterator[Server]:
+    """A started server on its own data directory (a fresh one unless given), removed after."""
+    data_dir = data_dir or make_data_dir()
     env = {
         **os.environ,
         "PGPLANE_POLL_SECONDS": "0.2",

@@ -490,7 +490,8 @@ def test_fields_the_platform_owns_are_ignored(api: Api, other_api: Api) -> None:
 
 def test_routes_outside_the_document_do_not_exist(server: Server, api: Api, tmp_path: Path) -> None:
     """I5: admin-like and platform paths are 404 (with the error body), methods a documented path
-    lacks are 405 with ``Allow``, and the app serves no route its document does not list."""
+    lacks are 405 with ``Allow``, OPTIONS tells the documented ones, and the app serves no route
+    its document does not list."""
     project = api.create_project(name="unknown-routes")
     pid = project["project"]["id"]
     for path in (
@@ -518,6 +519,16 @@ def test_routes_outside_the_document_do_not_exist(server: Server, api: Api, tmp_
         assert r.status_code == 405, (method, path, r.text)
         assert r.headers["allow"] and r.json()["code"] == "METHOD_NOT_ALLOWED"
 
+    # OPTIONS on each documented path lists exactly its documented methods.
+    routes = _documented_routes(server)
+    for path in {p for _, p in routes}:
+        url = path.replace("{key_id}", "1")
+        url = re.sub(r"{\w+}", "x", url)
+        r = api.http.options(url)
+        assert r.status_code == 204, (path, r.text)
+        allowed = {m.strip() for m in r.headers["allow"].split(",")}
+        assert allowed == {m for m, p in routes if p == path} | {"OPTIONS"}, (path, allowed)
+
     # Every route the application serves is in its document (bar the document and its viewer).
     from litestar.exceptions import LitestarDeprecationWarning
 
@@ -542,6 +553,6 @@ def test_routes_outside_the_document_do_not_exist(server: Server, api: Api, tmp_
     served = {(m, re.sub(r"{(\w+):\w+}", r"{\1}", p)) for m, p in served}
     undocumented = {
         (m, p) for m, p in served if p != "/openapi.json" and not p.startswith("/docs")
-    } - _documented_routes(server)
+    } - routes
     assert undocumented == set()
     api.wait_operations(pid, [o["id"] for o in project["operations"]])

@@ -196,7 +196,16 @@ def test_bad_input_changes_nothing(api: Api) -> None:
     for path in ("/projects/UPPER-case", "/projects/" + "a" * 61, "/projects/..%2F..%2Fetc"):
         r = api.http.get(path)
         assert r.status_code == 404, (path, r.text)
-    for params in ({"limit": 0}, {"limit": 401}, {"limit": "x"}, {"cursor": "no-such-project"}):
-        assert api.http.get("/projects", params=params).status_code == 400, params
+    for params in (
+        {"limit": 0},
+        {"limit": -1},
+        {"limit": 401},
+        {"limit": 1001},
+        {"limit": "x"},
+        {"cursor": "no-such-project"},
+        {"cursor": "garbage!"},
+    ):
+        r = api.http.get("/projects", params=params)
+        assert r.status_code == 400 and set(r.json()) == {"code", "message", "request_id"}, params
     assert api.http.patch("/projects/no-such-1", json={"project": {"name": "x"}}).status_code == 404
     assert api.http.get("/projects").json()["projects"] == before
