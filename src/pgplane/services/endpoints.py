@@ -323,7 +323,7 @@ async def start(
 ) -> tuple[Endpoint, list[Operation]]:
     endpoint = await get(tx, account_id=account_id, project_id=project_id, endpoint_id=endpoint_id)
     if endpoint.disabled:
-        raise BadRequest("endpoint is disabled; enable it before starting it")
+        raise Conflict("endpoint is disabled; enable it before starting it")
     return await _transition(tx, endpoint, "active", [start_op(endpoint)])
 
 
@@ -339,7 +339,7 @@ async def restart(
 ) -> tuple[Endpoint, list[Operation]]:
     endpoint = await get(tx, account_id=account_id, project_id=project_id, endpoint_id=endpoint_id)
     if endpoint.disabled:
-        raise BadRequest("endpoint is disabled; enable it before restarting it")
+        raise Conflict("endpoint is disabled; enable it before restarting it")
     return await _transition(tx, endpoint, "active", [_suspend_op(endpoint), start_op(endpoint)])
 
 

@@ -9,7 +9,7 @@ import msgspec
 from pgplane.core import clock, ids
 from pgplane.core.models import Branch, Database, Operation, Role
 from pgplane.core.operations import Action
-from pgplane.errors import BadRequest, Conflict, PreconditionFailed
+from pgplane.errors import BadRequest, Conflict, NotFound, PreconditionFailed
 from pgplane.services import access, names, operations
 from pgplane.store import Tx
 
@@ -136,8 +136,10 @@ async def get_database(
 
 
 async def _owner(tx: Tx, branch: Branch, owner_name: str) -> str:
+    # A name in a body that names nothing is a 404, as an id in a path is (and as a branch_id
+    # or parent_id in a body is).
     if await tx.get_role(branch_id=branch.id, name=owner_name) is None:
-        raise BadRequest(f"owner role {owner_name!r} does not exist on this branch")
+        raise NotFound(f"owner role {owner_name!r} does not exist on this branch")
     return owner_name
 
 

@@ -143,7 +143,7 @@ class Endpoints(Controller):
         "/{endpoint_id:str}/start",
         status_code=200,
         operation_id="startProjectEndpoint",
-        responses=error_responses(),
+        responses=error_responses(409),  # a disabled endpoint
     )
     async def start(
         self, request: AnyRequest, project_id: str, endpoint_id: str
@@ -165,7 +165,7 @@ class Endpoints(Controller):
         "/{endpoint_id:str}/restart",
         status_code=200,
         operation_id="restartProjectEndpoint",
-        responses=error_responses(),
+        responses=error_responses(409),  # a disabled endpoint
     )
     async def restart(
         self, request: AnyRequest, project_id: str, endpoint_id: str
