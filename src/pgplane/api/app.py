@@ -17,7 +17,7 @@ from litestar.openapi.spec import Components, SecurityScheme
 from litestar.routes import HTTPRoute
 
 from pgplane import __version__
-from pgplane.api import bodies
+from pgplane.api import bodies, document
 from pgplane.api.auth import AnyRequest, Platform, key_hook
 from pgplane.api.errors import on_http_error, on_platform_error, on_unexpected
 from pgplane.api.routes.account import Account
@@ -40,17 +40,6 @@ _ENCODED_SLASH = b"%2f"
 
 def _nothing() -> None:
     return None
-
-
-@get(
-    f"{BASE_PATH}/openapi.json",
-    include_in_schema=False,
-    media_type=MediaType.JSON,
-    sync_to_thread=False,
-)
-def openapi_document(request: Request[Any, Any, State]) -> dict[str, Any]:
-    """The OpenAPI document of this API, public like Neon's."""
-    return request.app.openapi_schema.to_schema()
 
 
 def _answer_options(allowed: dict[str, str]) -> Callable[[AnyRequest], Response[None]]:
@@ -97,6 +86,16 @@ def create_app(
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             await _flush_key_uses(store, recorder)
+
+    @get(
+        f"{BASE_PATH}/openapi.json",
+        include_in_schema=False,
+        media_type=MediaType.JSON,
+        sync_to_thread=False,
+    )
+    def openapi_document(request: Request[Any, Any, State]) -> dict[str, Any]:
+        """The OpenAPI document of this API, public like Neon's."""
+        return document.served(request.app.openapi_schema.to_schema(), settings)
 
     authenticate = key_hook(Platform(store, settings, notify, recorder))
     allowed: dict[str, str] = {}  # filled once the app has built its routes

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from litestar.openapi.datastructures import ResponseSpec
+from litestar.openapi.spec import Operation, RequestBody
 
 from pgplane.api.schemas import ErrorBody
 
@@ -20,3 +23,12 @@ def error_responses(*extra: int, body: bool = False) -> dict[int, ResponseSpec]:
         code: ResponseSpec(data_container=ErrorBody, description="Error", generate_examples=False)
         for code in statuses
     }
+
+
+@dataclass
+class OptionalBody(Operation):
+    """The operation of a route whose body may be left out (Litestar marks every body required)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.request_body, RequestBody):
+            self.request_body.required = False
