@@ -357,7 +357,9 @@ def walled_server() -> Iterator[tuple[Server, Path]]:
     canary.mkdir(parents=True)
     (canary / "passwd").write_text("root:x:0:0::/root:/bin/sh\n")
     try:
-        with running_server(data_dir=data) as srv:
+        # Compute ports of its own: the session's server may hold a port for a suspended
+        # compute that a second platform would see free and take.
+        with running_server(data_dir=data, PGPLANE_COMPUTE_PORTS="57000-57099") as srv:
             yield srv, outer
     finally:
         shutil.rmtree(outer, ignore_errors=True)
