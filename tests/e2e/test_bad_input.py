@@ -280,10 +280,19 @@ def test_malformed_bodies_on_every_route_with_one_are_4xx_and_the_server_stays(
             method, url, content=text.encode(), headers={"Content-Type": "text/plain"}
         )
         _error(r, 415)
+    # No body where one is needed is a 400 that says so.
+    r = api.http.post(f"{branch}/roles", headers=json_type)
+    assert "body is required" in _error(r, 400)["message"]
     assert server.process.pid == process and server.process.poll() is None
     assert _state(api) == before
     after = api.http.get(f"/projects/{pid}/operations", params={"limit": 1000}).json()
     assert after == ops_before
+
+    # JSON Schema's integers, though: 600.0 is 600 (and 600.5 no integer).
+    url = f"/projects/{pid}/endpoints/{eid}"
+    _error(api.http.patch(url, json={"endpoint": {"suspend_timeout_seconds": 600.5}}), 400)
+    r = api.http.patch(url, json={"endpoint": {"suspend_timeout_seconds": 600.0}})
+    assert r.status_code == 200 and r.json()["endpoint"]["suspend_timeout_seconds"] == 600
 
 
 HOSTILE_SEGMENTS = [

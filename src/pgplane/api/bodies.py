@@ -2,7 +2,8 @@
 
 Left to itself Litestar reads any content type as JSON, keeps the last of duplicate keys, turns
 ``"17"`` into 17 and ``0`` into ``false`` (it converts with ``strict=False``), and answers a
-deeply nested body with a RecursionError, a 500. The router's ``before_request`` hook calls
+deeply nested body with a RecursionError, a 500. Types are the document's, JSON Schema's way: an
+integer may be written 3.0, never "3". The router's ``before_request`` hook calls
 :func:`check` before a route's body is parsed, so a route only ever gets a body that means what it
 says in the document's types.
 """
@@ -23,15 +24,18 @@ from pgplane.errors import BadRequest, UnsupportedMediaType
 JSON = "application/json"
 _NO_BODY = object()
 # What each route handler takes as its body, found once per handler.
-_body_types: weakref.WeakKeyDictionary[HTTPRouteHandler, Any] = weakref.WeakKeyDictionary()
+_body_types: weakref.WeakKeyDictionary[HTTPRouteHandler, tuple[Any, bool]] = (
+    weakref.WeakKeyDictionary()
+)
 _AT = re.compile(r"^(.*) - at `\$\.?(.*)`$")
 
 
-def _body_type(handler: HTTPRouteHandler) -> Any:
+def _body_type(handler: HTTPRouteHandler) -> tuple[Any, bool]:
+    """The handler's body type (or _NO_BODY), and whether a body must be sent."""
     found = _body_types.get(handler)
     if found is None:
         data = handler.parsed_fn_signature.parameters.get("data")
-        found = _NO_BODY if data is None else data.annotation
+        found = (_NO_BODY, False) if data is None else (data.annotation, not data.has_default)
         _body_types[handler] = found
     return found
 
@@ -46,6 +50,18 @@ def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return seen
 
 
+def _integral(value: Any) -> Any:
+    """Floats with nothing after the point as integers: JSON Schema counts 3.0 an integer, and
+    msgspec's strict mode would not (its lax mode would take "3" too)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _integral(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_integral(v) for v in value]
+    return value
+
+
 def _where(error: msgspec.ValidationError) -> str:
     """msgspec's ``Expected … - at `$.a.b``` as the API's other messages put it: ``a.b: …``."""
     message = str(error)
@@ -54,20 +70,21 @@ def _where(error: msgspec.ValidationError) -> str:
 
 
 async def check(request: AnyRequest) -> None:
-    """Raise the 4xx a body deserves unless it is JSON of the route's body type; no body is
-    left to the route (a route that needs one says so)."""
-    expected = _body_type(request.route_handler)
+    """Raise the 4xx a body deserves unless it is JSON of the route's body type."""
+    expected, required = _body_type(request.route_handler)
     if expected is _NO_BODY:
         return
     raw = await request.body()
     if not raw:
+        if required:
+            raise BadRequest("invalid request: a JSON body is required")
         return
     media_type, _ = request.content_type
     if media_type != JSON:
         raise UnsupportedMediaType(f"a request body must be JSON, sent as Content-Type: {JSON}")
     try:
         json.loads(raw, object_pairs_hook=_reject_duplicates)
-        msgspec.json.decode(raw, type=expected, strict=True)
+        msgspec.convert(_integral(msgspec.json.decode(raw)), type=expected, strict=True)
     except RecursionError:
         raise BadRequest("invalid request: JSON nested too deeply") from None
     except msgspec.ValidationError as exc:
