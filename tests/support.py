@@ -152,10 +152,13 @@ class Server:
 
 @contextlib.contextmanager
 def running_server(
-    prepare: Callable[[Path], None] | None = None, **env_overrides: str
+    data_dir: Path | None = None,
+    prepare: Callable[[Path], None] | None = None,
+    **env_overrides: str,
 ) -> Iterator[Server]:
-    """A started server on a fresh data directory; ``prepare`` sees the directory first."""
-    data_dir = make_data_dir()
+    """A started server on its own data directory (a fresh one unless given), removed after;
+    ``prepare`` sees the directory first."""
+    data_dir = data_dir or make_data_dir()
     if prepare is not None:
         prepare(data_dir)
     env = {

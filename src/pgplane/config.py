@@ -120,6 +120,10 @@ def settings_from_env(**overrides: object) -> Settings:
         raw = os.environ.get(f"PGPLANE_{name.upper()}")
         if raw:
             env[name] = cast(raw)
+    ports = os.environ.get("PGPLANE_COMPUTE_PORTS")
+    if ports:  # "low-high": two platforms on one machine need ranges of their own
+        low, _, high = ports.partition("-")
+        env["compute_ports"] = (int(low), int(high))
     bins = os.environ.get("PGPLANE_PG_BIN_DIRS")
     if bins:
         env["pg_bin_dirs"] = tuple(Path(p) for p in bins.split(os.pathsep) if p)

@@ -10,6 +10,7 @@
      ├── Conflict (409 CONFLICT)
      ├── PreconditionFailed (412 PRECONDITION_FAILED)
      ├── PayloadTooLarge (413 PAYLOAD_TOO_LARGE)
+     ├── UnsupportedMediaType (415 UNSUPPORTED_MEDIA_TYPE)
      ├── Locked (423 LOCKED)
      ├── TooManyRequests (429 TOO_MANY_REQUESTS)
      └── Unavailable (503 SERVICE_UNAVAILABLE)
@@ -68,6 +69,11 @@ class PreconditionFailed(PgplaneError):
 class PayloadTooLarge(PgplaneError):
     status = 413
     code = "PAYLOAD_TOO_LARGE"
+
+
+class UnsupportedMediaType(PgplaneError):
+    status = 415
+    code = "UNSUPPORTED_MEDIA_TYPE"
 
 
 class Locked(PgplaneError):

@@ -139,8 +139,16 @@ def test_branch_without_compute_then_list_count_and_pages(api: Api) -> None:
             break
     assert seen == sorted(b["name"] for b in listed["branches"])
     bad = base64.urlsafe_b64encode(json.dumps({"x": 1}).encode()).decode()
-    r = api.http.get(f"/projects/{pid}/branches", params={"limit": 1, "cursor": bad})
-    assert r.status_code == 400, r.text
+    for params in (
+        {"limit": 1, "cursor": bad},
+        {"limit": 1, "cursor": "garbage"},
+        {"limit": 0},
+        {"limit": -1},
+        {"limit": 10001},
+        {"limit": "abc"},
+    ):
+        r = api.http.get(f"/projects/{pid}/branches", params=params)
+        assert r.status_code == 400 and set(r.json()) == {"code", "message", "request_id"}, params
 
 
 def test_branch_rules(api: Api, other_api: Api) -> None:

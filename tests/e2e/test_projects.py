@@ -183,6 +183,10 @@ def test_bad_input_changes_nothing(api: Api) -> None:
         {"project": {"branch": {"database_name": "ü" * 32}}},  # 64 bytes
         {"project": {"branch": {"role_name": "bad\x00name"}}},
         {"project": {"default_endpoint_settings": {"autoscaling_limit_min_cu": 0}}},
+        # Names Postgres keeps would fail create_timeline later: refused now.
+        {"project": {"branch": {"role_name": "public"}}},
+        {"project": {"branch": {"role_name": "pg_monitor"}}},
+        {"project": {"branch": {"database_name": "template1"}}},
     ]
     for bad in bad_bodies:
         r = api.http.post("/projects", json=bad)
@@ -196,7 +200,35 @@ def test_bad_input_changes_nothing(api: Api) -> None:
     for path in ("/projects/UPPER-case", "/projects/" + "a" * 61, "/projects/..%2F..%2Fetc"):
         r = api.http.get(path)
         assert r.status_code == 404, (path, r.text)
-    for params in ({"limit": 0}, {"limit": 401}, {"limit": "x"}, {"cursor": "no-such-project"}):
-        assert api.http.get("/projects", params=params).status_code == 400, params
+    for params in (
+        {"limit": 0},
+        {"limit": -1},
+        {"limit": 401},
+        {"limit": 1001},
+        {"limit": "x"},
+        {"cursor": "no-such-project"},
+        {"cursor": "garbage!"},
+    ):
+        r = api.http.get("/projects", params=params)
+        assert r.status_code == 400 and set(r.json()) == {"code", "message", "request_id"}, params
     assert api.http.patch("/projects/no-such-1", json={"project": {"name": "x"}}).status_code == 404
     assert api.http.get("/projects").json()["projects"] == before
+
+    # Defaults an endpoint could not be made from are refused when set, not at the next branch.
+    made = api.create_project(name="defaults")
+    pid = made["project"]["id"]
+    before_defaults = api.http.get(f"/projects/{pid}").json()["project"][
+        "default_endpoint_settings"
+    ]
+    for defaults in (
+        {"pg_settings": {"port": "1"}},
+        {"autoscaling_limit_min_cu": 4, "autoscaling_limit_max_cu": 2},
+        {"autoscaling_limit_min_cu": 4},  # above the 0.25 an absent maximum means
+    ):
+        r = api.http.patch(
+            f"/projects/{pid}", json={"project": {"default_endpoint_settings": defaults}}
+        )
+        assert r.status_code == 400, (defaults, r.text)
+    after = api.http.get(f"/projects/{pid}").json()["project"]["default_endpoint_settings"]
+    assert after == before_defaults
+    api.wait_operations(pid, [o["id"] for o in made["operations"]])

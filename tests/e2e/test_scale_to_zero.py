@@ -178,6 +178,10 @@ def test_errors_are_postgres_errors(api: Api, server: Server) -> None:
     with pytest.raises(psycopg.OperationalError, match="is disabled") as caught:
         psycopg.connect(uri, connect_timeout=30)
     assert "08004" in str(caught.value) or caught.value.sqlstate in (None, "08004")
+    # Through the API too: starting a disabled compute conflicts with its state.
+    for action in ("start", "restart"):
+        r = api.http.post(f"/projects/{pid}/endpoints/{eid}/{action}")
+        assert r.status_code == 409 and "disabled" in r.json()["message"], r.text
     assert len(_starts(api, pid)) == before
 
 

@@ -8,15 +8,17 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from litestar import Litestar, MediaType, Request, Router, get
+from litestar import Litestar, MediaType, Request, Response, Router, get
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import SwaggerRenderPlugin
 from litestar.openapi.spec import Components, SecurityScheme
+from litestar.routes import HTTPRoute
 
 from pgplane import __version__
-from pgplane.api.auth import Platform, key_hook
+from pgplane.api import bodies, document
+from pgplane.api.auth import AnyRequest, Platform, key_hook
 from pgplane.api.errors import on_http_error, on_platform_error, on_unexpected
 from pgplane.api.ratelimit import RateLimiter
 from pgplane.api.routes.account import Account
@@ -27,28 +29,32 @@ from pgplane.api.routes.operations import Operations
 from pgplane.api.routes.projects import Projects
 from pgplane.api.routes.roles import Databases, Roles
 from pgplane.config import Settings
-from pgplane.errors import PgplaneError
+from pgplane.errors import NotFound, PgplaneError
 from pgplane.services import api_keys
 from pgplane.store import Store
 
 log = logging.getLogger(__name__)
 
 BASE_PATH = "/api/v2"
+_ENCODED_SLASH = b"%2f"
 
 
 def _nothing() -> None:
     return None
 
 
-@get(
-    f"{BASE_PATH}/openapi.json",
-    include_in_schema=False,
-    media_type=MediaType.JSON,
-    sync_to_thread=False,
-)
-def openapi_document(request: Request[Any, Any, State]) -> dict[str, Any]:
-    """The OpenAPI document of this API, public like Neon's."""
-    return request.app.openapi_schema.to_schema()
+def _answer_options(allowed: dict[str, str]) -> Callable[[AnyRequest], Response[None]]:
+    """OPTIONS with the route's real methods in ``Allow``.
+
+    Litestar 2's own OPTIONS handler lists only the methods of the first handler registered for a
+    path (litestar-org/litestar#4169, fixed in 3): ``OPTIONS /projects`` said ``POST`` alone.
+    """
+
+    def answer(request: AnyRequest) -> Response[None]:
+        methods = allowed.get(request.scope.get("path_template", ""), "OPTIONS")
+        return Response(None, status_code=204, headers={"Allow": methods})
+
+    return answer
 
 
 async def _flush_key_uses(store: Store, recorder: api_keys.UseRecorder) -> None:
@@ -82,6 +88,35 @@ def create_app(
                 await task
             await _flush_key_uses(store, recorder)
 
+    @get(
+        f"{BASE_PATH}/openapi.json",
+        include_in_schema=False,
+        media_type=MediaType.JSON,
+        sync_to_thread=False,
+    )
+    def openapi_document(request: Request[Any, Any, State]) -> dict[str, Any]:
+        """The OpenAPI document of this API, public like Neon's."""
+        return document.served(request.app.openapi_schema.to_schema(), settings)
+
+    authenticate = key_hook(
+        Platform(store, settings, notify, recorder, RateLimiter.from_settings(settings))
+    )
+    allowed: dict[str, str] = {}  # filled once the app has built its routes
+    answer_options = _answer_options(allowed)
+
+    async def before_request(request: AnyRequest) -> Response[None] | None:
+        """Every request: the key first (a stranger learns nothing, not even a 400), then OPTIONS,
+        then the body's form."""
+        await authenticate(request)
+        if _ENCODED_SLASH in (request.scope.get("raw_path") or b"").lower():
+            # Routing sees the decoded path, where %2F is a separator: /projects/%2F would be
+            # /projects. No id or name here holds a slash, so such a path names nothing.
+            raise NotFound("not found")
+        if request.method == "OPTIONS":
+            return answer_options(request)
+        await bodies.check(request)
+        return None
+
     api = Router(
         path=BASE_PATH,
         route_handlers=[
@@ -95,11 +130,9 @@ def create_app(
             Databases,
         ],
         security=[{"BearerAuth": []}],
-        before_request=key_hook(
-            Platform(store, settings, notify, recorder, RateLimiter.from_settings(settings))
-        ),
+        before_request=before_request,
     )
-    return Litestar(
+    app = Litestar(
         route_handlers=[api, openapi_document],
         exception_handlers={
             PgplaneError: on_platform_error,
@@ -123,3 +156,11 @@ def create_app(
         debug=False,
         logging_config=None,  # the process entry point configures logging
     )
+    allowed.update(
+        {
+            route.path_format: ", ".join(sorted(route.methods))
+            for route in app.routes
+            if isinstance(route, HTTPRoute)
+        }
+    )
+    return app

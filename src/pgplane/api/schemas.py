@@ -8,12 +8,79 @@ role's password in create responses). Optional fields are omitted when unset, as
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct
 
-Name256 = Annotated[str, Meta(min_length=1, max_length=256)]
-Identifier = Annotated[str, Meta(min_length=1, max_length=63)]
+from pgplane.services import endpoints, names
+
+
+def _documented(**rules: Any) -> dict[str, Any]:
+    """JSON Schema rules for the document only: the services enforce them, in their own words
+    (see services/names.py); msgspec's constraints would refuse first, in its words."""
+    return {"extra": rules}
+
+
+def _not(pattern: str) -> dict[str, str]:
+    return {"type": "string", "pattern": pattern}
+
+
+Name256 = Annotated[
+    str,
+    Meta(min_length=1, max_length=256, extra_json_schema=_documented(pattern=names.NAME_PATTERN)),
+]
+# Role and database names: at most 63 bytes too (Postgres' limit), which JSON Schema cannot say.
+Identifier = Annotated[
+    str,
+    Meta(
+        min_length=1,
+        max_length=63,
+        extra_json_schema=_documented(pattern=names.IDENTIFIER_PATTERN),
+    ),
+]
+RoleName = Annotated[
+    str,
+    Meta(
+        min_length=1,
+        max_length=63,
+        extra_json_schema=_documented(
+            pattern=names.IDENTIFIER_PATTERN, schema_not=_not(names.RESERVED_ROLE_PATTERN)
+        ),
+    ),
+]
+DatabaseName = Annotated[
+    str,
+    Meta(
+        min_length=1,
+        max_length=63,
+        extra_json_schema=_documented(
+            pattern=names.IDENTIFIER_PATTERN, schema_not=_not(names.RESERVED_DATABASE_PATTERN)
+        ),
+    ),
+]
+# Postgres settings a compute takes (services/endpoints.py decides which).
+PgSettings = Annotated[
+    dict[str, str],
+    Meta(
+        extra_json_schema=_documented(
+            property_names={"pattern": endpoints.SETTING_NAME_PATTERN},
+            additional_properties={
+                "type": "string",
+                "maxLength": endpoints.MAX_SETTING_VALUE,
+                "pattern": endpoints.SETTING_VALUE_PATTERN,
+            },
+        )
+    ),
+]
+# Compute units: quarters from 0.25 to 16.
+CU = Annotated[float, Meta(ge=0.25, le=16, multiple_of=0.25)]
+SuspendTimeout = Annotated[int, Meta(ge=-1, le=604800)]
+# Litestar leaves a bound of 0 out of the document (it tests the bound for truth): restated.
+HistoryRetention = Annotated[int, Meta(ge=0, le=2592000, extra_json_schema=_documented(minimum=0))]
+EndpointType = Annotated[
+    Literal["read_write"],
+    Meta(description="read_only computes need replicas, which this platform does not run yet"),
+]
 
 
 class ErrorBody(Struct, kw_only=True):
@@ -26,7 +93,12 @@ class ErrorBody(Struct, kw_only=True):
 
 
 class ApiKeyCreateRequest(Struct, kw_only=True):
-    key_name: Annotated[str, Meta(min_length=1, max_length=64)]
+    key_name: Annotated[
+        str,
+        Meta(
+            min_length=1, max_length=64, extra_json_schema=_documented(pattern=names.NAME_PATTERN)
+        ),
+    ]
 
 
 class ApiKeyCreated(Struct, kw_only=True):
@@ -259,15 +331,15 @@ class ProjectCreated(Struct, kw_only=True):
 
 class BranchSpec(Struct, kw_only=True):
     name: Name256 | None = None
-    role_name: Identifier | None = None
-    database_name: Identifier | None = None
+    role_name: RoleName | None = None
+    database_name: DatabaseName | None = None
 
 
 class DefaultEndpointSettings(Struct, kw_only=True, omit_defaults=True):
-    pg_settings: dict[str, str] | None = None
-    autoscaling_limit_min_cu: Annotated[float, Meta(ge=0.25, le=16)] | None = None
-    autoscaling_limit_max_cu: Annotated[float, Meta(ge=0.25, le=16)] | None = None
-    suspend_timeout_seconds: Annotated[int, Meta(ge=-1, le=604800)] | None = None
+    pg_settings: PgSettings | None = None
+    autoscaling_limit_min_cu: CU | None = None
+    autoscaling_limit_max_cu: CU | None = None
+    suspend_timeout_seconds: SuspendTimeout | None = None
 
 
 class ProjectCreateSpec(Struct, kw_only=True):
@@ -277,11 +349,11 @@ class ProjectCreateSpec(Struct, kw_only=True):
     branch: BranchSpec | None = None
     default_endpoint_settings: DefaultEndpointSettings | None = None
     settings: dict[str, Any] | None = None
-    history_retention_seconds: Annotated[int, Meta(ge=0, le=2592000)] | None = None
+    history_retention_seconds: HistoryRetention | None = None
     store_passwords: bool | None = None
     provisioner: Annotated[str, Meta(max_length=64)] | None = None
-    autoscaling_limit_min_cu: Annotated[float, Meta(ge=0.25, le=16)] | None = None
-    autoscaling_limit_max_cu: Annotated[float, Meta(ge=0.25, le=16)] | None = None
+    autoscaling_limit_min_cu: CU | None = None
+    autoscaling_limit_max_cu: CU | None = None
 
 
 class ProjectCreateRequest(Struct, kw_only=True):
@@ -292,7 +364,7 @@ class ProjectUpdateSpec(Struct, kw_only=True):
     name: Name256 | None = None
     default_endpoint_settings: DefaultEndpointSettings | None = None
     settings: dict[str, Any] | None = None
-    history_retention_seconds: Annotated[int, Meta(ge=0, le=2592000)] | None = None
+    history_retention_seconds: HistoryRetention | None = None
 
 
 class ProjectUpdateRequest(Struct, kw_only=True):
@@ -343,15 +415,14 @@ class BranchCreated(Struct, kw_only=True, omit_defaults=True):
 
 
 class EndpointSettingsIn(Struct, kw_only=True):
-    pg_settings: dict[str, str] | None = None
+    pg_settings: PgSettings | None = None
 
 
-CU = Annotated[float, Meta(ge=0.25, le=16)]
-SuspendTimeout = Annotated[int, Meta(ge=-1, le=604800)]
+NOT_YET = "not supported yet: a branch starts at its parent's head"
 
 
 class BranchEndpointSpec(Struct, kw_only=True):
-    type: Annotated[str, Meta(max_length=16)]
+    type: EndpointType
     settings: EndpointSettingsIn | None = None
     autoscaling_limit_min_cu: CU | None = None
     autoscaling_limit_max_cu: CU | None = None
@@ -362,12 +433,22 @@ class BranchEndpointSpec(Struct, kw_only=True):
 class BranchCreateSpec(Struct, kw_only=True):
     parent_id: Annotated[str, Meta(max_length=60)] | None = None
     name: Name256 | None = None
-    parent_lsn: Annotated[str, Meta(max_length=32)] | None = None
-    parent_timestamp: Annotated[str, Meta(max_length=64)] | None = None
+    # Neon's fields for what this platform does not do yet: only null (or false) is taken.
+    parent_lsn: Annotated[None, Meta(description=NOT_YET)] = None
+    parent_timestamp: Annotated[None, Meta(description=NOT_YET)] = None
     protected: bool | None = None
-    archived: bool | None = None
-    init_source: Annotated[str, Meta(max_length=32)] | None = None
-    expires_at: Annotated[str, Meta(max_length=64)] | None = None
+    archived: (
+        Annotated[
+            bool,
+            Meta(
+                description="archiving branches is not supported: false or null",
+                extra_json_schema=_documented(enum=[False, None]),
+            ),
+        ]
+        | None
+    ) = None
+    init_source: Literal["parent-data"] | None = None
+    expires_at: Annotated[None, Meta(description="expiring branches are not supported yet")] = None
 
 
 class BranchCreateRequest(Struct, kw_only=True):
@@ -379,7 +460,7 @@ class BranchCreateRequest(Struct, kw_only=True):
 class BranchUpdateSpec(Struct, kw_only=True):
     name: Name256 | None = None
     protected: bool | None = None
-    expires_at: Annotated[str, Meta(max_length=64)] | None = None
+    expires_at: Annotated[None, Meta(description="expiring branches are not supported yet")] = None
 
 
 class BranchUpdateRequest(Struct, kw_only=True):
@@ -404,7 +485,7 @@ class EndpointOperations(Struct, kw_only=True):
 
 class EndpointCreateSpec(Struct, kw_only=True):
     branch_id: Annotated[str, Meta(min_length=1, max_length=60)]
-    type: Annotated[str, Meta(max_length=16)]
+    type: EndpointType
     region_id: Annotated[str, Meta(max_length=64)] | None = None
     settings: EndpointSettingsIn | None = None
     autoscaling_limit_min_cu: CU | None = None
@@ -461,7 +542,7 @@ class RolePassword(Struct, kw_only=True):
 
 
 class RoleCreateSpec(Struct, kw_only=True):
-    name: Identifier
+    name: RoleName
     no_login: bool | None = None
 
 
@@ -483,7 +564,7 @@ class DatabaseOperations(Struct, kw_only=True):
 
 
 class DatabaseCreateSpec(Struct, kw_only=True):
-    name: Identifier
+    name: DatabaseName
     owner_name: Identifier
 
 
@@ -492,7 +573,7 @@ class DatabaseCreateRequest(Struct, kw_only=True):
 
 
 class DatabaseUpdateSpec(Struct, kw_only=True):
-    name: Identifier | None = None
+    name: DatabaseName | None = None
     owner_name: Identifier | None = None
 
 

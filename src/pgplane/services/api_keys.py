@@ -33,9 +33,16 @@ async def list_(tx: Tx, *, account_id: str) -> list[ApiKey]:
     return await tx.list_api_keys(account_id)
 
 
+# Key ids are 64-bit integers in every store; a larger number names no key (and SQLite would
+# refuse to bind it).
+_MAX_KEY_ID = 2**63 - 1
+
+
 async def revoke(tx: Tx, *, account_id: str, key_id: int) -> ApiKey:
     """Revoke at once and for good; an unknown, foreign or already revoked key is a 404."""
-    key = await tx.revoke_api_key(account_id=account_id, key_id=key_id, now=clock.now_us())
+    key = None
+    if 0 < key_id <= _MAX_KEY_ID:
+        key = await tx.revoke_api_key(account_id=account_id, key_id=key_id, now=clock.now_us())
     if key is None:
         raise NotFound("API key not found")
     return key

@@ -17,7 +17,7 @@ from pgplane.core import clock, ids, ports
 from pgplane.core.models import Endpoint, Operation, Project
 from pgplane.core.operations import Action
 from pgplane.errors import BadRequest, Conflict, NotFound, Unavailable
-from pgplane.services import access, operations
+from pgplane.services import access, names, operations
 from pgplane.store import Tx
 
 MIN_CU = 0.25
@@ -69,6 +69,18 @@ _USER_SETTINGS = frozenset(
 _USER_SETTING_PREFIXES = ("autovacuum", "pg_stat_statements.")
 _SETTING_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]{0,62}$")
 MAX_SETTING_VALUE = 256
+# What pg_settings() takes, as regular expressions for the API document: a name it allows (in
+# any case, as Postgres reads them), and a value without control characters.
+SETTING_NAME_PATTERN = (
+    "^("
+    + "|".join(names.any_case(n) for n in sorted(_USER_SETTINGS))
+    + "|"
+    + "|".join(
+        f"{names.any_case(p)}[A-Za-z0-9_.]{{0,{63 - len(p)}}}" for p in _USER_SETTING_PREFIXES
+    )
+    + ")$"
+)
+SETTING_VALUE_PATTERN = r"^[^\x00-\x1f]*$"
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +145,19 @@ def _limits(low: float, high: float) -> tuple[float, float]:
     if low > high:
         raise BadRequest("autoscaling_limit_min_cu must not exceed autoscaling_limit_max_cu")
     return low, high
+
+
+def check_defaults(values: dict[str, Any]) -> dict[str, Any]:
+    """A project's ``default_endpoint_settings``, refused now if an endpoint made from them
+    would be (rather than at the next branch with a compute)."""
+    _limits(
+        _cu(values.get("autoscaling_limit_min_cu", MIN_CU), "autoscaling_limit_min_cu"),
+        _cu(values.get("autoscaling_limit_max_cu", MIN_CU), "autoscaling_limit_max_cu"),
+    )
+    _suspend_timeout(values.get("suspend_timeout_seconds", 0))
+    if "pg_settings" in values:
+        return {**values, "pg_settings": pg_settings(values["pg_settings"])}
+    return values
 
 
 async def allocate_port(tx: Tx, settings: Settings) -> int:
@@ -312,7 +337,7 @@ async def start(
 ) -> tuple[Endpoint, list[Operation]]:
     endpoint = await get(tx, account_id=account_id, project_id=project_id, endpoint_id=endpoint_id)
     if endpoint.disabled:
-        raise BadRequest("endpoint is disabled; enable it before starting it")
+        raise Conflict("endpoint is disabled; enable it before starting it")
     return await _transition(tx, endpoint, "active", [start_op(endpoint)])
 
 
@@ -328,7 +353,7 @@ async def restart(
 ) -> tuple[Endpoint, list[Operation]]:
     endpoint = await get(tx, account_id=account_id, project_id=project_id, endpoint_id=endpoint_id)
     if endpoint.disabled:
-        raise BadRequest("endpoint is disabled; enable it before restarting it")
+        raise Conflict("endpoint is disabled; enable it before restarting it")
     return await _transition(tx, endpoint, "active", [_suspend_op(endpoint), start_op(endpoint)])
 
 

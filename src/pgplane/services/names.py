@@ -2,11 +2,42 @@
 
 from __future__ import annotations
 
+import re
+
 from pgplane.errors import BadRequest
 
 MAX_OBJECT_NAME = 256
 MAX_API_KEY_NAME = 64
 MAX_PG_IDENTIFIER_BYTES = 63  # NAMEDATALEN - 1: Postgres would silently truncate longer names
+
+# Names Postgres or the platform keep for themselves (role names compare in any case).
+_RESERVED_ROLES = frozenset(
+    {"cloud_admin", "public", "none", "current_user", "session_user", "current_role"}
+)
+_RESERVED_ROLE_PREFIX = "pg_"
+_RESERVED_DATABASES = frozenset({"postgres", "template0", "template1"})
+
+# The rules below as regular expressions (ECMA-262, as OpenAPI wants, and Python alike), for the
+# API document. Spaces are spelled out: Python's str.isspace() and ECMA's \s disagree at the edges.
+_CONTROL = r"\x00-\x1f\x7f"
+_SPACE = r"\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+# Not empty, not blank, no control characters.
+NAME_PATTERN = rf"^[^{_CONTROL}]*[^{_CONTROL}{_SPACE}][^{_CONTROL}]*$"
+# The same, without a slash (roles and databases are named in paths).
+IDENTIFIER_PATTERN = rf"^[^{_CONTROL}/]*[^{_CONTROL}{_SPACE}/][^{_CONTROL}/]*$"
+
+
+def any_case(word: str) -> str:
+    """A regular expression matching ``word`` in any case (ECMA has no inline ``(?i)``)."""
+    return "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else re.escape(c) for c in word)
+
+
+RESERVED_ROLE_PATTERN = (
+    rf"^({_RESERVED_ROLE_PREFIX}[\s\S]*|"
+    + "|".join(any_case(n) for n in sorted(_RESERVED_ROLES))
+    + ")$"
+)
+RESERVED_DATABASE_PATTERN = "^(" + "|".join(sorted(_RESERVED_DATABASES)) + ")$"
 
 
 def _text(kind: str, value: str, max_chars: int) -> str:
@@ -23,6 +54,10 @@ def _identifier(kind: str, value: str) -> str:
     _text(kind, value, MAX_PG_IDENTIFIER_BYTES)
     if len(value.encode("utf-8")) > MAX_PG_IDENTIFIER_BYTES:
         raise BadRequest(f"{kind} name must be at most {MAX_PG_IDENTIFIER_BYTES} bytes")
+    if "/" in value:
+        # Paths name roles and databases, and a slash in one would be a path separator: such a
+        # role could be created but never read, changed or deleted.
+        raise BadRequest(f"{kind} name must not contain '/'")
     return value
 
 
@@ -39,8 +74,14 @@ def branch(value: str) -> str:
 
 
 def role(value: str) -> str:
-    return _identifier("role", value)
+    name = _identifier("role", value)
+    if name.lower() in _RESERVED_ROLES or name.startswith(_RESERVED_ROLE_PREFIX):
+        raise BadRequest(f"role name {name!r} is reserved")
+    return name
 
 
 def database(value: str) -> str:
-    return _identifier("database", value)
+    name = _identifier("database", value)
+    if name in _RESERVED_DATABASES:
+        raise BadRequest(f"database name {name!r} is reserved")
+    return name

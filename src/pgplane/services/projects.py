@@ -192,7 +192,8 @@ async def update(
         updated = msgspec.structs.replace(updated, name=names.project(changes.name))
     if changes.default_endpoint_settings is not None:
         updated = msgspec.structs.replace(
-            updated, default_endpoint_settings=changes.default_endpoint_settings
+            updated,
+            default_endpoint_settings=endpoints.check_defaults(changes.default_endpoint_settings),
         )
     if changes.settings is not None:
         updated = msgspec.structs.replace(updated, settings=changes.settings)

@@ -9,15 +9,9 @@ import msgspec
 from pgplane.core import clock, ids
 from pgplane.core.models import Branch, Database, Operation, Role
 from pgplane.core.operations import Action
-from pgplane.errors import BadRequest, Conflict, PreconditionFailed
+from pgplane.errors import Conflict, NotFound, PreconditionFailed
 from pgplane.services import access, names, operations
 from pgplane.store import Tx
-
-# Names Postgres or the platform keep for themselves.
-_RESERVED_ROLES = frozenset(
-    {"cloud_admin", "public", "none", "current_user", "session_user", "current_role"}
-)
-_RESERVED_DATABASES = frozenset({"postgres", "template0", "template1"})
 
 
 async def _branch(tx: Tx, *, account_id: str, project_id: str, branch_id: str) -> Branch:
@@ -31,20 +25,6 @@ async def _apply(tx: Tx, branch: Branch) -> list[Operation]:
         project_id=branch.project_id,
         starts=[operations.Start(Action.APPLY_CONFIG, branch_id=branch.id)],
     )
-
-
-def _role_name(value: str) -> str:
-    name = names.role(value)
-    if name.lower() in _RESERVED_ROLES or name.startswith("pg_"):
-        raise BadRequest(f"role name {name!r} is reserved")
-    return name
-
-
-def _database_name(value: str) -> str:
-    name = names.database(value)
-    if name in _RESERVED_DATABASES:
-        raise BadRequest(f"database name {name!r} is reserved")
-    return name
 
 
 # -- roles ------------------------------------------------------------------------------------
@@ -69,7 +49,7 @@ async def create_role(
     now = clock.now_us()
     role = Role(
         branch_id=branch.id,
-        name=_role_name(name),
+        name=names.role(name),
         password=ids.new_password(),
         protected=False,
         login=login,
@@ -136,8 +116,10 @@ async def get_database(
 
 
 async def _owner(tx: Tx, branch: Branch, owner_name: str) -> str:
+    # A name in a body that names nothing is a 404, as an id in a path is (and as a branch_id
+    # or parent_id in a body is).
     if await tx.get_role(branch_id=branch.id, name=owner_name) is None:
-        raise BadRequest(f"owner role {owner_name!r} does not exist on this branch")
+        raise NotFound(f"owner role {owner_name!r} does not exist on this branch")
     return owner_name
 
 
@@ -147,7 +129,7 @@ async def create_database(
     branch = await _branch(tx, account_id=account_id, project_id=project_id, branch_id=branch_id)
     database = await tx.insert_database(
         branch_id=branch.id,
-        name=_database_name(name),
+        name=names.database(name),
         owner_name=await _owner(tx, branch, owner_name),
         now=clock.now_us(),
     )
@@ -168,7 +150,7 @@ async def update_database(
     database = await access.database(tx, branch_id=branch.id, name=database_name)
     updated = msgspec.structs.replace(
         database,
-        name=database.name if name is None else _database_name(name),
+        name=database.name if name is None else names.database(name),
         owner_name=database.owner_name
         if owner_name is None
         else await _owner(tx, branch, owner_name),

@@ -4,6 +4,8 @@ connection URI of a role and database.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from litestar import Controller, get
 from litestar.params import Parameter
 
@@ -22,10 +24,7 @@ from pgplane.api.schemas import (
     Region,
     Regions,
 )
-from pgplane.errors import BadRequest
 from pgplane.services import connections
-
-_BOOLEANS = {"true": True, "false": False}
 
 
 class Account(Controller):
@@ -121,14 +120,10 @@ class Account(Controller):
         role_name: str = Parameter(min_length=1, max_length=63),
         branch_id: str | None = Parameter(default=None, max_length=60),
         endpoint_id: str | None = Parameter(default=None, max_length=60),
-        pooled: str | None = Parameter(
-            default=None, max_length=5, description="true or false (also True / False)"
-        ),
+        pooled: Literal["true", "false", "True", "False"] | None = None,
     ) -> ConnectionURI:
         """A URI for ``psql`` and drivers, as it is."""
         ctx = authorized(request)
-        if pooled is not None and pooled.lower() not in _BOOLEANS:
-            raise BadRequest("pooled must be true or false")
         async with ctx.store.read() as tx:
             found = await connections.find(
                 tx,

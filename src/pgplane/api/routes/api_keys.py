@@ -15,7 +15,7 @@ class ApiKeys(Controller):
     path = "/api_keys"
     tags = ["API Key"]  # noqa: RUF012 - Litestar reads it as an instance attribute
 
-    @post(status_code=200, operation_id="createApiKey", responses=error_responses())
+    @post(status_code=200, operation_id="createApiKey", responses=error_responses(body=True))
     async def create(self, request: AnyRequest, data: ApiKeyCreateRequest) -> ApiKeyCreated:
         """Create an API key; its value is returned now and never again."""
         ctx = authorized(request)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from litestar import Controller, delete, get, patch, post
 from litestar.params import Parameter
 
 from pgplane.api import presenters
 from pgplane.api.auth import AnyRequest, authorized
-from pgplane.api.responses import error_responses
+from pgplane.api.responses import OptionalBody, error_responses
 from pgplane.api.schemas import (
     BranchCount,
     BranchCreated,
@@ -21,7 +23,7 @@ from pgplane.api.schemas import (
     EndpointsResponse,
 )
 from pgplane.errors import BadRequest
-from pgplane.services import branches, endpoints
+from pgplane.services import branches, endpoints, names
 from pgplane.services.connections import connection
 
 
@@ -48,10 +50,15 @@ class Branches(Controller):
             default=None, ge=1, le=10000, description="absent: every branch in one response"
         ),
         cursor: str | None = Parameter(default=None, max_length=1024),
-        sort_by: str | None = Parameter(
-            default=None, max_length=16, description="updated_at (default), created_at or name"
+        sort_by: Literal["updated_at", "created_at", "name"] | None = Parameter(
+            default=None, description="updated_at when absent"
         ),
-        sort_order: str | None = Parameter(default=None, max_length=4, description="asc | desc"),
+        sort_order: str | None = Parameter(
+            default=None,
+            max_length=4,
+            pattern=f"^({names.any_case('asc')}|{names.any_case('desc')})$",
+            description="asc or desc, in any case; desc when absent",
+        ),
         search: str | None = Parameter(default=None, max_length=256),
     ) -> BranchesPage:
         """The project's branches."""
@@ -91,25 +98,22 @@ class Branches(Controller):
             )
         return BranchCount(count=n)
 
-    @post(status_code=201, operation_id="createProjectBranch", responses=error_responses(409))
+    @post(
+        status_code=201,
+        operation_id="createProjectBranch",
+        responses=error_responses(409, body=True),
+        operation_class=OptionalBody,  # no body: a branch of the default branch, no compute
+    )
     async def create(
         self, request: AnyRequest, project_id: str, data: BranchCreateRequest | None = None
     ) -> BranchCreated:
         """Branch from the default branch (or ``parent_id``) at its head; computes on request."""
         ctx = authorized(request)
         req = data.branch if data and data.branch else None
-        if req is not None:
-            if req.parent_lsn is not None or req.parent_timestamp is not None:
-                raise BadRequest(
-                    "branching from a past point (parent_lsn, parent_timestamp) is not supported"
-                    " yet: a branch starts at its parent's head"
-                )
-            if req.init_source not in (None, "parent-data"):
-                raise BadRequest("init_source: only parent-data is supported")
-            if req.expires_at is not None:
-                raise BadRequest("expires_at: expiring branches are not supported yet")
-            if req.archived:
-                raise BadRequest("archived: archiving branches is not supported")
+        # parent_lsn, parent_timestamp, expires_at and init_source take only what the platform
+        # does (their types say so); archived is a boolean in Neon's shape.
+        if req is not None and req.archived:
+            raise BadRequest("archived: archiving branches is not supported")
         spec = branches.NewBranch(
             name=req.name if req else None,
             parent_id=req.parent_id if req else None,
@@ -150,14 +154,16 @@ class Branches(Controller):
             )
         return BranchResponse(branch=presenters.branch(branch))
 
-    @patch("/{branch_id:str}", operation_id="updateProjectBranch", responses=error_responses(409))
+    @patch(
+        "/{branch_id:str}",
+        operation_id="updateProjectBranch",
+        responses=error_responses(409, body=True),
+    )
     async def update(
         self, request: AnyRequest, project_id: str, branch_id: str, data: BranchUpdateRequest
     ) -> BranchOperations:
         """Rename or (un)protect."""
         ctx = authorized(request)
-        if data.branch.expires_at is not None:
-            raise BadRequest("expires_at: expiring branches are not supported yet")
         changes = branches.BranchChanges(name=data.branch.name, protected=data.branch.protected)
         async with ctx.store.write() as tx:
             branch = await branches.update(

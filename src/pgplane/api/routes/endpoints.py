@@ -56,7 +56,11 @@ class Endpoints(Controller):
             found = await endpoints.list_(tx, account_id=ctx.account_id, project_id=project_id)
         return EndpointsResponse(endpoints=[presenters.endpoint(e, ctx.settings) for e in found])
 
-    @post(status_code=201, operation_id="createProjectEndpoint", responses=error_responses(409))
+    @post(
+        status_code=201,
+        operation_id="createProjectEndpoint",
+        responses=error_responses(409, body=True),
+    )
     async def create(
         self, request: AnyRequest, project_id: str, data: EndpointCreateRequest
     ) -> EndpointOperations:
@@ -95,7 +99,11 @@ class Endpoints(Controller):
             )
         return EndpointResponse(endpoint=presenters.endpoint(endpoint, ctx.settings))
 
-    @patch("/{endpoint_id:str}", operation_id="updateProjectEndpoint", responses=error_responses())
+    @patch(
+        "/{endpoint_id:str}",
+        operation_id="updateProjectEndpoint",
+        responses=error_responses(body=True),
+    )
     async def update(
         self, request: AnyRequest, project_id: str, endpoint_id: str, data: EndpointUpdateRequest
     ) -> EndpointOperations:
@@ -135,7 +143,7 @@ class Endpoints(Controller):
         "/{endpoint_id:str}/start",
         status_code=200,
         operation_id="startProjectEndpoint",
-        responses=error_responses(),
+        responses=error_responses(409),  # a disabled endpoint
     )
     async def start(
         self, request: AnyRequest, project_id: str, endpoint_id: str
@@ -157,7 +165,7 @@ class Endpoints(Controller):
         "/{endpoint_id:str}/restart",
         status_code=200,
         operation_id="restartProjectEndpoint",
-        responses=error_responses(),
+        responses=error_responses(409),  # a disabled endpoint
     )
     async def restart(
         self, request: AnyRequest, project_id: str, endpoint_id: str

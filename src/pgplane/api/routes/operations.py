@@ -27,7 +27,9 @@ class Operations(Controller):
         cursor: str | None = Parameter(
             default=None,
             max_length=64,
-            description="pagination.cursor of the previous page (a timestamp with microseconds)",
+            schema_extra={"format": "date-time"},
+            description="pagination.cursor of the previous page (a timestamp with microseconds);"
+            " any RFC 3339 time pages from there",
         ),
     ) -> OperationsPage:
         """The project's operations, newest first."""

@@ -57,7 +57,7 @@ class Projects(Controller):
             pagination=Pagination(cursor=found[-1].id) if found else None,
         )
 
-    @post(status_code=201, operation_id="createProject", responses=error_responses(409))
+    @post(status_code=201, operation_id="createProject", responses=error_responses(409, body=True))
     async def create(self, request: AnyRequest, data: ProjectCreateRequest) -> ProjectCreated:
         """Create a project with its default branch, compute, role and database."""
         ctx = authorized(request)
@@ -115,7 +115,7 @@ class Projects(Controller):
             email = await _owner_email(tx, ctx.account_id)
         return ProjectResponse(project=presenters.project(project, settings, owner_email=email))
 
-    @patch("/{project_id:str}", operation_id="updateProject", responses=error_responses())
+    @patch("/{project_id:str}", operation_id="updateProject", responses=error_responses(body=True))
     async def update(
         self, request: AnyRequest, project_id: str, data: ProjectUpdateRequest
     ) -> ProjectOperations:

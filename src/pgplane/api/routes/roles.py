@@ -37,7 +37,11 @@ class Roles(Controller):
             )
         return RolesResponse(roles=[presenters.role(r, with_password=False) for r in found])
 
-    @post(status_code=201, operation_id="createProjectBranchRole", responses=error_responses(409))
+    @post(
+        status_code=201,
+        operation_id="createProjectBranchRole",
+        responses=error_responses(409, body=True),
+    )
     async def create(
         self, request: AnyRequest, project_id: str, branch_id: str, data: RoleCreateRequest
     ) -> RoleOperations:
@@ -173,7 +177,9 @@ class Databases(Controller):
         return DatabasesResponse(databases=[presenters.database(d) for d in found])
 
     @post(
-        status_code=201, operation_id="createProjectBranchDatabase", responses=error_responses(409)
+        status_code=201,
+        operation_id="createProjectBranchDatabase",
+        responses=error_responses(409, body=True),
     )
     async def create(
         self, request: AnyRequest, project_id: str, branch_id: str, data: DatabaseCreateRequest
@@ -213,7 +219,7 @@ class Databases(Controller):
     @patch(
         "/{database_name:str}",
         operation_id="updateProjectBranchDatabase",
-        responses=error_responses(409),
+        responses=error_responses(409, body=True),
     )
     async def update(
         self,

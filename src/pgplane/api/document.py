@@ -1,0 +1,26 @@
+"""The OpenAPI document as served: Litestar's, plus what only the running platform knows.
+
+Litestar writes the document from the route types, once for every platform. Which region this
+platform serves and which Postgres versions it has are settings, known at start-up; requests
+naming others are refused, so the document names the ones it takes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pgplane.config import Settings
+
+
+def _only(schema: dict[str, Any], values: list[Any]) -> None:
+    """Narrow an optional property to ``values`` (or null, meaning the platform's default)."""
+    schema["enum"] = [*values, None]
+
+
+def served(document: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """``document`` (Litestar's, as a dict) with this platform's region and Postgres versions."""
+    schemas = document["components"]["schemas"]
+    for name in ("ProjectCreateSpec", "EndpointCreateSpec"):
+        _only(schemas[name]["properties"]["region_id"], [settings.region_id])
+    _only(schemas["ProjectCreateSpec"]["properties"]["pg_version"], sorted(settings.pg_versions))
+    return document

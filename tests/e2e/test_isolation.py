@@ -1,0 +1,558 @@
+"""Isolation between accounts, and between a project and its siblings (scenarios I1-I5, B2).
+
+The matrix takes its routes from the server's own OpenAPI document, so a route added later is
+tried too, and the test fails if a documented route was not exercised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+import re
+import secrets
+import uuid
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import psycopg
+import pytest
+
+from pgplane.core import ids
+from tests.support import Api, Server
+
+ID_PARAMS = ("project_id", "branch_id", "endpoint_id", "operation_id", "key_id")
+# Actions only the platform starts (scheduler, proxy, reconciliation); no request may create one.
+PLATFORM_ONLY_ACTIONS = {"tenant_detach", "tenant_reattach", "tenant_attach", "check_availability"}
+
+
+def _documented_routes(server: Server) -> set[tuple[str, str]]:
+    doc = httpx.get(f"{server.base_url}/openapi.json").json()
+    return {
+        (method.upper(), path.removeprefix("/api/v2"))
+        for path, item in doc["paths"].items()
+        for method in item
+        if method in ("get", "post", "put", "patch", "delete")
+    }
+
+
+def _path_params(path: str) -> list[str]:
+    return re.findall(r"{(\w+)}", path)
+
+
+def _fill(path: str, values: dict[str, Any]) -> str:
+    return path.format(**{k: quote(str(v), safe="") for k, v in values.items()})
+
+
+def _random_like(name: str) -> Any:
+    """A value of the same shape as a real id that names nothing."""
+    return {
+        "project_id": ids.new_project_id,
+        "branch_id": ids.new_branch_id,
+        "endpoint_id": ids.new_endpoint_id,
+        "operation_id": lambda: str(uuid.uuid4()),
+        "key_id": lambda: 1_000_000_000 + secrets.randbelow(1_000_000_000),
+        "role_name": lambda: f"nobody_{secrets.token_hex(4)}",
+        "database_name": lambda: f"nodb_{secrets.token_hex(4)}",
+    }[name]()
+
+
+def _body(operation: str, values: dict[str, Any]) -> dict[str, Any] | None:
+    """A body that would be accepted if the ids were the caller's (so a 404 is about ownership,
+    not validation). A route with a body that is missing here fails the test, so a new route is
+    never skipped silently."""
+    bodies: dict[str, Callable[[], dict[str, Any]]] = {
+        "updateProject": lambda: {"project": {"name": "hijacked"}},
+        "createProjectBranch": lambda: {
+            "branch": {"name": "hijack", "parent_id": values["branch_id"]}
+        },
+        "updateProjectBranch": lambda: {"branch": {"name": "hijacked", "protected": True}},
+        "createProjectEndpoint": lambda: {
+            "endpoint": {"branch_id": values["branch_id"], "type": "read_write"}
+        },
+        "updateProjectEndpoint": lambda: {"endpoint": {"suspend_timeout_seconds": 600}},
+        "createProjectBranchRole": lambda: {"role": {"name": "hijacker"}},
+        "createProjectBranchDatabase": lambda: {
+            "database": {"name": "hijackdb", "owner_name": "neondb_owner"}
+        },
+        "updateProjectBranchDatabase": lambda: {"database": {"name": "hijacked"}},
+    }
+    make = bodies.get(operation)
+    return make() if make else None
+
+
+def _query(operation: str, values: dict[str, Any]) -> dict[str, Any]:
+    if operation == "getConnectionURI":
+        return {
+            "database_name": "neondb",
+            "role_name": "neondb_owner",
+            "branch_id": values["branch_id"],
+            "endpoint_id": values["endpoint_id"],
+        }
+    return {}
+
+
+# Ids a route takes from its body or query rather than its path.
+REFERENCES = {
+    "createProjectBranch": {"branch_id"},
+    "createProjectEndpoint": {"branch_id"},
+    "getConnectionURI": {"branch_id", "endpoint_id"},
+}
+
+
+@dataclass
+class Target:
+    """Path values to try, and which of them are not the caller's to touch."""
+
+    name: str
+    values: dict[str, Any]
+    foreign: set[str]
+
+    def reference(self) -> dict[str, Any]:
+        """The same values with every foreign one replaced by one that names nothing."""
+        return {k: _random_like(k) if k in self.foreign else v for k, v in self.values.items()}
+
+
+@dataclass
+class World:
+    """Account A with projects P1 and P2, account B with one project, and the ids of each."""
+
+    a: Api
+    b: Api
+    pb: dict[str, Any]  # B's project as created
+    b_ids: dict[str, Any]  # path values naming B's objects
+    p1_ids: dict[str, Any]  # A's project the wrong-parent paths go through
+    p2_ids: dict[str, Any]  # A's other project, whose children are tried under P1
+    b_account: str
+    b_email: str
+    b_key_ids: list[int]
+    b_second_key: str
+
+
+def _ids(project: dict[str, Any], key_id: int, role: str, database: str) -> dict[str, Any]:
+    return {
+        "project_id": project["project"]["id"],
+        "branch_id": project["branch"]["id"],
+        "endpoint_id": project["endpoints"][0]["id"],
+        "operation_id": project["operations"][0]["id"],
+        "key_id": key_id,
+        "role_name": role,
+        "database_name": database,
+    }
+
+
+def _ready(api: Api, pid: str, response: httpx.Response) -> dict[str, Any]:
+    assert response.status_code in (200, 201), response.text
+    body: dict[str, Any] = response.json()
+    ops = api.wait_operations(pid, [o["id"] for o in body["operations"]])
+    assert [o["status"] for o in ops] == ["finished"] * len(ops), ops
+    return body
+
+
+@pytest.fixture
+def world(api: Api, other_api: Api) -> World:
+    # Computes never suspend on their own here, so nothing but a request could change them.
+    never = {"default_endpoint_settings": {"suspend_timeout_seconds": -1}}
+    p1 = api.create_ready_project(name="a-one", **never)
+    p2 = api.create_ready_project(name="a-two", **never)
+    pb = other_api.create_ready_project(name="b-only", **never)
+    pid, bid = pb["project"]["id"], pb["branch"]["id"]
+    base = f"/projects/{pid}/branches/{bid}"
+    # A role and a database whose names exist in B alone.
+    _ready(other_api, pid, other_api.http.post(f"{base}/roles", json={"role": {"name": "b_role"}}))
+    _ready(
+        other_api,
+        pid,
+        other_api.http.post(
+            f"{base}/databases", json={"database": {"name": "b_db", "owner_name": "b_role"}}
+        ),
+    )
+    second = other_api.http.post("/api_keys", json={"key_name": "b-second"}).json()
+    me = other_api.http.get("/users/me").json()
+    return World(
+        a=api,
+        b=other_api,
+        pb=pb,
+        b_ids=_ids(pb, second["id"], "b_role", "b_db"),
+        p1_ids=_ids(p1, 0, "neondb_owner", "neondb"),
+        p2_ids=_ids(p2, 0, "neondb_owner", "neondb"),
+        b_account=me["id"],
+        b_email=me["email"],
+        b_key_ids=[k["id"] for k in other_api.http.get("/api_keys").json()],
+        b_second_key=second["key"],
+    )
+
+
+def _targets(w: World) -> Iterator[Target]:
+    children = {"branch_id", "endpoint_id", "operation_id"}
+    # I1/I2: every id is B's.
+    yield Target("B's objects", w.b_ids, set(w.b_ids))
+    # B's children under A's own project: a child is looked up in its path's parent only.
+    yield Target(
+        "B's children under A's project",
+        {**w.b_ids, "project_id": w.p1_ids["project_id"], "role_name": "neondb_owner",
+         "database_name": "neondb"},
+        children,
+    )  # fmt: skip
+    # I3: A's children of P2 under P1.
+    yield Target(
+        "P2's children under P1", {**w.p2_ids, "project_id": w.p1_ids["project_id"]}, children
+    )
+
+
+def _comparable(r: httpx.Response) -> tuple[int, str, Any]:
+    body = r.json()
+    body.pop("request_id", None)
+    return r.status_code, r.headers.get("content-type", ""), body
+
+
+def _snapshot(api: Api, urls: list[str]) -> dict[str, Any]:
+    """What the owner sees on every GET, less key use (which its own reads change)."""
+    seen: dict[str, Any] = {}
+    for url in urls:
+        r = api.http.get(url)
+        body = r.json()
+        for item in body if isinstance(body, list) else []:
+            item.pop("last_used_at", None)
+            item.pop("last_used_from_addr", None)
+        seen[url] = (r.status_code, body)
+    return seen
+
+
+def _get_urls(routes: set[tuple[str, str]], values: dict[str, Any], scoped: bool) -> list[str]:
+    urls = []
+    for method, path in sorted(routes):
+        params = _path_params(path)
+        if method != "GET" or (scoped and "project_id" not in params):
+            continue
+        url = _fill(path, values)
+        if path.endswith("/connection_uri"):
+            url += "?database_name=neondb&role_name=neondb_owner"
+        if path.endswith("/operations"):
+            url += "?limit=1000"  # all of them: no operation may appear
+        urls.append(url)
+    return urls
+
+
+def _postmaster_pid(server: Server, ids: dict[str, Any]) -> int:
+    branch = server.data_dir / "projects" / ids["project_id"] / "branches" / ids["branch_id"]
+    return int((branch / "pgdata" / "postmaster.pid").read_text().splitlines()[0])
+
+
+def test_account_a_cannot_reach_b_or_cross_project_parents(server: Server, world: World) -> None:
+    """I1-I3: every documented route, on every object of B and on A's objects under the wrong
+    parent, is the same 404 as for an id that names nothing; nothing of B or of A's projects
+    changes, no operation is created, B's compute keeps running as the same process."""
+    w = world
+    routes = _documented_routes(server)
+    doc = httpx.get(f"{server.base_url}/openapi.json").json()
+    operation_of = {
+        (m.upper(), p.removeprefix("/api/v2")): item["operationId"]
+        for p, methods in doc["paths"].items()
+        for m, item in methods.items()
+    }
+    takes_body = {
+        item["operationId"]
+        for methods in doc["paths"].values()
+        for item in methods.values()
+        if "requestBody" in item
+    }
+    b_urls = _get_urls(routes, w.b_ids, scoped=False)
+    a_urls = _get_urls(routes, w.p1_ids, scoped=True) + _get_urls(routes, w.p2_ids, scoped=True)
+    b_before, a_before = _snapshot(w.b, b_urls), _snapshot(w.a, a_urls)
+    pid_before = _postmaster_pid(server, w.b_ids)
+
+    exercised: set[tuple[str, str]] = set()
+    failures: list[str] = []
+    for target, (method, path) in itertools.product(list(_targets(w)), sorted(routes)):
+        operation = operation_of[(method, path)]
+        used = set(_path_params(path)) | REFERENCES.get(operation, set())
+        if not used & set(ID_PARAMS) & target.foreign:
+            continue  # nothing foreign in this request: the account-scoped checks cover it
+        if operation in takes_body and _body(operation, target.values) is None:
+            failures.append(f"no body for {operation}: add one to _body")
+            continue
+        responses = [
+            w.a.http.request(
+                method,
+                _fill(path, values),
+                params=_query(operation, values),
+                json=_body(operation, values),
+            )
+            for values in (target.values, target.reference())
+        ]
+        exercised.add((method, path))
+        foreign, missing = (_comparable(r) for r in responses)
+        if foreign[0] != 404 or foreign != missing:
+            failures.append(
+                f"{target.name}: {method} {path} -> {foreign} but for nothing -> {missing}"
+            )
+    assert not failures, "\n".join(failures)
+
+    # Routes with no id in their path act on the caller's account only: nothing of B shows.
+    b_marks = [w.b_account, w.b_email, *(v for k, v in w.b_ids.items() if k != "key_id")]
+    for method, path in sorted(routes):
+        if _path_params(path):
+            continue
+        body = {
+            "createProject": {"project": {"name": "a-three", "owner_id": w.b_account}},
+            "createApiKey": {"key_name": "a-key", "account_id": w.b_account},
+        }.get(operation_of[(method, path)])
+        r = w.a.http.request(method, path, json=body)
+        exercised.add((method, path))
+        assert r.status_code in (200, 201), (method, path, r.text)
+        leaked = [mark for mark in b_marks if str(mark) in r.text]
+        assert not leaked, (method, path, leaked)
+        if path == "/api_keys" and method == "GET":
+            assert not {k["id"] for k in r.json()} & set(w.b_key_ids)
+        if path == "/projects" and method == "POST":
+            made = r.json()
+            w.a.wait_operations(made["project"]["id"], [o["id"] for o in made["operations"]])
+
+    assert routes - exercised == set(), f"routes the matrix did not try: {routes - exercised}"
+
+    # B and A's projects are as they were; no operation was created for them.
+    assert _snapshot(w.b, b_urls) == b_before
+    assert _snapshot(w.a, a_urls) == a_before
+    assert _postmaster_pid(server, w.b_ids) == pid_before
+    with psycopg.connect(w.pb["connection_uris"][0]["connection_uri"], connect_timeout=10) as conn:
+        assert conn.execute("SELECT current_database()").fetchone() == ("neondb",)
+    with Api(server, w.b_second_key) as b_second:  # A's revoke of B's key id did nothing
+        assert b_second.http.get("/projects").status_code == 200
+
+
+def _page_all(api: Api, url: str, key: str, limit: int) -> list[str]:
+    """Every item's id, following ``pagination.cursor`` until an empty page."""
+    seen: list[str] = []
+    cursor: str | None = None
+    while True:
+        params: dict[str, Any] = {"limit": limit}
+        if cursor is not None:
+            params["cursor"] = cursor
+        page = api.http.get(url, params=params)
+        assert page.status_code == 200, page.text
+        items = page.json()[key]
+        assert len(items) <= limit
+        if not items:
+            return seen
+        seen += [item["id"] for item in items]
+        cursor = page.json()["pagination"]["cursor"]
+
+
+def test_lists_and_pages_hold_only_the_callers_objects(api: Api, other_api: Api) -> None:
+    """I4: paging through projects and operations yields exactly the caller's, once each; a
+    cursor naming another account's project is the same 400 as one that names nothing."""
+    mine = [api.create_project(name=f"a-{i}")["project"]["id"] for i in range(12)]
+    theirs_made = [other_api.create_project(name=f"b-{i}") for i in range(12)]
+    theirs = [m["project"]["id"] for m in theirs_made]
+
+    for limit in (1, 5, 12, 400):
+        seen = _page_all(api, "/projects", "projects", limit)
+        assert sorted(seen) == sorted(mine) and len(seen) == len(set(seen)), limit
+        seen = _page_all(other_api, "/projects", "projects", limit)
+        assert sorted(seen) == sorted(theirs) and len(seen) == len(set(seen)), limit
+
+    foreign = api.http.get("/projects", params={"cursor": theirs[0]})
+    nothing = api.http.get("/projects", params={"cursor": ids.new_project_id()})
+    assert foreign.status_code == 400
+    assert _comparable(foreign) == _comparable(nothing)
+
+    # Every operation of a project, page by page: its own, each once, none of B's.
+    their_ops = {o["id"] for m in theirs_made for o in m["operations"]}
+    for pid in mine[:3]:
+        ops_url = f"/projects/{pid}/operations"
+        everything = api.http.get(ops_url, params={"limit": 1000}).json()["operations"]
+        assert {o["project_id"] for o in everything} == {pid}
+        for limit in (1, 2, 10):
+            seen = _page_all(api, ops_url, "operations", limit)
+            assert seen == [o["id"] for o in everything], limit
+            assert not set(seen) & their_ops
+    for made in theirs_made:
+        other_api.wait_operations(made["project"]["id"], [o["id"] for o in made["operations"]])
+    for pid in mine:
+        ops = api.http.get(f"/projects/{pid}/operations").json()["operations"]
+        api.wait_operations(pid, [o["id"] for o in ops])
+
+
+HOSTILE_FIELDS = {
+    "id": "my-own-id",
+    "project_id": "my-own-project",
+    "owner_id": "someone-else",
+    "account_id": "someone-else",
+    "action": "tenant_detach",
+    "status": "finished",
+    "operations": [{"action": "tenant_detach", "status": "finished"}],
+    "created_at": "2000-01-01T00:00:00Z",
+    "updated_at": "2000-01-01T00:00:00Z",
+    "locked": True,
+    "deleted_at": "2000-01-01T00:00:00Z",
+    "quota": {"compute": 1e9},
+    "provisioner": "k8s-neonvm",
+    "current_state": "idle",
+    "password": "chosen-by-caller",
+    "key": "pgp_" + "A" * 60,
+    "protected": True,
+    "default": True,
+}
+
+
+def _with_hostile(body: dict[str, Any], wrapper: str | None, keep: set[str]) -> dict[str, Any]:
+    hostile = {k: v for k, v in HOSTILE_FIELDS.items() if k not in keep}
+    out = copy.deepcopy(body)
+    if wrapper is None:
+        return {**hostile, **out}
+    out[wrapper] = {**hostile, **out[wrapper]}
+    return {**hostile, **out}
+
+
+def test_fields_the_platform_owns_are_ignored(api: Api, other_api: Api) -> None:
+    """B2 and I5: ids, owners, statuses, actions and timestamps in create and update bodies are
+    ignored; no request creates a platform-only operation or one that is already finished."""
+    b_account = other_api.http.get("/auth").json()["account_id"]
+    hostile = dict(HOSTILE_FIELDS, owner_id=b_account, account_id=b_account)
+    r = api.http.post(
+        "/projects",
+        json={"project": {**hostile, "name": "mass"}, "action": "tenant_detach"},
+    )
+    assert r.status_code == 201, r.text
+    made = r.json()
+    project = made["project"]
+    pid = project["id"]
+    assert pid != "my-own-id" and re.fullmatch(r"[a-z0-9-]{1,60}", pid)
+    assert project["owner_id"] != b_account and project["created_at"] > "2020"
+    assert project["provisioner"] != "k8s-neonvm" and project["locked"] is True
+    assert {o["action"] for o in made["operations"]} == {"create_timeline", "start_compute"}
+    assert "finished" not in {o["status"] for o in made["operations"]}
+    assert other_api.http.get(f"/projects/{pid}").status_code == 404
+    assert pid not in other_api.http.get("/projects").text
+    password = made["roles"][0]["password"]
+    assert password != "chosen-by-caller"
+    api.wait_operations(pid, [o["id"] for o in made["operations"]])
+    bid, eid = made["branch"]["id"], made["endpoints"][0]["id"]
+    branch_path = f"/projects/{pid}/branches/{bid}"
+
+    calls: list[tuple[str, str, dict[str, Any]]] = [
+        ("PATCH", f"/projects/{pid}", _with_hostile({"project": {"name": "m2"}}, "project", set())),
+        ("PATCH", branch_path, _with_hostile({"branch": {"name": "m3"}}, "branch", {"protected"})),
+        (
+            "POST",
+            f"/projects/{pid}/branches",
+            _with_hostile({"branch": {"name": "m4"}}, "branch", {"protected"}),
+        ),
+        (
+            "PATCH",
+            f"/projects/{pid}/endpoints/{eid}",
+            _with_hostile({"endpoint": {"suspend_timeout_seconds": 600}}, "endpoint", set()),
+        ),
+        ("POST", f"{branch_path}/roles", _with_hostile({"role": {"name": "m5"}}, "role", set())),
+        (
+            "POST",
+            f"{branch_path}/databases",
+            _with_hostile(
+                {"database": {"name": "m6", "owner_name": "neondb_owner"}}, "database", set()
+            ),
+        ),
+        ("POST", "/api_keys", _with_hostile({"key_name": "m7"}, None, set())),
+    ]
+    for method, url, body in calls:
+        r = api.http.request(method, url, json=body)
+        assert r.status_code in (200, 201), (method, url, r.text)
+        answer = r.json()
+        assert "my-own-id" not in r.text and "my-own-project" not in r.text, (url, r.text)
+        assert "2000-01-01" not in r.text, (url, r.text)
+        for op in answer.get("operations", []) if isinstance(answer, dict) else []:
+            assert op["action"] not in PLATFORM_ONLY_ACTIONS, (url, op)
+            assert op["status"] != "finished", (url, op)
+        if url == "/api_keys":
+            assert answer["key"] != HOSTILE_FIELDS["key"]
+            with Api(api.server, answer["key"]) as fresh:
+                assert fresh.http.get("/auth").json()["account_id"] != b_account
+        if url.endswith("/roles"):
+            assert answer["role"]["password"] != "chosen-by-caller"
+            assert answer["role"]["protected"] is False
+
+    got = api.http.get(f"/projects/{pid}").json()["project"]
+    assert (got["id"], got["name"], got["owner_id"]) == (pid, "m2", project["owner_id"])
+    assert got["created_at"] == project["created_at"]
+    branch = api.http.get(branch_path).json()["branch"]
+    assert (branch["id"], branch["project_id"], branch["protected"]) == (bid, pid, False)
+    endpoint = api.http.get(f"/projects/{pid}/endpoints/{eid}").json()["endpoint"]
+    assert (endpoint["id"], endpoint["project_id"]) == (eid, pid)
+    ops = api.http.get(f"/projects/{pid}/operations", params={"limit": 1000}).json()
+    assert not {o["action"] for o in ops["operations"]} & PLATFORM_ONLY_ACTIONS
+    api.wait_operations(pid, [o["id"] for o in ops["operations"]])
+
+
+def test_routes_outside_the_document_do_not_exist(server: Server, api: Api, tmp_path: Path) -> None:
+    """I5: admin-like and platform paths are 404 (with the error body), methods a documented path
+    lacks are 405 with ``Allow``, OPTIONS tells the documented ones, and the app serves no route
+    its document does not list."""
+    project = api.create_project(name="unknown-routes")
+    pid = project["project"]["id"]
+    for path in (
+        "/admin",
+        "/internal/operations",
+        "/projects/{pid}/detach",
+        "/projects/{pid}/tenant_detach",
+        "/projects/{pid}/operations/run/now",
+        "/accounts",
+        "/api_keys/1/restore",
+        "/../v1/projects",
+        "/projects/{pid}/branches/x/y/z/w",
+    ):
+        for method in ("GET", "POST", "DELETE"):
+            r = api.http.request(method, path.format(pid=pid), json={})
+            assert r.status_code == 404, (method, path, r.text)
+            assert set(r.json()) == {"code", "message", "request_id"}
+    for method, path in (
+        ("PATCH", "/api_keys/1"),
+        ("PUT", "/projects"),
+        ("POST", f"/projects/{pid}/operations"),
+        ("DELETE", f"/projects/{pid}/operations/{uuid.uuid4()}"),
+    ):
+        r = api.http.request(method, path, json={})
+        assert r.status_code == 405, (method, path, r.text)
+        assert r.headers["allow"] and r.json()["code"] == "METHOD_NOT_ALLOWED"
+
+    # OPTIONS on each documented path lists exactly its documented methods.
+    routes = _documented_routes(server)
+    for path in {p for _, p in routes}:
+        url = path.replace("{key_id}", "1")
+        url = re.sub(r"{\w+}", "x", url)
+        r = api.http.options(url)
+        assert r.status_code == 204, (path, r.text)
+        allowed = {m.strip() for m in r.headers["allow"].split(",")}
+        assert allowed == {m for m, p in routes if p == path} | {"OPTIONS"}, (path, allowed)
+
+    # Every route the application serves is in its document (bar the document and its viewer).
+    from litestar.exceptions import LitestarDeprecationWarning
+
+    from pgplane.api.app import create_app
+    from pgplane.config import Settings
+    from pgplane.store.sqlite import SqliteStore
+
+    store = SqliteStore(tmp_path / "routes.db")
+    try:
+        with warnings.catch_warnings():
+            # The routes declare parameters in a style Litestar deprecates: not this test's subject.
+            warnings.simplefilter("ignore", LitestarDeprecationWarning)
+            app = create_app(store=store, settings=Settings(data_dir=tmp_path))
+        served = {
+            (method, route.path.removeprefix("/api/v2"))
+            for route in app.routes
+            for method in getattr(route, "methods", ())
+            if method not in ("OPTIONS", "HEAD")
+        }
+    finally:
+        asyncio.run(store.close())
+    served = {(m, re.sub(r"{(\w+):\w+}", r"{\1}", p)) for m, p in served}
+    undocumented = {
+        (m, p) for m, p in served if p != "/openapi.json" and not p.startswith("/docs")
+    } - routes
+    assert undocumented == set()
+    api.wait_operations(pid, [o["id"] for o in project["operations"]])
