@@ -8,14 +8,13 @@ import json
 import os
 import shutil
 import socket
-import time
 from pathlib import Path
 
 import psycopg
 import pytest
 from compute_helpers import DATABASE, ROLE, Computes, free_port, lifecycle
 
-from pgplane.compute.driver import ComputeError, ComputeSpec
+from pgplane.compute.driver import ComputeError, ComputeSpec, PortInUse
 from pgplane.compute.local import LocalComputeDriver, LocalDriverConfig
 from pgplane.compute.local.binaries import discover
 from pgplane.compute.local.pidfile import is_postmaster_of, read_pid_file
@@ -314,7 +313,7 @@ async def test_hostile_ids_never_become_paths(driver: LocalComputeDriver, hostil
         await driver.delete_tenant(project_id=hostile)
 
 
-async def test_a_postmaster_that_cannot_start_fails_fast_with_its_log(
+async def test_a_port_another_program_holds_is_reported_before_starting(
     driver: LocalComputeDriver, computes: Computes
 ) -> None:
     await new_timeline(driver, "proj-busy", "br-main")
@@ -323,10 +322,10 @@ async def test_a_postmaster_that_cannot_start_fails_fast_with_its_log(
         squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         squatter.bind(("127.0.0.1", compute.port))
         squatter.listen()
-        started = time.monotonic()
-        with pytest.raises(ComputeError, match=r"(?s)exited during start-up.*could not"):
+        # Named, so the platform can move the compute (engine/handlers.start_compute).
+        with pytest.raises(PortInUse, match=str(compute.port)) as raised:
             await computes.start(compute)
-        assert time.monotonic() - started < 5
+        assert raised.value.port == compute.port
     ids = {"project_id": "proj-busy", "branch_id": "br-main", "endpoint_id": "ep-busy"}
     assert not await driver.is_compute_running(**ids)
     await computes.start(compute)  # the port is free again
