@@ -142,12 +142,10 @@ def test_plaintext_clients_and_cancel(api: Api) -> None:
         assert not conn.info.pgconn.ssl_in_use
         timer = threading.Timer(0.5, conn.cancel)
         timer.start()
-        started = time.monotonic()
+        # QueryCanceled, not the end of the 60 s: the CancelRequest reached its backend.
         with pytest.raises(errors.QueryCanceled):
             conn.execute("select pg_sleep(60)")
         timer.join()
-        # Well under the 60 s the query asked for: the CancelRequest reached its backend.
-        assert time.monotonic() - started < 30
         conn.rollback()
         assert conn.execute("select 1").fetchone() == (1,)
 
