@@ -101,6 +101,10 @@ async def serve(settings: Settings) -> None:
             server_header=False,
             log_config=None,
             timeout_graceful_shutdown=5,
+            # Longer than clients keep idle connections (httpx and requests: 5 s, uvicorn's own
+            # default too): the client closes first, never racing a request against our close,
+            # which it sees as a dropped connection (measured: 200 pollers each 1 s got some).
+            timeout_keep_alive=75,
         )
     )
     # Everything allocated so far lives as long as the process: move it out of the collector's
