@@ -29,7 +29,10 @@ class Settings:
 
     # Where computes listen (the proxy reaches them there).
     compute_host: str = "127.0.0.1"
-    compute_ports: tuple[int, int] = (55000, 56999)
+    # Below every usual ephemeral range (Linux 32768-60999, IANA 49152-65535): a port there
+    # can be taken by any outgoing connection on the machine while its compute is suspended,
+    # and the compute would then fail to start.
+    compute_ports: tuple[int, int] = (20000, 21999)
     compute_user: str | None = None  # OS user for Postgres when pgplane runs as root
     pg_bin_dirs: tuple[Path, ...] = ()
     # Free space a branch copy must leave on the data disk, so running computes can still write

@@ -12,6 +12,7 @@ import os
 import re
 from typing import Any
 
+import httpx
 import schemathesis
 
 from pgplane.services import names
@@ -36,6 +37,18 @@ OUTSIDE_JSON_SCHEMA = (
 )
 
 
+def _fresh_key() -> int:
+    """A key made for the occasion: what a revocation meant for the run's own key gets instead."""
+    r = httpx.post(
+        f"{_SEEDS['base_url']}/api_keys",
+        json={"key_name": "stand-in"},
+        headers={"Authorization": f"Bearer {_SEEDS['key']}"},
+        timeout=30,
+    )
+    r.raise_for_status()
+    return int(r.json()["id"])
+
+
 def _label(ctx: schemathesis.HookContext) -> str:
     operation = ctx.operation
     return f"{operation.method.upper()} {operation.path}" if operation else ""
@@ -54,7 +67,7 @@ def before_call(ctx: schemathesis.HookContext, case: schemathesis.Case, kwargs: 
             if str(parameters.get(name)) == str(seeded.get(name)):
                 parameters[name] = victim
         if str(parameters.get("key_id")) == str(_SEEDS.get("own_key_id")):
-            parameters["key_id"] = _SEEDS["spare_key_id"]
+            parameters["key_id"] = _fresh_key()
     if _SEEDS.get("victims") and isinstance(case.body, dict):
         operation = ctx.operation.definition.raw.get("operationId") if ctx.operation else None
         _seed_body(operation, case.body)

@@ -368,7 +368,7 @@ def walled_server() -> Iterator[tuple[Server, Path]]:
     try:
         # Compute ports of its own: the session's server may hold a port for a suspended
         # compute that a second platform would see free and take.
-        with running_server(data_dir=data, PGPLANE_COMPUTE_PORTS="57000-57099") as srv:
+        with running_server(data_dir=data, PGPLANE_COMPUTE_PORTS="22000-22099") as srv:
             yield srv, outer
     finally:
         shutil.rmtree(outer, ignore_errors=True)

@@ -105,8 +105,8 @@ def create_app(
     answer_options = _answer_options(allowed)
 
     async def before_request(request: AnyRequest) -> Response[None] | None:
-        """Every request: the key first (a stranger learns nothing, not even a 400), then OPTIONS,
-        then the body's form."""
+        """Every request: the key first (a stranger learns nothing, not even a 400), then whether
+        the path can name anything, then OPTIONS, then the body's form."""
         await authenticate(request)
         if _ENCODED_SLASH in (request.scope.get("raw_path") or b"").lower():
             # Routing sees the decoded path, where %2F is a separator: /projects/%2F would be
