@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -215,6 +216,14 @@ class Api:
                     f"operations did not settle: {ops}\n{self.server.log()[-4000:]}"
                 )
             time.sleep(0.05)
+
+    def settled(self, project_id: str, response: httpx.Response) -> dict[str, Any]:
+        """The body of an accepted request, once every operation it started has finished."""
+        assert response.status_code in (200, 201), response.text
+        body: dict[str, Any] = response.json()
+        ops = self.wait_operations(project_id, [o["id"] for o in body["operations"]])
+        assert [o["status"] for o in ops] == ["finished"] * len(ops), ops
+        return body
 
     def create_project(self, **project: object) -> dict:
         r = self.http.post("/projects", json={"project": project})

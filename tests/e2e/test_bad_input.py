@@ -38,14 +38,6 @@ def _state(api: Api) -> tuple[Any, ...]:
     return [p["id"] for p in projects], keys
 
 
-def _ready(api: Api, pid: str, r: httpx.Response) -> dict[str, Any]:
-    assert r.status_code in (200, 201), r.text
-    body: dict[str, Any] = r.json()
-    ops = api.wait_operations(pid, [o["id"] for o in body["operations"]])
-    assert [o["status"] for o in ops] == ["finished"] * len(ops), ops
-    return body
-
-
 def test_bodies_over_the_limit_are_413(server: Server, api: Api) -> None:
     project = api.create_project(name="big-bodies")
     pid = project["project"]["id"]
@@ -121,9 +113,8 @@ def test_names_past_their_limits_are_400_and_names_at_them_kept_whole(api: Api) 
     assert api.http.post("/api_keys", json={"key_name": "k" * 64}).status_code == 200
     r = api.http.patch(f"/projects/{pid}/branches/{bid}", json={"branch": {"name": "b" * 256}})
     assert r.status_code == 200 and r.json()["branch"]["name"] == "b" * 256
-    _ready(api, pid, api.http.post(f"{branch}/roles", json={"role": {"name": at_limit}}))
-    _ready(
-        api,
+    api.settled(pid, api.http.post(f"{branch}/roles", json={"role": {"name": at_limit}}))
+    api.settled(
         pid,
         api.http.post(
             f"{branch}/databases", json={"database": {"name": at_limit, "owner_name": at_limit}}
@@ -152,11 +143,10 @@ def test_odd_role_and_database_names_are_quoted_never_run(api: Api) -> None:
     with psycopg.connect(base_uri, connect_timeout=10, autocommit=True) as conn:
         conn.execute("CREATE TABLE kept AS SELECT 42 AS v")
 
-    role = _ready(api, pid, api.http.post(f"{branch}/roles", json={"role": {"name": ODD_ROLE}}))
+    role = api.settled(pid, api.http.post(f"{branch}/roles", json={"role": {"name": ODD_ROLE}}))
     assert role["role"]["name"] == ODD_ROLE
     for name in (ODD_DATABASE, "$$; DROP DATABASE neondb; $$", "z\\'; DROP TABLE kept; --"):
-        db = _ready(
-            api,
+        db = api.settled(
             pid,
             api.http.post(
                 f"{branch}/databases", json={"database": {"name": name, "owner_name": ODD_ROLE}}
@@ -185,8 +175,8 @@ def test_odd_role_and_database_names_are_quoted_never_run(api: Api) -> None:
     r = api.http.patch(
         f"{branch}/databases/{quote(ODD_DATABASE, safe='')}", json={"database": {"name": renamed}}
     )
-    _ready(api, pid, r)
-    _ready(api, pid, api.http.delete(f"{branch}/databases/{quote(renamed, safe='')}"))
+    api.settled(pid, r)
+    api.settled(pid, api.http.delete(f"{branch}/databases/{quote(renamed, safe='')}"))
     with psycopg.connect(base_uri, connect_timeout=10) as conn:
         names = {row[0] for row in conn.execute("SELECT datname FROM pg_database")}
         assert "neondb" in names and renamed not in names and ODD_DATABASE not in names

@@ -146,14 +146,6 @@ def _ids(project: dict[str, Any], key_id: int, role: str, database: str) -> dict
     }
 
 
-def _ready(api: Api, pid: str, response: httpx.Response) -> dict[str, Any]:
-    assert response.status_code in (200, 201), response.text
-    body: dict[str, Any] = response.json()
-    ops = api.wait_operations(pid, [o["id"] for o in body["operations"]])
-    assert [o["status"] for o in ops] == ["finished"] * len(ops), ops
-    return body
-
-
 @pytest.fixture
 def world(api: Api, other_api: Api) -> World:
     # Computes never suspend on their own here, so nothing but a request could change them.
@@ -164,9 +156,8 @@ def world(api: Api, other_api: Api) -> World:
     pid, bid = pb["project"]["id"], pb["branch"]["id"]
     base = f"/projects/{pid}/branches/{bid}"
     # A role and a database whose names exist in B alone.
-    _ready(other_api, pid, other_api.http.post(f"{base}/roles", json={"role": {"name": "b_role"}}))
-    _ready(
-        other_api,
+    other_api.settled(pid, other_api.http.post(f"{base}/roles", json={"role": {"name": "b_role"}}))
+    other_api.settled(
         pid,
         other_api.http.post(
             f"{base}/databases", json={"database": {"name": "b_db", "owner_name": "b_role"}}

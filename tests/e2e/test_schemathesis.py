@@ -23,7 +23,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.conftest import assert_operations_settled
@@ -33,14 +32,6 @@ ROOT = Path(__file__).resolve().parents[2]
 SCHEMATHESIS = str(Path(sys.executable).parent / "schemathesis")
 SEED = 20261121
 EXAMPLES = int(os.environ.get("PGPLANE_FUZZ_EXAMPLES", "15"))
-
-
-def _ready(api: Api, pid: str, r: httpx.Response) -> dict[str, Any]:
-    assert r.status_code in (200, 201), r.text
-    body: dict[str, Any] = r.json()
-    ops = api.wait_operations(pid, [o["id"] for o in body["operations"]])
-    assert [o["status"] for o in ops] == ["finished"] * len(ops), ops
-    return body
 
 
 @pytest.fixture(scope="module")
@@ -69,19 +60,17 @@ def seed(fuzzed: Server) -> dict[str, Any]:
         pid, bid = project["project"]["id"], project["branch"]["id"]
         branch = f"/projects/{pid}/branches/{bid}"
         doomed = api.create_ready_project(name="doomed")
-        doomed_branch = _ready(api, pid, api.http.post(f"/projects/{pid}/branches", json={}))
-        with_compute = _ready(
-            api,
+        doomed_branch = api.settled(pid, api.http.post(f"/projects/{pid}/branches", json={}))
+        with_compute = api.settled(
             pid,
             api.http.post(
                 f"/projects/{pid}/branches",
                 json={"branch": {"name": "with-compute"}, "endpoints": [{"type": "read_write"}]},
             ),
         )
-        _ready(api, pid, api.http.post(f"{branch}/roles", json={"role": {"name": "doomed"}}))
+        api.settled(pid, api.http.post(f"{branch}/roles", json={"role": {"name": "doomed"}}))
         for name in ("doomed_db", "renamed_db"):
-            _ready(
-                api,
+            api.settled(
                 pid,
                 api.http.post(
                     f"{branch}/databases",
@@ -91,7 +80,7 @@ def seed(fuzzed: Server) -> dict[str, Any]:
         doomed_key = api.http.post("/api_keys", json={"key_name": "doomed"}).json()["id"]
         # Branches without a compute, for the endpoints the run creates.
         bare = [
-            _ready(api, pid, api.http.post(f"/projects/{pid}/branches", json={}))["branch"]["id"]
+            api.settled(pid, api.http.post(f"/projects/{pid}/branches", json={}))["branch"]["id"]
             for _ in range(3)
         ]
     base = "/api/v2/projects/{project_id}"
