@@ -28,7 +28,6 @@ class LoadResult:
     poll_ms: list[float] = field(default_factory=list)
     rss_mb: list[float] = field(default_factory=list)  # the server's, sampled every second
     branches_created: int = 0
-    operation_ids: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
     def count(self, status: int) -> None:
@@ -139,7 +138,6 @@ class _Load:
         if r.status_code not in (200, 201):
             self.result.errors.append(f"{method} {path}: {r.status_code} {r.text}")
             return None
-        self.result.operation_ids.extend(o["id"] for o in r.json()["operations"])
         await self.settle([o["id"] for o in r.json()["operations"]])
         return r
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import shutil
 import signal
 import socket
 import time
@@ -12,8 +14,9 @@ import psycopg
 
 from pgplane.compute.driver import ComputeSpec, DatabaseSpec, RoleSpec
 from pgplane.compute.local import LocalComputeDriver
-from pgplane.compute.local.pidfile import is_postmaster_of, read_pid_file
-from pgplane.compute.local.postmaster import admin_conninfo
+from pgplane.compute.local.pidfile import PidFile, is_postmaster_of, read_pid_file
+from pgplane.compute.local.postmaster import Postmasters, admin_conninfo, postmaster_argv
+from pgplane.compute.local.user import resolve_run_as
 
 ROLE = RoleSpec(name="neondb_owner", password="npg_s3cret'\"pass")
 DATABASE = DatabaseSpec(name="neondb", owner_name="neondb_owner")
@@ -146,3 +149,32 @@ async def lifecycle(
         await driver.stop_compute(**ids)
     assert not await driver.is_compute_running(**ids)
     return pid_file.pid
+
+
+async def crashed_build(
+    driver: LocalComputeDriver, donor: Path, tmp: Path, socket_name: str, log_path: Path
+) -> PidFile:
+    """What a pgplane process that crashed mid-build leaves: ``tmp`` (a copy of ``donor``) with
+    a postmaster running on it that no living process knows of."""
+    run_as = await resolve_run_as(None)
+
+    def copy() -> None:
+        tmp.parent.mkdir(parents=True)
+        shutil.copytree(donor, tmp, symlinks=True)
+        for path in [tmp, *tmp.rglob("*")]:
+            run_as.chown(path)
+
+    await asyncio.to_thread(copy)
+    crashed = Postmasters()  # the pgplane process that crashed
+    socket_dir = driver.layout.run_root / socket_name
+    socket_dir.mkdir(mode=0o700)
+    run_as.chown(socket_dir)
+    install = await driver.runnable_installation(driver.pg_versions()[-1])
+    argv = postmaster_argv(install, tmp, port=5432, socket_dir=socket_dir, listen="", settings={})
+    await crashed.start(
+        argv, pgdata=tmp, port=5432, socket_dir=socket_dir, run_as=run_as, log_path=log_path
+    )
+    leftover = read_pid_file(tmp)
+    assert leftover is not None
+    crashed.forget()
+    return leftover

@@ -11,14 +11,21 @@ import signal
 from pathlib import Path
 
 import pytest
-from compute_helpers import DATABASE, ROLE, Computes, admin_query, connect, free_port, query
+from compute_helpers import (
+    DATABASE,
+    ROLE,
+    Computes,
+    admin_query,
+    connect,
+    crashed_build,
+    free_port,
+    query,
+)
 
 from pgplane.compute.driver import ComputeError, ComputeSpec
 from pgplane.compute.local import LocalComputeDriver
 from pgplane.compute.local.binaries import discover
 from pgplane.compute.local.pidfile import is_postmaster_of, read_pid_file
-from pgplane.compute.local.postmaster import Postmasters, postmaster_argv
-from pgplane.compute.local.user import resolve_run_as
 
 
 def newest(driver: LocalComputeDriver) -> int:
@@ -212,33 +219,18 @@ async def test_create_branch_converges_after_a_crash(
     # A crash mid-copy leaves pgdata.tmp behind, here with a postmaster running on it.
     pgdata = driver.pgdata("proj-retry", "br-child")
     tmp = pgdata.with_name("pgdata.tmp")
-    tmp.parent.mkdir(parents=True)
-    shutil.copytree(driver.pgdata("proj-retry", "br-main"), tmp, symlinks=True)
-    run_as = await resolve_run_as(None)
-    for path in [tmp, *tmp.rglob("*")]:
-        run_as.chown(path)
-    crashed = Postmasters()
-    socket_dir = driver.layout.run_root / "crashed-branch"
-    socket_dir.mkdir(mode=0o700)
-    run_as.chown(socket_dir)
-    install = await driver.runnable_installation(newest(driver))
-    argv = postmaster_argv(install, tmp, port=5432, socket_dir=socket_dir, listen="", settings={})
-    await crashed.start(
-        argv,
-        pgdata=tmp,
-        port=5432,
-        socket_dir=socket_dir,
-        run_as=run_as,
-        log_path=data_dir / "crashed-branch.log",
+    leftover = await crashed_build(
+        driver,
+        driver.pgdata("proj-retry", "br-main"),
+        tmp,
+        "crashed-branch",
+        data_dir / "crashed-branch.log",
     )
-    leftover = read_pid_file(tmp)
-    assert leftover is not None
-    crashed.forget()
 
     await branch(driver, "proj-retry", "br-main", "br-child")
     assert not tmp.exists()
     assert not is_postmaster_of(leftover.pid, tmp)
-    shutil.rmtree(socket_dir)
+    shutil.rmtree(driver.layout.run_root / "crashed-branch")
     inode = pgdata.stat().st_ino
     await branch(driver, "proj-retry", "br-main", "br-child")  # done: a no-op
     assert pgdata.stat().st_ino == inode

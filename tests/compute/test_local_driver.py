@@ -12,13 +12,13 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from compute_helpers import DATABASE, ROLE, Computes, free_port, lifecycle
+from compute_helpers import DATABASE, ROLE, Computes, crashed_build, free_port, lifecycle
 
 from pgplane.compute.driver import ComputeError, ComputeSpec, PortInUse
 from pgplane.compute.local import LocalComputeDriver, LocalDriverConfig
 from pgplane.compute.local.binaries import discover
 from pgplane.compute.local.pidfile import is_postmaster_of, read_pid_file
-from pgplane.compute.local.postmaster import Postmasters, admin_conninfo, postmaster_argv
+from pgplane.compute.local.postmaster import admin_conninfo
 from pgplane.compute.local.user import resolve_run_as
 
 
@@ -172,34 +172,15 @@ async def test_create_timeline_recovers_from_a_crash(
     # A crash mid-build leaves pgdata.tmp behind, here with its temporary postmaster running.
     await new_timeline(driver, "proj-crash", "br-donor")
     tmp = driver.pgdata("proj-crash", "br-main").with_name("pgdata.tmp")
-    tmp.parent.mkdir(parents=True)
-    shutil.copytree(driver.pgdata("proj-crash", "br-donor"), tmp, symlinks=True)
-    run_as = await resolve_run_as(None)
-    for path in [tmp, *tmp.rglob("*")]:
-        run_as.chown(path)
-    crashed = Postmasters()  # the pgplane process that crashed
-    socket_dir = driver.layout.run_root / "crashed"
-    socket_dir.mkdir(mode=0o700)
-    run_as.chown(socket_dir)
-    install = await driver.runnable_installation(newest(driver))
-    argv = postmaster_argv(install, tmp, port=5432, socket_dir=socket_dir, listen="", settings={})
-    await crashed.start(
-        argv,
-        pgdata=tmp,
-        port=5432,
-        socket_dir=socket_dir,
-        run_as=run_as,
-        log_path=data_dir / "c.log",
+    leftover = await crashed_build(
+        driver, driver.pgdata("proj-crash", "br-donor"), tmp, "crashed", data_dir / "c.log"
     )
-    leftover = read_pid_file(tmp)
-    assert leftover is not None
-    crashed.forget()
 
     await new_timeline(driver, "proj-crash", "br-main")
     assert not tmp.exists()
     assert not is_postmaster_of(leftover.pid, tmp)
     assert (driver.pgdata("proj-crash", "br-main") / "PG_VERSION").is_file()
-    shutil.rmtree(socket_dir)
+    shutil.rmtree(driver.layout.run_root / "crashed")
 
 
 async def test_unknown_version_lists_the_available_ones(driver: LocalComputeDriver) -> None:

@@ -107,8 +107,8 @@ class Crash:
         assert [o["status"] for o in ops] == ["finished"] * len(ops), (ops, self.log())
         return ops
 
-    def endpoint(self, eid: str | None = None) -> dict[str, Any]:
-        r = self.api.http.get(f"/projects/{self.pid}/endpoints/{eid or self.eid}")
+    def endpoint(self) -> dict[str, Any]:
+        r = self.api.http.get(f"/projects/{self.pid}/endpoints/{self.eid}")
         assert r.status_code == 200, r.text
         return dict(r.json()["endpoint"])
 

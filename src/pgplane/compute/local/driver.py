@@ -126,11 +126,8 @@ class LocalComputeDriver:
         socket_dir = self.layout.init_socket_dir(project_id, branch_id)
         self.installation(pg_version)
         async with self._locks["timeline", pgdata]:
-            if (pgdata / TIMELINE_MARKER).is_file():
-                _check_data_version(pgdata, pg_version)
+            if _completed(pgdata, pg_version):
                 return
-            if pgdata.exists():
-                raise ComputeError(f"{pgdata} exists but was not completed by pgplane")
             install, run_as = await self._install(pg_version)
             await asyncio.to_thread(ensure_dir, pgdata.parent)
             await build_timeline(
@@ -153,11 +150,8 @@ class LocalComputeDriver:
         if parent == pgdata:
             raise ComputeError(f"branch {branch_id} cannot be its own parent")
         async with self._locks["timeline", pgdata]:
-            if (pgdata / TIMELINE_MARKER).is_file():
-                _check_data_version(pgdata, pg_version)
+            if _completed(pgdata, pg_version):
                 return
-            if pgdata.exists():
-                raise ComputeError(f"{pgdata} exists but was not completed by pgplane")
             if not (parent / TIMELINE_MARKER).is_file():
                 raise ComputeError(
                     f"parent branch {parent_branch_id} of project {project_id} has no data"
@@ -568,6 +562,16 @@ def _serves(current: PidFile, argv: Sequence[str], port: int, socket_dir: Path) 
         return True  # no /proc, or a process title rewritten: the port and socket must do
     # Only the arguments: the binary's path may differ (a relocated copy) without mattering.
     return running_argv[1:] == list(argv[1:])
+
+
+def _completed(pgdata: Path, pg_version: int) -> bool:
+    """Whether the timeline at ``pgdata`` was built already (a retry); refuses a stranger's."""
+    if (pgdata / TIMELINE_MARKER).is_file():
+        _check_data_version(pgdata, pg_version)
+        return True
+    if pgdata.exists():
+        raise ComputeError(f"{pgdata} exists but was not completed by pgplane")
+    return False
 
 
 def _check_data_version(pgdata: Path, pg_version: int) -> None:

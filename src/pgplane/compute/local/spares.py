@@ -52,10 +52,6 @@ class SparePool:
         self._enabled = True
         self._stopping = False
 
-    @property
-    def enabled(self) -> bool:
-        return self._enabled
-
     def counts(self) -> tuple[int, int]:
         """Spare files and directories ready now."""
         with self._lock:
