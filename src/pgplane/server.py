@@ -86,7 +86,9 @@ async def serve(settings: Settings) -> None:
     scheduler = Scheduler(
         store=store, engine=engine, driver=driver, settings=settings, activity=activity
     )
-    app = create_app(store=store, settings=settings, notify=engine.wake)
+    app = create_app(
+        store=store, settings=settings, check_settings=driver.check_settings, notify=engine.wake
+    )
     server = uvicorn.Server(
         uvicorn.Config(
             app,

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from compute_helpers import DATABASE, ROLE, Computes, crashed_build, free_port, lifecycle
 
-from pgplane.compute.driver import ComputeError, ComputeSpec, PortInUse
+from pgplane.compute.driver import ComputeError, ComputeSpec, InvalidSettings, PortInUse
 from pgplane.compute.local import LocalComputeDriver, LocalDriverConfig
 from pgplane.compute.local.binaries import discover
 from pgplane.compute.local.pidfile import is_postmaster_of, read_pid_file
@@ -156,6 +156,22 @@ async def test_managed_settings_are_refused(driver: LocalComputeDriver) -> None:
             await driver.start_compute(
                 spec(driver, "proj-managed", "ep-managed", pg_settings=settings)
             )
+
+
+async def test_settings_are_judged_by_postgres_itself(driver: LocalComputeDriver) -> None:
+    version = newest(driver)
+    await driver.check_settings(
+        pg_version=version,
+        settings={"work_mem": "64MB", "statement_timeout": "5min", "search_path": 'a, "b c"'},
+    )
+    for settings, reason in (
+        ({"work_mem": "lots"}, 'invalid value for parameter "work_mem": "lots"'),
+        ({"statement_timeout": "-1"}, "outside the valid range"),
+        ({"jit": "sometimes"}, 'parameter "jit" requires a Boolean value'),
+        ({"port": "1"}, "managed by pgplane"),
+    ):
+        with pytest.raises(InvalidSettings, match=reason):
+            await driver.check_settings(pg_version=version, settings=settings)
 
 
 async def test_create_timeline_twice_is_a_no_op(driver: LocalComputeDriver) -> None:

@@ -6,7 +6,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from tests.support import Api
+from tests.support import Api, running_server
 
 
 def _finish(api: Api, project_id: str, body: dict) -> dict:
@@ -268,3 +268,105 @@ def test_startup_calls_of_clients(api: Api) -> None:
     assert shared["projects"] == []
     regions = api.http.get("/regions").json()["regions"]
     assert [r["default"] for r in regions] == [True]
+
+
+def _postmaster_started(uri: str) -> object:
+    with psycopg.connect(uri) as conn:
+        row = conn.execute("SELECT pg_postmaster_start_time()").fetchone()
+        assert row is not None
+        return row[0]
+
+
+def test_settings_postgres_refuses_change_nothing(api: Api) -> None:
+    """Every value is read by Postgres itself before it is accepted: a compute restarted with
+    one it refuses would not start again."""
+    project = api.create_ready_project(name="bad-settings")
+    pid, bid = project["project"]["id"], project["branch"]["id"]
+    eid = project["endpoints"][0]["id"]
+    base = project["connection_uris"][0]["connection_uri"]
+    started = _postmaster_started(base)
+    endpoint = api.http.get(f"/projects/{pid}/endpoints/{eid}").json()["endpoint"]
+    ops = api.http.get(f"/projects/{pid}/operations").json()["operations"]
+
+    refused = {
+        "statement_timeout": ("banana", 'invalid value for parameter "statement_timeout"'),
+        "work_mem": ("1", "outside the valid range"),
+        "timezone": ("Mars/Olympus", 'invalid value for parameter "TimeZone"'),
+        "enable_seqscan": ("maybe", "requires a Boolean value"),
+        "autovacuum_naptime": ("0", "outside the valid range"),
+        "autovacuum_no_such_thing": ("1", "unrecognized configuration parameter"),
+    }
+    for name, (value, reason) in refused.items():
+        bodies = [
+            (f"/projects/{pid}/endpoints/{eid}", "PATCH", {"endpoint": {"settings": {}}}),
+            (
+                f"/projects/{pid}/endpoints",
+                "POST",
+                {"endpoint": {"branch_id": bid, "type": "read_write", "settings": {}}},
+            ),
+            (f"/projects/{pid}/branches", "POST", {"endpoints": [{"type": "read_write"}]}),
+            (f"/projects/{pid}", "PATCH", {"project": {"default_endpoint_settings": {}}}),
+            ("/projects", "POST", {"project": {"default_endpoint_settings": {}}}),
+        ]
+        for path, method, body in bodies:
+            target = body.get("endpoint") or (body.get("endpoints") or [None])[0]
+            if target is not None:
+                target["settings"] = {"pg_settings": {name: value}}
+            else:
+                body["project"]["default_endpoint_settings"] = {"pg_settings": {name: value}}
+            r = api.http.request(method, path, json=body)
+            assert r.status_code == 400, (path, name, r.text)
+            assert reason in r.json()["message"], r.text
+
+    # Nothing changed: the same endpoint, branches, projects and operations, the same postmaster.
+    assert api.http.get(f"/projects/{pid}/endpoints/{eid}").json()["endpoint"] == endpoint
+    assert len(api.http.get(f"/projects/{pid}/branches").json()["branches"]) == 1
+    assert len(api.http.get(f"/projects/{pid}/endpoints").json()["endpoints"]) == 1
+    assert api.http.get(f"/projects/{pid}/operations").json()["operations"] == ops
+    assert _postmaster_started(base) == started
+
+    # Values Postgres takes, in any of its spellings, are accepted as they are.
+    r = api.http.patch(
+        f"/projects/{pid}/endpoints/{eid}",
+        json={"endpoint": {"settings": {"pg_settings": {"TimeZone": "Europe/Paris"}}}},
+    )
+    _finish(api, pid, r.json())
+    with psycopg.connect(base) as conn:
+        assert conn.execute("SHOW timezone").fetchone() == ("Europe/Paris",)
+
+
+def test_a_compute_that_cannot_start_with_its_settings_says_so() -> None:
+    """A value Postgres parses but will not start with (here: no connection left beside the
+    superuser's reserved ones) fails its operation with Postgres' reason; the endpoint does not
+    claim to be active, and correcting the setting brings the compute and its data back."""
+    with (
+        running_server(PGPLANE_RETRY_BASE_SECONDS="0.1", PGPLANE_MAX_ATTEMPTS="3") as server,
+        Api(server, server.create_key("acct-start-fails")[1]) as api,
+    ):
+        project = api.create_ready_project(name="cannot-start")
+        pid, eid = project["project"]["id"], project["endpoints"][0]["id"]
+        base = project["connection_uris"][0]["connection_uri"]
+        with psycopg.connect(base) as conn:
+            conn.execute("CREATE TABLE kept AS SELECT 42 AS answer")
+
+        path = f"/projects/{pid}/endpoints/{eid}"
+        r = api.http.patch(
+            path, json={"endpoint": {"settings": {"pg_settings": {"max_connections": "3"}}}}
+        )
+        assert r.status_code == 200, r.text
+        [op] = api.wait_operations(pid, [o["id"] for o in r.json()["operations"]])
+        assert op["status"] == "failed", op
+        assert op["failures_count"] == 3
+        assert "must be less than max_connections" in op["error"], op
+        assert api.http.get(path).json()["endpoint"]["current_state"] == "idle"
+        with pytest.raises(psycopg.OperationalError):
+            psycopg.connect(base, connect_timeout=5).close()
+
+        r = api.http.patch(
+            path, json={"endpoint": {"settings": {"pg_settings": {"max_connections": "50"}}}}
+        )
+        _finish(api, pid, r.json())
+        assert api.http.get(path).json()["endpoint"]["current_state"] == "active"
+        with psycopg.connect(base) as conn:
+            assert conn.execute("SELECT answer FROM kept").fetchone() == (42,)
+            assert conn.execute("SHOW max_connections").fetchone() == ("50",)

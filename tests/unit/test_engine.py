@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -60,11 +60,19 @@ async def engine(
             await task
 
 
+async def _no_settings(*, pg_version: int, settings: Mapping[str, str]) -> None:
+    assert not settings  # these projects set none
+
+
 async def _project(store: SqliteStore) -> str:
     async with store.write() as tx:
         account = await accounts.ensure(tx, email="e@example.com")
         created = await projects.create(
-            tx, account_id=account.id, spec=projects.NewProject(), settings=Settings(**FAST)
+            tx,
+            account_id=account.id,
+            spec=projects.NewProject(),
+            settings=Settings(**FAST),
+            check_settings=_no_settings,
         )
     return created.project.id
 

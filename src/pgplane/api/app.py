@@ -31,6 +31,7 @@ from pgplane.api.routes.roles import Databases, Roles
 from pgplane.config import Settings
 from pgplane.errors import NotFound, PgplaneError
 from pgplane.services import api_keys
+from pgplane.services.endpoints import SettingsCheck
 from pgplane.store import Store
 
 log = logging.getLogger(__name__)
@@ -64,9 +65,14 @@ async def _flush_key_uses(store: Store, recorder: api_keys.UseRecorder) -> None:
 
 
 def create_app(
-    *, store: Store, settings: Settings, notify: Callable[[], None] = _nothing
+    *,
+    store: Store,
+    settings: Settings,
+    check_settings: SettingsCheck,
+    notify: Callable[[], None] = _nothing,
 ) -> Litestar:
-    """The API over ``store``; ``notify`` is called after a request starts operations."""
+    """The API over ``store``; ``notify`` is called after a request starts operations, and
+    ``check_settings`` (the compute driver's) judges pg_settings values."""
     recorder = api_keys.UseRecorder()
 
     @contextlib.asynccontextmanager
@@ -99,7 +105,14 @@ def create_app(
         return document.served(request.app.openapi_schema.to_schema(), settings)
 
     authenticate = key_hook(
-        Platform(store, settings, notify, recorder, RateLimiter.from_settings(settings))
+        Platform(
+            store=store,
+            settings=settings,
+            notify=notify,
+            check_settings=check_settings,
+            key_uses=recorder,
+            limiter=RateLimiter.from_settings(settings),
+        )
     )
     allowed: dict[str, str] = {}  # filled once the app has built its routes
     answer_options = _answer_options(allowed)

@@ -24,6 +24,7 @@ from pgplane.api.ratelimit import RateLimiter
 from pgplane.config import Settings
 from pgplane.errors import Unauthorized
 from pgplane.services import api_keys
+from pgplane.services.endpoints import SettingsCheck
 from pgplane.store import Store
 
 AnyRequest = Request[Any, Any, State]
@@ -36,6 +37,7 @@ class Platform:
     store: Store
     settings: Settings
     notify: Callable[[], None]  # tells the engine that new operations wait
+    check_settings: SettingsCheck  # Postgres' verdict on pg_settings values (the driver's)
     key_uses: api_keys.UseRecorder
     limiter: RateLimiter
 
@@ -49,6 +51,7 @@ class Authorized:
     store: Store
     settings: Settings
     notify: Callable[[], None]
+    check_settings: SettingsCheck
 
 
 # Where the hook leaves its result: a key of our own in the ASGI scope (Litestar's
@@ -91,6 +94,7 @@ def key_hook(platform: Platform) -> Callable[[AnyRequest], Awaitable[None]]:
             store=store,
             settings=settings,
             notify=notify,
+            check_settings=platform.check_settings,
         )
 
     return require_key

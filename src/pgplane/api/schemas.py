@@ -62,6 +62,11 @@ DatabaseName = Annotated[
 PgSettings = Annotated[
     dict[str, str],
     Meta(
+        description=(
+            "Postgres settings of the compute, as Postgres spells them. Each value is read by"
+            " the compute's Postgres version before it is accepted (type, unit, range,"
+            " choices); one it does not accept is a 400 and changes nothing."
+        ),
         extra_json_schema=_documented(
             property_names={"pattern": endpoints.SETTING_NAME_PATTERN},
             additional_properties={
@@ -69,7 +74,7 @@ PgSettings = Annotated[
                 "maxLength": endpoints.MAX_SETTING_VALUE,
                 "pattern": endpoints.SETTING_VALUE_PATTERN,
             },
-        )
+        ),
     ),
 ]
 # Compute units: quarters from 0.25 to 16.

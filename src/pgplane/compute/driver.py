@@ -16,6 +16,10 @@ class ComputeError(Exception):
     """The data plane could not do what was asked; the message says why, for the operation."""
 
 
+class InvalidSettings(ComputeError):
+    """Postgres refuses a setting's value; the message is Postgres' own words for why."""
+
+
 class PortInUse(ComputeError):
     """Another program holds the port the compute was given: the platform gives it another."""
 
@@ -145,6 +149,11 @@ class ComputeDriver(Protocol):
 
     async def start_compute(self, spec: ComputeSpec) -> None:
         """Run the endpoint's postmaster; return once it accepts a real client startup."""
+        ...
+
+    async def check_settings(self, *, pg_version: int, settings: Mapping[str, str]) -> None:
+        """Raise InvalidSettings unless Postgres ``pg_version`` accepts every value (its type,
+        unit, range or choices), so a bad one is refused before a compute is restarted with it."""
         ...
 
     def compute_address(self, *, endpoint_id: str, port: int) -> ComputeAddress:

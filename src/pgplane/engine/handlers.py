@@ -14,6 +14,7 @@ import msgspec
 
 from pgplane.compute.driver import (
     ComputeDriver,
+    ComputeError,
     ComputeSpec,
     ConfigChange,
     DatabaseSpec,
@@ -114,6 +115,12 @@ async def start_compute(ctx: Context, op: Operation) -> OnFinish | None:
         endpoint = await tx.get_endpoint(project_id=project.id, endpoint_id=op.endpoint_id)
     if endpoint is None or endpoint.disabled:
         return None  # deleted or disabled since: nothing to start
+    await _start(ctx, project, endpoint)
+    return _mark_active(endpoint.id)
+
+
+async def _start(ctx: Context, project: Project, endpoint: Endpoint) -> None:
+    """Start (or restart with changed settings) the endpoint's compute."""
     try:
         await ctx.driver.start_compute(compute_spec(project, endpoint))
     except PortInUse as exc:
@@ -121,7 +128,6 @@ async def start_compute(ctx: Context, op: Operation) -> OnFinish | None:
         # proxy reaches the compute by its own socket), so the compute moves to a free one.
         endpoint = await _move_port(ctx, endpoint, exc.port)
         await ctx.driver.start_compute(compute_spec(project, endpoint))
-    return _mark_active(endpoint.id)
 
 
 async def _move_port(ctx: Context, endpoint: Endpoint, taken: int) -> Endpoint:
@@ -211,12 +217,33 @@ async def apply_config(ctx: Context, op: Operation) -> OnFinish | None:
     if op.endpoint_id is not None:
         async with ctx.store.read() as tx:
             endpoint = await tx.get_endpoint(project_id=project.id, endpoint_id=op.endpoint_id)
-        if endpoint is not None and await ctx.driver.is_compute_running(
-            project_id=project.id, branch_id=endpoint.branch_id, endpoint_id=endpoint.id
+        # Whether the compute should run is the endpoint's state, not whether a postmaster runs
+        # now: a restart that failed left none, and the retry must start it with the new
+        # settings, not call the change done. A suspended compute takes them at its next start.
+        if (
+            endpoint is None
+            or endpoint.disabled
+            or "active" not in (endpoint.current_state, endpoint.pending_state)
         ):
-            await ctx.driver.start_compute(compute_spec(project, endpoint))  # restarts when changed
-        return None
+            return None
+        try:
+            await _start(ctx, project, endpoint)  # a restart if the settings changed
+        except ComputeError:
+            # The old postmaster is gone and the new one did not start: say so until one does.
+            await _mark_down(ctx, endpoint.id)
+            raise
+        return _mark_active(endpoint.id)
     return await _apply_roles_and_databases(ctx, project, _require_branch(op))
+
+
+async def _mark_down(ctx: Context, endpoint_id: str) -> None:
+    async with ctx.store.write() as tx:
+        await tx.set_endpoint_state(
+            endpoint_id=endpoint_id,
+            current_state="idle",
+            pending_state="active",
+            now=clock.now_us(),
+        )
 
 
 async def _apply_roles_and_databases(

@@ -151,7 +151,13 @@ async def get(tx: Tx, *, account_id: str, project_id: str, branch_id: str) -> Br
 
 
 async def create(
-    tx: Tx, *, account_id: str, project_id: str, spec: NewBranch, settings: Settings
+    tx: Tx,
+    *,
+    account_id: str,
+    project_id: str,
+    spec: NewBranch,
+    settings: Settings,
+    check_settings: endpoints.SettingsCheck,
 ) -> CreatedBranch:
     project = await access.live_project(tx, account_id=account_id, project_id=project_id)
     if spec.parent_id is not None:
@@ -197,7 +203,13 @@ async def create(
     ]
     computes = [
         await endpoints.new_endpoint(
-            tx, project=project, branch_id=branch_id, spec=e, settings=settings, now=now
+            tx,
+            project=project,
+            branch_id=branch_id,
+            spec=e,
+            settings=settings,
+            check_settings=check_settings,
+            now=now,
         )
         for e in spec.endpoints
     ]

@@ -7,11 +7,13 @@ postmaster's real state (``current_state``) is written when those operations fin
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
+from pgplane.compute.driver import InvalidSettings
 from pgplane.config import Settings
 from pgplane.core import clock, ids, ports
 from pgplane.core.models import Endpoint, Operation, Project
@@ -81,6 +83,13 @@ SETTING_NAME_PATTERN = (
     + ")$"
 )
 SETTING_VALUE_PATTERN = r"^[^\x00-\x1f]*$"
+SETTING_REFUSED = "Postgres does not accept the value"
+
+
+class SettingsCheck(Protocol):
+    """Whether Postgres ``pg_version`` takes these values (the driver's ``check_settings``)."""
+
+    async def __call__(self, *, pg_version: int, settings: Mapping[str, str]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +132,19 @@ def pg_settings(values: dict[str, Any]) -> dict[str, str]:
     return checked
 
 
+async def checked_pg_settings(
+    values: dict[str, Any], *, pg_version: int, check: SettingsCheck
+) -> dict[str, str]:
+    """:func:`pg_settings`, then each value as Postgres itself reads it (type, unit, range,
+    choices): a compute restarted with a value Postgres refuses would not start again."""
+    settings = pg_settings(values)
+    try:
+        await check(pg_version=pg_version, settings=settings)
+    except InvalidSettings as exc:
+        raise BadRequest(f"pg_settings: {SETTING_REFUSED}: {exc}") from None
+    return settings
+
+
 def _cu(value: Any, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise BadRequest(f"{key} must be a number")
@@ -147,7 +169,9 @@ def _limits(low: float, high: float) -> tuple[float, float]:
     return low, high
 
 
-def check_defaults(values: dict[str, Any]) -> dict[str, Any]:
+async def check_defaults(
+    values: dict[str, Any], *, pg_version: int, check: SettingsCheck
+) -> dict[str, Any]:
     """A project's ``default_endpoint_settings``, refused now if an endpoint made from them
     would be (rather than at the next branch with a compute)."""
     _limits(
@@ -156,7 +180,10 @@ def check_defaults(values: dict[str, Any]) -> dict[str, Any]:
     )
     _suspend_timeout(values.get("suspend_timeout_seconds", 0))
     if "pg_settings" in values:
-        return {**values, "pg_settings": pg_settings(values["pg_settings"])}
+        checked = await checked_pg_settings(
+            values["pg_settings"], pg_version=pg_version, check=check
+        )
+        return {**values, "pg_settings": checked}
     return values
 
 
@@ -172,7 +199,14 @@ async def allocate_port(tx: Tx, settings: Settings) -> int:
 
 
 async def new_endpoint(
-    tx: Tx, *, project: Project, branch_id: str, spec: EndpointSpec, settings: Settings, now: int
+    tx: Tx,
+    *,
+    project: Project,
+    branch_id: str,
+    spec: EndpointSpec,
+    settings: Settings,
+    check_settings: SettingsCheck,
+    now: int,
 ) -> Endpoint:
     """Build and insert an endpoint (no operations): creating one, or a branch with one."""
     if spec.type != "read_write":
@@ -200,8 +234,10 @@ async def new_endpoint(
         if spec.suspend_timeout_seconds is not None
         else defaults.get("suspend_timeout_seconds", 0)
     )
-    user_settings = pg_settings(
-        spec.pg_settings if spec.pg_settings is not None else defaults.get("pg_settings", {})
+    user_settings = await checked_pg_settings(
+        spec.pg_settings if spec.pg_settings is not None else defaults.get("pg_settings", {}),
+        pg_version=project.pg_version,
+        check=check_settings,
     )
     endpoint = Endpoint(
         id=ids.new_endpoint_id(),
@@ -243,11 +279,18 @@ async def create(
     branch_id: str,
     spec: EndpointSpec,
     settings: Settings,
+    check_settings: SettingsCheck,
 ) -> tuple[Endpoint, list[Operation]]:
     project = await access.live_project(tx, account_id=account_id, project_id=project_id)
     branch = await access.branch(tx, project_id=project.id, branch_id=branch_id)
     endpoint = await new_endpoint(
-        tx, project=project, branch_id=branch.id, spec=spec, settings=settings, now=clock.now_us()
+        tx,
+        project=project,
+        branch_id=branch.id,
+        spec=spec,
+        settings=settings,
+        check_settings=check_settings,
+        now=clock.now_us(),
     )
     starts = [] if endpoint.disabled else [start_op(endpoint)]
     ops = await operations.start(tx, project_id=project.id, starts=starts) if starts else []
@@ -270,10 +313,17 @@ async def get(tx: Tx, *, account_id: str, project_id: str, endpoint_id: str) -> 
 
 
 async def update(
-    tx: Tx, *, account_id: str, project_id: str, endpoint_id: str, changes: EndpointChanges
+    tx: Tx,
+    *,
+    account_id: str,
+    project_id: str,
+    endpoint_id: str,
+    changes: EndpointChanges,
+    check_settings: SettingsCheck,
 ) -> tuple[Endpoint, list[Operation]]:
     """Resize, retune or disable; a running compute is restarted with its new settings."""
-    endpoint = await get(tx, account_id=account_id, project_id=project_id, endpoint_id=endpoint_id)
+    project = await access.live_project(tx, account_id=account_id, project_id=project_id)
+    endpoint = await access.endpoint(tx, project_id=project.id, endpoint_id=endpoint_id)
     if changes.branch_id is not None and changes.branch_id != endpoint.branch_id:
         raise BadRequest("moving a compute to another branch is not supported")
     low, high = _limits(
@@ -286,7 +336,9 @@ async def update(
     )
     new_settings = dict(endpoint.settings)
     if changes.pg_settings is not None:
-        checked = pg_settings(changes.pg_settings)
+        checked = await checked_pg_settings(
+            changes.pg_settings, pg_version=project.pg_version, check=check_settings
+        )
         if checked:
             new_settings["pg_settings"] = checked
         else:

@@ -84,7 +84,12 @@ def _pg_version(requested: int | None, settings: Settings) -> int:
 
 
 async def create(
-    tx: Tx, *, account_id: str, spec: NewProject, settings: Settings
+    tx: Tx,
+    *,
+    account_id: str,
+    spec: NewProject,
+    settings: Settings,
+    check_settings: endpoints.SettingsCheck,
 ) -> CreatedProject:
     now = clock.now_us()
     project_id = ids.new_project_id()
@@ -138,6 +143,7 @@ async def create(
         branch_id=branch.id,
         spec=endpoints.EndpointSpec(),
         settings=settings,
+        check_settings=check_settings,
         now=now,
     )
     await tx.insert_role(role)
@@ -184,7 +190,12 @@ async def list_(tx: Tx, *, account_id: str, limit: int | None, cursor: str | Non
 
 
 async def update(
-    tx: Tx, *, account_id: str, project_id: str, changes: ProjectChanges
+    tx: Tx,
+    *,
+    account_id: str,
+    project_id: str,
+    changes: ProjectChanges,
+    check_settings: endpoints.SettingsCheck,
 ) -> tuple[Project, list[Operation]]:
     project = await get(tx, account_id=account_id, project_id=project_id)
     updated = msgspec.structs.replace(project, updated_at=clock.now_us())
@@ -193,7 +204,11 @@ async def update(
     if changes.default_endpoint_settings is not None:
         updated = msgspec.structs.replace(
             updated,
-            default_endpoint_settings=endpoints.check_defaults(changes.default_endpoint_settings),
+            default_endpoint_settings=await endpoints.check_defaults(
+                changes.default_endpoint_settings,
+                pg_version=project.pg_version,
+                check=check_settings,
+            ),
         )
     if changes.settings is not None:
         updated = msgspec.structs.replace(updated, settings=changes.settings)

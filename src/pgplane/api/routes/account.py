@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Literal
 
 from litestar import Controller, get
-from litestar.params import Parameter
+from litestar.params import FromPath, FromQuery, Parameter
 
 from pgplane.api.auth import AnyRequest, authorized
 from pgplane.api.presenters import EPOCH_ZERO
@@ -115,12 +115,12 @@ class Account(Controller):
     async def connection_uri(
         self,
         request: AnyRequest,
-        project_id: str,
+        project_id: FromPath[str],
         database_name: str = Parameter(min_length=1, max_length=63),
         role_name: str = Parameter(min_length=1, max_length=63),
         branch_id: str | None = Parameter(default=None, max_length=60),
         endpoint_id: str | None = Parameter(default=None, max_length=60),
-        pooled: Literal["true", "false", "True", "False"] | None = None,
+        pooled: FromQuery[Literal["true", "false", "True", "False"] | None] = None,
     ) -> ConnectionURI:
         """A URI for ``psql`` and drivers, as it is."""
         ctx = authorized(request)

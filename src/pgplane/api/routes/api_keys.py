@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from litestar import Controller, delete, get, post
+from litestar.params import FromPath, JSONBody
 
 from pgplane.api import presenters
 from pgplane.api.auth import AnyRequest, authorized
@@ -16,7 +17,9 @@ class ApiKeys(Controller):
     tags = ["API Key"]  # noqa: RUF012 - Litestar reads it as an instance attribute
 
     @post(status_code=200, operation_id="createApiKey", responses=error_responses(body=True))
-    async def create(self, request: AnyRequest, data: ApiKeyCreateRequest) -> ApiKeyCreated:
+    async def create(
+        self, request: AnyRequest, data: JSONBody[ApiKeyCreateRequest]
+    ) -> ApiKeyCreated:
         """Create an API key; its value is returned now and never again."""
         ctx = authorized(request)
         async with ctx.store.write() as tx:
@@ -38,7 +41,7 @@ class ApiKeys(Controller):
     @delete(
         "/{key_id:int}", status_code=200, operation_id="revokeApiKey", responses=error_responses()
     )
-    async def revoke(self, request: AnyRequest, key_id: int) -> ApiKeyRevoked:
+    async def revoke(self, request: AnyRequest, key_id: FromPath[int]) -> ApiKeyRevoked:
         """Revoke a key: immediate and irreversible."""
         ctx = authorized(request)
         async with ctx.store.write() as tx:

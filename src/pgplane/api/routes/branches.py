@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from litestar import Controller, delete, get, patch, post
-from litestar.params import Parameter
+from litestar.params import FromPath, JSONBody, Parameter
 
 from pgplane.api import presenters
 from pgplane.api.auth import AnyRequest, authorized
@@ -45,7 +45,7 @@ class Branches(Controller):
     async def list_(
         self,
         request: AnyRequest,
-        project_id: str,
+        project_id: FromPath[str],
         limit: int | None = Parameter(
             default=None, ge=1, le=10000, description="absent: every branch in one response"
         ),
@@ -88,7 +88,7 @@ class Branches(Controller):
     async def count(
         self,
         request: AnyRequest,
-        project_id: str,
+        project_id: FromPath[str],
         search: str | None = Parameter(default=None, max_length=256),
     ) -> BranchCount:
         ctx = authorized(request)
@@ -105,7 +105,10 @@ class Branches(Controller):
         operation_class=OptionalBody,  # no body: a branch of the default branch, no compute
     )
     async def create(
-        self, request: AnyRequest, project_id: str, data: BranchCreateRequest | None = None
+        self,
+        request: AnyRequest,
+        project_id: FromPath[str],
+        data: JSONBody[BranchCreateRequest | None] = None,
     ) -> BranchCreated:
         """Branch from the default branch (or ``parent_id``) at its head; computes on request."""
         ctx = authorized(request)
@@ -127,6 +130,7 @@ class Branches(Controller):
                 project_id=project_id,
                 spec=spec,
                 settings=ctx.settings,
+                check_settings=ctx.check_settings,
             )
         ctx.notify()
         uris = [
@@ -146,7 +150,9 @@ class Branches(Controller):
         )
 
     @get("/{branch_id:str}", operation_id="getProjectBranch", responses=error_responses())
-    async def get_(self, request: AnyRequest, project_id: str, branch_id: str) -> BranchResponse:
+    async def get_(
+        self, request: AnyRequest, project_id: FromPath[str], branch_id: FromPath[str]
+    ) -> BranchResponse:
         ctx = authorized(request)
         async with ctx.store.read() as tx:
             branch = await branches.get(
@@ -160,7 +166,11 @@ class Branches(Controller):
         responses=error_responses(409, body=True),
     )
     async def update(
-        self, request: AnyRequest, project_id: str, branch_id: str, data: BranchUpdateRequest
+        self,
+        request: AnyRequest,
+        project_id: FromPath[str],
+        branch_id: FromPath[str],
+        data: JSONBody[BranchUpdateRequest],
     ) -> BranchOperations:
         """Rename or (un)protect."""
         ctx = authorized(request)
@@ -182,7 +192,7 @@ class Branches(Controller):
         responses=error_responses(409),
     )
     async def delete_(
-        self, request: AnyRequest, project_id: str, branch_id: str
+        self, request: AnyRequest, project_id: FromPath[str], branch_id: FromPath[str]
     ) -> BranchOperations:
         """Delete (``delete_timeline``); not the default, a protected or a parent branch."""
         ctx = authorized(request)
@@ -202,7 +212,7 @@ class Branches(Controller):
         responses=error_responses(),
     )
     async def set_as_default(
-        self, request: AnyRequest, project_id: str, branch_id: str
+        self, request: AnyRequest, project_id: FromPath[str], branch_id: FromPath[str]
     ) -> BranchOperations:
         return await self._set_default(request, project_id, branch_id)
 
@@ -214,13 +224,13 @@ class Branches(Controller):
         deprecated=True,
     )
     async def set_as_primary(
-        self, request: AnyRequest, project_id: str, branch_id: str
+        self, request: AnyRequest, project_id: FromPath[str], branch_id: FromPath[str]
     ) -> BranchOperations:
         """The legacy name of set_as_default (the Python SDK still calls it)."""
         return await self._set_default(request, project_id, branch_id)
 
     async def _set_default(
-        self, request: AnyRequest, project_id: str, branch_id: str
+        self, request: AnyRequest, project_id: FromPath[str], branch_id: FromPath[str]
     ) -> BranchOperations:
         ctx = authorized(request)
         async with ctx.store.write() as tx:
@@ -235,7 +245,7 @@ class Branches(Controller):
         responses=error_responses(),
     )
     async def endpoints(
-        self, request: AnyRequest, project_id: str, branch_id: str
+        self, request: AnyRequest, project_id: FromPath[str], branch_id: FromPath[str]
     ) -> EndpointsResponse:
         ctx = authorized(request)
         async with ctx.store.read() as tx:

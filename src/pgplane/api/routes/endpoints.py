@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from litestar import Controller, delete, get, patch, post
+from litestar.params import FromPath, JSONBody
 
 from pgplane.api import presenters
 from pgplane.api.auth import AnyRequest, Authorized, authorized
@@ -50,7 +51,7 @@ class Endpoints(Controller):
     tags = ["Endpoint"]  # noqa: RUF012 - Litestar reads it as an instance attribute
 
     @get(operation_id="listProjectEndpoints", responses=error_responses())
-    async def list_(self, request: AnyRequest, project_id: str) -> EndpointsResponse:
+    async def list_(self, request: AnyRequest, project_id: FromPath[str]) -> EndpointsResponse:
         ctx = authorized(request)
         async with ctx.store.read() as tx:
             found = await endpoints.list_(tx, account_id=ctx.account_id, project_id=project_id)
@@ -62,7 +63,7 @@ class Endpoints(Controller):
         responses=error_responses(409, body=True),
     )
     async def create(
-        self, request: AnyRequest, project_id: str, data: EndpointCreateRequest
+        self, request: AnyRequest, project_id: FromPath[str], data: JSONBody[EndpointCreateRequest]
     ) -> EndpointOperations:
         """A compute for a branch (one read_write per branch); starts it."""
         ctx = authorized(request)
@@ -85,12 +86,13 @@ class Endpoints(Controller):
                 branch_id=req.branch_id,
                 spec=spec,
                 settings=ctx.settings,
+                check_settings=ctx.check_settings,
             )
         return _answer(ctx, endpoint, ops)
 
     @get("/{endpoint_id:str}", operation_id="getProjectEndpoint", responses=error_responses())
     async def get_(
-        self, request: AnyRequest, project_id: str, endpoint_id: str
+        self, request: AnyRequest, project_id: FromPath[str], endpoint_id: FromPath[str]
     ) -> EndpointResponse:
         ctx = authorized(request)
         async with ctx.store.read() as tx:
@@ -105,7 +107,11 @@ class Endpoints(Controller):
         responses=error_responses(body=True),
     )
     async def update(
-        self, request: AnyRequest, project_id: str, endpoint_id: str, data: EndpointUpdateRequest
+        self,
+        request: AnyRequest,
+        project_id: FromPath[str],
+        endpoint_id: FromPath[str],
+        data: JSONBody[EndpointUpdateRequest],
     ) -> EndpointOperations:
         """Resize, retune (``apply_config``), change the suspend timeout, disable or enable."""
         ctx = authorized(request)
@@ -125,6 +131,7 @@ class Endpoints(Controller):
                 project_id=project_id,
                 endpoint_id=endpoint_id,
                 changes=changes,
+                check_settings=ctx.check_settings,
             )
         return _answer(ctx, endpoint, ops)
 
@@ -135,7 +142,7 @@ class Endpoints(Controller):
         responses=error_responses(),
     )
     async def delete_(
-        self, request: AnyRequest, project_id: str, endpoint_id: str
+        self, request: AnyRequest, project_id: FromPath[str], endpoint_id: FromPath[str]
     ) -> EndpointOperations:
         return await _act(request, project_id, endpoint_id, endpoints.delete)
 
@@ -146,7 +153,7 @@ class Endpoints(Controller):
         responses=error_responses(409),  # a disabled endpoint
     )
     async def start(
-        self, request: AnyRequest, project_id: str, endpoint_id: str
+        self, request: AnyRequest, project_id: FromPath[str], endpoint_id: FromPath[str]
     ) -> EndpointOperations:
         return await _act(request, project_id, endpoint_id, endpoints.start)
 
@@ -157,7 +164,7 @@ class Endpoints(Controller):
         responses=error_responses(),
     )
     async def suspend(
-        self, request: AnyRequest, project_id: str, endpoint_id: str
+        self, request: AnyRequest, project_id: FromPath[str], endpoint_id: FromPath[str]
     ) -> EndpointOperations:
         return await _act(request, project_id, endpoint_id, endpoints.suspend)
 
@@ -168,6 +175,6 @@ class Endpoints(Controller):
         responses=error_responses(409),  # a disabled endpoint
     )
     async def restart(
-        self, request: AnyRequest, project_id: str, endpoint_id: str
+        self, request: AnyRequest, project_id: FromPath[str], endpoint_id: FromPath[str]
     ) -> EndpointOperations:
         return await _act(request, project_id, endpoint_id, endpoints.restart)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from litestar import Controller, get
-from litestar.params import Parameter
+from litestar.params import FromPath, Parameter
 
 from pgplane.api import presenters
 from pgplane.api.auth import AnyRequest, authorized
@@ -20,7 +20,7 @@ class Operations(Controller):
     async def list_(
         self,
         request: AnyRequest,
-        project_id: str,
+        project_id: FromPath[str],
         limit: int | None = Parameter(
             default=None, ge=1, le=1000, description="1 to 1000; 10 when absent"
         ),
@@ -45,7 +45,7 @@ class Operations(Controller):
 
     @get("/{operation_id:str}", operation_id="getProjectOperation", responses=error_responses())
     async def get_(
-        self, request: AnyRequest, project_id: str, operation_id: str
+        self, request: AnyRequest, project_id: FromPath[str], operation_id: FromPath[str]
     ) -> OperationResponse:
         """One operation, for polling until it is finished."""
         ctx = authorized(request)

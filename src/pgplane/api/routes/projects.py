@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from litestar import Controller, delete, get, patch, post
-from litestar.params import Parameter
+from litestar.params import FromPath, JSONBody, Parameter
 
 from pgplane.api import presenters
 from pgplane.api.auth import AnyRequest, authorized
@@ -58,7 +58,9 @@ class Projects(Controller):
         )
 
     @post(status_code=201, operation_id="createProject", responses=error_responses(409, body=True))
-    async def create(self, request: AnyRequest, data: ProjectCreateRequest) -> ProjectCreated:
+    async def create(
+        self, request: AnyRequest, data: JSONBody[ProjectCreateRequest]
+    ) -> ProjectCreated:
         """Create a project with its default branch, compute, role and database."""
         ctx = authorized(request)
         store, settings = ctx.store, ctx.settings
@@ -85,7 +87,11 @@ class Projects(Controller):
         )
         async with store.write() as tx:
             created = await projects.create(
-                tx, account_id=ctx.account_id, spec=spec, settings=settings
+                tx,
+                account_id=ctx.account_id,
+                spec=spec,
+                settings=settings,
+                check_settings=ctx.check_settings,
             )
             email = await _owner_email(tx, ctx.account_id)
         ctx.notify()
@@ -107,7 +113,7 @@ class Projects(Controller):
         )
 
     @get("/{project_id:str}", operation_id="getProject", responses=error_responses())
-    async def get_(self, request: AnyRequest, project_id: str) -> ProjectResponse:
+    async def get_(self, request: AnyRequest, project_id: FromPath[str]) -> ProjectResponse:
         ctx = authorized(request)
         store, settings = ctx.store, ctx.settings
         async with store.read() as tx:
@@ -117,7 +123,7 @@ class Projects(Controller):
 
     @patch("/{project_id:str}", operation_id="updateProject", responses=error_responses(body=True))
     async def update(
-        self, request: AnyRequest, project_id: str, data: ProjectUpdateRequest
+        self, request: AnyRequest, project_id: FromPath[str], data: JSONBody[ProjectUpdateRequest]
     ) -> ProjectOperations:
         """Rename; change history retention (starts ``apply_storage_config``)."""
         ctx = authorized(request)
@@ -135,7 +141,11 @@ class Projects(Controller):
         )
         async with store.write() as tx:
             project, ops = await projects.update(
-                tx, account_id=ctx.account_id, project_id=project_id, changes=changes
+                tx,
+                account_id=ctx.account_id,
+                project_id=project_id,
+                changes=changes,
+                check_settings=ctx.check_settings,
             )
             email = await _owner_email(tx, ctx.account_id)
         if ops:
@@ -151,7 +161,7 @@ class Projects(Controller):
         operation_id="deleteProject",
         responses=error_responses(),
     )
-    async def delete_(self, request: AnyRequest, project_id: str) -> ProjectOperations:
+    async def delete_(self, request: AnyRequest, project_id: FromPath[str]) -> ProjectOperations:
         """Delete: computes stop and ``delete_tenant`` removes the data; poll its operation."""
         ctx = authorized(request)
         store, settings = ctx.store, ctx.settings

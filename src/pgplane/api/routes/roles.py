@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from litestar import Controller, delete, get, patch, post
+from litestar.params import FromPath, JSONBody
 
 from pgplane.api import presenters
 from pgplane.api.auth import AnyRequest, authorized
@@ -29,7 +30,9 @@ class Roles(Controller):
     tags = ["Role"]  # noqa: RUF012 - Litestar reads it as an instance attribute
 
     @get(operation_id="listProjectBranchRoles", responses=error_responses())
-    async def list_(self, request: AnyRequest, project_id: str, branch_id: str) -> RolesResponse:
+    async def list_(
+        self, request: AnyRequest, project_id: FromPath[str], branch_id: FromPath[str]
+    ) -> RolesResponse:
         ctx = authorized(request)
         async with ctx.store.read() as tx:
             found = await roles.list_roles(
@@ -43,7 +46,11 @@ class Roles(Controller):
         responses=error_responses(409, body=True),
     )
     async def create(
-        self, request: AnyRequest, project_id: str, branch_id: str, data: RoleCreateRequest
+        self,
+        request: AnyRequest,
+        project_id: FromPath[str],
+        branch_id: FromPath[str],
+        data: JSONBody[RoleCreateRequest],
     ) -> RoleOperations:
         """A login role with a generated password (shown here and by reveal_password)."""
         ctx = authorized(request)
@@ -63,7 +70,11 @@ class Roles(Controller):
 
     @get("/{role_name:str}", operation_id="getProjectBranchRole", responses=error_responses())
     async def get_(
-        self, request: AnyRequest, project_id: str, branch_id: str, role_name: str
+        self,
+        request: AnyRequest,
+        project_id: FromPath[str],
+        branch_id: FromPath[str],
+        role_name: FromPath[str],
     ) -> RoleResponse:
         ctx = authorized(request)
         async with ctx.store.read() as tx:
@@ -83,7 +94,11 @@ class Roles(Controller):
         responses=error_responses(409),
     )
     async def delete_(
-        self, request: AnyRequest, project_id: str, branch_id: str, role_name: str
+        self,
+        request: AnyRequest,
+        project_id: FromPath[str],
+        branch_id: FromPath[str],
+        role_name: FromPath[str],
     ) -> RoleOperations:
         ctx = authorized(request)
         async with ctx.store.write() as tx:
@@ -105,7 +120,11 @@ class Roles(Controller):
         responses=error_responses(412),
     )
     async def reveal_password(
-        self, request: AnyRequest, project_id: str, branch_id: str, role_name: str
+        self,
+        request: AnyRequest,
+        project_id: FromPath[str],
+        branch_id: FromPath[str],
+        role_name: FromPath[str],
     ) -> RolePassword:
         return await self._reveal(request, project_id, branch_id, role_name)
 
@@ -117,13 +136,21 @@ class Roles(Controller):
         deprecated=True,
     )
     async def reveal_password_post(
-        self, request: AnyRequest, project_id: str, branch_id: str, role_name: str
+        self,
+        request: AnyRequest,
+        project_id: FromPath[str],
+        branch_id: FromPath[str],
+        role_name: FromPath[str],
     ) -> RolePassword:
         """The same as GET: the Python SDK sends a POST."""
         return await self._reveal(request, project_id, branch_id, role_name)
 
     async def _reveal(
-        self, request: AnyRequest, project_id: str, branch_id: str, role_name: str
+        self,
+        request: AnyRequest,
+        project_id: FromPath[str],
+        branch_id: FromPath[str],
+        role_name: FromPath[str],
     ) -> RolePassword:
         ctx = authorized(request)
         async with ctx.store.read() as tx:
@@ -143,7 +170,11 @@ class Roles(Controller):
         responses=error_responses(),
     )
     async def reset_password(
-        self, request: AnyRequest, project_id: str, branch_id: str, role_name: str
+        self,
+        request: AnyRequest,
+        project_id: FromPath[str],
+        branch_id: FromPath[str],
+        role_name: FromPath[str],
     ) -> RoleOperations:
         """A new password; the old one works until the operation finishes."""
         ctx = authorized(request)
@@ -167,7 +198,7 @@ class Databases(Controller):
 
     @get(operation_id="listProjectBranchDatabases", responses=error_responses())
     async def list_(
-        self, request: AnyRequest, project_id: str, branch_id: str
+        self, request: AnyRequest, project_id: FromPath[str], branch_id: FromPath[str]
     ) -> DatabasesResponse:
         ctx = authorized(request)
         async with ctx.store.read() as tx:
@@ -182,7 +213,11 @@ class Databases(Controller):
         responses=error_responses(409, body=True),
     )
     async def create(
-        self, request: AnyRequest, project_id: str, branch_id: str, data: DatabaseCreateRequest
+        self,
+        request: AnyRequest,
+        project_id: FromPath[str],
+        branch_id: FromPath[str],
+        data: JSONBody[DatabaseCreateRequest],
     ) -> DatabaseOperations:
         ctx = authorized(request)
         async with ctx.store.write() as tx:
@@ -203,7 +238,11 @@ class Databases(Controller):
         "/{database_name:str}", operation_id="getProjectBranchDatabase", responses=error_responses()
     )
     async def get_(
-        self, request: AnyRequest, project_id: str, branch_id: str, database_name: str
+        self,
+        request: AnyRequest,
+        project_id: FromPath[str],
+        branch_id: FromPath[str],
+        database_name: FromPath[str],
     ) -> DatabaseResponse:
         ctx = authorized(request)
         async with ctx.store.read() as tx:
@@ -224,10 +263,10 @@ class Databases(Controller):
     async def update(
         self,
         request: AnyRequest,
-        project_id: str,
-        branch_id: str,
-        database_name: str,
-        data: DatabaseUpdateRequest,
+        project_id: FromPath[str],
+        branch_id: FromPath[str],
+        database_name: FromPath[str],
+        data: JSONBody[DatabaseUpdateRequest],
     ) -> DatabaseOperations:
         """Rename or change the owner."""
         ctx = authorized(request)
@@ -254,7 +293,11 @@ class Databases(Controller):
         responses=error_responses(),
     )
     async def delete_(
-        self, request: AnyRequest, project_id: str, branch_id: str, database_name: str
+        self,
+        request: AnyRequest,
+        project_id: FromPath[str],
+        branch_id: FromPath[str],
+        database_name: FromPath[str],
     ) -> DatabaseOperations:
         ctx = authorized(request)
         async with ctx.store.write() as tx:

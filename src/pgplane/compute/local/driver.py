@@ -13,7 +13,7 @@ import logging
 import os
 import shutil
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from pgplane import failpoints
@@ -51,6 +51,7 @@ from pgplane.compute.local.postmaster import (
     Postmasters,
     check_settings,
     postmaster_argv,
+    validate_settings,
     wait_ready,
 )
 from pgplane.compute.local.relocate import runnable_install
@@ -67,6 +68,8 @@ from pgplane.core import ports
 
 log = logging.getLogger(__name__)
 
+_ACCEPTED_MAX = 10_000
+
 
 class LocalComputeDriver:
     """Postmasters on this machine, one per endpoint, their data under ``config.data_dir``."""
@@ -80,6 +83,7 @@ class LocalComputeDriver:
         self._locks: defaultdict[tuple[object, ...], asyncio.Lock] = defaultdict(asyncio.Lock)
         self._run_as: RunAs | None = None
         self._runnable: dict[int, PgInstall] = {}
+        self._accepted: set[tuple[int, str, str]] = set()  # (major, name, value) Postgres took
         self._spares = SparePool(self.layout.spares)
         self._refilling: asyncio.Task[None] | None = None
 
@@ -299,6 +303,19 @@ class LocalComputeDriver:
         ):
             return None
         return await last_client_activity(self.layout.socket_dir(spec.endpoint_id), spec.port)
+
+    async def check_settings(self, *, pg_version: int, settings: Mapping[str, str]) -> None:
+        # Postgres is asked once per value: a setting it took stays valid for its binaries.
+        unknown = {n: v for n, v in settings.items() if (pg_version, n, v) not in self._accepted}
+        if not unknown:
+            return
+        install, run_as = await self._install(pg_version)
+        await validate_settings(
+            install, run_as, template_pgdata(self.layout.template(pg_version)), unknown
+        )
+        if len(self._accepted) > _ACCEPTED_MAX:
+            self._accepted.clear()
+        self._accepted.update((pg_version, n, v) for n, v in unknown.items())
 
     async def start_compute(self, spec: ComputeSpec) -> None:
         argv, run_as = await self._compute_argv(spec)

@@ -21,7 +21,7 @@ from pathlib import Path
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from pgplane.compute.driver import ComputeError
+from pgplane.compute.driver import ComputeError, InvalidSettings
 from pgplane.compute.local.binaries import PgInstall
 from pgplane.compute.local.pidfile import PidFile, alive, is_postmaster_of, read_pid_file
 from pgplane.compute.local.user import RunAs, postgres_env
@@ -60,12 +60,45 @@ def check_settings(settings: Mapping[str, str]) -> dict[str, str]:
     """Validate endpoint settings before they reach the command line."""
     for name, value in settings.items():
         if _SETTING_NAME.fullmatch(name) is None:
-            raise ComputeError(f"invalid Postgres setting name {name!r}")
+            raise InvalidSettings(f"invalid Postgres setting name {name!r}")
         if name.lower() in _MANAGED:
-            raise ComputeError(f"Postgres setting {name!r} is managed by pgplane")
+            raise InvalidSettings(f"Postgres setting {name!r} is managed by pgplane")
         if not isinstance(value, str) or "\0" in value:
-            raise ComputeError(f"invalid value for Postgres setting {name!r}")
+            raise InvalidSettings(f"invalid value for Postgres setting {name!r}")
     return dict(settings)
+
+
+# Postgres' own words in what it prints to stderr before exiting: "FATAL:  invalid value ...".
+_FATAL = re.compile(r"FATAL:\s+(.+)")
+_C_LOCALE = {"LC_ALL": "C", "LANG": "C", "LANGUAGE": ""}
+_CHECK_TIME_LIMIT = 30.0
+
+
+async def validate_settings(
+    install: PgInstall, run_as: RunAs, config_dir: Path, settings: Mapping[str, str]
+) -> None:
+    """Ask Postgres itself whether it takes these values, as the postmaster would read them.
+
+    ``postgres -C`` parses every ``-c`` (type, unit, range, enum choices, time zones) and prints
+    one setting without touching any data; a value it refuses makes it exit with the reason. A
+    value it takes can still stop a postmaster from starting (shared memory the machine cannot
+    give): that shows as the start's failure. ``config_dir`` holds a postgresql.conf to read.
+    """
+    checked = check_settings(settings)
+    if not checked:
+        return
+    # -C first: the one form Postgres allows as root (it only reads configuration).
+    argv: list[str | os.PathLike[str]] = [install.postgres, "-C", "server_version_num"]
+    argv += ["-D", config_dir]
+    for name, value in checked.items():
+        argv += ["-c", f"{name}={value}"]
+    done = await run_as.completed(argv, time_limit=_CHECK_TIME_LIMIT, env=_C_LOCALE)
+    if done.returncode != 0:
+        err = done.stderr.decode(errors="replace")
+        found = _FATAL.search(err)
+        raise InvalidSettings(
+            found.group(1).strip() if found else f"postgres refused the settings: {err[-500:]}"
+        )
 
 
 def postmaster_argv(

@@ -79,10 +79,24 @@ class RunAs:
 
         The command is killed if it outlives ``time_limit``; ``env`` adds to its environment.
         """
+        done = await self.completed(argv, time_limit=time_limit, env=env)
+        if check and done.returncode != 0:
+            tail = done.stderr.decode(errors="replace").strip()[-2000:]
+            raise ComputeError(f"{os.fspath(argv[0])} failed ({done.returncode}): {tail}")
+        return done.stdout.decode(errors="replace")
+
+    async def completed(
+        self,
+        argv: Sequence[str | os.PathLike[str]],
+        *,
+        time_limit: float,
+        env: Mapping[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[bytes]:
+        """Run a command as this user to its end, whatever its exit status (as :meth:`run`)."""
         # A thread running subprocess.run rather than asyncio's subprocesses: uvloop (the
         # server's loop) does not support user/group for its child processes.
         try:
-            done = await asyncio.to_thread(
+            return await asyncio.to_thread(
                 subprocess.run,
                 [os.fspath(a) for a in argv],
                 stdin=subprocess.DEVNULL,
@@ -97,11 +111,6 @@ class RunAs:
             )
         except subprocess.TimeoutExpired:
             raise ComputeError(f"{os.fspath(argv[0])} timed out after {time_limit:.0f} s") from None
-        out, err = done.stdout, done.stderr
-        if check and done.returncode != 0:
-            tail = err.decode(errors="replace").strip()[-2000:]
-            raise ComputeError(f"{os.fspath(argv[0])} failed ({done.returncode}): {tail}")
-        return out.decode(errors="replace")
 
 
 def postgres_env() -> dict[str, str]:
