@@ -16,6 +16,7 @@ import logging
 import uvicorn
 
 from pgplane.api import create_app
+from pgplane.api.http import HttpProtocol
 from pgplane.compute.local import LocalComputeDriver, LocalDriverConfig
 from pgplane.config import Settings
 from pgplane.engine import Engine
@@ -94,7 +95,7 @@ async def serve(settings: Settings) -> None:
             app,
             host=settings.host,
             port=settings.port,
-            http="httptools",
+            http=HttpProtocol,  # httptools, answering unparsable requests with the error body
             lifespan="on",
             access_log=False,
             # No proxy in front by default: trusting X-Forwarded-For would let any client choose

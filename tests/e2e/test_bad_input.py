@@ -8,6 +8,7 @@ import http.client
 import json
 import os
 import shutil
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -219,6 +220,32 @@ def test_malformed_requests_are_4xx_error_bodies(api: Api) -> None:
         assert r.status_code in (400, 415), (case, r.status_code, r.text)
         _error(r, 400, 415)
     assert _state(api) == before
+
+
+def test_requests_http_cannot_parse_get_the_error_body_too(server: Server, api: Api) -> None:
+    """Too malformed to reach the application (the HTTP parser refuses it): still the JSON error
+    body, then the connection is closed, and the server serves the next request."""
+    host, port = server.base_url.split("//")[1].split("/")[0].split(":")
+    for raw in (
+        b"NOT HTTP AT ALL\r\n\r\n",
+        b"GET /api/v2/projects HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n",
+        b"GET /api/v2/projects HTTP/1.1\r\nContent-Length: banana\r\n\r\n",
+        b"POST /api/v2/api_keys HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    ):
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(raw)
+            answer = b""
+            while chunk := sock.recv(65536):  # until the server closes
+                answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        lines = head.decode().split("\r\n")
+        assert lines[0] == "HTTP/1.1 400 Bad Request", (raw, answer)
+        headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+        assert headers["content-type"] == "application/json", answer
+        assert int(headers["content-length"]) == len(body)
+        error = json.loads(body)
+        assert set(error) == {"code", "message", "request_id"} and error["code"] == "BAD_REQUEST"
+    assert api.http.get("/projects").status_code == 200
 
 
 def test_malformed_bodies_on_every_route_with_one_are_4xx_and_the_server_stays(
