@@ -21,6 +21,7 @@ from urllib.parse import quote
 import httpx
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgplane.core import ids
 from tests.support import Api, Server
@@ -314,6 +315,20 @@ def test_account_a_cannot_reach_b_or_cross_project_parents(server: Server, world
         assert conn.execute("SELECT current_database()").fetchone() == ("neondb",)
     with Api(server, w.b_second_key) as b_second:  # A's revoke of B's key id did nothing
         assert b_second.http.get("/projects").status_code == 200
+
+
+def test_one_accounts_database_password_opens_nothing_of_anothers(api: Api, other_api: Api) -> None:
+    """I6(a): both projects have a role named neondb_owner; B's password for it, sent to A's
+    endpoint through the proxy, fails Postgres' authentication there, and A's stays A's."""
+    a = api.create_ready_project(name="data-plane-a")["connection_uris"][0]["connection_uri"]
+    b = other_api.create_ready_project(name="data-plane-b")["connection_uris"][0]["connection_uri"]
+    a_params, b_params = conninfo_to_dict(a), conninfo_to_dict(b)
+    assert a_params["user"] == b_params["user"] == "neondb_owner"
+    a_with_b_password = make_conninfo(a, password=str(b_params["password"]), connect_timeout=10)
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        psycopg.connect(a_with_b_password).close()
+    with psycopg.connect(a) as conn:
+        assert conn.execute("SELECT current_user").fetchone() == ("neondb_owner",)
 
 
 def _page_all(api: Api, url: str, key: str, limit: int) -> list[str]:
