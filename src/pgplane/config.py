@@ -74,6 +74,10 @@ class Settings:
     rate_limit_per_minute: int = 700  # per account, sustained
     rate_limit_burst_per_second: int = 40  # per account and route
     auth_failures_per_minute: int = 50  # per client address (IPv6: per /64)
+    # Quotas, so one key cannot fill the machine: live projects per account (0: no limit) and
+    # live branches per project (Neon's branches_limit). Shown in /users/me and project owners.
+    projects_per_account: int = 0
+    branches_per_project: int = 5000
 
     @property
     def store_path(self) -> Path:
@@ -119,6 +123,8 @@ def settings_from_env(**overrides: object) -> Settings:
         ("rate_limit_per_minute", int),
         ("rate_limit_burst_per_second", int),
         ("auth_failures_per_minute", int),
+        ("projects_per_account", int),
+        ("branches_per_project", int),
     ):
         raw = os.environ.get(f"PGPLANE_{name.upper()}")
         if raw:

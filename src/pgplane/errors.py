@@ -61,6 +61,13 @@ class Conflict(PgplaneError):
     code = "CONFLICT"
 
 
+class LimitExceeded(PgplaneError):
+    """A quota of the account or project (how many projects, branches) is reached."""
+
+    status = 422
+    code = "LIMIT_EXCEEDED"
+
+
 class PreconditionFailed(PgplaneError):
     status = 412
     code = "PRECONDITION_FAILED"

@@ -459,3 +459,36 @@ def test_hostile_path_ids_stay_inside_the_data_directory(
         assert not [p for p in server.data_dir.rglob("*") if p.name == "etc" or "\x00" in str(p)]
         assert api.http.get(f"/projects/{pid}").status_code == 200
         assert os.path.exists(server.data_dir / "projects" / pid)
+
+
+def test_quotas_refuse_with_422_and_change_nothing() -> None:
+    """B3: past the account's project quota or the project's branch quota, a 422 with a stable
+    code; nothing is created, another account is unaffected, and freeing one makes room."""
+    with (
+        running_server(PGPLANE_PROJECTS_PER_ACCOUNT="2", PGPLANE_BRANCHES_PER_PROJECT="2") as srv,
+        Api(srv, srv.create_key("acct-quota")[1]) as api,
+        Api(srv, srv.create_key("acct-quota-other")[1]) as other,
+    ):
+        me = api.http.get("/users/me").json()
+        assert (me["projects_limit"], me["branches_limit"]) == (2, 2)
+        first = api.create_ready_project(name="q1")
+        second = api.create_project(name="q2")
+        assert first["project"]["owner"]["branches_limit"] == 2
+        before = _state(api)
+        r = api.http.post("/projects", json={"project": {"name": "q3"}})
+        assert _error(r, 422)["code"] == "LIMIT_EXCEEDED"
+        assert "limit of 2 projects" in r.json()["message"]
+        assert _state(api) == before
+        other.create_project(name="theirs")  # a quota is per account
+
+        pid = first["project"]["id"]
+        api.settled(pid, api.http.post(f"/projects/{pid}/branches", json={}))
+        ops = api.http.get(f"/projects/{pid}/operations").json()["operations"]
+        r = api.http.post(f"/projects/{pid}/branches", json={"endpoints": [{"type": "read_write"}]})
+        assert _error(r, 422)["code"] == "LIMIT_EXCEEDED"
+        assert len(api.http.get(f"/projects/{pid}/branches").json()["branches"]) == 2
+        assert api.http.get(f"/projects/{pid}/operations").json()["operations"] == ops
+
+        second_id = second["project"]["id"]
+        api.settled(second_id, api.http.delete(f"/projects/{second_id}"))
+        api.create_project(name="q3")  # a deleted project no longer counts

@@ -111,7 +111,7 @@ def project(p: Project, settings: Settings, *, owner_email: str) -> s.ProjectOut
         owner=s.ProjectOwner(
             email=owner_email,
             name=owner_email.split("@", 1)[0],
-            branches_limit=5000,
+            branches_limit=settings.branches_per_project,
             subscription_type="UNKNOWN",
         ),
         data_storage_bytes_hour=0,

@@ -83,6 +83,12 @@ def serve(
         int | None,
         typer.Option(help="Failed authentications a minute per client address; 0: no limit [50]"),
     ] = None,
+    projects_per_account: Annotated[
+        int | None, typer.Option(help="Live projects an account may have; 0: no limit [0]")
+    ] = None,
+    branches_per_project: Annotated[
+        int | None, typer.Option(help="Live branches a project may have; 0: no limit [5000]")
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
 ) -> None:
     """Run the API, the operations engine and the computes' supervisor in one process."""
@@ -104,6 +110,8 @@ def serve(
         rate_limit_per_minute=rate_limit_per_minute,
         rate_limit_burst_per_second=rate_limit_burst_per_second,
         auth_failures_per_minute=auth_failures_per_minute,
+        projects_per_account=projects_per_account,
+        branches_per_project=branches_per_project,
     )
     if (settings.tls_cert is None) != (settings.tls_key is None):
         typer.echo("error: --tls-cert and --tls-key go together", err=True)

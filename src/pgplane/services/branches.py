@@ -19,7 +19,7 @@ from pgplane.config import Settings
 from pgplane.core import clock, ids
 from pgplane.core.models import Branch, Database, Endpoint, Operation, Role
 from pgplane.core.operations import Action
-from pgplane.errors import BadRequest, Conflict
+from pgplane.errors import BadRequest, Conflict, LimitExceeded
 from pgplane.services import access, endpoints, names, operations
 from pgplane.store import Tx
 
@@ -160,6 +160,9 @@ async def create(
     check_settings: endpoints.SettingsCheck,
 ) -> CreatedBranch:
     project = await access.live_project(tx, account_id=account_id, project_id=project_id)
+    quota = settings.branches_per_project
+    if quota and await tx.count_branches(project.id) >= quota:
+        raise LimitExceeded(f"the project has reached its limit of {quota} branches")
     if spec.parent_id is not None:
         parent = await access.branch(tx, project_id=project.id, branch_id=spec.parent_id)
     else:

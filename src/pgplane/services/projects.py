@@ -16,7 +16,7 @@ from pgplane.config import Settings
 from pgplane.core import clock, ids
 from pgplane.core.models import Branch, Database, Endpoint, Operation, Project, Role
 from pgplane.core.operations import Action
-from pgplane.errors import BadRequest, Unavailable
+from pgplane.errors import BadRequest, LimitExceeded, Unavailable
 from pgplane.services import access, endpoints, names, operations
 from pgplane.store import Tx
 
@@ -97,6 +97,9 @@ async def create(
         raise BadRequest(
             f"region_id {spec.region_id!r} is not served here; use {settings.region_id!r}"
         )
+    quota = settings.projects_per_account
+    if quota and await tx.count_projects(account_id) >= quota:
+        raise LimitExceeded(f"the account has reached its limit of {quota} projects")
     database_name = names.database(spec.database_name or "neondb")
     role_name = names.role(spec.role_name or f"{database_name}_owner")
     endpoint_settings = dict(spec.default_endpoint_settings)

@@ -105,6 +105,10 @@ class Tx(abc.ABC):
         """The account's live projects, newest first, starting after the project ``after_id``."""
 
     @abc.abstractmethod
+    async def count_projects(self, account_id: str) -> int:
+        """How many live projects the account has (its quota counts them)."""
+
+    @abc.abstractmethod
     async def project_exists(self, *, account_id: str, project_id: str) -> bool:
         """Whether the id names a project of the account, deleted or not (cursor validation)."""
 
@@ -144,6 +148,10 @@ class Tx(abc.ABC):
     @abc.abstractmethod
     async def delete_branch(self, *, branch_id: str, now: int) -> None:
         """Mark the branch deleted (its name is free again at once)."""
+
+    @abc.abstractmethod
+    async def count_branches(self, project_id: str) -> int:
+        """How many live branches the project has (its quota counts them)."""
 
     @abc.abstractmethod
     async def has_child_branches(self, branch_id: str) -> bool:

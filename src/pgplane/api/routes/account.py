@@ -71,8 +71,8 @@ class Account(Controller):
             login=email,
             name=name,
             last_name="",
-            projects_limit=0,
-            branches_limit=0,
+            projects_limit=ctx.settings.projects_per_account,
+            branches_limit=ctx.settings.branches_per_project,
             max_autoscaling_limit=0,
             plan="self-hosted",
         )

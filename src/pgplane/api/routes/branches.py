@@ -101,7 +101,7 @@ class Branches(Controller):
     @post(
         status_code=201,
         operation_id="createProjectBranch",
-        responses=error_responses(409, body=True),
+        responses=error_responses(409, 422, body=True),  # 422: the project's branch quota
         operation_class=OptionalBody,  # no body: a branch of the default branch, no compute
     )
     async def create(

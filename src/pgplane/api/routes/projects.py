@@ -57,7 +57,11 @@ class Projects(Controller):
             pagination=Pagination(cursor=found[-1].id) if found else None,
         )
 
-    @post(status_code=201, operation_id="createProject", responses=error_responses(409, body=True))
+    @post(
+        status_code=201,
+        operation_id="createProject",
+        responses=error_responses(409, 422, body=True),  # 422: the account's project quota
+    )
     async def create(
         self, request: AnyRequest, data: JSONBody[ProjectCreateRequest]
     ) -> ProjectCreated:

@@ -353,6 +353,13 @@ class SqliteTx(Tx):
             ).fetchall()
         return [_project(r) for r in rows]
 
+    async def count_projects(self, account_id: str) -> int:
+        r = self._c.execute(
+            "SELECT count(*) FROM projects WHERE account_id = ? AND deleted_at IS NULL",
+            (account_id,),
+        ).fetchone()
+        return int(r[0])
+
     async def project_exists(self, *, account_id: str, project_id: str) -> bool:
         r = self._c.execute(
             "SELECT 1 FROM projects WHERE id = ? AND account_id = ?", (project_id, account_id)
@@ -459,6 +466,13 @@ class SqliteTx(Tx):
             " WHERE id = ? AND deleted_at IS NULL",
             (now, now, branch_id),
         )
+
+    async def count_branches(self, project_id: str) -> int:
+        r = self._c.execute(
+            "SELECT count(*) FROM branches WHERE project_id = ? AND deleted_at IS NULL",
+            (project_id,),
+        ).fetchone()
+        return int(r[0])
 
     async def has_child_branches(self, branch_id: str) -> bool:
         r = self._c.execute(
