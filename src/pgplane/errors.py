@@ -8,6 +8,7 @@
      ├── NotFound (404 NOT_FOUND)
      ├── MethodNotAllowed (405 METHOD_NOT_ALLOWED)
      ├── Conflict (409 CONFLICT)
+     │    └── AlreadyExists (409 BRANCH_ALREADY_EXISTS, ROLE_..., DATABASE_..., ENDPOINT_...)
      ├── PreconditionFailed (412 PRECONDITION_FAILED)
      ├── PayloadTooLarge (413 PAYLOAD_TOO_LARGE)
      ├── UnsupportedMediaType (415 UNSUPPORTED_MEDIA_TYPE)
@@ -25,7 +26,7 @@ from typing import ClassVar
 
 class PgplaneError(Exception):
     status: ClassVar[int] = 500
-    code: ClassVar[str] = "INTERNAL"
+    code: str = "INTERNAL"  # the class's, unless an instance names its case more precisely
 
     def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
@@ -59,6 +60,19 @@ class MethodNotAllowed(PgplaneError):
 class Conflict(PgplaneError):
     status = 409
     code = "CONFLICT"
+
+
+class AlreadyExists(Conflict):
+    """A name, or a place there is one of (a branch's read_write endpoint), is taken.
+
+    The code names what, so a client can tell a name it may reuse from another conflict
+    without reading the message: ``BRANCH_ALREADY_EXISTS``, ``ROLE_ALREADY_EXISTS``...
+    The message keeps Neon's form: ``branch already exists; branch_name:"pr-1"``.
+    """
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.code = f"{kind.upper()}_ALREADY_EXISTS"
 
 
 class PreconditionFailed(PgplaneError):
