@@ -13,9 +13,10 @@ fail. Two ways to do that to a running server, both what SQLite meets on a real 
   I/O error". No privilege needed. The server's own log cannot be written meanwhile either.
 
 One server goes through each outage in turn. Reads go on (the data is there); every write
-answers 503 with the error body and ``Retry-After``. An operation whose work finishes during the
-outage is recorded by that attempt once the store is back, not redone; key uses seen meanwhile
-are recorded late, not lost.
+answers 503 with the error body and ``Retry-After``, and a connection that would have to start
+a compute is refused with a Postgres error that says why. An operation whose work finishes
+during the outage is recorded by that attempt once the store is back, not redone; key uses seen
+meanwhile are recorded late, not lost.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import psycopg
+import pytest
 
 from pgplane.core import clock
 from tests.e2e.test_crash import assert_consistent
@@ -125,6 +129,10 @@ def _through(outage: Outage, api: Api, body: dict[str, Any]) -> None:
     created = api.http.post("/api_keys", json={"key_name": f"fresh-{outage.how}"})
     assert created.status_code == 200, created.text
     fresh_id = created.json()["id"]
+    # A suspended compute: a connection during the outage would need a start the store cannot
+    # take, and is told so.
+    api.settled(pid, api.http.post(f"{project}/endpoints/{eid}/suspend"))
+    uri = body["connection_uris"][0]["connection_uri"]
     branches_before = _names(api, f"{project}/branches", "branches")
     ops_before = [o["id"] for o in _operations(api, pid)]
     state_before = _state(api, pid, main, eid)
@@ -140,46 +148,9 @@ def _through(outage: Outage, api: Api, body: dict[str, Any]) -> None:
     try:
         op = api.http.get(f"{project}/operations/{in_flight}").json()["operation"]
         assert op["status"] == "running", op
-        for path in (
-            "/projects",
-            project,
-            f"{project}/branches",
-            f"{project}/endpoints",
-            f"{project}/operations",
-            f"{branch}/roles",
-            f"{branch}/databases",
-            f"{branch}/roles/neondb_owner/reveal_password",
-            "/api_keys",
-        ):
-            read = api.http.get(path)
-            assert read.status_code == 200, (outage.how, path, read.text)
-        with Api(server, created.json()["key"]) as fresh:
-            assert fresh.http.get("/projects").status_code == 200  # its first use
-
-        for method, path, request in (
-            ("POST", "/projects", {"project": {"name": "refused"}}),
-            ("PATCH", project, {"project": {"name": "refused"}}),
-            ("POST", f"{project}/branches", {"branch": {"name": "refused"}}),
-            ("PATCH", branch, {"branch": {"name": "refused"}}),
-            ("POST", f"{branch}/roles", {"role": {"name": "refused"}}),
-            (
-                "POST",
-                f"{branch}/databases",
-                {"database": {"name": "refused", "owner_name": "neondb_owner"}},
-            ),
-            ("POST", f"{project}/endpoints/{eid}/suspend", None),
-            ("PATCH", f"{project}/endpoints/{eid}", {"endpoint": {"suspend_timeout_seconds": 600}}),
-            ("POST", "/api_keys", {"key_name": "refused"}),
-            ("DELETE", f"/api_keys/{fresh_id}", None),
-        ):
-            refused = api.http.request(method, path, json=request)
-            assert refused.status_code == 503, (outage.how, method, path, refused.text)
-            assert refused.headers["content-type"].startswith("application/json")
-            assert int(refused.headers["retry-after"]) >= 1
-            error = refused.json()
-            assert set(error) == {"code", "message", "request_id"}, error
-            assert error["code"] == "SERVICE_UNAVAILABLE"
-            assert "store is unavailable" in error["message"]
+        _reads_go_on_and_writes_are_refused(api, outage.how, body, created.json())
+        with pytest.raises(psycopg.OperationalError, match="store is unavailable"):
+            psycopg.connect(uri, connect_timeout=30).close()
 
         # The copy ends meanwhile; its outcome cannot be written, and the lease its heartbeat
         # cannot renew runs out: where the work used to be thrown away and done again.
@@ -201,10 +172,62 @@ def _through(outage: Outage, api: Api, body: dict[str, Any]) -> None:
     assert _names(api, f"{project}/branches", "branches") == sorted([*branches_before, outage.how])
     assert sorted(o["id"] for o in _operations(api, pid)) == sorted(ops_before)
     assert [k["name"] for k in _keys(api)].count(f"fresh-{outage.how}") == 1  # not revoked
-    # And the store takes writes again, whole.
+    # And the store takes writes again, whole; the compute starts for the next connection.
+    with psycopg.connect(uri, connect_timeout=30) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
     role = {"role": {"name": f"after_{outage.how}"}}
     api.settled(pid, api.http.post(f"{branch}/roles", json=role))
     assert_consistent(server, api, pid)
+
+
+def _reads_go_on_and_writes_are_refused(
+    api: Api, how: str, body: dict[str, Any], fresh_key: dict[str, Any]
+) -> None:
+    """Every read answers as usual; every write that would succeed is a 503 (and would also
+    pass every check before its commit: the refusal is the store's alone)."""
+    pid, main, eid = body["project"]["id"], body["branch"]["id"], body["endpoints"][0]["id"]
+    project, branch = f"/projects/{pid}", f"/projects/{pid}/branches/{main}"
+    fresh_id = fresh_key["id"]
+    for path in (
+        "/projects",
+        project,
+        f"{project}/branches",
+        f"{project}/endpoints",
+        f"{project}/operations",
+        f"{branch}/roles",
+        f"{branch}/databases",
+        f"{branch}/roles/neondb_owner/reveal_password",
+        "/api_keys",
+    ):
+        read = api.http.get(path)
+        assert read.status_code == 200, (how, path, read.text)
+    with Api(api.server, fresh_key["key"]) as fresh:
+        assert fresh.http.get("/projects").status_code == 200  # its first use
+
+    for method, path, request in (
+        ("POST", "/projects", {"project": {"name": "refused"}}),
+        ("PATCH", project, {"project": {"name": "refused"}}),
+        ("POST", f"{project}/branches", {"branch": {"name": "refused"}}),
+        ("PATCH", branch, {"branch": {"name": "refused"}}),
+        ("POST", f"{branch}/roles", {"role": {"name": "refused"}}),
+        (
+            "POST",
+            f"{branch}/databases",
+            {"database": {"name": "refused", "owner_name": "neondb_owner"}},
+        ),
+        ("POST", f"{project}/endpoints/{eid}/suspend", None),
+        ("PATCH", f"{project}/endpoints/{eid}", {"endpoint": {"suspend_timeout_seconds": 600}}),
+        ("POST", "/api_keys", {"key_name": "refused"}),
+        ("DELETE", f"/api_keys/{fresh_id}", None),
+    ):
+        refused = api.http.request(method, path, json=request)
+        assert refused.status_code == 503, (how, method, path, refused.text)
+        assert refused.headers["content-type"].startswith("application/json")
+        assert int(refused.headers["retry-after"]) >= 1
+        error = refused.json()
+        assert set(error) == {"code", "message", "request_id"}, error
+        assert error["code"] == "SERVICE_UNAVAILABLE"
+        assert "store is unavailable" in error["message"]
 
 
 def _state(api: Api, pid: str, main: str, eid: str) -> dict[str, Any]:
