@@ -136,6 +136,14 @@ class Server:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
+    def wait_for_log(self, needle: str, *, times: int = 1, timeout: float = 60) -> None:
+        """Until the server logged ``needle`` (a failpoint reached, say), ``times`` times."""
+        deadline = time.monotonic() + timeout
+        while self.log().count(needle) < times:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{needle!r} never logged:\n{self.log()[-3000:]}")
+            time.sleep(0.02)
+
     def store_and_logs(self) -> bytes:
         """What the server wrote to its store (with the WAL) and its logs, the computes' too."""
         paths = [self.log_path, *self.data_dir.glob("pgplane.db*"), *self.data_dir.glob("logs/*")]

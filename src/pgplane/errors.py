@@ -8,6 +8,7 @@
      ├── NotFound (404 NOT_FOUND)
      ├── MethodNotAllowed (405 METHOD_NOT_ALLOWED)
      ├── Conflict (409 CONFLICT)
+     │    └── AlreadyExists (409 BRANCH_ALREADY_EXISTS, ROLE_..., DATABASE_..., ENDPOINT_...)
      ├── PreconditionFailed (412 PRECONDITION_FAILED)
      ├── PayloadTooLarge (413 PAYLOAD_TOO_LARGE)
      ├── UnsupportedMediaType (415 UNSUPPORTED_MEDIA_TYPE)
@@ -25,7 +26,7 @@ from typing import ClassVar
 
 class PgplaneError(Exception):
     status: ClassVar[int] = 500
-    code: ClassVar[str] = "INTERNAL"
+    code: str = "INTERNAL"  # the class's, unless an instance names its case more precisely
 
     def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
@@ -61,11 +62,17 @@ class Conflict(PgplaneError):
     code = "CONFLICT"
 
 
-class LimitExceeded(PgplaneError):
-    """A quota of the account or project (how many projects, branches) is reached."""
+class AlreadyExists(Conflict):
+    """A name, or a place there is one of (a branch's read_write endpoint), is taken.
 
-    status = 422
-    code = "LIMIT_EXCEEDED"
+    The code names what, so a client can tell a name it may reuse from another conflict
+    without reading the message: ``BRANCH_ALREADY_EXISTS``, ``ROLE_ALREADY_EXISTS``...
+    The message keeps Neon's form: ``branch already exists; branch_name:"pr-1"``.
+    """
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.code = f"{kind.upper()}_ALREADY_EXISTS"
 
 
 class PreconditionFailed(PgplaneError):
@@ -81,6 +88,13 @@ class PayloadTooLarge(PgplaneError):
 class UnsupportedMediaType(PgplaneError):
     status = 415
     code = "UNSUPPORTED_MEDIA_TYPE"
+
+
+class LimitExceeded(PgplaneError):
+    """A quota of the account or project (how many projects, branches) is reached."""
+
+    status = 422
+    code = "LIMIT_EXCEEDED"
 
 
 class Locked(PgplaneError):

@@ -1,10 +1,19 @@
-"""Failpoints: named places where a test can stop the platform, to kill it exactly there.
+"""Failpoints: named places where a test can stop or slow the platform, to act exactly there.
 
 Crash tests need "killed after the side effect, before it was recorded" to be a place, not a
-chance timing. As in Neon, the code names such places; ``PGPLANE_FAILPOINTS`` (comma-separated
-names, read once at start-up) arms some of them. An armed failpoint logs that it was reached and
-then waits forever, holding whatever the code holds there, until the process is killed. Unarmed,
-reaching one costs a set lookup.
+chance timing; concurrency tests need "while this operation is still running" to last long
+enough for the requests they send meanwhile. As in Neon (which uses the ``fail`` crate's
+syntax), the code names such places and ``PGPLANE_FAILPOINTS``, read once at start-up, arms some
+of them: comma-separated ``name`` or ``name=action``, where the action is
+
+- ``wait`` (the default, so a bare name): log that it was reached, then wait forever, holding
+  whatever the code holds there, until the process is killed;
+- ``sleep(MS)``: log, pause MS milliseconds (without blocking the event loop), and go on;
+
+optionally prefixed by ``N*`` to act only the first N times the place is reached in this
+process, and be off afterwards (``create_branch:copied=1*sleep(3000)``: the first branch copy
+pauses for 3 s, later ones do not). Unarmed, reaching one costs a dictionary lookup. A spec that
+does not parse stops the process at start-up, rather than running a test without its failpoint.
 
 Names: ``before:<action>`` and ``after:<action>`` around every operation handler (after: its
 work is done, the store does not know yet); ``create_branch:copied`` (the copy is durable, not
@@ -17,15 +26,57 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
+from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
 ENV = "PGPLANE_FAILPOINTS"
-_armed = frozenset(name.strip() for name in os.environ.get(ENV, "").split(",") if name.strip())
+
+_ACTION = re.compile(r"^(?:(?P<times>[1-9]\d*)\*)?(?:(?P<wait>wait)|sleep\((?P<ms>\d+)\))$")
+
+
+@dataclass(slots=True)
+class _Armed:
+    sleep_ms: int | None  # None: wait to be killed
+    times: int | None  # None: every time
+
+
+def parse(spec: str) -> dict[str, _Armed]:
+    """The failpoints a ``PGPLANE_FAILPOINTS`` value arms; ValueError if it does not parse."""
+    armed: dict[str, _Armed] = {}
+    for item in spec.split(","):
+        name, _, action = item.strip().partition("=")
+        name, action = name.strip(), action.strip() or "wait"
+        if not name:
+            continue
+        m = _ACTION.match(action)
+        if m is None:
+            raise ValueError(
+                f"{ENV}: {item.strip()!r}: the action must be wait, sleep(MS), N*wait or "
+                "N*sleep(MS)"
+            )
+        times = None if m["times"] is None else int(m["times"])
+        armed[name] = _Armed(sleep_ms=None if m["wait"] else int(m["ms"]), times=times)
+    return armed
+
+
+_armed = parse(os.environ.get(ENV, ""))
 
 
 async def reached(name: str) -> None:
-    """Wait forever here if ``name`` is armed; return at once otherwise."""
-    if name in _armed:
+    """Act as ``name`` is armed to (wait forever, or pause); return at once if it is not."""
+    armed = _armed.get(name)
+    if armed is None:
+        return
+    if armed.times is not None:
+        armed.times -= 1
+        if armed.times == 0:
+            del _armed[name]
+    if armed.sleep_ms is None:
         log.warning("failpoint %s reached: waiting to be killed", name)
         await asyncio.Event().wait()
+        return
+    log.warning("failpoint %s reached: pausing %d ms", name, armed.sleep_ms)
+    await asyncio.sleep(armed.sleep_ms / 1000)
+    log.info("failpoint %s: going on", name)

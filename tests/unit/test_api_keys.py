@@ -1,13 +1,17 @@
-"""Checking a presented key: what reaches the store (scenario A1: malformed keys never do)."""
+"""Checking a presented key: what reaches the store (scenario A1: malformed keys never do), and
+recording its uses."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pgplane.core import keys
-from pgplane.services import api_keys
+from pgplane.errors import Unavailable
+from pgplane.services import accounts, api_keys
+from pgplane.store.sqlite import SqliteStore
 
 
 class CountingTx:
@@ -52,3 +56,38 @@ async def test_a_well_formed_key_is_looked_up_once_by_its_digest() -> None:
     tx, value = CountingTx(), keys.generate()
     assert await api_keys.authenticate(tx, value=value) is None  # type: ignore[arg-type]
     assert tx.lookups == [keys.digest(value)]
+
+
+async def test_key_uses_whose_write_failed_are_written_by_the_next_flush(tmp_path: Path) -> None:
+    """A flush whose transaction does not commit (the store's disk full) loses no use."""
+    store = SqliteStore(tmp_path / "store.db")
+    try:
+        async with store.write() as tx:
+            account = await accounts.ensure(tx, email="uses@example.com")
+            created = await api_keys.create(
+                tx, account_id=account.id, name="k", created_by=account.id
+            )
+        key_id = created.key.id
+        recorder = api_keys.UseRecorder()
+        recorder.record(key_id, "10.0.0.1")
+
+        async def flush_not_committed() -> None:
+            async with store.write() as tx:
+                await recorder.flush(tx)
+                raise Unavailable("the commit failed")
+
+        with pytest.raises(Unavailable):
+            await flush_not_committed()
+        assert recorder.has_pending()
+
+        async with store.write() as tx:
+            batch = await recorder.flush(tx)
+        recorder.record(key_id, "10.0.0.2")  # used again before the commit was acknowledged
+        recorder.written(batch)
+        assert recorder.has_pending()  # the newer use still waits for its flush
+        async with store.read() as tx:
+            (key,) = await tx.list_api_keys(account.id)
+        assert key.last_used_from_addr == "10.0.0.1"
+        assert key.last_used_at is not None
+    finally:
+        await store.close()

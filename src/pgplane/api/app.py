@@ -29,7 +29,7 @@ from pgplane.api.routes.operations import Operations
 from pgplane.api.routes.projects import Projects
 from pgplane.api.routes.roles import Databases, Roles
 from pgplane.config import Settings
-from pgplane.errors import NotFound, PgplaneError
+from pgplane.errors import NotFound, PgplaneError, Unavailable
 from pgplane.services import api_keys
 from pgplane.services.endpoints import SettingsCheck
 from pgplane.store import Store
@@ -61,7 +61,8 @@ def _answer_options(allowed: dict[str, str]) -> Callable[[AnyRequest], Response[
 async def _flush_key_uses(store: Store, recorder: api_keys.UseRecorder) -> None:
     if recorder.has_pending():
         async with store.write() as tx:
-            await recorder.flush(tx)
+            batch = await recorder.flush(tx)
+        recorder.written(batch)
 
 
 def create_app(
@@ -82,6 +83,8 @@ def create_app(
                 await asyncio.sleep(settings.key_use_flush_seconds)
                 try:
                     await _flush_key_uses(store, recorder)
+                except Unavailable as exc:  # kept for the next flush
+                    log.warning("API key use not recorded yet: %s", exc.message)
                 except Exception:
                     log.exception("could not record API key use; will retry")
 

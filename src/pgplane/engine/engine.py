@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 import uuid
+from collections.abc import Awaitable, Callable
 
 import msgspec
 
@@ -25,12 +26,13 @@ from pgplane.core import clock
 from pgplane.core.models import Operation
 from pgplane.core.operations import Action, RetryPolicy, Status, check_transition, claimable
 from pgplane.engine.handlers import HANDLERS, Context, Handler, PermanentError
-from pgplane.errors import PgplaneError
-from pgplane.store import Store
+from pgplane.errors import PgplaneError, Unavailable
+from pgplane.store import Store, Tx
 
 log = logging.getLogger(__name__)
 
 _US = 1_000_000
+_RECORD_PAUSE_CAP = 2.0  # seconds between tries to record an outcome while the store is down
 
 
 class Engine:
@@ -104,6 +106,8 @@ class Engine:
             while True:
                 try:
                     await self._dispatch_once()
+                except Unavailable as exc:  # the store's outage, said once per look, no trace
+                    log.warning("operations dispatcher waits for the store: %s", exc.message)
                 except Exception:
                     log.exception("operations dispatcher failed; continuing")
                 with contextlib.suppress(TimeoutError):
@@ -179,9 +183,12 @@ class Engine:
             attempt_started_at=None,
         )
         check_transition(op.status, done.status)
-        async with self._store.write() as tx:
+
+        async def finish(tx: Tx) -> None:
             if await tx.update_owned_operation(done, owner=self.owner) and on_finish is not None:
                 await on_finish(tx)
+
+        await self._record(op, finish)
         self._settled(op.id)
         log.info("operation %s %s finished in %d ms", op.id, op.action, (now - started) // 1000)
 
@@ -218,10 +225,34 @@ class Engine:
             attempt_started_at=None,
         )
         check_transition(op.status, failed.status)
-        async with self._store.write() as tx:
+
+        async def fail(tx: Tx) -> None:
             await tx.update_owned_operation(failed, owner=self.owner)
+
+        await self._record(op, fail)
         if final:
             self._settled(op.id)
+
+    async def _record(self, op: Operation, write: Callable[[Tx], Awaitable[None]]) -> None:
+        """Write an attempt's outcome, waiting out a store outage (a full disk, an I/O error).
+
+        The attempt's work is done: given up, the outcome would be lost with the lease, and the
+        next attempt would do the work again and count this one as failed. Kept trying, the
+        attempt that did the work is the one recorded, once the store takes writes again.
+        """
+        pause, said = 0.05, False
+        while True:
+            try:
+                async with self._store.write() as tx:
+                    await write(tx)
+            except Unavailable as exc:
+                if not said:
+                    log.warning("operation %s: outcome not recorded yet: %s", op.id, exc.message)
+                    said = True
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, _RECORD_PAUSE_CAP)
+            else:
+                return
 
     async def _heartbeat(self, op: Operation) -> None:
         """Extend the lease while the handler runs, so a slow attempt is not taken for dead."""
@@ -233,8 +264,14 @@ class Engine:
                 current,
                 lease_expires_at=now + int(self._settings.lease_seconds * _US),
             )
-            async with self._store.write() as tx:
-                if not await tx.update_owned_operation(renewed, owner=self.owner):
-                    log.warning("operation %s: lease lost", op.id)
-                    return
+            try:
+                async with self._store.write() as tx:
+                    if not await tx.update_owned_operation(renewed, owner=self.owner):
+                        log.warning("operation %s: lease lost", op.id)
+                        return
+            except Unavailable as exc:
+                # Beat again next time: an outage of the store must not end the heartbeat for
+                # good, or the lease would lapse while the attempt goes on after the outage.
+                log.warning("operation %s: lease not renewed: %s", op.id, exc.message)
+                continue
             current = renewed

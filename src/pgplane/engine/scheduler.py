@@ -19,6 +19,7 @@ from pgplane.core.models import Endpoint
 from pgplane.core.operations import Action
 from pgplane.engine.engine import Engine
 from pgplane.engine.handlers import compute_spec
+from pgplane.errors import Unavailable
 from pgplane.proxy.activity import Activity
 from pgplane.services import scheduled
 from pgplane.store import Store
@@ -54,6 +55,8 @@ class Scheduler:
                 await self.tick()
             except asyncio.CancelledError:
                 raise
+            except Unavailable as exc:  # the store's outage: one line a tick, no trace
+                log.warning("scheduler waits for the store: %s", exc.message)
             except Exception:
                 log.exception("scheduler tick failed; continuing")
             await asyncio.sleep(self._settings.scheduler_seconds)
@@ -62,8 +65,12 @@ class Scheduler:
         now = clock.now_us()
         changed = self._activity.sample(now)
         if changed:
-            async with self._store.write() as tx:
-                await tx.record_endpoint_activity(list(changed.items()))
+            try:
+                async with self._store.write() as tx:
+                    await tx.record_endpoint_activity(list(changed.items()))
+            except Unavailable:
+                self._activity.unsampled(changed)
+                raise
         async with self._store.read() as tx:
             live = await tx.list_live_endpoints()
         started = await self._suspend_idle(live, now)

@@ -14,7 +14,7 @@ from pgplane.compute.driver import ComputeDriver
 from pgplane.core.models import Endpoint
 from pgplane.core.operations import Status
 from pgplane.engine.engine import Engine
-from pgplane.errors import Conflict, NotFound
+from pgplane.errors import Conflict, NotFound, Unavailable
 from pgplane.proxy import wire
 from pgplane.proxy.server import Route, RouteError, Target
 from pgplane.services import endpoints
@@ -78,6 +78,11 @@ class ComputeWaker:
             raise _unknown(endpoint_id) from None
         except Conflict:
             raise _disabled(endpoint_id) from None
+        except Unavailable as exc:  # the store cannot take the start: say so, as the API does
+            raise RouteError(
+                wire.CONNECTION_FAILURE,
+                f"compute of endpoint {endpoint_id} cannot be started now: {exc.message}",
+            ) from None
         self._engine.wake()
         try:
             done = await self._engine.wait_settled(

@@ -52,3 +52,9 @@ class Activity:
                     self._changed[endpoint_id] = now
         changed, self._changed = self._changed, {}
         return changed
+
+    def unsampled(self, changed: dict[str, int]) -> None:
+        """Give back a sample that could not be written (the store was down): the next sample
+        carries it, unless the endpoint was seen again since."""
+        for endpoint_id, at in changed.items():
+            self._changed[endpoint_id] = max(at, self._changed.get(endpoint_id, at))

@@ -74,6 +74,16 @@ class UseRecorder:
     def has_pending(self) -> bool:
         return bool(self._pending)
 
-    async def flush(self, tx: Tx) -> None:
-        pending, self._pending = self._pending, {}
-        await tx.record_api_key_use([(k, at, addr) for k, (at, addr) in pending.items()])
+    async def flush(self, tx: Tx) -> dict[int, tuple[int, str]]:
+        """Write the pending uses in ``tx``; pass what it returns to :meth:`written` once ``tx``
+        has committed. Until then they stay pending: a commit that fails (the store's disk full)
+        loses none of them, the next flush writes them."""
+        batch = dict(self._pending)
+        await tx.record_api_key_use([(k, at, addr) for k, (at, addr) in batch.items()])
+        return batch
+
+    def written(self, batch: dict[int, tuple[int, str]]) -> None:
+        """Forget the uses of a committed flush (a key used again since stays pending)."""
+        for key_id, use in batch.items():
+            if self._pending.get(key_id) == use:
+                del self._pending[key_id]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Sequence
 from typing import Any
@@ -19,7 +20,7 @@ from pgplane.core.models import (
     Role,
 )
 from pgplane.core.operations import Action, Status
-from pgplane.errors import Conflict
+from pgplane.errors import AlreadyExists, Conflict
 from pgplane.store.base import Tx
 
 _json_encode = msgspec.json.encode
@@ -203,16 +204,35 @@ def _api_key(r: Sequence[Any]) -> ApiKey:
     )
 
 
+def _unique_violation(exc: sqlite3.IntegrityError) -> bool:
+    """A unique index or primary key broken (not a foreign key or NOT NULL: those are bugs)."""
+    return exc.sqlite_errorcode in (
+        sqlite3.SQLITE_CONSTRAINT_UNIQUE,
+        sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY,
+    )
+
+
+def _taken(kind: str, name: str) -> AlreadyExists:
+    """Neon's message, the name quoted as Go's %q does: ``role already exists; role_name:"x"``."""
+    quoted = json.dumps(name, ensure_ascii=False)
+    return AlreadyExists(kind, f"{kind} already exists; {kind}_name:{quoted}")
+
+
 class SqliteTx(Tx):
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._c = conn
 
-    def _insert(self, sql: str, params: Sequence[Any], conflict: str) -> sqlite3.Cursor:
+    def _write(self, sql: str, params: Sequence[Any], conflict: Conflict) -> sqlite3.Cursor:
+        """Execute an INSERT or UPDATE; a unique index it breaks raises ``conflict``.
+
+        The indexes are the guarantee (two requests racing for one name both pass any check made
+        before): whatever the services checked, a duplicate ends here as a 409, never a 500.
+        """
         try:
             return self._c.execute(sql, params)
         except sqlite3.IntegrityError as exc:
-            if "UNIQUE" in str(exc):
-                raise Conflict(conflict) from exc
+            if _unique_violation(exc):
+                raise conflict from exc
             raise
 
     # -- accounts -------------------------------------------------------------------------------
@@ -230,10 +250,10 @@ class SqliteTx(Tx):
         return Account(id=r[0], email=r[1], name=r[2], created_at=r[3]) if r else None
 
     async def insert_account(self, account: Account) -> None:
-        self._insert(
+        self._write(
             "INSERT INTO accounts (id, email, name, created_at) VALUES (?, ?, ?, ?)",
             (account.id, account.email, account.name, account.created_at),
-            "account already exists",
+            AlreadyExists("account", "account already exists"),
         )
 
     # -- API keys -------------------------------------------------------------------------------
@@ -241,11 +261,11 @@ class SqliteTx(Tx):
     async def insert_api_key(
         self, *, account_id: str, name: str, digest: str, created_at: int, created_by: str
     ) -> ApiKey:
-        cur = self._insert(
+        cur = self._write(
             "INSERT INTO api_keys (account_id, name, digest, created_at, created_by)"
             " VALUES (?, ?, ?, ?, ?)",
             (account_id, name, digest, created_at, created_by),
-            "API key already exists",
+            Conflict("API key already exists"),
         )
         assert cur.lastrowid is not None  # noqa: S101 - sqlite always sets it after an INSERT
         return ApiKey(
@@ -293,7 +313,7 @@ class SqliteTx(Tx):
 
     async def insert_project(self, project: Project) -> None:
         p = project
-        self._insert(
+        self._write(
             "INSERT INTO projects (id, account_id, name, region_id, pg_version, provisioner,"
             " store_passwords, history_retention_seconds, default_endpoint_settings, settings,"
             " created_at, updated_at, deleted_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -312,7 +332,7 @@ class SqliteTx(Tx):
                 p.updated_at,
                 p.deleted_at,
             ),
-            "project already exists",
+            Conflict("project already exists"),
         )
 
     async def get_project(
@@ -415,7 +435,7 @@ class SqliteTx(Tx):
 
     async def insert_branch(self, branch: Branch) -> None:
         b = branch
-        self._insert(
+        self._write(
             f"INSERT INTO branches ({_BRANCH_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 b.id,
@@ -430,7 +450,7 @@ class SqliteTx(Tx):
                 b.created_at,
                 b.updated_at,
             ),
-            f"branch already exists; branch_name:{b.name!r}",
+            _taken("branch", b.name),
         )
 
     async def get_branch(self, *, project_id: str, branch_id: str) -> Branch | None:
@@ -451,14 +471,12 @@ class SqliteTx(Tx):
 
     async def update_branch(self, branch: Branch) -> None:
         b = branch
-        try:
-            self._c.execute(
-                "UPDATE branches SET name = ?, protected = ?, is_default = ?, updated_at = ?"
-                " WHERE id = ? AND deleted_at IS NULL",
-                (b.name, int(b.protected), int(b.default), b.updated_at, b.id),
-            )
-        except sqlite3.IntegrityError as exc:
-            raise Conflict(f"branch already exists; branch_name:{b.name!r}") from exc
+        self._write(
+            "UPDATE branches SET name = ?, protected = ?, is_default = ?, updated_at = ?"
+            " WHERE id = ? AND deleted_at IS NULL",
+            (b.name, int(b.protected), int(b.default), b.updated_at, b.id),
+            _taken("branch", b.name),
+        )
 
     async def delete_branch(self, *, branch_id: str, now: int) -> None:
         self._c.execute(
@@ -492,30 +510,40 @@ class SqliteTx(Tx):
 
     async def insert_endpoint(self, endpoint: Endpoint) -> None:
         e = endpoint
-        self._insert(
-            f"INSERT INTO endpoints ({_ENDPOINT_COLUMNS})"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                e.id,
-                e.project_id,
-                e.branch_id,
-                e.type,
-                e.current_state,
-                e.pending_state,
-                e.port,
-                e.autoscaling_limit_min_cu,
-                e.autoscaling_limit_max_cu,
-                e.suspend_timeout_seconds,
-                _json_encode(e.settings),
-                int(e.disabled),
-                e.created_at,
-                e.updated_at,
-                e.last_active,
-                e.started_at,
-                e.suspended_at,
-            ),
-            "read-write endpoint already exists on this branch",
-        )
+        try:
+            self._c.execute(
+                f"INSERT INTO endpoints ({_ENDPOINT_COLUMNS})"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    e.id,
+                    e.project_id,
+                    e.branch_id,
+                    e.type,
+                    e.current_state,
+                    e.pending_state,
+                    e.port,
+                    e.autoscaling_limit_min_cu,
+                    e.autoscaling_limit_max_cu,
+                    e.suspend_timeout_seconds,
+                    _json_encode(e.settings),
+                    int(e.disabled),
+                    e.created_at,
+                    e.updated_at,
+                    e.last_active,
+                    e.started_at,
+                    e.suspended_at,
+                ),
+            )
+        except sqlite3.IntegrityError as exc:
+            if not _unique_violation(exc):
+                raise
+            # Two unique indexes: the branch's one read_write endpoint (the client's conflict)
+            # and the port (allocated in this transaction: only another process could race).
+            if "endpoints.port" in str(exc):
+                raise Conflict(f"compute port {e.port} is already taken; retry") from exc
+            raise AlreadyExists(
+                "endpoint", "read-write endpoint already exists on this branch"
+            ) from exc
 
     async def get_endpoint(self, *, project_id: str, endpoint_id: str) -> Endpoint | None:
         r = self._c.execute(
@@ -614,7 +642,7 @@ class SqliteTx(Tx):
 
     async def insert_role(self, role: Role) -> None:
         r = role
-        self._insert(
+        self._write(
             "INSERT INTO roles (branch_id, name, password, protected, login, created_at,"
             " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
             (
@@ -626,7 +654,7 @@ class SqliteTx(Tx):
                 r.created_at,
                 r.updated_at,
             ),
-            f"role already exists; role_name:{r.name!r}",
+            _taken("role", r.name),
         )
 
     async def get_role(self, *, branch_id: str, name: str) -> Role | None:
@@ -675,11 +703,11 @@ class SqliteTx(Tx):
         now: int,
         applied_name: str | None = None,
     ) -> Database:
-        cur = self._insert(
+        cur = self._write(
             "INSERT INTO databases (branch_id, name, owner_name, applied_name, created_at,"
             " updated_at) VALUES (?, ?, ?, ?, ?, ?)",
             (branch_id, name, owner_name, applied_name, now, now),
-            f"database already exists; database_name:{name!r}",
+            _taken("database", name),
         )
         assert cur.lastrowid is not None  # noqa: S101 - sqlite always sets it after an INSERT
         return Database(
@@ -711,14 +739,12 @@ class SqliteTx(Tx):
 
     async def update_database(self, database: Database) -> None:
         d = database
-        try:
-            self._c.execute(
-                "UPDATE databases SET name = ?, owner_name = ?, updated_at = ?"
-                " WHERE id = ? AND deleted_at IS NULL",
-                (d.name, d.owner_name, d.updated_at, d.id),
-            )
-        except sqlite3.IntegrityError as exc:
-            raise Conflict(f"database already exists; database_name:{d.name!r}") from exc
+        self._write(
+            "UPDATE databases SET name = ?, owner_name = ?, updated_at = ?"
+            " WHERE id = ? AND deleted_at IS NULL",
+            (d.name, d.owner_name, d.updated_at, d.id),
+            _taken("database", d.name),
+        )
 
     async def delete_database(self, *, database_id: int, now: int) -> None:
         self._c.execute(

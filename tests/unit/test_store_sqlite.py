@@ -1,0 +1,260 @@
+"""The SQLite store's own guarantees, below the services: unique names and exact operation pages.
+
+Services check little before they write; what makes "two requests, one name" end with one row is
+the store's unique indexes. These tests write through the store's methods (and raw SQL) with no
+service in front, as two racing requests or another process would, and expect a conflict, never
+an integrity error that would become a 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from pgplane.config import Settings
+from pgplane.core import clock, ids
+from pgplane.core.models import Branch, Endpoint, Operation, Role
+from pgplane.core.operations import Action, Status
+from pgplane.errors import AlreadyExists, Conflict
+from pgplane.services import accounts, projects
+from pgplane.services.projects import CreatedProject
+from pgplane.store.sqlite import SqliteStore
+from pgplane.store.sqlite.migrate import migrate
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    s = SqliteStore(tmp_path / "store.db")
+    yield s
+    await s.close()
+
+
+async def _project(store: SqliteStore) -> CreatedProject:
+    async with store.write() as tx:
+        account = await accounts.ensure(tx, email="store@example.com")
+        return await projects.create(
+            tx,
+            account_id=account.id,
+            spec=projects.NewProject(),
+            settings=Settings(pg_versions=(16,), compute_ports=(45000, 45999)),
+        )
+
+
+def _branch(project_id: str, parent_id: str, name: str) -> Branch:
+    now = clock.now_us()
+    return Branch(
+        id=ids.new_branch_id(),
+        project_id=project_id,
+        parent_id=parent_id,
+        name=name,
+        default=False,
+        protected=False,
+        current_state="init",
+        pending_state="ready",
+        state_changed_at=now,
+        created_at=now,
+        updated_at=now,
+    )
+
+
+def _role(branch_id: str, name: str) -> Role:
+    now = clock.now_us()
+    return Role(
+        branch_id=branch_id,
+        name=name,
+        password="secret",
+        protected=False,
+        created_at=now,
+        updated_at=now,
+    )
+
+
+def _endpoint(like: Endpoint, *, branch_id: str, port: int) -> Endpoint:
+    return msgspec.structs.replace(like, id=ids.new_endpoint_id(), branch_id=branch_id, port=port)
+
+
+def test_every_name_rule_is_a_unique_index(tmp_path: Path) -> None:
+    """The rules are in the schema itself, so no code path (or other program) can skip them."""
+    with sqlite3.connect(tmp_path / "schema.db", isolation_level=None) as db:
+        migrate(db)
+        unique = dict(
+            db.execute(
+                "SELECT name, sql FROM sqlite_master"
+                " WHERE type = 'index' AND sql LIKE 'CREATE UNIQUE%'"
+            )
+        )
+    assert "(project_id, name) WHERE deleted_at IS NULL" in unique["branches_unique_name"]
+    assert "(branch_id, name) WHERE deleted_at IS NULL" in unique["roles_unique_name"]
+    assert "(branch_id, name) WHERE deleted_at IS NULL" in unique["databases_unique_name"]
+    assert "type = 'read_write' AND deleted_at IS NULL" in unique["endpoints_one_read_write"]
+    assert "(port) WHERE deleted_at IS NULL" in unique["endpoints_unique_port"]
+    assert "(project_id, created_at)" in unique["operations_page"]
+
+
+async def test_a_duplicate_name_written_past_the_services_is_a_conflict(
+    store: SqliteStore,
+) -> None:
+    created = await _project(store)
+    pid, main = created.project.id, created.branch
+    owner = created.roles[0].name
+    cases = [
+        ("BRANCH_ALREADY_EXISTS", lambda tx: tx.insert_branch(_branch(pid, main.id, main.name))),
+        ("ROLE_ALREADY_EXISTS", lambda tx: tx.insert_role(_role(main.id, owner))),
+        (
+            "DATABASE_ALREADY_EXISTS",
+            lambda tx: tx.insert_database(
+                branch_id=main.id, name="neondb", owner_name=owner, now=clock.now_us()
+            ),
+        ),
+    ]
+    for code, write in cases:
+        with pytest.raises(AlreadyExists) as raised:
+            async with store.write() as tx:
+                await write(tx)
+        assert raised.value.code == code
+        assert raised.value.status == 409
+        assert "already exists" in raised.value.message
+
+    # A second read_write endpoint on the branch, on a free port: the branch's one place is taken.
+    with pytest.raises(AlreadyExists) as raised:
+        async with store.write() as tx:
+            await tx.insert_endpoint(_endpoint(created.endpoint, branch_id=main.id, port=46001))
+    assert raised.value.code == "ENDPOINT_ALREADY_EXISTS"
+
+    # Renames into a taken name are conflicts too.
+    async with store.write() as tx:
+        other = _branch(pid, main.id, "other")
+        await tx.insert_branch(other)
+        second_db = await tx.insert_database(
+            branch_id=main.id, name="second", owner_name=owner, now=clock.now_us()
+        )
+    with pytest.raises(AlreadyExists, match='branch_name:"main"'):
+        async with store.write() as tx:
+            await tx.update_branch(msgspec.structs.replace(other, name=main.name))
+    with pytest.raises(AlreadyExists, match='database_name:"neondb"'):
+        async with store.write() as tx:
+            await tx.update_database(msgspec.structs.replace(second_db, name="neondb"))
+
+    # A port another endpoint holds: a conflict, but not one about names.
+    with pytest.raises(Conflict) as port_taken:
+        async with store.write() as tx:
+            await tx.insert_endpoint(
+                _endpoint(created.endpoint, branch_id=other.id, port=created.endpoint.port)
+            )
+    assert not isinstance(port_taken.value, AlreadyExists)
+    assert "port" in port_taken.value.message
+
+    # Nothing of the refused writes was kept; a deleted name is free again.
+    async with store.read() as tx:
+        assert sorted(b.name for b in await tx.list_branches(pid)) == ["main", "other"]
+        assert [r.name for r in await tx.list_roles(main.id)] == [owner]
+        assert sorted(d.name for d in await tx.list_databases(main.id)) == ["neondb", "second"]
+        assert len(await tx.list_endpoints(pid)) == 1
+    async with store.write() as tx:
+        await tx.delete_branch(branch_id=other.id, now=clock.now_us())
+        await tx.insert_branch(_branch(pid, main.id, "other"))
+
+
+async def test_raw_sql_cannot_duplicate_a_name_either(store: SqliteStore) -> None:
+    created = await _project(store)
+    with sqlite3.connect(store.path) as db, pytest.raises(sqlite3.IntegrityError, match="UNIQUE"):
+        db.execute(
+            "INSERT INTO branches (id, project_id, name, is_default, protected, current_state,"
+            " state_changed_at, created_at, updated_at)"
+            " VALUES ('br-raw', ?, 'main', 0, 0, 'ready', 0, 0, 0)",
+            (created.project.id,),
+        )
+
+
+async def test_two_writers_racing_for_one_name_leave_one_row(tmp_path: Path) -> None:
+    """Two stores on one file stand for two processes: the second waits for the first's lock,
+    then finds the name taken."""
+    first, second = SqliteStore(tmp_path / "s.db"), SqliteStore(tmp_path / "s.db")
+    try:
+        created = await _project(first)
+        pid, main = created.project.id, created.branch
+
+        async def insert(store: SqliteStore, started: asyncio.Event | None = None) -> None:
+            async with store.write() as tx:
+                await tx.insert_branch(_branch(pid, main.id, "pr-1"))
+                if started is not None:
+                    started.set()
+                    await asyncio.sleep(0.2)  # hold the write lock while the other one asks
+
+        started = asyncio.Event()
+        winner = asyncio.create_task(insert(first, started))
+        await started.wait()
+        with pytest.raises(AlreadyExists, match='branch_name:"pr-1"'):
+            await insert(second)
+        await winner
+        async with second.read() as tx:
+            assert [b.name for b in await tx.list_branches(pid)].count("pr-1") == 1
+    finally:
+        await first.close()
+        await second.close()
+
+
+# -- operation pages ----------------------------------------------------------------------------
+
+
+def _op(project_id: str, created_at: int) -> Operation:
+    return Operation(
+        id=ids.new_operation_id(),
+        project_id=project_id,
+        branch_id=None,
+        endpoint_id=None,
+        action=Action.APPLY_STORAGE_CONFIG,
+        status=Status.FINISHED,
+        failures_count=0,
+        error=None,
+        retry_at=None,
+        created_at=created_at,
+        updated_at=created_at,
+        total_duration_ms=0,
+    )
+
+
+async def _pages(store: SqliteStore, project_id: str, limit: int) -> list[str]:
+    seen: list[str] = []
+    before = None
+    while True:
+        async with store.read() as tx:
+            page = await tx.list_operations(project_id=project_id, before=before, limit=limit)
+        if not page:
+            return seen
+        seen += [o.id for o in page]
+        before = page[-1].created_at
+
+
+async def test_operations_with_one_timestamp_are_stored_apart_and_paged_exactly(
+    store: SqliteStore,
+) -> None:
+    created = await _project(store)
+    pid = created.project.id
+    latest = created.operations[-1].created_at
+    # Five in one transaction, all at the project's latest instant (a clock that did not move);
+    # then three from a clock that went back.
+    async with store.write() as tx:
+        tied = await tx.insert_operations([_op(pid, latest) for _ in range(5)])
+    async with store.write() as tx:
+        earlier = await tx.insert_operations([_op(pid, latest - 1_000_000) for _ in range(3)])
+    stamps = [o.created_at for o in [*created.operations, *tied, *earlier]]
+    assert stamps == sorted(set(stamps))  # unique, and in the order they were written
+
+    everything = [o.id for o in reversed([*created.operations, *tied, *earlier])]
+    for limit in (1, 2, 3, 10):
+        assert await _pages(store, pid, limit) == everything, limit
+
+    # Forcing a tie past the store's method is refused by the page index itself.
+    with sqlite3.connect(store.path) as db, pytest.raises(sqlite3.IntegrityError, match="UNIQUE"):
+        db.execute(
+            "INSERT INTO operations (id, project_id, action, status, failures_count,"
+            " created_at, updated_at, total_duration_ms)"
+            " VALUES ('x', ?, 'apply_config', 'finished', 0, ?, ?, 0)",
+            (pid, tied[0].created_at, tied[0].created_at),
+        )
