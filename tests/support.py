@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
@@ -243,3 +243,9 @@ class Api:
         ops = self.wait_operations(body["project"]["id"], [o["id"] for o in body["operations"]])
         assert [o["status"] for o in ops] == ["finished"] * len(ops), ops
         return body
+
+
+async def no_pg_settings(*, pg_version: int, settings: Mapping[str, str]) -> None:
+    """The settings check for services driven without a compute driver, creating endpoints that
+    set no pg_settings."""
+    assert not settings

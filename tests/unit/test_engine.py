@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -20,6 +20,7 @@ from pgplane.engine import Engine
 from pgplane.engine.handlers import Context, OnFinish
 from pgplane.services import accounts, operations, projects
 from pgplane.store.sqlite import SqliteStore
+from tests.support import no_pg_settings
 
 FAST = {
     "poll_seconds": 0.02,
@@ -60,10 +61,6 @@ async def engine(
             await task
 
 
-async def _no_settings(*, pg_version: int, settings: Mapping[str, str]) -> None:
-    assert not settings  # these projects set none
-
-
 async def _project(store: SqliteStore) -> str:
     async with store.write() as tx:
         account = await accounts.ensure(tx, email="e@example.com")
@@ -72,7 +69,7 @@ async def _project(store: SqliteStore) -> str:
             account_id=account.id,
             spec=projects.NewProject(),
             settings=Settings(**FAST),
-            check_settings=_no_settings,
+            check_settings=no_pg_settings,
         )
     return created.project.id
 

@@ -25,6 +25,7 @@ from pgplane.services import accounts, projects
 from pgplane.services.projects import CreatedProject
 from pgplane.store.sqlite import SqliteStore
 from pgplane.store.sqlite.migrate import migrate
+from tests.support import no_pg_settings
 
 
 @pytest.fixture
@@ -42,6 +43,7 @@ async def _project(store: SqliteStore) -> CreatedProject:
             account_id=account.id,
             spec=projects.NewProject(),
             settings=Settings(pg_versions=(16,), compute_ports=(45000, 45999)),
+            check_settings=no_pg_settings,
         )
 
 
