@@ -90,32 +90,35 @@ def _socket_inodes(pids: set[int]) -> set[str]:
     return inodes
 
 
-def listening_sockets(pids: set[int]) -> Counter[str]:
-    """The listening TCP and unix sockets the processes ``pids`` hold, by local address."""
+def listening_sockets(pids: set[int]) -> list[str]:
+    """The listening TCP and unix sockets the processes ``pids`` hold: kind and local address."""
     inodes = _socket_inodes(pids)
-    found: Counter[str] = Counter()
+    found: list[str] = []
     for table in ("tcp", "tcp6"):
         for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
             cols = line.split()
             if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
-                found[f"{table} {cols[1]}"] += 1
+                found.append(f"tcp {cols[1]}")
     for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
         cols = line.split()
         # Flags 00010000 (__SO_ACCEPTCON): a listening socket.
         if len(cols) >= 8 and int(cols[3], 16) & 0x10000 and cols[6] in inodes:
-            found[f"unix {cols[7]}"] += 1
+            found.append(f"unix {cols[7]}")
     return found
 
 
 @dataclass(frozen=True)
 class Holdings:
     processes: Counter[str]  # by command title
-    sockets: Counter[str]
+    sockets: Counter[str]  # by kind: a compute may move to another port, never hold two
+    addresses: list[str] = field(compare=False)
 
     @classmethod
     def of(cls, server: Server) -> Holdings:
         processes = platform_processes(server)
-        return cls(Counter(processes.values()), listening_sockets(set(processes)))
+        addresses = listening_sockets(set(processes))
+        kinds = Counter(address.split()[0] for address in addresses)
+        return cls(Counter(processes.values()), kinds, addresses)
 
 
 # A client backend's title: "postgres: <role> <database> <[local] or host(port)> <activity>".
@@ -228,7 +231,7 @@ def test_restart_storm_under_inserts(cycles: int) -> None:
             postmaster = [(p, n) for p, n in compute.items() if not p.startswith("postgres: ")]
             assert len(postmaster) == 1 and postmaster[0][1] == 1, compute
             added = one_compute.sockets - before_any_compute.sockets
-            assert sum(added.values()) == 2, added  # the compute's TCP port and its unix socket
+            assert added == {"tcp": 1, "unix": 1}, one_compute  # the compute's port and socket
 
             started = time.monotonic()
             with inserting(uri) as inserter:
