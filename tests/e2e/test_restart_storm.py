@@ -28,6 +28,9 @@ from tests.e2e.test_crash import assert_consistent
 from tests.support import Api, Server, running_server
 
 ENV = {"PGPLANE_RETRY_BASE_SECONDS": "0.2", "PGPLANE_SCHEDULER_SECONDS": "0.2"}
+# The scenario's "another client", four times: more connections arriving at every moment of a
+# stop and a start.
+CLIENTS = 4
 
 
 # -- what the platform holds, read from /proc -------------------------------------------------
@@ -140,40 +143,49 @@ def no_clients(held: Holdings) -> bool:
     return not any(_CLIENT_BACKEND.match(title) for title in held.processes)
 
 
-# -- the inserting client ---------------------------------------------------------------------
+# -- the inserting clients --------------------------------------------------------------------
 
 
 @dataclass
 class Inserter:
-    """Inserts ids one by one through the proxy, reconnecting whenever the compute goes away;
-    an id is acknowledged when its autocommit INSERT returned."""
+    """Inserts ids one by one through the proxy (from ``first``), connecting again whenever the
+    compute stopped under its session; an id is acknowledged when its autocommit INSERT returned.
+
+    A session may be cut by a stop; a connection may not be refused: the proxy makes a client
+    that arrives while its compute stops wait for the start that follows.
+    """
 
     uri: str
+    first: int = 0
     acknowledged: list[int] = field(default_factory=list)
     attempted: int = 0
-    reconnects: int = 0
+    sessions_cut: int = 0
+    refused: list[str] = field(default_factory=list)
     unexpected: list[BaseException] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
-        ids = itertools.count()
+        ids = itertools.count(self.first)
         conn: psycopg.Connection[Any] | None = None
         try:
             while not self.stop.is_set():
+                if conn is None:
+                    try:
+                        conn = psycopg.connect(self.uri, autocommit=True, connect_timeout=60)
+                    except psycopg.OperationalError as exc:
+                        self.refused.append(str(exc))
+                        continue
+                n = next(ids)
+                self.attempted = n + 1 - self.first
                 try:
-                    if conn is None:
-                        conn = psycopg.connect(self.uri, autocommit=True, connect_timeout=30)
-                    n = next(ids)
-                    self.attempted = n + 1
                     conn.execute("INSERT INTO acks VALUES (%s)", [n])
-                    self.acknowledged.append(n)
                 except psycopg.OperationalError:
-                    # The compute was stopped under us, or refused us while stopping: as a
-                    # client does, connect again. The id in flight may or may not be in.
-                    if conn is not None:
-                        conn.close()
-                    conn, self.reconnects = None, self.reconnects + 1
-                    time.sleep(0.01)
+                    # The compute stopped under the session: the id in flight may or may not be
+                    # in. As a client does, connect again.
+                    conn.close()
+                    conn, self.sessions_cut = None, self.sessions_cut + 1
+                    continue
+                self.acknowledged.append(n)
         except BaseException as exc:
             self.unexpected.append(exc)
         finally:
@@ -182,16 +194,20 @@ class Inserter:
 
 
 @contextlib.contextmanager
-def inserting(uri: str) -> Iterator[Inserter]:
-    inserter = Inserter(uri)
-    thread = threading.Thread(target=inserter.run, name="inserter")
-    thread.start()
+def inserting(uri: str, clients: int) -> Iterator[list[Inserter]]:
+    """``clients`` inserters, each on a thread of its own, with ids of its own."""
+    inserters = [Inserter(uri, first=n * 1_000_000) for n in range(clients)]
+    threads = [threading.Thread(target=i.run, name=f"inserter {i.first}") for i in inserters]
+    for thread in threads:
+        thread.start()
     try:
-        yield inserter
+        yield inserters
     finally:
-        inserter.stop.set()
-        thread.join(120)
-    assert not thread.is_alive()
+        for inserter in inserters:
+            inserter.stop.set()
+        for thread in threads:
+            thread.join(120)
+    assert not any(thread.is_alive() for thread in threads)
 
 
 # -- the storm ----------------------------------------------------------------------------------
@@ -234,7 +250,7 @@ def test_restart_storm_under_inserts(cycles: int) -> None:
             assert added == {"tcp": 1, "unix": 1}, one_compute  # the compute's port and socket
 
             started = time.monotonic()
-            with inserting(uri) as inserter:
+            with inserting(uri, CLIENTS) as inserters:
                 ops: list[dict[str, Any]] = []
                 pending: list[str] = []
                 for n in range(cycles):
@@ -243,18 +259,23 @@ def test_restart_storm_under_inserts(cycles: int) -> None:
                         continue  # the next cycle's requests follow at once, queued behind these
                     ops += api.wait_operations(pid, pending, timeout=120)
                     pending = []
-                    # A few rows before the next cycles, so that each stop meets a working client
-                    # (and a compute left suspended is woken by it).
-                    until = len(inserter.acknowledged) + 5
-                    while len(inserter.acknowledged) < until and not inserter.unexpected:
+                    # A few rows from each client before the next cycles, so that each stop meets
+                    # working clients (and a compute left suspended is woken by them).
+                    wanted = [len(i.acknowledged) + 3 for i in inserters]
+                    while any(
+                        len(i.acknowledged) < want and not i.unexpected
+                        for i, want in zip(inserters, wanted, strict=True)
+                    ):
                         time.sleep(0.005)
             elapsed = time.monotonic() - started
             print(
                 f"{cycles} cycles in {elapsed:.1f} s ({elapsed / cycles * 1000:.0f} ms each);"
-                f" {len(inserter.acknowledged)} inserts acknowledged of {inserter.attempted},"
-                f" {inserter.reconnects} reconnects"
+                f" {sum(len(i.acknowledged) for i in inserters)} inserts acknowledged of"
+                f" {sum(i.attempted for i in inserters)}, {sum(i.sessions_cut for i in inserters)}"
+                " sessions cut"
             )
-            assert inserter.unexpected == []
+            assert [i.unexpected for i in inserters] == [[]] * CLIENTS
+            assert [i.refused for i in inserters] == [[]] * CLIENTS
             assert [o for o in ops if o["status"] != "finished"] == []
             # The proxy's own wakes (start_compute) settled too, and nothing failed.
             assert_operations_settled(server)
@@ -266,8 +287,10 @@ def test_restart_storm_under_inserts(cycles: int) -> None:
 
             with psycopg.connect(uri, autocommit=True, connect_timeout=30) as conn:
                 present = {row[0] for row in conn.execute("SELECT id FROM acks")}
-            assert set(inserter.acknowledged) <= present
-            assert present <= set(range(inserter.attempted))
+            for inserter in inserters:
+                assert set(inserter.acknowledged) <= present
+            tried = {n for i in inserters for n in range(i.first, i.first + i.attempted)}
+            assert present <= tried
 
             held = wait_for_holdings(server, lambda held: held == one_compute)
             assert held == one_compute
