@@ -58,10 +58,12 @@ def test_c5_two_hundred_keys_polling_at_the_default_rate_limits(seconds: float) 
         assert_operations_settled(server)
         # Each of the 200 clients was authenticated as itself: every key shows its use.
         assert unused_keys(server, watches) == []
-    gets = sorted(result.poll_ms)
+    gets, posts = sorted(result.poll_ms), sorted(result.post_ms)
+    # Figures to read, not to assert (bench/load.py --c5 holds them to the scenario's targets).
     print(
         f"C5: {len(watches)} keys, {len(gets)} GETs: p50 {statistics.median(gets):.1f} ms,"
-        f" p99 {gets[int(len(gets) * 0.99)]:.1f} ms; {result.branches_created} branches;"
+        f" p99 {gets[int(len(gets) * 0.99)]:.1f} ms; {len(posts)} POSTs/DELETEs:"
+        f" p99 {posts[int(len(posts) * 0.99)]:.1f} ms; {result.branches_created} branches;"
         f" statuses {dict(sorted(result.statuses.items()))}"
     )
     # Nothing refused (no 429), nothing failed (no 5xx): only 200 and 201 came back.
