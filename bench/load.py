@@ -11,7 +11,13 @@ operations that did not settle, and the server's RSS over the loaded phase (firs
 quarter). Target: POST p99 under load < 50 ms, no 5xx, every operation settled, memory flat.
 Rate limits are turned off: this measures the platform, not the limiter.
 
+With ``--c5``, scenario C5 instead (the load of ``tests/e2e/test_load.py``'s C5 test): 200
+clients, each with a key of its own (five accounts, each polling its own project), reading an
+operation every 5 s, while a sixth account creates 20 branches a minute, at the default rate
+limits. Targets: POST p99 < 1 s, GET p99 < 200 ms, no 5xx, no 429, every operation settled.
+
     .venv/bin/python -m bench.load [--clients 200] [--seconds 180] [--poll 1.0]
+    .venv/bin/python -m bench.load --c5 [--seconds 300]
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import argparse
 import asyncio
 
 from tests.conftest import assert_operations_settled
-from tests.load import LoadResult, run_load
+from tests.load import LoadResult, c5_platform, run_c5, run_load, unused_keys
 
 from bench.common import Api, median, percentile, running_server
 
@@ -40,12 +46,43 @@ def report(name: str, result: LoadResult) -> None:
         )
 
 
+def c5(seconds: float) -> None:
+    with c5_platform() as (server, api, watches):
+        result = asyncio.run(run_c5(server, api, watches, seconds))
+        try:
+            assert_operations_settled(server, timeout=60)
+            unsettled = ""
+        except AssertionError as exc:
+            unsettled = str(exc)
+        unused = unused_keys(server, watches)
+    report("C5", result)
+    print(f"{len(watches)} keys, {len(unused)} never used")
+    print(f"statuses: {dict(sorted(result.statuses.items()))}")
+    checks = {
+        "POST p99 < 1 s": percentile(result.post_ms, 0.99) < 1000,
+        "GET p99 < 200 ms": percentile(result.poll_ms, 0.99) < 200,
+        "no 5xx": result.server_errors == 0,
+        "no 429": 429 not in result.statuses,
+        "every operation settled": not unsettled and not result.errors,
+        "every key used": not unused,
+    }
+    for name, ok in checks.items():
+        print(f"target {name}: {'met' if ok else 'NOT met'}")
+    for problem in [unsettled, *result.errors[:5]]:
+        if problem:
+            print("problem:", problem)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--clients", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=180)
     parser.add_argument("--poll", type=float, default=1.0)
+    parser.add_argument("--c5", action="store_true", help="scenario C5 (see above)")
     args = parser.parse_args()
+    if args.c5:
+        c5(args.seconds)
+        return
     env = {**NO_LIMITS, "PGPLANE_KEY_USE_FLUSH_SECONDS": "5"}
     with running_server(**env) as server:
         _, key = server.create_key("load@example.com")

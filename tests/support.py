@@ -208,9 +208,10 @@ class Api:
         self.http.close()
 
     def wait_operations(
-        self, project_id: str, op_ids: list[str], timeout: float = 60
+        self, project_id: str, op_ids: list[str], timeout: float = 60, every: float = 0.05
     ) -> list[dict]:
-        """Poll until every operation settles; return them as last seen."""
+        """Poll every ``every`` seconds until every operation settles; return them as last
+        seen."""
         deadline = time.monotonic() + timeout
         while True:
             ops = [
@@ -223,7 +224,7 @@ class Api:
                 raise AssertionError(
                     f"operations did not settle: {ops}\n{self.server.log()[-4000:]}"
                 )
-            time.sleep(0.05)
+            time.sleep(every)
 
     def settled(self, project_id: str, response: httpx.Response) -> dict[str, Any]:
         """The body of an accepted request, once every operation it started has finished."""

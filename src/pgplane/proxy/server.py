@@ -7,8 +7,9 @@ the platform for a running compute (waking it if needed), log in there as the sa
 forward bytes both ways without parsing them. A role the platform does not know (created with
 SQL) is authenticated by Postgres itself, through the pipe, without channel binding.
 
-A compute that answers "starting up" / "shutting down", or cannot be reached at all, is woken and
-tried again: a client arriving while its compute suspends waits for the start that follows.
+A compute that answers "starting up" / "shutting down", ends the login because it is going down,
+or cannot be reached at all, is woken and tried again: a client arriving while its compute
+suspends waits for the start that follows.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ log = logging.getLogger(__name__)
 _HANDSHAKE_TIMEOUT = 30.0
 _CONNECT_ATTEMPTS = 5
 _HIGH_WATER = 256 * 1024
+# A compute's refusals while the proxy logs a client in that mean "this compute is not up now",
+# not "no": it is starting, or stopping (a stop that began after the dial ends the login with
+# 57P01). The client waits for the start that follows, as one that arrived a moment later would.
+_NOT_UP = frozenset({wire.CANNOT_CONNECT_NOW, wire.ADMIN_SHUTDOWN, wire.CRASH_SHUTDOWN})
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +88,8 @@ class _Closed(Exception):
 
 
 class _NotReady(Exception):
-    """The compute answered "starting up" or "shutting down": wake it and try again."""
+    """The compute answered "starting up" or "shutting down", or ended the login because it is
+    going down: wake it and try again."""
 
 
 async def _password_message(client: _Side) -> bytes:
@@ -300,7 +306,10 @@ class Proxy:
                     keys.append((pid, key))
                     self._cancel_keys[pid, key] = target
 
-                compute.pipe_to(client, session, _KeySniffer(found))
+                # The reply may hold the cancel key already (the proxy logged in up to
+                # ReadyForQuery); if not, it follows through the pipe.
+                sniffer = _KeySniffer(found)
+                compute.pipe_to(client, session, None if sniffer(reply) else sniffer)
                 client.pipe_to(compute, session)
                 await asyncio.wait([client.lost, compute.lost], return_when="FIRST_COMPLETED")
             finally:
@@ -394,7 +403,8 @@ class Proxy:
         """Connect to the endpoint's compute and start the session; retry through a wake.
 
         Returns the compute connection and what to send the client next: with a password, the
-        compute's AuthenticationOk (the proxy logged in); without, its authentication request.
+        compute's replies from AuthenticationOk to ReadyForQuery (the proxy logged in); without,
+        its authentication request.
         """
         known, force = route.target, False
         last_problem = ""
@@ -424,26 +434,37 @@ class Proxy:
         )
 
     async def _login(self, compute: _Side, password: str | None) -> bytes:
-        """Read the compute's replies to the startup; log in with ``password`` when given."""
+        """Read the compute's replies to the startup; log in with ``password`` when given.
+
+        Logged in, the replies are held up to ReadyForQuery: until then the backend is still
+        starting, and a stop can end it (57P01); the client should wait for the next start, not
+        be told so.
+        """
         exchange = scram.ClientExchange(password) if password is not None else None
-        prefix = b""
+        reply = b""
+        logged_in = False
         while True:
             kind, payload = await compute.read_message()
             message = kind + struct.pack("!I", len(payload) + 4) + payload
             if kind == b"E":
                 fields = wire.error_fields(payload)
-                if fields.get("C") == wire.CANNOT_CONNECT_NOW:
+                if fields.get("C") in _NOT_UP:
                     raise _NotReady(fields.get("M", "compute not ready"))
-                return prefix + message  # the client sees Postgres' own refusal
-            if kind != b"R":
-                prefix += message  # NegotiateProtocolVersion: the client's to read
+                return reply + message  # the client sees Postgres' own refusal
+            if logged_in or kind != b"R":
+                # The session's parameters and cancel key, or a NegotiateProtocolVersion before
+                # authentication: the client's to read.
+                reply += message
+                if kind == b"Z":
+                    return reply
                 continue
             if exchange is None or password is None:
-                return prefix + message  # Postgres authenticates the client itself
+                return reply + message  # Postgres authenticates the client itself
             (code,) = struct.unpack("!I", payload[:4])
             if code == wire.AUTH_OK:
-                return prefix + message
-            if code == wire.AUTH_SASL:
+                reply += message
+                logged_in = True
+            elif code == wire.AUTH_SASL:
                 first = exchange.first().encode()
                 compute.write(wire.sasl_initial(scram.MECHANISM, first))
             elif code == wire.AUTH_SASL_CONTINUE:

@@ -21,6 +21,10 @@ MAX_STARTUP = 10_000  # as Postgres: a longer startup packet is refused
 PROTOCOL_VIOLATION = "08P01"
 CONNECTION_REJECTED = "08004"  # unknown or disabled endpoint
 CANNOT_CONNECT_NOW = "57P03"  # a compute starting up or shutting down
+# What a compute says to a session it ends because it is going down: a shutdown (the postmaster's
+# SIGINT terminates every backend, one still logging in too) or a crash of another backend.
+ADMIN_SHUTDOWN = "57P01"
+CRASH_SHUTDOWN = "57P02"
 CONNECTION_FAILURE = "08006"  # the compute could not be started or reached
 INVALID_PASSWORD = "28P01"  # noqa: S105 - a SQLSTATE, not a password
 
