@@ -66,6 +66,10 @@ class Settings:
     max_attempts: int = 5
     retry_base_seconds: float = 1.0
     retry_cap_seconds: float = 60.0
+    # An attempt still running after this long is cancelled and counted as failed, so a hung
+    # handler cannot hold its project forever. Generous: a branch copy or a detach of a large
+    # project is legitimately slow. 0: no limit.
+    attempt_timeout_seconds: float = 3600.0
 
     # API.
     max_body_bytes: int = 1 << 20
@@ -117,6 +121,7 @@ def settings_from_env(**overrides: object) -> Settings:
         ("lease_seconds", float),
         ("heartbeat_seconds", float),
         ("retry_base_seconds", float),
+        ("attempt_timeout_seconds", float),
         ("key_use_flush_seconds", float),
         ("max_attempts", int),
         ("disk_reserve_bytes", int),

@@ -9,6 +9,8 @@ of them: comma-separated ``name`` or ``name=action``, where the action is
 - ``wait`` (the default, so a bare name): log that it was reached, then wait forever, holding
   whatever the code holds there, until the process is killed;
 - ``sleep(MS)``: log, pause MS milliseconds (without blocking the event loop), and go on;
+- ``raise``: log and raise :class:`FailpointError`, a poison step (an operation that can never
+  succeed must still end, ``failed`` with its reason, and hold nothing up meanwhile);
 
 optionally prefixed by ``N*`` to act only the first N times the place is reached in this
 process, and be off afterwards (``create_branch:copied=1*sleep(3000)``: the first branch copy
@@ -33,13 +35,20 @@ log = logging.getLogger(__name__)
 
 ENV = "PGPLANE_FAILPOINTS"
 
-_ACTION = re.compile(r"^(?:(?P<times>[1-9]\d*)\*)?(?:(?P<wait>wait)|sleep\((?P<ms>\d+)\))$")
+_ACTION = re.compile(
+    r"^(?:(?P<times>[1-9]\d*)\*)?(?:(?P<wait>wait)|(?P<raise>raise)|sleep\((?P<ms>\d+)\))$"
+)
+
+
+class FailpointError(Exception):
+    """Raised where a failpoint armed with ``raise`` is reached."""
 
 
 @dataclass(slots=True)
 class _Armed:
     sleep_ms: int | None  # None: wait to be killed
     times: int | None  # None: every time
+    raises: bool = False
 
 
 def parse(spec: str) -> dict[str, _Armed]:
@@ -53,11 +62,12 @@ def parse(spec: str) -> dict[str, _Armed]:
         m = _ACTION.match(action)
         if m is None:
             raise ValueError(
-                f"{ENV}: {item.strip()!r}: the action must be wait, sleep(MS), N*wait or "
-                "N*sleep(MS)"
+                f"{ENV}: {item.strip()!r}: the action must be wait, sleep(MS) or raise, "
+                "optionally after N*"
             )
         times = None if m["times"] is None else int(m["times"])
-        armed[name] = _Armed(sleep_ms=None if m["wait"] else int(m["ms"]), times=times)
+        sleep_ms = None if m["ms"] is None else int(m["ms"])
+        armed[name] = _Armed(sleep_ms=sleep_ms, times=times, raises=m["raise"] is not None)
     return armed
 
 
@@ -65,7 +75,7 @@ _armed = parse(os.environ.get(ENV, ""))
 
 
 async def reached(name: str) -> None:
-    """Act as ``name`` is armed to (wait forever, or pause); return at once if it is not."""
+    """Act as ``name`` is armed to (wait forever, pause, raise); return at once if it is not."""
     armed = _armed.get(name)
     if armed is None:
         return
@@ -73,6 +83,9 @@ async def reached(name: str) -> None:
         armed.times -= 1
         if armed.times == 0:
             del _armed[name]
+    if armed.raises:
+        log.warning("failpoint %s reached: raising", name)
+        raise FailpointError(f"failpoint {name} raised")
     if armed.sleep_ms is None:
         log.warning("failpoint %s reached: waiting to be killed", name)
         await asyncio.Event().wait()

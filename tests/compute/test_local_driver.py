@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
 import shutil
+import signal
 import socket
 from pathlib import Path
 
@@ -336,3 +338,55 @@ async def test_concurrent_create_timeline_calls_converge(driver: LocalComputeDri
         pgdata = driver.pgdata("proj-many", f"br-{i}")
         assert (pgdata / "PG_VERSION").is_file()
         assert not pgdata.with_name("pgdata.tmp").exists()
+
+
+def _working_in(pgdata: Path) -> list[int]:
+    """Live processes whose working directory is ``pgdata`` (a postmaster and its children)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if proc.name.isdigit() and os.readlink(proc / "cwd") == str(pgdata.resolve()):
+                state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state != "Z":
+                    found.append(int(proc.name))
+    return found
+
+
+async def test_a_killed_postmasters_busy_backend_does_not_block_its_restart(
+    driver: LocalComputeDriver, computes: Computes
+) -> None:
+    """A backend busy in a query does not notice its postmaster died (it looks only when it
+    waits), and keeps the old shared memory attached, which makes a new postmaster refuse to
+    start; the start ends it first."""
+    await new_timeline(driver, "proj-orphan", "br-main")
+    compute = spec(driver, "proj-orphan", "ep-orphan")
+    await computes.start(compute)
+    pgdata = driver.pgdata("proj-orphan", "br-main")
+    old = read_pid_file(pgdata)
+    assert old is not None
+    conn = await connect(compute.port)
+    busy = asyncio.ensure_future(
+        conn.execute(
+            "DO $$ BEGIN WHILE clock_timestamp() < now() + interval '60 s' LOOP END LOOP; END $$"
+        )
+    )
+    orphans: list[int] = []
+    try:
+        await asyncio.sleep(0.5)  # the loop is running
+        os.kill(old.pid, signal.SIGKILL)
+        await asyncio.sleep(0.5)
+        orphans = _working_in(pgdata)
+        assert orphans != []  # the busy backend outlived its postmaster
+        await computes.start(compute)
+        new = read_pid_file(pgdata)
+        assert new is not None and new.pid != old.pid
+        assert set(orphans) & set(_working_in(pgdata)) == set()
+        async with await connect(compute.port) as again:
+            assert await (await again.execute("SELECT 1")).fetchone() == (1,)
+    finally:
+        for orphan in orphans:  # never leave a spinning orphan behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(orphan, signal.SIGKILL)
+        with contextlib.suppress(psycopg.Error):
+            await busy
+        await conn.close()

@@ -26,6 +26,7 @@ import pytest
 
 from pgplane.store.sqlite.store import BUSY_SECONDS
 from tests.e2e.test_crash import assert_consistent, postmasters
+from tests.e2e.test_scale_to_zero import _wait_for
 from tests.support import Api, Server, running_server
 
 ENV = {"PGPLANE_RETRY_BASE_SECONDS": "0.2", "PGPLANE_SCHEDULER_SECONDS": "0.2"}
@@ -54,25 +55,139 @@ def _endpoint_port(server: Server, eid: str) -> int:
     return int(row[0])
 
 
-def test_a_killed_postmaster_is_started_again_by_the_next_connection(api: Api) -> None:
+class AckWriter(threading.Thread):
+    """A client inserting ids in autocommit through the proxy, reconnecting when cut off.
+
+    ``acked`` holds the ids whose INSERT returned: committed, so they must never be lost. An
+    INSERT cut off midway may or may not have committed; its id is never used again.
+    """
+
+    def __init__(self, uri: str) -> None:
+        super().__init__()
+        self.uri = uri
+        self.acked: list[int] = []
+        self.cut_off = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        n = 0
+        while not self.stop.is_set():
+            try:
+                with _connect(self.uri) as conn:
+                    while not self.stop.is_set():
+                        n += 1
+                        conn.execute("INSERT INTO acks VALUES (%s)", [n])
+                        self.acked.append(n)
+            except psycopg.OperationalError:
+                self.cut_off += 1
+
+    def wait_for(self, more: int) -> None:
+        """Until ``more`` further inserts were acknowledged (so the compute serves again)."""
+        mark = len(self.acked)
+        deadline = time.monotonic() + 120
+        while len(self.acked) < mark + more:
+            assert self.is_alive(), "the writer gave up"
+            assert time.monotonic() < deadline, f"no acknowledged insert since {mark}"
+            time.sleep(0.01)
+
+
+def _shm_segments() -> set[int]:
+    """The ids of the machine's System V shared memory segments (what ``ipcs -m`` lists)."""
+    lines = Path("/proc/sysvipc/shm").read_text().splitlines()[1:]
+    return {int(line.split()[1]) for line in lines}
+
+
+def _shmid(pgdata: Path) -> int:
+    """The System V segment of the postmaster serving ``pgdata`` (its pid file's 7th line)."""
+    return int((pgdata / "postmaster.pid").read_text().splitlines()[6].split()[1])
+
+
+def _dsm_files(postmaster: int) -> set[Path]:
+    """The POSIX dynamic shared memory a postmaster has mapped (``/dev/shm/PostgreSQL.*``)."""
+    maps = Path(f"/proc/{postmaster}/maps").read_text().splitlines()
+    return {Path(m.split()[-1]) for m in maps if "/PostgreSQL." in m}
+
+
+def _processes_in(pgdata: Path) -> dict[int, int]:
+    """Every process working in ``pgdata`` (a postmaster and all it forks chdir there): pid ->
+    parent pid."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):  # exited meanwhile, or not ours to read
+            if Path(os.readlink(proc / "cwd")) == pgdata:
+                stat = (proc / "stat").read_text()
+                found[int(proc.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    return found
+
+
+def _only_the_live_postmaster_and_its_children(pgdata: Path, postmaster: int) -> bool:
+    processes = _processes_in(pgdata)
+    return postmaster in processes and all(
+        postmaster in (pid, ppid) for pid, ppid in processes.items()
+    )
+
+
+ROUNDS = 10
+
+
+def test_a_postmaster_killed_under_load_is_started_again_and_loses_nothing(api: Api) -> None:
+    """Scenario F4: SIGKILL the postmaster under a writer, ten times; each time the next
+    connection starts it again (one start), no acknowledged insert is lost, and nothing of the
+    killed postmasters stays behind (processes, shared memory)."""
     server = api.server
     body = api.create_ready_project(name="killed")
     pid, branch_id = body["project"]["id"], body["branch"]["id"]
     uri = body["connection_uris"][0]["connection_uri"]
-    acknowledged: list[int] = []
+    pgdata = server.data_dir.resolve() / "projects" / pid / "branches" / branch_id / "pgdata"
     with _connect(uri) as conn:
         conn.execute("CREATE TABLE acks (id int PRIMARY KEY)")
-    for round_ in range(3):
-        with _connect(uri) as conn:
-            for i in range(200):
-                n = round_ * 1000 + i
-                conn.execute("INSERT INTO acks VALUES (%s)", [n])
-                acknowledged.append(n)  # committed: autocommit returned
-        os.kill(_postmaster_pid(server, pid, branch_id), signal.SIGKILL)
-        with _connect(uri) as conn:  # the proxy finds it gone and starts it again
-            ids = {r[0] for r in conn.execute("SELECT id FROM acks").fetchall()}
-        assert set(acknowledged) <= ids
+    starts_before = len(_starts(api, pid))
+    killed: list[tuple[int, int, set[Path]]] = []  # postmaster, its shm id, its DSM files
+
+    writer = AckWriter(uri)
+    writer.start()
+    try:
+        for _ in range(ROUNDS):
+            writer.wait_for(50)
+            postmaster = _postmaster_pid(server, pid, branch_id)
+            shmid = _shmid(pgdata)
+            killed.append((postmaster, shmid, _dsm_files(postmaster)))
+            cut_off = writer.cut_off
+            os.kill(postmaster, signal.SIGKILL)
+            # A backend busy in a query may serve a few more before it sees its postmaster
+            # gone; then the writer is cut off, and goes on through a compute started again.
+            _wait_for("the writer cut off", lambda: writer.cut_off > cut_off)  # noqa: B023
+            writer.wait_for(50)
+    finally:
+        writer.stop.set()
+        writer.join()
+
+    # Each kill cost exactly one start, and it finished.
+    starts = _starts(api, pid)
+    assert len(starts) == starts_before + ROUNDS, starts
+    assert {o["status"] for o in starts} == {"finished"}
+    with _connect(uri) as conn:
+        ids = {r[0] for r in conn.execute("SELECT id FROM acks").fetchall()}
+    assert set(writer.acked) <= ids
+
+    # Nothing of the killed postmasters is left: no orphan backend, no shared memory.
+    live = _postmaster_pid(server, pid, branch_id)
+    assert live not in {k[0] for k in killed}
+    _wait_for("no orphan backend", lambda: _only_the_live_postmaster_and_its_children(pgdata, live))
+    segments = _shm_segments()
+    assert _shmid(pgdata) in segments
+    assert [shmid for _, shmid, _ in killed if shmid in segments] == []
+    leaked = set().union(*(dsm for _, _, dsm in killed)) - _dsm_files(live)
+    assert [f for f in leaked if f.exists()] == []
     assert_consistent(server, api, pid)
+
+
+def _starts(api: Api, pid: str) -> list[dict[str, Any]]:
+    r = api.http.get(f"/projects/{pid}/operations", params={"limit": 1000})
+    assert r.status_code == 200, r.text
+    return [o for o in r.json()["operations"] if o["action"] == "start_compute"]
 
 
 def test_a_taken_port_moves_the_compute_and_the_squatter_gets_no_client(api: Api) -> None:

@@ -261,3 +261,34 @@ async def test_unknown_action_fails_at_once(store: SqliteStore) -> None:
     assert op.status is Status.FAILED
     assert op.failures_count == 1
     assert op.error == "no handler for action tenant_attach"
+
+
+async def test_a_hung_attempt_is_cancelled_at_its_time_limit_and_retried(
+    store: SqliteStore,
+) -> None:
+    pid = await _project(store)
+    cancelled: list[int] = []
+
+    async def hangs_once(ctx: Context, op: Operation) -> OnFinish | None:
+        if op.failures_count == 0:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                cancelled.append(op.failures_count)
+                raise
+        return None
+
+    async def hangs(ctx: Context, op: Operation) -> OnFinish | None:
+        await asyncio.Event().wait()
+        return None
+
+    # The lease is renewed all along (the worker is alive): only the time limit ends them.
+    handlers = {**ALL_NOOP, Action.CREATE_TIMELINE: hangs_once, Action.START_COMPUTE: hangs}
+    async with engine(store, handlers, attempt_timeout_seconds=0.2):
+        timeline, compute = await _settled(store, pid)
+    assert cancelled == [0]  # the hung attempt was cancelled, not left running beside the retry
+    assert timeline.status is Status.FINISHED
+    assert timeline.failures_count == 1
+    assert compute.status is Status.FAILED
+    assert compute.failures_count == 3
+    assert compute.error == "start_compute timed out after 0.2 s"

@@ -1,4 +1,5 @@
-"""Failpoint specs: a bare name waits to be killed, ``sleep(MS)`` pauses, ``N*`` counts."""
+"""Failpoint specs: a bare name waits to be killed, ``sleep(MS)`` pauses, ``raise`` raises,
+``N*`` counts."""
 
 from __future__ import annotations
 
@@ -31,3 +32,14 @@ async def test_a_counted_pause_acts_that_many_times(monkeypatch: pytest.MonkeyPa
     await failpoints.reached("not-armed")
     with pytest.raises(TimeoutError):  # a bare name never returns: it waits to be killed
         await asyncio.wait_for(failpoints.reached("w"), 0.05)
+
+
+async def test_a_raising_failpoint_raises_then_goes_quiet(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(failpoints, "_armed", failpoints.parse("always=raise,twice=2*raise"))
+    for _ in range(3):
+        with pytest.raises(failpoints.FailpointError, match="failpoint always raised"):
+            await failpoints.reached("always")
+    for _ in range(2):
+        with pytest.raises(failpoints.FailpointError):
+            await failpoints.reached("twice")
+    await failpoints.reached("twice")  # off after its two times

@@ -182,7 +182,8 @@ class ComputeDriver(Protocol):
 
     async def last_activity(self, spec: ComputeSpec) -> float | None:
         """When a client last used the running compute (epoch seconds), as Postgres sees it;
-        None when it has no client or is not running."""
+        None when it has no client or is not running; ComputeError when it runs but cannot be
+        asked."""
         ...
 
     async def detach_tenant(self, *, project_id: str) -> None:

@@ -4,7 +4,8 @@ One dispatcher per process runs up to ``settings.workers`` attempts at once. Cla
 compare-and-set in the store, so several processes (or replicas of the control plane later) can
 run dispatchers against one store without running an attempt twice. A worker that dies leaves a
 ``running`` operation whose lease expires; the next dispatcher to look claims it again and counts
-the abandoned attempt as a failure.
+the abandoned attempt as a failure. An attempt that hangs (its worker alive, its handler never
+returning) is cancelled after ``attempt_timeout_seconds`` and counted as a failure the same way.
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ log = logging.getLogger(__name__)
 
 _US = 1_000_000
 _RECORD_PAUSE_CAP = 2.0  # seconds between tries to record an outcome while the store is down
+
+
+class AttemptTimedOut(Exception):
+    """An attempt ran past ``attempt_timeout_seconds`` and was cancelled; it is retried."""
 
 
 class Engine:
@@ -161,13 +166,21 @@ class Engine:
             op.project_id,
             op.failures_count + 1,
         )
+        limit = self._settings.attempt_timeout_seconds
+        timer = asyncio.timeout(limit if limit > 0 else None)
         try:
-            await failpoints.reached(f"before:{op.action}")
-            on_finish = await self._handler_for(op)(self._context, op)
-            await failpoints.reached(f"after:{op.action}")
+            async with timer:
+                await failpoints.reached(f"before:{op.action}")
+                on_finish = await self._handler_for(op)(self._context, op)
+                await failpoints.reached(f"after:{op.action}")
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            if isinstance(exc, TimeoutError) and timer.expired():
+                # Cancelled, not merely abandoned: handlers clean up on cancellation (a half
+                # started postmaster is stopped, a copy thread is told to stop and waited for),
+                # so the retry does not race what this attempt left running.
+                exc = AttemptTimedOut(f"{op.action} timed out after {limit:g} s")
             await self._record_failure(op, started, exc)
             return
         now = clock.now_us()
@@ -202,7 +215,7 @@ class Engine:
         return handler
 
     async def _record_failure(self, op: Operation, started: int, exc: Exception) -> None:
-        if isinstance(exc, ComputeError | PgplaneError | PermanentError):
+        if isinstance(exc, ComputeError | PgplaneError | PermanentError | AttemptTimedOut):
             reason = str(exc)
             log.warning("operation %s %s failed: %s", op.id, op.action, reason)
         else:

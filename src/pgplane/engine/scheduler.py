@@ -9,7 +9,6 @@ branches with a compute and ``tenant_detach`` for projects idle past ``detach_af
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from pgplane.compute.driver import ComputeDriver
@@ -48,6 +47,8 @@ class Scheduler:
         self._activity = activity
         self._next_checks = 0.0
         self._next_detach = 0.0
+        # Endpoints whose compute could not be asked for its activity (warned about once).
+        self._unaskable: set[str] = set()
 
     async def run(self) -> None:
         while True:
@@ -105,8 +106,18 @@ class Scheduler:
             idle_before = now - timeout
             if max(endpoint.last_active or 0, endpoint.started_at or 0) >= idle_before:
                 continue
-            # The proxy saw no use; ask the compute too (clients may connect to it directly).
-            seen = await self._compute_activity(endpoint)
+            # The proxy saw no use; ask the compute too (clients may connect to it directly, and
+            # a session idle in a transaction or waiting on a long query sends nothing).
+            try:
+                seen = await self._compute_activity(endpoint)
+            except Exception as exc:
+                # Unknown is not idle: a compute too loaded to answer may be the busiest one.
+                # Suspending it would cut its sessions; look again next tick instead.
+                if endpoint.id not in self._unaskable:
+                    self._unaskable.add(endpoint.id)
+                    log.warning("endpoint %s not suspended: %s", endpoint.id, exc)
+                continue
+            self._unaskable.discard(endpoint.id)
             if seen is not None and seen >= idle_before:
                 async with self._store.write() as tx:
                     await tx.record_endpoint_activity([(endpoint.id, seen)])
@@ -121,15 +132,13 @@ class Scheduler:
         return started
 
     async def _compute_activity(self, endpoint: Endpoint) -> int | None:
+        """The compute's own last activity; raises when it runs but cannot be asked."""
         async with self._store.read() as tx:
             project = await tx.get_project_by_id(endpoint.project_id)
         if project is None:
             return None
-        with contextlib.suppress(Exception):
-            seen = await self._driver.last_activity(compute_spec(project, endpoint))
-            return None if seen is None else int(seen * _US)
-        log.warning("could not ask endpoint %s for its activity", endpoint.id)
-        return None
+        seen = await self._driver.last_activity(compute_spec(project, endpoint))
+        return None if seen is None else int(seen * _US)
 
     async def _check_availability(self, live: list[Endpoint], now: int) -> int:
         interval = int(self._settings.availability_check_seconds * _US)

@@ -214,7 +214,8 @@ async def last_client_activity(socket_dir: Path, port: int) -> float | None:
     """When a client backend last did something, as the compute sees it (epoch seconds).
 
     A query running or a transaction open counts as now; otherwise the latest moment a client
-    went idle. None when no client is connected (or the compute cannot be asked).
+    went idle. None when no client is connected; ComputeError when the compute cannot be asked,
+    which is not the same as idle (a compute too busy to answer is the opposite).
     """
     try:
         async with await psycopg.AsyncConnection.connect(
@@ -228,8 +229,8 @@ async def last_client_activity(socket_dir: Path, port: int) -> float | None:
                 (ADMIN_USER,),
             )
             row = await cur.fetchone()
-    except psycopg.Error:
-        return None
+    except psycopg.Error as exc:
+        raise ComputeError(f"could not ask the compute what runs on it: {exc}") from exc
     if row is None or row[0] is None:
         return None
     busy, last, now = row

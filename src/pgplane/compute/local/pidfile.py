@@ -74,6 +74,31 @@ def is_postmaster_of(pid: int, pgdata: Path) -> bool:
     return cwd == os.path.realpath(pgdata) and Path(exe).name.startswith("postgres")
 
 
+def processes_in(pgdata: Path) -> list[int]:
+    """Every live postgres process working in ``pgdata``: its postmaster and all it forked.
+
+    A postmaster chdirs into its data directory and its children inherit that; the working
+    directory (not the process group: each child makes itself a group leader) is what ties a
+    backend to its data directory after its postmaster is gone. Empty without /proc.
+    """
+    if not _HAS_PROC:
+        return []
+    found = []
+    target = os.path.realpath(pgdata)
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if os.readlink(proc / "cwd") != target:
+                continue
+            exe = os.readlink(proc / "exe").removesuffix(" (deleted)")
+        except OSError:
+            continue  # exited meanwhile, or not ours to read
+        if Path(exe).name.startswith("postgres") and alive(int(proc.name)):
+            found.append(int(proc.name))
+    return found
+
+
 def command_line(pid: int) -> list[str] | None:
     """The postmaster's arguments (it never rewrites its own process title), if readable."""
     try:

@@ -23,7 +23,13 @@ from psycopg.conninfo import make_conninfo
 
 from pgplane.compute.driver import ComputeError, InvalidSettings
 from pgplane.compute.local.binaries import PgInstall
-from pgplane.compute.local.pidfile import PidFile, alive, is_postmaster_of, read_pid_file
+from pgplane.compute.local.pidfile import (
+    PidFile,
+    alive,
+    is_postmaster_of,
+    processes_in,
+    read_pid_file,
+)
 from pgplane.compute.local.user import RunAs, postgres_env
 
 log = logging.getLogger(__name__)
@@ -193,6 +199,7 @@ class Postmasters:
             # backend of another compute, say) makes Postgres refuse to start. As patroni does,
             # tell it that pid is safe to ignore rather than unlink the file (unlink races).
             env["PG_GRANDPARENT_PID"] = str(stale.pid)
+        await self._end_leftovers(pgdata)
         child = await asyncio.to_thread(_spawn, argv, run_as, log_path, env)
         self._children[pgdata] = child
         try:
@@ -220,9 +227,33 @@ class Postmasters:
         for sig, time_limit in _STOP_STEPS:
             _signal(pid, sig)
             if await self._wait_gone(pgdata, pid, time_limit):
+                if sig == signal.SIGKILL:  # it could not tell its backends to go
+                    await self._end_leftovers(pgdata)
                 return True
             log.warning("postmaster %d on %s still running after %s", pid, pgdata, sig.name)
         raise ComputeError(f"postmaster {pid} on {pgdata} survived SIGKILL")
+
+    async def _end_leftovers(self, pgdata: Path) -> None:
+        """SIGKILL what a dead postmaster left running in ``pgdata``; no postmaster serves it.
+
+        A backend notices its postmaster died only when it waits (for its client, a lock): one
+        busy in a query runs on, still attached to the old shared memory, and a new postmaster
+        refuses to start beside it ("pre-existing shared memory block is still in use") until
+        that query ends. Postgres itself ends every backend once one dies uncleanly; these are
+        past saving too, and their open transactions are rolled back by the recovery.
+        """
+        leftovers = await asyncio.to_thread(processes_in, pgdata)
+        if not leftovers:
+            return
+        log.warning("ending processes %s left on %s by a dead postmaster", leftovers, pgdata)
+        for pid in leftovers:
+            _signal(pid, signal.SIGKILL)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _STOP_STEPS[-1][1]
+        while any(alive(pid) for pid in leftovers):
+            if loop.time() >= deadline:
+                raise ComputeError(f"processes {leftovers} on {pgdata} survived SIGKILL")
+            await asyncio.sleep(_POLL)
 
     async def _wait_gone(self, pgdata: Path, pid: int, time_limit: float) -> bool:
         loop = asyncio.get_running_loop()
@@ -258,12 +289,7 @@ def _spawn(argv: Sequence[str], run_as: RunAs, log_path: Path, env: dict[str, st
 
 def _signal(pid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError):
-        if sig == signal.SIGKILL and os.getpgid(pid) == pid:
-            # The postmaster leads its own process group: take its backends down with it,
-            # since a killed postmaster cannot tell them to exit.
-            os.killpg(pid, sig)
-        else:
-            os.kill(pid, sig)
+        os.kill(pid, sig)
 
 
 async def wait_ready(
