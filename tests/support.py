@@ -188,7 +188,14 @@ def running_server(
     finally:
         server.stop()
         stop_postmasters(data_dir)
-        shutil.rmtree(data_dir, ignore_errors=True)
+        remove_in_background(data_dir)
+
+
+def remove_in_background(path: Path) -> None:
+    """``rm -rf`` left running on its own: a fuzzed server's data directory holds a hundred
+    clusters (~130,000 files, measured 31 s of unlinks here) that the next test need not wait
+    for. The shell exits at once, so no child of ours is left to reap."""
+    subprocess.run(["sh", "-c", 'rm -rf -- "$1" >/dev/null 2>&1 &', "sh", str(path)], check=True)
 
 
 class Api:

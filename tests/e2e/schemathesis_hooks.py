@@ -70,9 +70,12 @@ def before_call(ctx: schemathesis.HookContext, case: schemathesis.Case, kwargs: 
                 parameters[name] = victim
         if str(parameters.get("key_id")) == str(_SEEDS.get("own_key_id")):
             parameters["key_id"] = _fresh_key()
-    if _SEEDS.get("victims") and isinstance(case.body, dict):
+    if isinstance(case.body, dict):
         operation = ctx.operation.definition.raw.get("operationId") if ctx.operation else None
-        _seed_body(operation, case.body)
+        if _SEEDS.get("victims"):
+            _seed_body(operation, case.body, parameters or {})
+        elif operation == "createProjectEndpoint":  # sequences: the project a link created
+            _own_branch(case.body.get("endpoint"), parameters or {})
 
 
 def _valid_cu(value: Any) -> bool:
@@ -96,7 +99,24 @@ def _order_cu(settings: Any) -> None:
         settings["autoscaling_limit_max_cu"] = low
 
 
-def _seed_body(operation_id: str | None, body: dict[str, Any]) -> None:
+def _own_branch(endpoint: Any, parameters: dict[str, Any]) -> None:
+    """A new compute of a project the run made itself (a link's) goes on one of that project's
+    branches, found through the API: any other id is a 404 for the branch, which schemathesis
+    takes for the just-created project's (ST302)."""
+    branch = endpoint.get("branch_id") if isinstance(endpoint, dict) else None
+    if not (isinstance(branch, str) and 1 <= len(branch) <= 60):
+        return
+    r = httpx.get(
+        f"{_SEEDS['base_url']}/projects/{parameters.get('project_id')}/branches",
+        headers={"Authorization": f"Bearer {_SEEDS['key']}"},
+        timeout=30,
+    )
+    branches = r.json().get("branches") if r.status_code == 200 else None
+    if branches:
+        endpoint["branch_id"] = branches[0]["id"]
+
+
+def _seed_body(operation_id: str | None, body: dict[str, Any], parameters: dict[str, Any]) -> None:
     """Values a request needs to reach past the checks the document cannot state: a database's
     owner is a seeded role, a new compute goes on a branch without one, a compute stays on its
     branch, compute units are in order. Only a value the document allows is replaced, so a case
@@ -111,8 +131,13 @@ def _seed_body(operation_id: str | None, body: dict[str, Any]) -> None:
     ):
         branch = endpoint.get("branch_id")
         if isinstance(branch, str) and 1 <= len(branch) <= 60:
-            if operation_id == "createProjectEndpoint":
+            seeded = str(parameters.get("project_id")) == str(
+                _SEEDS.get("parameters", {}).get("project_id")
+            )
+            if operation_id == "createProjectEndpoint" and seeded:
                 endpoint["branch_id"] = next(_BARE_BRANCHES) or branch
+            elif operation_id == "createProjectEndpoint":
+                _own_branch(endpoint, parameters)
             else:
                 endpoint["branch_id"] = _SEEDS.get("parameters", {}).get("branch_id", branch)
         _order_cu(endpoint)
