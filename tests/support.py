@@ -24,6 +24,10 @@ from typing import Any
 
 import httpx
 
+from pgplane.core import ids
+from pgplane.core.models import Operation
+from pgplane.core.operations import Action, Status
+
 PGPLANE = [sys.executable, "-m", "pgplane"]
 
 
@@ -257,3 +261,21 @@ async def no_pg_settings(*, pg_version: int, settings: Mapping[str, str]) -> Non
     """The settings check for services driven without a compute driver, creating endpoints that
     set no pg_settings."""
     assert not settings
+
+
+def finished_operation(project_id: str, created_at: int) -> Operation:
+    """A finished operation made outside the engine, for tests of paging and ordering."""
+    return Operation(
+        id=ids.new_operation_id(),
+        project_id=project_id,
+        branch_id=None,
+        endpoint_id=None,
+        action=Action.APPLY_STORAGE_CONFIG,
+        status=Status.FINISHED,
+        failures_count=0,
+        error=None,
+        retry_at=None,
+        created_at=created_at,
+        updated_at=created_at,
+        total_duration_ms=0,
+    )

@@ -23,12 +23,10 @@ from typing import Any
 import httpx
 import psycopg
 
-from pgplane.core import clock, ids
-from pgplane.core.models import Operation
-from pgplane.core.operations import Action, Status
+from pgplane.core import clock
 from pgplane.store.sqlite import SqliteStore
 from tests.e2e.test_crash import assert_consistent
-from tests.support import Api, Server, running_server
+from tests.support import Api, Server, finished_operation, running_server
 
 Call = tuple[str, str, dict[str, Any] | None]
 
@@ -240,29 +238,12 @@ def test_one_name_asked_for_by_many_at_once_is_given_once(api: Api) -> None:
 # -- C7: exact pages under ties and concurrent inserts ------------------------------------------
 
 
-def _finished_op(project_id: str, created_at: int) -> Operation:
-    return Operation(
-        id=ids.new_operation_id(),
-        project_id=project_id,
-        branch_id=None,
-        endpoint_id=None,
-        action=Action.APPLY_STORAGE_CONFIG,
-        status=Status.FINISHED,
-        failures_count=0,
-        error=None,
-        retry_at=None,
-        created_at=created_at,
-        updated_at=created_at,
-        total_duration_ms=0,
-    )
-
-
 async def _insert_tied(server: Server, project_id: str, count: int, at: int) -> None:
     """``count`` operations created in one store transaction, all at the instant ``at``."""
     store = SqliteStore(server.data_dir / "pgplane.db")
     try:
         async with store.write() as tx:
-            await tx.insert_operations([_finished_op(project_id, at) for _ in range(count)])
+            await tx.insert_operations([finished_operation(project_id, at) for _ in range(count)])
     finally:
         await store.close()
 

@@ -18,14 +18,13 @@ import pytest
 
 from pgplane.config import Settings
 from pgplane.core import clock, ids
-from pgplane.core.models import Branch, Endpoint, Operation, Role
-from pgplane.core.operations import Action, Status
+from pgplane.core.models import Branch, Endpoint, Role
 from pgplane.errors import AlreadyExists, Conflict
 from pgplane.services import accounts, projects
 from pgplane.services.projects import CreatedProject
 from pgplane.store.sqlite import SqliteStore
 from pgplane.store.sqlite.migrate import migrate
-from tests.support import no_pg_settings
+from tests.support import finished_operation, no_pg_settings
 
 
 @pytest.fixture
@@ -204,23 +203,6 @@ async def test_two_writers_racing_for_one_name_leave_one_row(tmp_path: Path) -> 
 # -- operation pages ----------------------------------------------------------------------------
 
 
-def _op(project_id: str, created_at: int) -> Operation:
-    return Operation(
-        id=ids.new_operation_id(),
-        project_id=project_id,
-        branch_id=None,
-        endpoint_id=None,
-        action=Action.APPLY_STORAGE_CONFIG,
-        status=Status.FINISHED,
-        failures_count=0,
-        error=None,
-        retry_at=None,
-        created_at=created_at,
-        updated_at=created_at,
-        total_duration_ms=0,
-    )
-
-
 async def _pages(store: SqliteStore, project_id: str, limit: int) -> list[str]:
     seen: list[str] = []
     before = None
@@ -242,9 +224,11 @@ async def test_operations_with_one_timestamp_are_stored_apart_and_paged_exactly(
     # Five in one transaction, all at the project's latest instant (a clock that did not move);
     # then three from a clock that went back.
     async with store.write() as tx:
-        tied = await tx.insert_operations([_op(pid, latest) for _ in range(5)])
+        tied = await tx.insert_operations([finished_operation(pid, latest) for _ in range(5)])
     async with store.write() as tx:
-        earlier = await tx.insert_operations([_op(pid, latest - 1_000_000) for _ in range(3)])
+        earlier = await tx.insert_operations(
+            [finished_operation(pid, latest - 1_000_000) for _ in range(3)]
+        )
     stamps = [o.created_at for o in [*created.operations, *tied, *earlier]]
     assert stamps == sorted(set(stamps))  # unique, and in the order they were written
 
