@@ -279,3 +279,23 @@ def finished_operation(project_id: str, created_at: int) -> Operation:
         updated_at=created_at,
         total_duration_ms=0,
     )
+
+
+def path_parameters(
+    project: dict[str, Any],
+    *,
+    key_id: int | str,
+    role: str = "neondb_owner",
+    database: str = "neondb",
+) -> dict[str, Any]:
+    """Values for every path parameter of the API document, naming a created project's objects
+    (``project`` as POST /projects answered)."""
+    return {
+        "project_id": project["project"]["id"],
+        "branch_id": project["branch"]["id"],
+        "endpoint_id": project["endpoints"][0]["id"],
+        "operation_id": project["operations"][0]["id"],
+        "key_id": key_id,
+        "role_name": role,
+        "database_name": database,
+    }

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from pgplane.config import Settings
-from tests.support import Api, Server, make_data_dir, running_server
+from tests.support import Api, Server, make_data_dir, path_parameters, running_server
 
 MAX_BODY = Settings().max_body_bytes
 
@@ -402,15 +402,7 @@ def test_hostile_path_ids_stay_inside_the_data_directory(
     with Api(server, key) as api:
         project = api.create_ready_project(name="walled")
         pid, bid = project["project"]["id"], project["branch"]["id"]
-        real = {
-            "project_id": pid,
-            "branch_id": bid,
-            "endpoint_id": project["endpoints"][0]["id"],
-            "operation_id": project["operations"][0]["id"],
-            "key_id": "1",
-            "role_name": "neondb_owner",
-            "database_name": "neondb",
-        }
+        real = path_parameters(project, key_id="1")
         doc = httpx.get(f"{server.base_url}/openapi.json").json()
         outside = sorted(p.name for p in outer.iterdir())
         canary = _tree(outer / "canary")

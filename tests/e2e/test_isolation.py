@@ -24,7 +24,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgplane.core import ids
-from tests.support import Api, Server
+from tests.support import Api, Server, path_parameters
 
 ID_PARAMS = ("project_id", "branch_id", "endpoint_id", "operation_id", "key_id")
 # Actions only the platform starts (scheduler, proxy, reconciliation); no request may create one.
@@ -134,18 +134,6 @@ class World:
     b_second_key: str
 
 
-def _ids(project: dict[str, Any], key_id: int, role: str, database: str) -> dict[str, Any]:
-    return {
-        "project_id": project["project"]["id"],
-        "branch_id": project["branch"]["id"],
-        "endpoint_id": project["endpoints"][0]["id"],
-        "operation_id": project["operations"][0]["id"],
-        "key_id": key_id,
-        "role_name": role,
-        "database_name": database,
-    }
-
-
 @pytest.fixture
 def world(api: Api, other_api: Api) -> World:
     # Computes never suspend on their own here, so nothing but a request could change them.
@@ -169,9 +157,9 @@ def world(api: Api, other_api: Api) -> World:
         a=api,
         b=other_api,
         pb=pb,
-        b_ids=_ids(pb, second["id"], "b_role", "b_db"),
-        p1_ids=_ids(p1, 0, "neondb_owner", "neondb"),
-        p2_ids=_ids(p2, 0, "neondb_owner", "neondb"),
+        b_ids=path_parameters(pb, key_id=second["id"], role="b_role", database="b_db"),
+        p1_ids=path_parameters(p1, key_id=0),
+        p2_ids=path_parameters(p2, key_id=0),
         b_account=me["id"],
         b_email=me["email"],
         b_key_ids=[k["id"] for k in other_api.http.get("/api_keys").json()],

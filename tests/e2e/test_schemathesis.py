@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import assert_operations_settled
-from tests.support import Api, Server, running_server
+from tests.support import Api, Server, path_parameters, running_server
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMATHESIS = str(Path(sys.executable).parent / "schemathesis")
@@ -89,15 +89,8 @@ def seed(fuzzed: Server) -> dict[str, Any]:
         "key": key,
         "own_key_id": key_id,
         "bare_branches": bare,
-        "parameters": {
-            "project_id": pid,
-            "branch_id": bid,
-            "endpoint_id": project["endpoints"][0]["id"],
-            "operation_id": project["operations"][0]["id"],
-            "role_name": "neondb_owner",
-            "database_name": "neondb",
-            "key_id": doomed_key,  # never the key the run authenticates with
-        },
+        # The key id is never the key the run authenticates with.
+        "parameters": path_parameters(project, key_id=doomed_key),
         "victims": {
             f"DELETE {base}": {"project_id": doomed["project"]["id"]},
             f"DELETE {base}/branches/{{branch_id}}": {"branch_id": doomed_branch["branch"]["id"]},

@@ -38,26 +38,19 @@ Identifier = Annotated[
         extra_json_schema=_documented(pattern=names.IDENTIFIER_PATTERN),
     ),
 ]
-RoleName = Annotated[
-    str,
-    Meta(
+
+
+def _identifier_but(reserved: str) -> Meta:
+    """An Identifier that is not one of the names the platform keeps for itself."""
+    return Meta(
         min_length=1,
         max_length=63,
-        extra_json_schema=_documented(
-            pattern=names.IDENTIFIER_PATTERN, schema_not=_not(names.RESERVED_ROLE_PATTERN)
-        ),
-    ),
-]
-DatabaseName = Annotated[
-    str,
-    Meta(
-        min_length=1,
-        max_length=63,
-        extra_json_schema=_documented(
-            pattern=names.IDENTIFIER_PATTERN, schema_not=_not(names.RESERVED_DATABASE_PATTERN)
-        ),
-    ),
-]
+        extra_json_schema=_documented(pattern=names.IDENTIFIER_PATTERN, schema_not=_not(reserved)),
+    )
+
+
+RoleName = Annotated[str, _identifier_but(names.RESERVED_ROLE_PATTERN)]
+DatabaseName = Annotated[str, _identifier_but(names.RESERVED_DATABASE_PATTERN)]
 # Postgres settings a compute takes (services/endpoints.py decides which).
 PgSettings = Annotated[
     dict[str, str],

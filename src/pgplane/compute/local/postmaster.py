@@ -30,7 +30,7 @@ from pgplane.compute.local.pidfile import (
     processes_in,
     read_pid_file,
 )
-from pgplane.compute.local.user import RunAs, postgres_env
+from pgplane.compute.local.user import C_LOCALE, RunAs, postgres_env
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,6 @@ def check_settings(settings: Mapping[str, str]) -> dict[str, str]:
 
 # Postgres' own words in what it prints to stderr before exiting: "FATAL:  invalid value ...".
 _FATAL = re.compile(r"FATAL:\s+(.+)")
-_C_LOCALE = {"LC_ALL": "C", "LANG": "C", "LANGUAGE": ""}
 _CHECK_TIME_LIMIT = 30.0
 
 
@@ -98,7 +97,7 @@ async def validate_settings(
     argv += ["-D", config_dir]
     for name, value in checked.items():
         argv += ["-c", f"{name}={value}"]
-    done = await run_as.completed(argv, time_limit=_CHECK_TIME_LIMIT, env=_C_LOCALE)
+    done = await run_as.completed(argv, time_limit=_CHECK_TIME_LIMIT, env=C_LOCALE)
     if done.returncode != 0:
         err = done.stderr.decode(errors="replace")
         found = _FATAL.search(err)
@@ -199,7 +198,10 @@ class Postmasters:
             # backend of another compute, say) makes Postgres refuse to start. As patroni does,
             # tell it that pid is safe to ignore rather than unlink the file (unlink races).
             env["PG_GRANDPARENT_PID"] = str(stale.pid)
-        await self._end_leftovers(pgdata)
+        if stale is not None:
+            # A postmaster that died uncleanly left its pid file (a clean stop removes it): only
+            # then can backends outlive it, so only then is /proc scanned (on the wake path).
+            await self._end_leftovers(pgdata)
         child = await asyncio.to_thread(_spawn, argv, run_as, log_path, env)
         self._children[pgdata] = child
         try:

@@ -113,6 +113,10 @@ class RunAs:
             raise ComputeError(f"{os.fspath(argv[0])} timed out after {time_limit:.0f} s") from None
 
 
+# For a tool whose output we parse (pg_controldata, postgres -C): English, whatever the machine's.
+C_LOCALE = {"LC_ALL": "C", "LANG": "C", "LANGUAGE": ""}
+
+
 def postgres_env() -> dict[str, str]:
     """Our environment without libpq/Postgres variables (PGDATA, PGPORT, ...) that would leak in."""
     return {k: v for k, v in os.environ.items() if not k.startswith("PG")}

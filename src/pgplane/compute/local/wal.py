@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pgplane.compute.driver import ComputeError
 from pgplane.compute.local.binaries import PgInstall
-from pgplane.compute.local.user import RunAs
+from pgplane.compute.local.user import C_LOCALE, RunAs
 
 _SEGMENT = re.compile(r"[0-9A-F]{24}")
 _HISTORY = re.compile(r"[0-9A-F]{8}\.history")
@@ -25,8 +25,6 @@ _CONTROLDATA_TIMEOUT = 30.0
 # A checkpoint record is ~120 bytes, plus a page header if it crosses a page: one starting this
 # close to the end of a segment may end in the next one.
 _CHECKPOINT_RECORD_MAX = 512
-# pg_controldata translates its labels: ask for the C locale's, which are parsed below.
-_C_LOCALE = {"LC_ALL": "C", "LANG": "C", "LANGUAGE": ""}
 
 
 def parse_lsn(text: str) -> int:
@@ -83,7 +81,8 @@ async def read_control_data(install: PgInstall, run_as: RunAs, pgdata: Path) -> 
     binary = install.bin_dir / "pg_controldata"
     if not binary.is_file():
         raise ComputeError(f"{binary} is missing: it reads a stopped branch's control file")
-    out = await run_as.run([binary, "-D", pgdata], time_limit=_CONTROLDATA_TIMEOUT, env=_C_LOCALE)
+    # pg_controldata translates its labels: the C locale's are the ones parsed below.
+    out = await run_as.run([binary, "-D", pgdata], time_limit=_CONTROLDATA_TIMEOUT, env=C_LOCALE)
     return parse_control_data(out)
 
 
