@@ -45,12 +45,15 @@ def test_two_hundred_pollers_and_branch_churn() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_two_hundred_pollers_and_branch_churn_for_five_minutes() -> None:
     _stress(seconds=300)
 
 
 @pytest.mark.parametrize(
-    "seconds", [10, pytest.param(300, marks=pytest.mark.slow)], ids=lambda s: f"{s}s"
+    "seconds",
+    [10, pytest.param(300, marks=[pytest.mark.slow, pytest.mark.timeout(1800)])],
+    ids=lambda s: f"{s}s",
 )
 def test_c5_two_hundred_keys_polling_at_the_default_rate_limits(seconds: float) -> None:
     with c5_platform() as (server, api, watches):

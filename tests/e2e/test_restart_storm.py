@@ -228,7 +228,9 @@ def _cycle(api: Api, pid: str, eid: str, n: int) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "cycles", [20, pytest.param(200, marks=pytest.mark.slow)], ids=lambda n: f"{n}-cycles"
+    "cycles",
+    [20, pytest.param(200, marks=[pytest.mark.slow, pytest.mark.timeout(3600)])],
+    ids=lambda n: f"{n}-cycles",
 )
 def test_restart_storm_under_inserts(cycles: int) -> None:
     with running_server(**ENV) as server:

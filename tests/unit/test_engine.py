@@ -292,3 +292,22 @@ async def test_a_hung_attempt_is_cancelled_at_its_time_limit_and_retried(
     assert compute.status is Status.FAILED
     assert compute.failures_count == 3
     assert compute.error == "start_compute timed out after 0.2 s"
+
+
+@pytest.mark.parametrize("turns", range(6))
+async def test_the_engine_stops_when_cancelled_in_the_turn_it_is_woken(
+    store: SqliteStore, turns: int
+) -> None:
+    # The dispatcher once waited for its wake-up with 3.11's wait_for, which dropped a
+    # cancellation arriving with the wake-up: the loop ran on and shutdown hung (seen in CI).
+    eng = Engine(
+        store=store, driver=cast(ComputeDriver, object()), settings=Settings(**FAST), handlers={}
+    )
+    task = asyncio.create_task(eng.run())
+    await asyncio.sleep(0.05)  # idle, waiting to be woken
+    eng.wake()
+    for _ in range(turns):
+        await asyncio.sleep(0)
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=10)  # a guard against a hang, not a timing
+    assert done and task.cancelled()

@@ -11,7 +11,6 @@ returning) is cancelled after ``attempt_timeout_seconds`` and counted as a failu
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -23,7 +22,7 @@ import msgspec
 from pgplane import failpoints
 from pgplane.compute.driver import ComputeDriver, ComputeError
 from pgplane.config import Settings
-from pgplane.core import clock
+from pgplane.core import aio, clock
 from pgplane.core.models import Operation
 from pgplane.core.operations import Action, RetryPolicy, Status, check_transition, claimable
 from pgplane.engine.handlers import HANDLERS, Context, Handler, PermanentError
@@ -88,8 +87,7 @@ class Engine:
                         )
                     if op is None or op.status.settled:
                         return op
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(event.wait(), 0.25)
+                    await aio.wait_event(event, 0.25)
         finally:
             event, waiters = self._watched[operation_id]
             if waiters > 1:
@@ -115,8 +113,7 @@ class Engine:
                     log.warning("operations dispatcher waits for the store: %s", exc.message)
                 except Exception:
                     log.exception("operations dispatcher failed; continuing")
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self._settings.poll_seconds)
+                await aio.wait_event(self._wake, self._settings.poll_seconds)
                 self._wake.clear()
         finally:
             for task in list(self._running.values()):

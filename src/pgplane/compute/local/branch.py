@@ -153,9 +153,8 @@ async def _copy_online(
         raise ComputeError(f"the postmaster of {parent} is still starting; try again")
     conninfo = admin_conninfo(Path(running.socket_dir), running.port)
     try:
-        conn = await asyncio.wait_for(
-            psycopg.AsyncConnection.connect(conninfo, autocommit=True), _SQL_TIMEOUT
-        )
+        async with asyncio.timeout(_SQL_TIMEOUT):
+            conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
     except (psycopg.Error, TimeoutError) as exc:
         raise ComputeError(f"connecting to the postmaster of {parent}: {exc}") from exc
     async with conn:
@@ -280,8 +279,9 @@ async def _one(
     params: tuple[object, ...],
 ) -> tuple[Any, ...]:
     try:
-        cur = await asyncio.wait_for(conn.execute(query, params), _SQL_TIMEOUT)
-        row = await cur.fetchone()
+        async with asyncio.timeout(_SQL_TIMEOUT):
+            cur = await conn.execute(query, params)
+            row = await cur.fetchone()
     except (psycopg.Error, TimeoutError) as exc:
         raise ComputeError(f"online copy failed: {exc}") from exc
     if row is None:

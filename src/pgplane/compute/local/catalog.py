@@ -55,7 +55,8 @@ async def apply_change(socket_dir: Path, port: int, change: ConfigChange) -> Non
     """Converge the cluster behind ``socket_dir``/``port`` with ``change``."""
     conninfo = admin_conninfo(socket_dir, port)
     try:
-        await asyncio.wait_for(_apply(conninfo, change), _SQL_TIMEOUT)
+        async with asyncio.timeout(_SQL_TIMEOUT):
+            await _apply(conninfo, change)
     except TimeoutError:
         raise ComputeError("applying roles and databases timed out") from None
     except psycopg.Error as exc:

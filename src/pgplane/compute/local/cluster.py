@@ -115,7 +115,8 @@ async def create_roles_and_databases(
 ) -> None:
     """Run the CREATE ROLE / CREATE DATABASE statements as cloud_admin over the unix socket."""
     try:
-        await asyncio.wait_for(_create(socket_dir, port, roles, databases), _SQL_TIMEOUT)
+        async with asyncio.timeout(_SQL_TIMEOUT):
+            await _create(socket_dir, port, roles, databases)
     except TimeoutError:
         raise ComputeError("creating roles and databases timed out") from None
 

@@ -313,7 +313,8 @@ async def wait_ready(
     conninfo = admin_conninfo(socket_dir, port)
     while True:
         try:
-            conn = await asyncio.wait_for(psycopg.AsyncConnection.connect(conninfo), 10.0)
+            async with asyncio.timeout(10.0):
+                conn = await psycopg.AsyncConnection.connect(conninfo)
         except (psycopg.OperationalError, TimeoutError) as exc:
             last_error: Exception = exc
         else:
