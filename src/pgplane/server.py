@@ -16,6 +16,7 @@ import logging
 import uvicorn
 
 from pgplane.api import create_app
+from pgplane.api.health import Readiness
 from pgplane.api.http import HttpProtocol
 from pgplane.compute.local import LocalComputeDriver, LocalDriverConfig
 from pgplane.config import Settings
@@ -87,8 +88,13 @@ async def serve(settings: Settings) -> None:
     scheduler = Scheduler(
         store=store, engine=engine, driver=driver, settings=settings, activity=activity
     )
+    readiness = Readiness(store)
     app = create_app(
-        store=store, settings=settings, check_settings=driver.check_settings, notify=engine.wake
+        store=store,
+        settings=settings,
+        check_settings=driver.check_settings,
+        notify=engine.wake,
+        readiness=readiness,
     )
     server = uvicorn.Server(
         uvicorn.Config(
@@ -116,6 +122,8 @@ async def serve(settings: Settings) -> None:
     gc.freeze()
     engine_task = asyncio.create_task(engine.run(), name="operations engine")
     scheduler_task = asyncio.create_task(scheduler.run(), name="scheduler")
+    readiness.watch("operations", engine_task)
+    readiness.watch("scheduler", scheduler_task)
     announce = asyncio.create_task(_announce(server, settings))
     try:
         await server.serve()

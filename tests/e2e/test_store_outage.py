@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 
@@ -137,6 +138,7 @@ def _through(outage: Outage, api: Api, body: dict[str, Any]) -> None:
     ops_before = [o["id"] for o in _operations(api, pid)]
     state_before = _state(api, pid, main, eid)
 
+    _ready(server)
     paused = "failpoint create_branch:copied reached"
     times = server.log().count(paused) + 1
     r = api.http.post(f"{project}/branches", json={"branch": {"name": outage.how}})
@@ -149,6 +151,7 @@ def _through(outage: Outage, api: Api, body: dict[str, Any]) -> None:
         op = api.http.get(f"{project}/operations/{in_flight}").json()["operation"]
         assert op["status"] == "running", op
         _reads_go_on_and_writes_are_refused(api, outage.how, body, created.json())
+        _not_ready(server, outage.how)
         with pytest.raises(psycopg.OperationalError, match="store is unavailable"):
             psycopg.connect(uri, connect_timeout=30).close()
 
@@ -160,6 +163,8 @@ def _through(outage: Outage, api: Api, body: dict[str, Any]) -> None:
     finally:
         outage.end()
 
+    _wait("ready again", lambda: _readyz(server).status_code == 200)
+    _ready(server)
     (op,) = api.wait_operations(pid, [in_flight])
     assert (op["status"], op["failures_count"]) == ("finished", 0), op
     _wait(
@@ -228,6 +233,33 @@ def _reads_go_on_and_writes_are_refused(
         assert set(error) == {"code", "message", "request_id"}, error
         assert error["code"] == "SERVICE_UNAVAILABLE"
         assert "store is unavailable" in error["message"]
+
+
+def _readyz(server: Server) -> httpx.Response:
+    return httpx.get(f"http://127.0.0.1:{server.port}/readyz", timeout=30)
+
+
+def _ready(server: Server) -> None:
+    ready = _readyz(server)
+    assert ready.status_code == 200, ready.text
+    assert ready.json() == {
+        "status": "ok",
+        "checks": {"store": "ok", "operations": "ok", "scheduler": "ok"},
+    }
+
+
+def _not_ready(server: Server, how: str) -> None:
+    """The readiness probe says the store is the trouble; the liveness probe still answers."""
+    live = httpx.get(f"http://127.0.0.1:{server.port}/livez", timeout=30)
+    assert (live.status_code, live.json()) == (200, {"status": "ok"})
+    _wait("not ready", lambda: _readyz(server).status_code == 503)  # an answer is reused 1 s
+    refused = _readyz(server)
+    assert int(refused.headers["retry-after"]) >= 1
+    error = refused.json()
+    assert set(error) == {"code", "message", "request_id"}, error
+    assert error["code"] == "SERVICE_UNAVAILABLE"
+    assert error["message"].startswith("not ready: store: "), (how, error)
+    assert "store is unavailable" in error["message"]
 
 
 def _state(api: Api, pid: str, main: str, eid: str) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from litestar.openapi.spec import Components, SecurityScheme
 from litestar.routes import HTTPRoute
 
 from pgplane import __version__
-from pgplane.api import bodies, document
+from pgplane.api import bodies, document, health
 from pgplane.api.auth import AnyRequest, Platform, key_hook
 from pgplane.api.errors import on_http_error, on_platform_error, on_unexpected
 from pgplane.api.ratelimit import RateLimiter
@@ -71,9 +71,11 @@ def create_app(
     settings: Settings,
     check_settings: SettingsCheck,
     notify: Callable[[], None] = _nothing,
+    readiness: health.Readiness | None = None,
 ) -> Litestar:
-    """The API over ``store``; ``notify`` is called after a request starts operations, and
-    ``check_settings`` (the compute driver's) judges pg_settings values."""
+    """The API over ``store``; ``notify`` is called after a request starts operations,
+    ``check_settings`` (the compute driver's) judges pg_settings values, and ``readiness`` (by
+    default the store's alone) answers ``/readyz``."""
     recorder = api_keys.UseRecorder()
 
     @contextlib.asynccontextmanager
@@ -149,7 +151,8 @@ def create_app(
         before_request=before_request,
     )
     app = Litestar(
-        route_handlers=[api, openapi_document],
+        route_handlers=[api, openapi_document, health.live, health.ready],
+        state=State({"readiness": readiness or health.Readiness(store)}),
         exception_handlers={
             PgplaneError: on_platform_error,
             HTTPException: on_http_error,

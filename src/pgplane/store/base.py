@@ -338,4 +338,12 @@ class Store(abc.ABC):
         """A transaction: commits on normal exit, rolls back if the block raises."""
 
     @abc.abstractmethod
+    async def probe(self) -> None:
+        """Raise Unavailable unless the store serves a read and commits a write now.
+
+        For readiness checks. The write reaches the disk the way real writes do (a full disk or an
+        I/O error fails it) and changes nothing a client can see.
+        """
+
+    @abc.abstractmethod
     async def close(self) -> None: ...

@@ -19,7 +19,9 @@ import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
+from typing import TypeGuard
 
+from pgplane.core import clock
 from pgplane.errors import Unavailable
 from pgplane.store.base import Store, Tx
 from pgplane.store.sqlite.migrate import migrate
@@ -30,6 +32,15 @@ BUSY_SECONDS = 5.0
 # readers are blocked only briefly (another process recovering the WAL), so a short wait.
 _READER_BUSY_MS = 200
 _RETRY_AFTER = {"Retry-After": "1"}
+
+
+def store_fault(exc: BaseException | None) -> TypeGuard[sqlite3.Error]:
+    """An error of the store's file or disk, not of our statements: locked, full, I/O, corrupt.
+
+    ``DatabaseError`` itself (not its subclasses: a constraint or a misuse is a bug of ours) is
+    what SQLite raises for a damaged file, "database disk image is malformed".
+    """
+    return isinstance(exc, sqlite3.OperationalError) or type(exc) is sqlite3.DatabaseError
 
 
 def unavailable(exc: sqlite3.Error) -> Unavailable:
@@ -65,7 +76,7 @@ class _Reading:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
     ) -> None:
-        if isinstance(exc, sqlite3.OperationalError):  # locked, unreadable: not a bug of ours
+        if store_fault(exc):  # not a bug of ours
             raise unavailable(exc) from exc
 
 
@@ -97,7 +108,7 @@ class SqliteStore(Store):
             except BaseException as exc:
                 if self._writer.in_transaction:
                     self._writer.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.OperationalError):  # a full disk, an I/O error
+                if store_fault(exc):  # a full disk, say
                     raise unavailable(exc) from exc
                 raise
 
@@ -118,6 +129,16 @@ class SqliteStore(Store):
                 pause = min(pause * 2, 0.1)
             else:
                 return
+
+    async def probe(self) -> None:
+        async with self.read():
+            self._reader.execute("SELECT checked_at FROM health").fetchall()
+        async with self.write():
+            self._writer.execute(
+                "INSERT INTO health (id, checked_at) VALUES (1, ?)"
+                " ON CONFLICT (id) DO UPDATE SET checked_at = excluded.checked_at",
+                (clock.now_us(),),
+            )
 
     async def close(self) -> None:
         self._reader.close()
