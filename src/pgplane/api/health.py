@@ -14,7 +14,6 @@ second).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any
 
@@ -73,13 +72,11 @@ class Readiness:
 
 
 def _ending(task: asyncio.Task[None]) -> str:
+    """How a task that is done ended."""
     if task.cancelled():
         return "cancelled"
-    with contextlib.suppress(asyncio.InvalidStateError):
-        exc = task.exception()
-        if exc is not None:
-            return f"{type(exc).__name__}: {exc}"
-    return "returned"
+    exc = task.exception()
+    return "returned" if exc is None else f"{type(exc).__name__}: {exc}"
 
 
 @get("/livez", include_in_schema=False, media_type=MediaType.JSON, sync_to_thread=False)
