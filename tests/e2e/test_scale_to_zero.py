@@ -256,6 +256,32 @@ def test_activity_survives_a_restart(quick: Server) -> None:
         _wait_for("the idle suspend", lambda: _endpoint(api, pid, eid)["current_state"] == "idle")
 
 
+def test_a_suspend_that_failed_is_tried_again() -> None:
+    """The first idle suspend fails for good; the endpoint is left as it was (not pending
+    ``idle`` for ever, which the scheduler would never touch again) and the next one succeeds."""
+    with running_server(
+        PGPLANE_DEFAULT_SUSPEND_TIMEOUT_SECONDS="2",
+        PGPLANE_SCHEDULER_SECONDS="0.2",
+        PGPLANE_MAX_ATTEMPTS="2",
+        PGPLANE_RETRY_BASE_SECONDS="0.1",
+        PGPLANE_FAILPOINTS="before:suspend_compute=2*raise",
+    ) as server:
+        _, key = server.create_key("failed-suspend@example.com")
+        with Api(server, key) as api:
+            project = api.create_ready_project(name="failed-suspend")
+            pid, eid = project["project"]["id"], project["endpoints"][0]["id"]
+            _wait_for(
+                "the idle suspend", lambda: _endpoint(api, pid, eid)["current_state"] == "idle"
+            )
+            suspends = [o for o in _ops(api, pid) if o["action"] == "suspend_compute"]
+            assert [(o["status"], o["failures_count"]) for o in reversed(suspends)] == [
+                ("failed", 2),
+                ("finished", 0),
+            ], suspends
+            assert "pending_state" not in _endpoint(api, pid, eid)
+            assert _postmasters(server.data_dir, pid) == []
+
+
 # -- detach and reattach --------------------------------------------------------------------
 
 

@@ -18,7 +18,7 @@ from pgplane.core.models import Operation
 from pgplane.core.operations import Action, Status
 from pgplane.engine import Engine
 from pgplane.engine.handlers import Context, OnFinish
-from pgplane.services import accounts, operations, projects
+from pgplane.services import accounts, endpoints, operations, projects
 from pgplane.store.sqlite import SqliteStore
 from tests.support import no_pg_settings
 
@@ -261,6 +261,43 @@ async def test_unknown_action_fails_at_once(store: SqliteStore) -> None:
     assert op.status is Status.FAILED
     assert op.failures_count == 1
     assert op.error == "no handler for action tenant_attach"
+
+
+@pytest.mark.parametrize(
+    ("asked_since", "pending_after"), [(None, None), ("active", "active")], ids=["alone", "start"]
+)
+async def test_a_suspend_that_fails_for_good_leaves_the_endpoint_as_it_was(
+    store: SqliteStore, asked_since: str | None, pending_after: str | None
+) -> None:
+    # Left pending "idle", the scheduler would never try to suspend the compute again.
+    pid = await _project(store)
+    await _settled_with(store, pid)
+    async with store.write() as tx:
+        (endpoint,) = await tx.list_endpoints(pid)
+        await tx.set_endpoint_state(
+            endpoint_id=endpoint.id, current_state="active", pending_state=None, now=clock.now_us()
+        )
+        account = await accounts.ensure(tx, email="e@example.com")
+        _, (suspend,) = await endpoints.suspend(
+            tx, account_id=account.id, project_id=pid, endpoint_id=endpoint.id
+        )
+    if asked_since is not None:  # a start asked for after the suspend: its own to settle
+        async with store.write() as tx:
+            current = await tx.get_endpoint(project_id=pid, endpoint_id=endpoint.id)
+            assert current is not None and current.pending_state == "idle"
+            await tx.update_endpoint(msgspec.structs.replace(current, pending_state=asked_since))
+
+    async def cannot_stop(ctx: Context, op: Operation) -> OnFinish | None:
+        raise ComputeError("the postmaster would not stop")
+
+    async with engine(store, {**ALL_NOOP, Action.SUSPEND_COMPUTE: cannot_stop}):
+        ops = await _settled(store, pid)
+    (failed,) = [o for o in ops if o.id == suspend.id]
+    assert (failed.status, failed.failures_count) == (Status.FAILED, 3)
+    async with store.read() as tx:
+        after = await tx.get_endpoint(project_id=pid, endpoint_id=endpoint.id)
+    assert after is not None
+    assert (after.current_state, after.pending_state) == ("active", pending_after)
 
 
 async def test_a_hung_attempt_is_cancelled_at_its_time_limit_and_retried(

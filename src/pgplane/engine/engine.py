@@ -25,7 +25,7 @@ from pgplane.config import Settings
 from pgplane.core import aio, clock
 from pgplane.core.models import Operation
 from pgplane.core.operations import Action, RetryPolicy, Status, check_transition, claimable
-from pgplane.engine.handlers import HANDLERS, Context, Handler, PermanentError
+from pgplane.engine.handlers import GIVEN_UP, HANDLERS, Context, Handler, PermanentError
 from pgplane.errors import PgplaneError, Unavailable
 from pgplane.store import Store, Tx
 
@@ -237,7 +237,10 @@ class Engine:
         check_transition(op.status, failed.status)
 
         async def fail(tx: Tx) -> None:
-            await tx.update_owned_operation(failed, owner=self.owner)
+            if await tx.update_owned_operation(failed, owner=self.owner) and final:
+                given_up = GIVEN_UP.get(op.action)
+                if given_up is not None:
+                    await given_up(tx, failed)
 
         await self._record(op, fail)
         if final:

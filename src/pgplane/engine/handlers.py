@@ -357,6 +357,30 @@ async def tenant_reattach(ctx: Context, op: Operation) -> OnFinish | None:
     return attached
 
 
+async def _suspend_given_up(tx: Tx, op: Operation) -> None:
+    """A suspend that failed for good leaves the endpoint as it was, and due another try.
+
+    Left pending ``idle``, the endpoint would say a suspend is under way for ever, and the
+    scheduler, which leaves an endpoint with a change pending alone, would never suspend it
+    again. A change asked for since (a start: pending ``active``) is left to its own operation.
+    """
+    if op.endpoint_id is None:
+        return
+    endpoint = await tx.get_endpoint(project_id=op.project_id, endpoint_id=op.endpoint_id)
+    if endpoint is not None and endpoint.pending_state == "idle":
+        await tx.set_endpoint_state(
+            endpoint_id=endpoint.id,
+            current_state=endpoint.current_state,
+            pending_state=None,
+            now=clock.now_us(),
+        )
+
+
+GivenUp = Callable[[Tx, Operation], Awaitable[None]]
+
+# What an action that failed for good must undo, written with its failure.
+GIVEN_UP: dict[Action, GivenUp] = {Action.SUSPEND_COMPUTE: _suspend_given_up}
+
 HANDLERS: dict[Action, Handler] = {
     Action.CREATE_BRANCH: create_branch,
     Action.DELETE_TIMELINE: delete_timeline,
