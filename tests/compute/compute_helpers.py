@@ -14,6 +14,7 @@ import psycopg
 
 from pgplane.compute.driver import ComputeSpec, DatabaseSpec, RoleSpec
 from pgplane.compute.local import LocalComputeDriver
+from pgplane.compute.local.layout import Layout
 from pgplane.compute.local.pidfile import PidFile, is_postmaster_of, read_pid_file
 from pgplane.compute.local.postmaster import Postmasters, admin_conninfo, postmaster_argv
 from pgplane.compute.local.user import resolve_run_as
@@ -41,6 +42,15 @@ def stop_leftover_postmasters(data_dir: Path) -> list[int]:
     while any(_alive(pid) for pid in stopped) and time.monotonic() < deadline:
         time.sleep(0.01)
     return stopped
+
+
+def clean_up(data_dir: Path) -> None:
+    """A test's data directory done with: its postmasters stopped, and its socket directories'
+    parent removed where that is outside it (a long path's sockets go under /tmp)."""
+    stop_leftover_postmasters(data_dir)
+    run_root = Layout(data_dir).run_root
+    if not run_root.is_relative_to(data_dir):
+        shutil.rmtree(run_root, ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from compute_helpers import Computes, stop_leftover_postmasters
+from compute_helpers import Computes, clean_up
 
 from pgplane.compute.local import LocalComputeDriver, LocalDriverConfig
 
@@ -21,7 +21,7 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     # driver adds the search bit on pytest's 0700 directories, and logs that it did).
     path = tmp_path_factory.mktemp("compute")
     yield path
-    stop_leftover_postmasters(path)
+    clean_up(path)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from compute_helpers import lifecycle, stop_leftover_postmasters
+from compute_helpers import clean_up, lifecycle
 
 from pgplane.compute.local import LocalComputeDriver, LocalDriverConfig
 from pgplane.compute.local.binaries import pgserver_bin_dir
@@ -72,7 +72,7 @@ async def test_bundled_postgres_runs_the_whole_cycle(
     try:
         await lifecycle(driver, "proj-bundled", "ep-bundled")
     finally:
-        stop_leftover_postmasters(data_dir)
+        clean_up(data_dir)
         await driver.close()
 
 
@@ -98,7 +98,7 @@ async def test_binaries_out_of_the_compute_users_reach_are_copied(
     try:
         await lifecycle(driver, "proj-relocated", "ep-relocated")
     finally:
-        stop_leftover_postmasters(data_dir)
+        clean_up(data_dir)
         await driver.close()
 
     copy = data_dir / "pg" / str(major) / "tree"
