@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import gc
 import logging
+from collections.abc import Iterator
 
 import uvicorn
 
@@ -30,6 +31,25 @@ from pgplane.store.sqlite import SqliteStore
 from pgplane.tls import CertPair, certificate_hash, ensure_certificate, server_context
 
 log = logging.getLogger("pgplane")
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, minus its last act on a signal.
+
+    After SIGTERM or SIGINT, uvicorn's ``serve()`` raises the signal again once it has stopped
+    serving, so that its default action ends the process. That ended the process before
+    ``serve()`` below could stop the proxy, the engine (whose handlers clean up when cancelled),
+    the driver and the store: a graceful stop was a kill. Here the process ends when ``serve()``
+    returns, with status 0.
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals():
+            try:
+                yield
+            finally:
+                self._captured_signals.clear()
 
 
 async def _announce(server: uvicorn.Server, settings: Settings) -> None:
@@ -96,7 +116,7 @@ async def serve(settings: Settings) -> None:
         notify=engine.wake,
         readiness=readiness,
     )
-    server = uvicorn.Server(
+    server = _Server(
         uvicorn.Config(
             app,
             host=settings.host,

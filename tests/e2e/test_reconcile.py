@@ -41,6 +41,29 @@ def _starts(api: Api, pid: str) -> int:
     return len([o for o in ops if o["action"] == "start_compute"])
 
 
+def test_a_sigterm_stops_the_platform_gracefully_and_leaves_computes_running() -> None:
+    # uvicorn raised the signal again after serving, and its default action ended the process
+    # before the engine, proxy and store were stopped: a graceful stop was a kill.
+    with running_server() as server:
+        _, key = server.create_key("sigterm@example.com")
+        with Api(server, key) as api:
+            project = api.create_ready_project(name="sigterm")
+            pid = project["project"]["id"]
+            postmaster = _postmaster_pid(server.data_dir, pid)
+            assert postmaster is not None
+            process = server.process
+            assert process is not None
+            server.stop(signal.SIGTERM)
+            assert process.returncode == 0, server.log()
+            assert server.log().rstrip().endswith("pgplane stopped"), server.log()[-2000:]
+            assert _alive(postmaster)  # computes outlive the platform, by design
+
+            server.start()
+            assert _postmaster_pid(server.data_dir, pid) == postmaster  # adopted, not restarted
+            with psycopg.connect(project["connection_uris"][0]["connection_uri"]) as conn:
+                assert conn.execute("select 1").fetchone() == (1,)
+
+
 def test_restart_adopts_stops_and_records() -> None:
     with running_server() as server:
         _, key = server.create_key("reconcile@example.com")
