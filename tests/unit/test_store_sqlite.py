@@ -46,20 +46,10 @@ async def _project(store: SqliteStore) -> CreatedProject:
         )
 
 
-def _branch(project_id: str, parent_id: str, name: str) -> Branch:
-    now = clock.now_us()
-    return Branch(
-        id=ids.new_branch_id(),
-        project_id=project_id,
-        parent_id=parent_id,
-        name=name,
-        default=False,
-        protected=False,
-        current_state="init",
-        pending_state="ready",
-        state_changed_at=now,
-        created_at=now,
-        updated_at=now,
+def _child(parent: Branch, name: str) -> Branch:
+    """A new branch row under ``parent``, as create_branch would insert it."""
+    return msgspec.structs.replace(
+        parent, id=ids.new_branch_id(), parent_id=parent.id, name=name, default=False
     )
 
 
@@ -104,7 +94,7 @@ async def test_a_duplicate_name_written_past_the_services_is_a_conflict(
     pid, main = created.project.id, created.branch
     owner = created.roles[0].name
     cases = [
-        ("BRANCH_ALREADY_EXISTS", lambda tx: tx.insert_branch(_branch(pid, main.id, main.name))),
+        ("BRANCH_ALREADY_EXISTS", lambda tx: tx.insert_branch(_child(main, main.name))),
         ("ROLE_ALREADY_EXISTS", lambda tx: tx.insert_role(_role(main.id, owner))),
         (
             "DATABASE_ALREADY_EXISTS",
@@ -129,7 +119,7 @@ async def test_a_duplicate_name_written_past_the_services_is_a_conflict(
 
     # Renames into a taken name are conflicts too.
     async with store.write() as tx:
-        other = _branch(pid, main.id, "other")
+        other = _child(main, "other")
         await tx.insert_branch(other)
         second_db = await tx.insert_database(
             branch_id=main.id, name="second", owner_name=owner, now=clock.now_us()
@@ -158,7 +148,7 @@ async def test_a_duplicate_name_written_past_the_services_is_a_conflict(
         assert len(await tx.list_endpoints(pid)) == 1
     async with store.write() as tx:
         await tx.delete_branch(branch_id=other.id, now=clock.now_us())
-        await tx.insert_branch(_branch(pid, main.id, "other"))
+        await tx.insert_branch(_child(main, "other"))
 
 
 async def test_raw_sql_cannot_duplicate_a_name_either(store: SqliteStore) -> None:
@@ -182,7 +172,7 @@ async def test_two_writers_racing_for_one_name_leave_one_row(tmp_path: Path) -> 
 
         async def insert(store: SqliteStore, started: asyncio.Event | None = None) -> None:
             async with store.write() as tx:
-                await tx.insert_branch(_branch(pid, main.id, "pr-1"))
+                await tx.insert_branch(_child(main, "pr-1"))
                 if started is not None:
                     started.set()
                     await asyncio.sleep(0.2)  # hold the write lock while the other one asks
