@@ -24,7 +24,7 @@ from pgplane.config import Settings
 from pgplane.engine import Engine
 from pgplane.engine.reconcile import reconcile
 from pgplane.engine.scheduler import Scheduler
-from pgplane.engine.wake import ComputeWaker
+from pgplane.gateway import ComputeWaker
 from pgplane.proxy.activity import Activity
 from pgplane.proxy.server import Proxy
 from pgplane.store.sqlite import SqliteStore

@@ -17,7 +17,7 @@ from pgplane.core import clock
 from pgplane.core.models import Operation
 from pgplane.core.operations import Action, Status
 from pgplane.engine import Engine
-from pgplane.engine.handlers import Context, OnFinish
+from pgplane.engine.context import Context, OnFinish
 from pgplane.services import accounts, endpoints, operations, projects
 from pgplane.store.sqlite import SqliteStore
 from tests.support import no_pg_settings

@@ -57,10 +57,10 @@ def _exchange(server: scram.ServerExchange, password: str, gs2: str, binding: by
 
 def test_scram_with_and_without_channel_binding() -> None:
     cert_hash = b"\x01" * 32
-    server = scram.ServerExchange("s3cret", cert_hash)
+    server = scram.ServerExchange(scram.derive_verifier("s3cret"), cert_hash)
     assert server.mechanisms() == [scram.MECHANISM_PLUS, scram.MECHANISM]
     assert _exchange(server, "s3cret", "p=tls-server-end-point,,", cert_hash).startswith("v=")
-    plain = scram.ServerExchange("s3cret", None)
+    plain = scram.ServerExchange(scram.derive_verifier("s3cret"), None)
     assert plain.mechanisms() == [scram.MECHANISM]
     assert _exchange(plain, "s3cret", "n,,", b"").startswith("v=")
 
@@ -68,23 +68,68 @@ def test_scram_with_and_without_channel_binding() -> None:
 def test_scram_refuses_wrong_password_binding_and_downgrade() -> None:
     cert_hash = b"\x01" * 32
     with pytest.raises(scram.ScramError, match="password authentication failed"):
-        _exchange(scram.ServerExchange("s3cret", None), "wrong", "n,,", b"")
+        _exchange(scram.ServerExchange(scram.derive_verifier("s3cret"), None), "wrong", "n,,", b"")
     with pytest.raises(scram.ScramError, match="channel binding"):
-        _exchange(scram.ServerExchange("s3cret", cert_hash), "s3cret",
+        _exchange(scram.ServerExchange(scram.derive_verifier("s3cret"), cert_hash), "s3cret",
                   "p=tls-server-end-point,,", b"\x02" * 32)  # fmt: skip
     # The client could bind ("y") but we offered PLUS: someone removed it on the way.
     with pytest.raises(scram.ScramError, match="negotiation"):
-        _exchange(scram.ServerExchange("s3cret", cert_hash), "s3cret", "y,,", b"")
+        _exchange(
+            scram.ServerExchange(scram.derive_verifier("s3cret"), cert_hash), "s3cret", "y,,", b""
+        )
 
 
 def test_client_checks_the_server_signature() -> None:
-    server = scram.ServerExchange("pw", None)
+    server = scram.ServerExchange(scram.derive_verifier("pw"), None)
     client = scram.ClientExchange("pw")
     server_first = server.first(scram.MECHANISM, client.first())
     final = server.final(client.final(server_first))
     client.check(final)
     with pytest.raises(scram.ScramError):
         client.check("v=" + base64.b64encode(b"x" * 32).decode())
+
+
+def test_a_verifier_as_postgres_stores_it_checks_the_password() -> None:
+    made = scram.derive_verifier("s3cret")
+    b64 = base64.b64encode
+    text = (
+        f"SCRAM-SHA-256${made.iterations}:{b64(made.salt).decode()}"
+        f"${b64(made.stored_key).decode()}:{b64(made.server_key).decode()}"
+    )
+    verifier = scram.parse_verifier(text)
+    assert verifier == made
+    assert _exchange(scram.ServerExchange(verifier, None), "s3cret", "n,,", b"").startswith("v=")
+    with pytest.raises(scram.ScramError, match="password authentication failed"):
+        _exchange(scram.ServerExchange(verifier, None), "wrong", "n,,", b"")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "md5abcdef",
+        "SCRAM-SHA-256$0:c2FsdA==$" + "A" * 44 + ":" + "A" * 44,
+        "SCRAM-SHA-256$4096:c2FsdA==$c2hvcnQ=:c2hvcnQ=",  # keys of the wrong length
+        "SCRAM-SHA-256$4096:!!!$x:y",
+        "",
+    ],
+)
+def test_anything_but_a_scram_verifier_is_none(text: str) -> None:
+    assert scram.parse_verifier(text) is None
+
+
+def test_no_password_matches_a_mock_verifier() -> None:
+    mock = scram.mock_verifier("nobody")
+    assert mock.salt == scram.mock_verifier("nobody").salt  # stable: existence is not revealed
+    with pytest.raises(scram.ScramError, match="password authentication failed"):
+        _exchange(scram.ServerExchange(mock, None), "", "n,,", b"")
+
+
+def test_the_client_refuses_an_iteration_count_above_the_cap() -> None:
+    client = scram.ClientExchange("pw")
+    nonce = client.first().split("r=", 1)[1]
+    server_first = f"r={nonce}xyz,s=c2FsdA==,i={scram.MAX_ITERATIONS + 1}"
+    with pytest.raises(scram.ScramError, match="iteration count"):
+        client.final(server_first)
 
 
 def test_error_response_fields() -> None:

@@ -186,6 +186,16 @@ class ComputeDriver(Protocol):
         asked."""
         ...
 
+    async def login_roles(
+        self, spec: ComputeSpec, *, names: Sequence[str] | None = None
+    ) -> Mapping[str, str] | None:
+        """The SCRAM verifiers of the running compute's login roles (all, or those of ``names``)
+        other than the platform's own: what the proxy needs to authenticate roles made with SQL.
+
+        None when the compute does not run; ComputeError when it runs but cannot be asked.
+        """
+        ...
+
     async def detach_tenant(self, *, project_id: str) -> None:
         """Move the project's data to the cold archive (compressed, checksummed), then free the
         hot copy; computes are stopped first. Done when there is nothing hot left."""

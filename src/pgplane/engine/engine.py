@@ -25,7 +25,8 @@ from pgplane.config import Settings
 from pgplane.core import aio, clock
 from pgplane.core.models import Operation
 from pgplane.core.operations import Action, RetryPolicy, Status, check_transition, claimable
-from pgplane.engine.handlers import GIVEN_UP, HANDLERS, Context, Handler, PermanentError
+from pgplane.engine.context import Context, Handler, PermanentError
+from pgplane.engine.handlers import GIVEN_UP, HANDLERS
 from pgplane.errors import PgplaneError, Unavailable
 from pgplane.store import Store, Tx
 

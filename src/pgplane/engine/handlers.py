@@ -8,62 +8,45 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 import msgspec
 
 from pgplane.compute.driver import (
-    ComputeDriver,
     ComputeError,
-    ComputeSpec,
     ConfigChange,
     DatabaseSpec,
     PortInUse,
     RoleSpec,
 )
-from pgplane.config import Settings
 from pgplane.core import clock
 from pgplane.core.models import Endpoint, Operation, Project
 from pgplane.core.operations import Action
+from pgplane.engine import rolesync
+from pgplane.engine.context import (
+    Context,
+    Handler,
+    OnFinish,
+    PermanentError,
+    compute_spec,
+    project_of,
+    require_branch,
+)
+from pgplane.engine.tenant_handlers import (
+    apply_storage_config,
+    check_availability,
+    delete_tenant,
+    tenant_detach,
+    tenant_reattach,
+)
 from pgplane.services.endpoints import allocate_port
-from pgplane.store import Store, Tx
+from pgplane.store import Tx
 
 log = logging.getLogger(__name__)
 
-OnFinish = Callable[[Tx], Awaitable[None]]
-
-
-class PermanentError(Exception):
-    """Retrying cannot help (the operation's object is gone or the action is unknown)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Context:
-    store: Store
-    driver: ComputeDriver
-    settings: Settings
-
-
-Handler = Callable[[Context, Operation], Awaitable[OnFinish | None]]
-
-
-async def _project(ctx: Context, op: Operation) -> Project:
-    async with ctx.store.read() as tx:
-        project = await tx.get_project_by_id(op.project_id)
-    if project is None:
-        raise PermanentError(f"project {op.project_id} does not exist")
-    return project
-
-
-def _require_branch(op: Operation) -> str:
-    if op.branch_id is None:
-        raise PermanentError(f"{op.action} needs a branch")
-    return op.branch_id
-
 
 async def create_timeline(ctx: Context, op: Operation) -> OnFinish | None:
-    project = await _project(ctx, op)
-    branch_id = _require_branch(op)
+    project = await project_of(ctx, op)
+    branch_id = require_branch(op)
     if project.deleted_at is not None:
         return None
     async with ctx.store.read() as tx:
@@ -85,19 +68,6 @@ async def create_timeline(ctx: Context, op: Operation) -> OnFinish | None:
     return ready
 
 
-def compute_spec(project: Project, endpoint: Endpoint) -> ComputeSpec:
-    return ComputeSpec(
-        project_id=project.id,
-        branch_id=endpoint.branch_id,
-        endpoint_id=endpoint.id,
-        pg_version=project.pg_version,
-        port=endpoint.port,
-        pg_settings={k: str(v) for k, v in endpoint.settings.get("pg_settings", {}).items()},
-        autoscaling_limit_min_cu=endpoint.autoscaling_limit_min_cu,
-        autoscaling_limit_max_cu=endpoint.autoscaling_limit_max_cu,
-    )
-
-
 def _mark_active(endpoint_id: str) -> OnFinish:
     async def active(tx: Tx) -> None:
         await tx.set_endpoint_state(
@@ -108,7 +78,7 @@ def _mark_active(endpoint_id: str) -> OnFinish:
 
 
 async def start_compute(ctx: Context, op: Operation) -> OnFinish | None:
-    project = await _project(ctx, op)
+    project = await project_of(ctx, op)
     if project.deleted_at is not None or op.endpoint_id is None:
         return None
     async with ctx.store.read() as tx:
@@ -146,40 +116,32 @@ async def _move_port(ctx: Context, endpoint: Endpoint, taken: int) -> Endpoint:
 async def suspend_compute(ctx: Context, op: Operation) -> OnFinish | None:
     if op.endpoint_id is None:
         raise PermanentError("suspend_compute needs an endpoint")
-    endpoint_id = op.endpoint_id
+    endpoint_id, branch_id = op.endpoint_id, require_branch(op)
+    project = await project_of(ctx, op)
+    async with ctx.store.read() as tx:
+        endpoint = await tx.get_endpoint(project_id=project.id, endpoint_id=endpoint_id)
+    # Its roles, read while it still runs: once suspended, only the store can tell the proxy.
+    synced = (
+        None
+        if endpoint is None
+        else await rolesync.read(ctx.driver, compute_spec(project, endpoint))
+    )
     await ctx.driver.stop_compute(
-        project_id=op.project_id, branch_id=_require_branch(op), endpoint_id=endpoint_id
+        project_id=op.project_id, branch_id=branch_id, endpoint_id=endpoint_id
     )
 
     async def idle(tx: Tx) -> None:
         await tx.set_endpoint_state(
             endpoint_id=endpoint_id, current_state="idle", pending_state=None, now=clock.now_us()
         )
+        await rolesync.write(tx, branch_id=branch_id, verifiers=synced)
 
     return idle
 
 
-async def apply_storage_config(ctx: Context, op: Operation) -> OnFinish | None:
-    project = await _project(ctx, op)
-    if project.deleted_at is None:
-        await ctx.driver.apply_storage_config(
-            project_id=project.id, history_retention_seconds=project.history_retention_seconds
-        )
-    return None
-
-
-async def delete_tenant(ctx: Context, op: Operation) -> OnFinish | None:
-    await ctx.driver.delete_tenant(project_id=op.project_id)
-
-    async def release(tx: Tx) -> None:
-        await tx.delete_project_endpoints(project_id=op.project_id, now=clock.now_us())
-
-    return release
-
-
 async def create_branch(ctx: Context, op: Operation) -> OnFinish | None:
-    project = await _project(ctx, op)
-    branch_id = _require_branch(op)
+    project = await project_of(ctx, op)
+    branch_id = require_branch(op)
     if project.deleted_at is not None:
         return None
     async with ctx.store.read() as tx:
@@ -189,6 +151,14 @@ async def create_branch(ctx: Context, op: Operation) -> OnFinish | None:
     parent_id = op.source_branch_id or branch.parent_id
     if parent_id is None:
         raise PermanentError(f"branch {branch_id} has no parent to copy")
+    async with ctx.store.read() as tx:
+        parent_compute = rolesync.branch_compute(await tx.list_endpoints(project.id), parent_id)
+    # The copy carries the parent's roles, so the proxy must know them for the new branch too.
+    synced = (
+        None
+        if parent_compute is None
+        else await rolesync.read(ctx.driver, compute_spec(project, parent_compute))
+    )
     await ctx.driver.create_branch(
         project_id=project.id,
         parent_branch_id=parent_id,
@@ -200,18 +170,24 @@ async def create_branch(ctx: Context, op: Operation) -> OnFinish | None:
         await tx.set_branch_state(
             branch_id=branch_id, current_state="ready", pending_state=None, now=clock.now_us()
         )
+        await tx.copy_role_verifiers(from_branch_id=parent_id, to_branch_id=branch_id)
+        if synced:  # an empty read (the parent is not running) keeps what was copied
+            await tx.set_role_verifiers(branch_id=branch_id, verifiers=synced)
+        await tx.copy_role_verifiers(from_branch_id=parent_id, to_branch_id=branch_id)
+        if synced:  # an empty read (the parent is not running) keeps what was copied
+            await tx.set_role_verifiers(branch_id=branch_id, verifiers=synced)
 
     return ready
 
 
 async def delete_timeline(ctx: Context, op: Operation) -> OnFinish | None:
-    await ctx.driver.delete_timeline(project_id=op.project_id, branch_id=_require_branch(op))
+    await ctx.driver.delete_timeline(project_id=op.project_id, branch_id=require_branch(op))
     return None
 
 
 async def apply_config(ctx: Context, op: Operation) -> OnFinish | None:
     """An endpoint's new settings (restart it if it runs), or a branch's roles and databases."""
-    project = await _project(ctx, op)
+    project = await project_of(ctx, op)
     if project.deleted_at is not None:
         return None
     if op.endpoint_id is not None:
@@ -233,7 +209,7 @@ async def apply_config(ctx: Context, op: Operation) -> OnFinish | None:
             await _mark_down(ctx, endpoint.id)
             raise
         return _mark_active(endpoint.id)
-    return await _apply_roles_and_databases(ctx, project, _require_branch(op))
+    return await _apply_roles_and_databases(ctx, project, require_branch(op))
 
 
 async def _mark_down(ctx: Context, endpoint_id: str) -> None:
@@ -281,13 +257,15 @@ async def _apply_roles_and_databases(
         dropped_roles=[r.name for r in gone_roles if r.name not in live_roles],
     )
     compute = computes[0] if computes else None
+    spec = compute_spec(project, compute) if compute else None
     await ctx.driver.apply_config(
         project_id=project.id,
         branch_id=branch_id,
         pg_version=project.pg_version,
-        compute=compute_spec(project, compute) if compute else None,
+        compute=spec,
         change=change,
     )
+    synced = None if spec is None else await rolesync.read(ctx.driver, spec)
 
     async def applied(tx: Tx) -> None:
         # Exactly what was applied: later changes have operations of their own.
@@ -296,65 +274,9 @@ async def _apply_roles_and_databases(
         await tx.purge_roles(branch_id=branch_id, tombstones=gone_roles)
         if compute is not None:
             await _mark_active(compute.id)(tx)
+        await rolesync.write(tx, branch_id=branch_id, verifiers=synced)
 
     return applied
-
-
-async def check_availability(ctx: Context, op: Operation) -> OnFinish | None:
-    """The branch's data is readable and a compute can start on it (or runs and answers)."""
-    project = await _project(ctx, op)
-    branch_id = _require_branch(op)
-    if project.deleted_at is not None or project.storage_state != "attached":
-        return None  # nothing to check: gone, or resting in the archive
-    async with ctx.store.read() as tx:
-        branch = await tx.get_branch(project_id=project.id, branch_id=branch_id)
-        computes = [
-            e
-            for e in await tx.list_endpoints(project.id)
-            if e.branch_id == branch_id and not e.disabled
-        ]
-    if branch is None or not computes:
-        return None  # deleted since, or no compute left to check
-    await ctx.driver.check_availability(
-        project_id=project.id,
-        branch_id=branch_id,
-        pg_version=project.pg_version,
-        compute=compute_spec(project, computes[0]),
-    )
-    return None
-
-
-async def tenant_detach(ctx: Context, op: Operation) -> OnFinish | None:
-    project = await _project(ctx, op)
-    if project.deleted_at is not None:
-        return None
-    await ctx.driver.detach_tenant(project_id=project.id)
-
-    async def detached(tx: Tx) -> None:
-        now = clock.now_us()
-        await tx.set_project_storage(project_id=project.id, state="detached")
-        for endpoint in await tx.list_endpoints(project.id):
-            if endpoint.current_state != "idle":
-                await tx.set_endpoint_state(
-                    endpoint_id=endpoint.id,
-                    current_state="idle",
-                    pending_state=endpoint.pending_state,
-                    now=now,
-                )
-
-    return detached
-
-
-async def tenant_reattach(ctx: Context, op: Operation) -> OnFinish | None:
-    project = await _project(ctx, op)
-    if project.deleted_at is not None:
-        return None
-    await ctx.driver.reattach_tenant(project_id=project.id)
-
-    async def attached(tx: Tx) -> None:
-        await tx.set_project_storage(project_id=project.id, state="attached")
-
-    return attached
 
 
 async def _suspend_given_up(tx: Tx, op: Operation) -> None:

@@ -16,8 +16,8 @@ from pgplane.config import Settings
 from pgplane.core import clock
 from pgplane.core.models import Endpoint
 from pgplane.core.operations import Action
+from pgplane.engine.context import compute_spec
 from pgplane.engine.engine import Engine
-from pgplane.engine.handlers import compute_spec
 from pgplane.errors import Unavailable
 from pgplane.proxy.activity import Activity
 from pgplane.services import scheduled

@@ -5,22 +5,41 @@ The proxy authenticates clients itself, as Neon's does, because channel binding
 client made, to the proxy; no compute behind it could check that proof. With the client proven,
 the proxy logs in to the compute as the same role with the role's password.
 
-Passwords are the platform's generated ones (ASCII), for which SASLprep changes nothing.
+Passwords are the platform's generated ones (ASCII), for which SASLprep changes nothing. Roles
+created with SQL on a compute are known by their SCRAM verifier (what ``pg_authid`` keeps), which
+is all the server side of an exchange needs: it never derives a key itself.
+
+Key derivation (PBKDF2) is the one slow step, and its cost is whatever iteration count the other
+side names. The proxy derives keys only for the platform's passwords with its own count (once per
+password, cached, off the event loop: :func:`password_verifier`) and, as a client of a compute,
+refuses a count above :data:`MAX_ITERATIONS` before deriving anything: a tenant can raise its
+compute's ``scram_iterations`` but cannot make the proxy pay for it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import functools
 import hashlib
 import hmac
+import re
 import secrets
+from collections import OrderedDict
 from dataclasses import dataclass
 
 MECHANISM = "SCRAM-SHA-256"
 MECHANISM_PLUS = "SCRAM-SHA-256-PLUS"
 CHANNEL_BINDING = "tls-server-end-point"
 ITERATIONS = 4096
+# Postgres' default is 4096; a hundred times that costs a client about a second. A compute that
+# asks the proxy for more is refused rather than obeyed.
+MAX_ITERATIONS = 100_000
+_CACHED_VERIFIERS = 4096
+_VERIFIER = re.compile(
+    r"SCRAM-SHA-256\$(?P<i>[0-9]{1,10}):(?P<salt>[A-Za-z0-9+/=]+)"
+    r"\$(?P<stored>[A-Za-z0-9+/=]+):(?P<server>[A-Za-z0-9+/=]+)"
+)
 
 
 class ScramError(Exception):
@@ -42,12 +61,78 @@ def _hmac(key: bytes, msg: str) -> bytes:
     return hmac.new(key, msg.encode(), hashlib.sha256).digest()
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=_CACHED_VERIFIERS)
 def _keys(password: str, salt: bytes, iterations: int) -> tuple[bytes, bytes, bytes]:
     """(ClientKey, StoredKey, ServerKey): the slow PBKDF2 once per password and salt."""
+    if iterations > MAX_ITERATIONS:
+        raise ScramError(f"SCRAM iteration count {iterations} is above {MAX_ITERATIONS}")
     salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
     client_key = _hmac(salted, "Client Key")
     return client_key, hashlib.sha256(client_key).digest(), _hmac(salted, "Server Key")
+
+
+@dataclass(frozen=True, slots=True)
+class Verifier:
+    """What a server needs to check a SCRAM-SHA-256 proof (Postgres' ``rolpassword``)."""
+
+    iterations: int
+    salt: bytes
+    stored_key: bytes
+    server_key: bytes
+
+
+def parse_verifier(text: str) -> Verifier | None:
+    """A ``SCRAM-SHA-256$i:salt$StoredKey:ServerKey`` verifier; None for anything else."""
+    match = _VERIFIER.fullmatch(text)
+    if match is None:
+        return None
+    try:
+        salt, stored, server = (
+            base64.b64decode(match[name], validate=True) for name in ("salt", "stored", "server")
+        )
+    except ValueError:
+        return None
+    iterations = int(match["i"])
+    if iterations < 1 or len(stored) != 32 or len(server) != 32 or not salt:
+        return None
+    return Verifier(iterations, salt, stored, server)
+
+
+# One salt and verifier per password for the life of the process, so its keys are derived once;
+# bounded, the least recently used forgotten first.
+_verifiers: OrderedDict[str, Verifier] = OrderedDict()
+
+
+def derive_verifier(password: str) -> Verifier:
+    salt = secrets.token_bytes(16)
+    _, stored_key, server_key = _keys(password, salt, ITERATIONS)
+    return Verifier(ITERATIONS, salt, stored_key, server_key)
+
+
+async def password_verifier(password: str) -> Verifier:
+    """The proxy's verifier for a platform password: derived once, in a thread, then cached."""
+    verifier = _verifiers.get(password)
+    if verifier is None:
+        verifier = await asyncio.to_thread(derive_verifier, password)
+        # Another login may have derived one meanwhile: keep the first, so salts stay stable.
+        verifier = _verifiers.setdefault(password, verifier)
+    _verifiers.move_to_end(password)
+    while len(_verifiers) > _CACHED_VERIFIERS:
+        _verifiers.popitem(last=False)
+    return verifier
+
+
+def mock_verifier(user: str) -> Verifier:
+    """A verifier no password matches, stable per user name, for roles that do not exist.
+
+    The exchange then runs as for a real role and fails as a wrong password does (as Postgres'
+    own mock authentication): a stranger learns nothing of which roles exist.
+    """
+    seed = hashlib.sha256(b"pgplane mock salt\0" + _MOCK_SECRET + user.encode()).digest()
+    return Verifier(ITERATIONS, seed[:16], secrets.token_bytes(32), secrets.token_bytes(32))
+
+
+_MOCK_SECRET = secrets.token_bytes(32)
 
 
 def _attributes(message: str) -> dict[str, str]:
@@ -59,19 +144,11 @@ def _attributes(message: str) -> dict[str, str]:
     return out
 
 
-# One salt per password for the life of the process, so its keys are computed once.
-_salts: dict[str, bytes] = {}
-
-
-def _verifier_salt(password: str) -> bytes:
-    return _salts.setdefault(password, secrets.token_bytes(16))
-
-
 @dataclass
 class ServerExchange:
-    """The proxy's side of a client's SCRAM exchange."""
+    """The proxy's side of a client's SCRAM exchange, checking against a verifier."""
 
-    password: str
+    verifier: Verifier
     cert_hash: bytes | None  # tls-server-end-point data when the client is on TLS
     _first_bare: str = ""
     _server_first: str = ""
@@ -103,8 +180,8 @@ class ServerExchange:
         self._gs2 = f"{flag},{authzid},"
         self._first_bare = bare
         self._nonce = client_nonce + _b64(secrets.token_bytes(18))
-        salt = _verifier_salt(self.password)
-        self._server_first = f"r={self._nonce},s={_b64(salt)},i={ITERATIONS}"
+        v = self.verifier
+        self._server_first = f"r={self._nonce},s={_b64(v.salt)},i={v.iterations}"
         return self._server_first
 
     def final(self, client_final: str) -> str:
@@ -120,7 +197,7 @@ class ServerExchange:
             raise ScramError("SCRAM channel binding check failed")
         if attrs.get("r") != self._nonce:
             raise ScramError("SCRAM nonce mismatch")
-        _, stored_key, server_key = _keys(self.password, _verifier_salt(self.password), ITERATIONS)
+        stored_key, server_key = self.verifier.stored_key, self.verifier.server_key
         auth_message = f"{self._first_bare},{self._server_first},{without_proof}"
         signature = _hmac(stored_key, auth_message)
         proof = _unb64(proof_text)
@@ -152,9 +229,15 @@ class ClientExchange:
         return f"{self.gs2}{self._first_bare}"
 
     def final(self, server_first: str) -> str:
+        """The client-final-message; derives the key (slow: run it off the event loop)."""
         attrs = _attributes(server_first)
         nonce, salt, iterations = attrs.get("r", ""), attrs.get("s"), attrs.get("i", "")
-        if not nonce.startswith(self._nonce) or salt is None or not iterations.isdigit():
+        if (
+            not nonce.startswith(self._nonce)
+            or salt is None
+            or not iterations.isdigit()
+            or len(iterations) > 10
+        ):
             raise ScramError("malformed SCRAM message from the compute")
         client_key, stored_key, server_key = _keys(self.password, _unb64(salt), int(iterations))
         without_proof = f"c={_b64(self.gs2.encode() + self.binding)},r={nonce}"

@@ -28,7 +28,7 @@ Atomicity:
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 
 from pgplane.core.models import (
@@ -243,6 +243,20 @@ class Tx(abc.ABC):
     @abc.abstractmethod
     async def purge_roles(self, *, branch_id: str, tombstones: Sequence[Role]) -> None:
         """Forget these tombstones (their drop was applied)."""
+
+    # What the proxy knows of roles made with SQL on a compute: their SCRAM verifiers (name →
+    # ``SCRAM-SHA-256$…``), synced from the compute, so it can authenticate them before waking it.
+    @abc.abstractmethod
+    async def get_role_verifier(self, *, branch_id: str, name: str) -> str | None:
+        """The verifier last synced for a login role of the branch's compute, if any."""
+
+    @abc.abstractmethod
+    async def set_role_verifiers(self, *, branch_id: str, verifiers: Mapping[str, str]) -> None:
+        """Replace everything synced for the branch with ``verifiers``."""
+
+    @abc.abstractmethod
+    async def copy_role_verifiers(self, *, from_branch_id: str, to_branch_id: str) -> None:
+        """A new branch starts with its parent's roles, so with its parent's verifiers."""
 
     @abc.abstractmethod
     async def insert_database(

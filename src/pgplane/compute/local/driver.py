@@ -64,6 +64,7 @@ from pgplane.compute.local.timeline import (
     temporary_pgdata,
 )
 from pgplane.compute.local.user import RunAs, open_traversal, resolve_run_as
+from pgplane.compute.local.verifiers import read_verifiers
 from pgplane.core import ports
 
 log = logging.getLogger(__name__)
@@ -303,6 +304,15 @@ class LocalComputeDriver:
         ):
             return None
         return await last_client_activity(self.layout.socket_dir(spec.endpoint_id), spec.port)
+
+    async def login_roles(
+        self, spec: ComputeSpec, *, names: Sequence[str] | None = None
+    ) -> Mapping[str, str] | None:
+        if not await self.is_compute_running(
+            project_id=spec.project_id, branch_id=spec.branch_id, endpoint_id=spec.endpoint_id
+        ):
+            return None
+        return await read_verifiers(self.layout.socket_dir(spec.endpoint_id), spec.port, names)
 
     async def check_settings(self, *, pg_version: int, settings: Mapping[str, str]) -> None:
         # Postgres is asked once per value: a setting it took stays valid for its binaries.

@@ -22,6 +22,7 @@ from pgplane.core.models import (
 from pgplane.core.operations import Action, Status
 from pgplane.errors import AlreadyExists, Conflict
 from pgplane.store.base import Tx
+from pgplane.store.sqlite.verifiers import RoleVerifiersMixin
 
 _json_encode = msgspec.json.encode
 _NEVER = 1 << 62  # a cursor later than any timestamp: "from the newest"
@@ -218,7 +219,7 @@ def _taken(kind: str, name: str) -> AlreadyExists:
     return AlreadyExists(kind, f"{kind} already exists; {kind}_name:{quoted}")
 
 
-class SqliteTx(Tx):
+class SqliteTx(RoleVerifiersMixin, Tx):
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._c = conn
 

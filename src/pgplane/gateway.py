@@ -1,7 +1,13 @@
-"""Wake on connect: what the proxy calls to get a running compute for an endpoint.
+"""The platform's side of the proxy's seam (:mod:`pgplane.proxy.seam`): routes and wakes.
 
-Many clients connecting to a suspended compute at once share one ``start_compute``: in this
-process they share one wake, and in the store :func:`endpoints.wake` reuses a pending start.
+A route says who may log in (the role's password, or the verifier synced from the compute for a
+role made with SQL) and whether the compute runs; it never wakes, starts or reattaches anything,
+so only a client that proved its password reaches :meth:`ComputeWaker.wake`. Many clients
+connecting to a suspended compute at once share one ``start_compute``: in this process they
+share one wake, and in the store :func:`endpoints.wake` reuses a pending start.
+
+This module wires the store, the engine and the compute driver to the proxy; it belongs to the
+process entry point, so neither the engine nor the proxy imports the other.
 """
 
 from __future__ import annotations
@@ -10,13 +16,14 @@ import asyncio
 import logging
 from pathlib import Path
 
-from pgplane.compute.driver import ComputeDriver
-from pgplane.core.models import Endpoint
+from pgplane.compute.driver import ComputeDriver, ComputeError
+from pgplane.core.models import Endpoint, Project
 from pgplane.core.operations import Status
+from pgplane.engine.context import compute_spec
 from pgplane.engine.engine import Engine
 from pgplane.errors import Conflict, NotFound, Unavailable
-from pgplane.proxy import wire
-from pgplane.proxy.server import Route, RouteError, Target
+from pgplane.proxy import scram, wire
+from pgplane.proxy.seam import Known, Password, Route, RouteError, Secret, Target
 from pgplane.services import endpoints
 from pgplane.store import Store, Tx
 
@@ -35,17 +42,40 @@ class ComputeWaker:
 
     async def route(self, endpoint_id: str, role: str) -> Route:
         async with self._store.read() as tx:
-            endpoint, target = await self._lookup(tx, endpoint_id)
+            endpoint, project, target = await self._lookup(tx, endpoint_id)
             found = await tx.get_role(branch_id=endpoint.branch_id, name=role)
-        # No password: Postgres decides (a role created with SQL, or one that cannot log in).
-        password = found.password if found is not None and found.login else None
-        return Route(password=password or None, target=target)
+            synced = None
+            if found is None:
+                synced = await tx.get_role_verifier(branch_id=endpoint.branch_id, name=role)
+        secret: Secret | None = None
+        if found is not None:
+            # A platform role: its password, whatever the compute holds (the proxy logs in over
+            # the trusted socket). One that may not log in is refused as an unknown one is.
+            secret = Password(found.password) if found.login and found.password else None
+        elif synced is not None:
+            verifier = scram.parse_verifier(synced)
+            secret = None if verifier is None else Known(verifier)
+        elif target is not None:
+            # Made with SQL since the last sync, on a compute that runs: ask it (no wake).
+            secret = await self._ask_compute(project, endpoint, role)
+        return Route(secret=secret, target=target)
+
+    async def _ask_compute(self, project: Project, endpoint: Endpoint, role: str) -> Secret | None:
+        try:
+            verifiers = await self._driver.login_roles(
+                compute_spec(project, endpoint), names=[role]
+            )
+        except ComputeError as exc:
+            log.warning("endpoint %s: could not read role %r: %s", endpoint.id, role, exc)
+            return None
+        verifier = scram.parse_verifier((verifiers or {}).get(role, ""))
+        return None if verifier is None else Known(verifier)
 
     async def wake(self, endpoint_id: str, *, force: bool) -> Target:
         if not force:
             # Read again: another connection's wake may have finished since this one's route.
             async with self._store.read() as tx:
-                _, target = await self._lookup(tx, endpoint_id)
+                _, _, target = await self._lookup(tx, endpoint_id)
             if target is not None:
                 return target
         task = self._waking.get(endpoint_id)
@@ -55,7 +85,7 @@ class ComputeWaker:
             task.add_done_callback(lambda _: self._waking.pop(endpoint_id, None))
         return await asyncio.shield(task)
 
-    async def _lookup(self, tx: Tx, endpoint_id: str) -> tuple[Endpoint, Target | None]:
+    async def _lookup(self, tx: Tx, endpoint_id: str) -> tuple[Endpoint, Project, Target | None]:
         """The endpoint, and its compute when the store says it runs; RouteError if unusable."""
         endpoint = await tx.find_endpoint(endpoint_id)
         project = None if endpoint is None else await tx.get_project_by_id(endpoint.project_id)
@@ -68,7 +98,7 @@ class ComputeWaker:
             and endpoint.pending_state is None
             and project.storage_state == "attached"
         )
-        return endpoint, self._target(endpoint) if running else None
+        return endpoint, project, self._target(endpoint) if running else None
 
     async def _wake(self, endpoint_id: str) -> Target:
         try:

@@ -1,0 +1,56 @@
+"""The SCRAM verifiers of a compute's login roles, read for the proxy.
+
+Roles made with SQL exist only on the compute. The platform syncs their verifiers into the store
+(when the compute applies config or suspends) and reads one from a running compute when a login
+names a role it has not seen, so the proxy authenticates every login itself and a suspended
+compute is never woken for a password nobody can prove.
+
+``pg_authid`` is readable by superusers only, so this is one of the few superuser sessions; like
+every platform session it is pinned (:func:`admin_conninfo`) and names only pg_catalog objects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import psycopg
+
+from pgplane.compute.driver import ComputeError
+from pgplane.compute.local.postmaster import ADMIN_USER, admin_conninfo
+
+_SQL_TIMEOUT = 10.0
+# Roles of the platform's own, never offered to the proxy whatever they hold.
+_PLATFORM_ROLES = (ADMIN_USER, "pgplane_monitor")
+_MAX_ROLES = 10_000
+
+
+async def read_verifiers(
+    socket_dir: Path, port: int, names: Sequence[str] | None
+) -> Mapping[str, str]:
+    """name → ``SCRAM-SHA-256$…`` for login roles with a SCRAM password (of ``names`` if given)."""
+    query = (
+        "SELECT a.rolname, a.rolpassword FROM pg_catalog.pg_authid AS a"
+        " WHERE a.rolcanlogin"
+        " AND pg_catalog.starts_with(a.rolpassword, 'SCRAM-SHA-256$')"
+        " AND NOT (a.rolname OPERATOR(pg_catalog.=) ANY (%s::pg_catalog.name[]))"
+        " AND (%s::pg_catalog.name[] IS NULL"
+        " OR a.rolname OPERATOR(pg_catalog.=) ANY (%s::pg_catalog.name[]))"
+        " AND NOT pg_catalog.starts_with(a.rolname, 'pg_')"
+        " AND (a.rolvaliduntil IS NULL OR a.rolvaliduntil OPERATOR(pg_catalog.>) pg_catalog.now())"
+        " ORDER BY a.rolname LIMIT %s"
+    )
+    wanted = None if names is None else list(names)
+    try:
+        async with asyncio.timeout(_SQL_TIMEOUT):
+            async with await psycopg.AsyncConnection.connect(
+                admin_conninfo(socket_dir, port), autocommit=True
+            ) as conn:
+                cur = await conn.execute(query, (list(_PLATFORM_ROLES), wanted, wanted, _MAX_ROLES))
+                rows = await cur.fetchall()
+    except TimeoutError:
+        raise ComputeError("reading the compute's roles timed out") from None
+    except psycopg.Error as exc:
+        raise ComputeError(f"reading the compute's roles: {exc}") from exc
+    return {str(name): str(verifier) for name, verifier in rows}

@@ -1,0 +1,54 @@
+"""What every handler is given and shares: the context, the outcome type, common look-ups."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from pgplane.compute.driver import ComputeDriver, ComputeSpec
+from pgplane.config import Settings
+from pgplane.core.models import Endpoint, Operation, Project
+from pgplane.store import Store, Tx
+
+OnFinish = Callable[[Tx], Awaitable[None]]
+
+
+class PermanentError(Exception):
+    """Retrying cannot help (the operation's object is gone or the action is unknown)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    store: Store
+    driver: ComputeDriver
+    settings: Settings
+
+
+Handler = Callable[[Context, Operation], Awaitable[OnFinish | None]]
+
+
+async def project_of(ctx: Context, op: Operation) -> Project:
+    async with ctx.store.read() as tx:
+        project = await tx.get_project_by_id(op.project_id)
+    if project is None:
+        raise PermanentError(f"project {op.project_id} does not exist")
+    return project
+
+
+def require_branch(op: Operation) -> str:
+    if op.branch_id is None:
+        raise PermanentError(f"{op.action} needs a branch")
+    return op.branch_id
+
+
+def compute_spec(project: Project, endpoint: Endpoint) -> ComputeSpec:
+    return ComputeSpec(
+        project_id=project.id,
+        branch_id=endpoint.branch_id,
+        endpoint_id=endpoint.id,
+        pg_version=project.pg_version,
+        port=endpoint.port,
+        pg_settings={k: str(v) for k, v in endpoint.settings.get("pg_settings", {}).items()},
+        autoscaling_limit_min_cu=endpoint.autoscaling_limit_min_cu,
+        autoscaling_limit_max_cu=endpoint.autoscaling_limit_max_cu,
+    )

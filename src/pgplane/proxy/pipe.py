@@ -1,0 +1,157 @@
+"""One side of a proxied connection (client or compute): bounded reads, then a byte pipe.
+
+While the proxy handshakes, what a side sends is buffered for the proxy to read, up to
+:data:`HANDSHAKE_BUFFER` bytes: past that the side's reading is paused (TCP back-pressure) until
+the proxy has read what it needs, so a client that pours bytes before it is logged in costs a
+fixed amount of memory. Once piped, every chunk goes straight to the peer's transport, and a
+peer that cannot keep up pauses this side (its write buffer's high-water mark).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import cast
+
+from pgplane.proxy.activity import Session
+from pgplane.proxy.framing import HEADER, frame, payload_length
+
+HANDSHAKE_BUFFER = 128 * 1024
+_HIGH_WATER = 256 * 1024
+
+
+class Closed(Exception):
+    """The side's connection ended (or was never made)."""
+
+
+class Side(asyncio.Protocol):
+    def __init__(self) -> None:
+        self._transport: asyncio.Transport | None = None
+        self._buffer = bytearray()
+        self._waiter: asyncio.Future[None] | None = None
+        self._eof = False
+        self._paused = False
+        self._peer: asyncio.Transport | None = None
+        self._session: Session | None = None
+        self._sniff: Callable[[bytes], bool] | None = None
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    @property
+    def transport(self) -> asyncio.Transport:
+        if self._transport is None:
+            raise Closed
+        return self._transport
+
+    @transport.setter
+    def transport(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+
+    def peer_address(self) -> str:
+        """The client's address (its host), "" for a unix socket."""
+        peer = None if self._transport is None else self._transport.get_extra_info("peername")
+        return str(peer[0]) if isinstance(peer, tuple) and peer else ""
+
+    # asyncio.Protocol --------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # Stream connections (TCP, unix, TLS) always give a full Transport.
+        self._transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        peer = self._peer
+        if peer is not None:
+            peer.write(data)
+            if self._session is not None:
+                self._session.ticks += 1
+            if self._sniff is not None and self._sniff(data):
+                self._sniff = None
+            return
+        self._buffer += data
+        if len(self._buffer) > HANDSHAKE_BUFFER and not self._paused:
+            self._paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def eof_received(self) -> bool | None:
+        self._eof = True
+        self._wake()
+        if self._peer is not None:
+            self._peer.close()
+        return None  # close our side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._eof = True
+        self._wake()
+        if self._peer is not None:
+            self._peer.close()
+        if not self.lost.done():
+            self.lost.set_result(None)
+
+    def pause_writing(self) -> None:
+        # Our transport's buffer is full: stop reading from whoever fills it.
+        if self._peer is not None:
+            self._peer.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self._peer is not None:
+            self._peer.resume_reading()
+
+    # handshake ---------------------------------------------------------------------------
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _resume(self) -> None:
+        if self._paused and len(self._buffer) <= HANDSHAKE_BUFFER // 2:
+            self._paused = False
+            if self._transport is not None and not self._transport.is_closing():
+                self._transport.resume_reading()
+
+    async def read_exactly(self, n: int) -> bytes:
+        if n > HANDSHAKE_BUFFER:
+            raise Closed  # nothing the proxy reads before piping is this large
+        while len(self._buffer) < n:
+            if self._eof:
+                raise Closed
+            self._resume()
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        data = bytes(self._buffer[:n])
+        del self._buffer[:n]
+        self._resume()
+        return data
+
+    async def read_frame(self, *, limit: int) -> tuple[bytes, bytes]:
+        """One message: its type byte and payload (FrameError past ``limit`` bytes)."""
+        header = await self.read_exactly(HEADER)
+        return header[:1], await self.read_exactly(payload_length(header, limit=limit))
+
+    def write(self, data: bytes) -> None:
+        if self._transport is not None:
+            self._transport.write(data)
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    def pipe_to(
+        self,
+        peer: Side,
+        session: Session,
+        sniff: Callable[[bytes], bool] | None = None,
+    ) -> None:
+        """From now on, forward everything this side receives to ``peer``."""
+        self._peer = peer.transport
+        self._session = session
+        self._sniff = sniff
+        self.transport.set_write_buffer_limits(high=_HIGH_WATER)
+        if self._buffer:
+            pending, self._buffer = bytes(self._buffer), bytearray()
+            self.data_received(pending)
+        if self._paused:
+            self._paused = False
+            self.transport.resume_reading()
+        if self._eof:
+            peer.close()
+
+
+__all__ = ["HANDSHAKE_BUFFER", "Closed", "Side", "frame"]

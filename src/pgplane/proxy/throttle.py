@@ -1,0 +1,36 @@
+"""Wrong passwords, throttled per endpoint and client address.
+
+A guesser gets a minute's allowance of failures for one endpoint from one address, then is
+refused before any SCRAM exchange until the allowance refills; other addresses and other
+endpoints are untouched, so one client's guessing never locks out another. Only failures count:
+a good login neither spends nor repays the allowance (as the API's failure limit).
+"""
+
+from __future__ import annotations
+
+import time
+
+from pgplane.core.gcra import Limit, address_key
+
+_SECOND = 1_000_000_000
+FAILURES_PER_MINUTE = 30
+
+
+class LoginThrottle:
+    def __init__(self, failures_per_minute: int = FAILURES_PER_MINUTE) -> None:
+        self._limit = (
+            Limit(per_second=failures_per_minute / 60, burst=failures_per_minute)
+            if failures_per_minute > 0
+            else None
+        )
+
+    def wait(self, endpoint_id: str, host: str) -> int:
+        """Whole seconds until this address may try this endpoint again; 0 if it may now."""
+        if self._limit is None:
+            return 0
+        wait = self._limit.wait((endpoint_id, address_key(host)), time.monotonic_ns())
+        return 0 if wait == 0 else max(1, -(-wait // _SECOND))
+
+    def failed(self, endpoint_id: str, host: str) -> None:
+        if self._limit is not None:
+            self._limit.take((endpoint_id, address_key(host)), time.monotonic_ns())
