@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Protocol
 
 from pgplane.compute.driver import ComputeDriver
 from pgplane.config import Settings
@@ -19,11 +20,23 @@ from pgplane.core.operations import Action
 from pgplane.engine.context import compute_spec
 from pgplane.engine.engine import Engine
 from pgplane.errors import Unavailable
-from pgplane.proxy.activity import Activity
 from pgplane.services import scheduled
 from pgplane.store import Store
 
 log = logging.getLogger(__name__)
+
+
+class Activity(Protocol):
+    """Where connections are counted (the proxy's counters, given by the process that runs both)."""
+
+    def sample(self, now: int) -> dict[str, int]:
+        """Endpoints used since the last sample, with when."""
+        ...
+
+    def unsampled(self, changed: dict[str, int]) -> None:
+        """Give back a sample that could not be recorded, to be taken again."""
+        ...
+
 
 _US = 1_000_000
 # How often the slower duties look for due work, at most (they are due far less often).
