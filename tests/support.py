@@ -245,6 +245,24 @@ class Api:
         assert [o["status"] for o in ops] == ["finished"] * len(ops), ops
         return body
 
+    def operations(self, project_id: str) -> list[dict[str, Any]]:
+        r = self.http.get(f"/projects/{project_id}/operations", params={"limit": 1000})
+        assert r.status_code == 200, r.text
+        return list(r.json()["operations"])
+
+    def endpoint(self, project_id: str, endpoint_id: str) -> dict[str, Any]:
+        r = self.http.get(f"/projects/{project_id}/endpoints/{endpoint_id}")
+        assert r.status_code == 200, r.text
+        return dict(r.json()["endpoint"])
+
+    def suspend(self, project_id: str, endpoint_id: str) -> None:
+        """Suspend the compute through the API and wait until it is."""
+        r = self.http.post(f"/projects/{project_id}/endpoints/{endpoint_id}/suspend")
+        assert r.status_code == 200, r.text
+        ops = self.wait_operations(project_id, [o["id"] for o in r.json()["operations"]])
+        assert [o["status"] for o in ops] == ["finished"], ops
+        assert self.endpoint(project_id, endpoint_id)["current_state"] == "idle"
+
     def create_project(self, **project: object) -> dict:
         r = self.http.post("/projects", json={"project": project})
         assert r.status_code == 201, r.text
