@@ -22,12 +22,11 @@ behind one address would each allow the full limits.
 
 from __future__ import annotations
 
-import functools
-import ipaddress
 import time
 from collections.abc import Callable, Hashable
 
 from pgplane.config import Settings
+from pgplane.connlimits import address_key
 from pgplane.errors import TooManyRequests
 
 _SECOND = 1_000_000_000
@@ -64,22 +63,6 @@ class Limit:
 
     def __len__(self) -> int:
         return len(self._full_at)
-
-
-@functools.lru_cache(maxsize=4096)
-def address_key(host: str) -> str:
-    """What failures are counted by: an IPv4 address, or an IPv6 address's /64.
-
-    A host is usually given a whole IPv6 /64: counting single addresses would let it rotate
-    through them and never be throttled.
-    """
-    if ":" not in host:
-        return host
-    try:
-        network = ipaddress.IPv6Network((host, 64), strict=False)
-    except ValueError:
-        return host
-    return str(network)
 
 
 def _refuse(wait: int, message: str) -> TooManyRequests:

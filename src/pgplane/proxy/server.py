@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, cast
 
+from pgplane.connlimits import ConnectionGate
 from pgplane.core import clock
 from pgplane.proxy import scram, wire
 from pgplane.proxy.activity import Activity, Session
@@ -248,8 +249,12 @@ class Proxy:
         proxy_host: str,
         server_tls: ssl.SSLContext | None,
         cert_hash: bytes | None,
+        gate: ConnectionGate | None = None,
+        handshake_timeout: float = _HANDSHAKE_TIMEOUT,
     ) -> None:
         self._computes = computes
+        self._gate = gate or ConnectionGate(per_address=0, total=0)
+        self._handshake_timeout = handshake_timeout
         self._activity = activity
         self._proxy_host = proxy_host
         self._server_tls = server_tls
@@ -280,9 +285,24 @@ class Proxy:
         return side
 
     async def _serve(self, client: _Side) -> None:
+        # Past the caps a client is told so, as Postgres tells it (53300), before a byte of it
+        # is read, and closed.
+        peer = client.transport.get_extra_info("peername")
+        admission = self._gate.admit(peer[0] if isinstance(peer, tuple) else None)
+        if admission is None:
+            message = self._gate.refusal_message()
+            client.write(wire.error_response(wire.TOO_MANY_CONNECTIONS, message))
+            client.close()
+            return
+        try:
+            await self._serve_admitted(client)
+        finally:
+            admission.release()
+
+    async def _serve_admitted(self, client: _Side) -> None:
         compute: _Side | None = None
         try:
-            async with asyncio.timeout(_HANDSHAKE_TIMEOUT):
+            async with asyncio.timeout(self._handshake_timeout):
                 first = await self._first_packet(client)
                 if first is None:
                     return
