@@ -113,6 +113,8 @@ class _Side(asyncio.Protocol):
         self._session: Session | None = None
         self._sniff: Callable[[bytes], bool] | None = None
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # Set once the transport is there: a task started with the protocol may run first.
+        self.made: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     @property
     def transport(self) -> asyncio.Transport:
@@ -128,6 +130,8 @@ class _Side(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # Stream connections (TCP, unix, TLS) always give a full Transport.
         self._transport = cast(asyncio.Transport, transport)
+        if not self.made.done():
+            self.made.set_result(None)
 
     def data_received(self, data: bytes) -> None:
         peer = self._peer
@@ -287,6 +291,7 @@ class Proxy:
     async def _serve(self, client: _Side) -> None:
         # Past the caps a client is told so, as Postgres tells it (53300), before a byte of it
         # is read, and closed.
+        await client.made
         peer = client.transport.get_extra_info("peername")
         admission = self._gate.admit(peer[0] if isinstance(peer, tuple) else None)
         if admission is None:
