@@ -100,7 +100,8 @@ class Settings:
     api_max_connections: int = 4096
     proxy_connections_per_address: int = 256
     proxy_max_connections: int = 4096
-    # From connecting to authenticated, on the proxy (a wake after it is not counted).
+    # From connecting to authenticated, on the proxy (a wake after it is not counted). For every
+    # deadline but the idle one, 0 means none.
     proxy_handshake_timeout_seconds: float = 30.0
 
     @property

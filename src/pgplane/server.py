@@ -73,6 +73,19 @@ def _certificate(settings: Settings) -> CertPair:
 def _gates(settings: Settings) -> tuple[ConnectionGate, ConnectionGate]:
     """The API's and the proxy's connection gates, under a descriptor limit raised to the hard
     one first (fdlimit.py says why)."""
+    for name in (
+        "api_max_connections",
+        "api_connections_per_address",
+        "proxy_max_connections",
+        "proxy_connections_per_address",
+        "http_header_timeout_seconds",
+        "http_body_timeout_seconds",
+        "proxy_handshake_timeout_seconds",
+    ):
+        if getattr(settings, name) < 0:
+            raise SystemExit(f"pgplane: PGPLANE_{name.upper()} must not be negative")
+    if settings.http_idle_timeout_seconds < 1:
+        raise SystemExit("pgplane: PGPLANE_HTTP_IDLE_TIMEOUT_SECONDS must be 1 or more")
     before, limit = raise_nofile()
     if limit != before:
         log.info("descriptor limit raised from %d to %d", before, limit)
@@ -89,12 +102,10 @@ def _gates(settings: Settings) -> tuple[ConnectionGate, ConnectionGate]:
         *(caps.api_total, caps.api_per_address, caps.proxy_total, caps.proxy_per_address),
         *(limit, reserve(limit)),
     )
-    if (caps.api_total, caps.proxy_total) != (wanted.api_total, wanted.proxy_total) and all(
-        (wanted.api_total, wanted.proxy_total)
-    ):
+    if wanted.api_total and wanted.proxy_total and caps.descriptors < wanted.descriptors:
         log.warning(
             "connection caps cut down to fit the descriptor limit %d: raise its hard limit"
-            " (ulimit -Hn, LimitNOFILE=) for the caps asked for",
+            " (ulimit -Hn, systemd's LimitNOFILE=) for the caps asked for",
             limit,
         )
     return (

@@ -307,7 +307,7 @@ class Proxy:
     async def _serve_admitted(self, client: _Side) -> None:
         compute: _Side | None = None
         try:
-            async with asyncio.timeout(self._handshake_timeout):
+            async with asyncio.timeout(self._handshake_timeout or None):
                 first = await self._first_packet(client)
                 if first is None:
                     return
