@@ -13,12 +13,14 @@ import asyncio
 import contextlib
 import json
 import os
+import resource
 import socket
 import struct
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import psycopg
@@ -34,18 +36,38 @@ GIVE_UP = 60.0  # a flooder still open after this long is a failure, and the flo
 SLACK = 8  # descriptors the server may hold beyond its baseline after the flood (store, logs)
 
 
+LOW_SOFT_LIMIT = 1024  # what the server is started under: the usual default soft limit
+
+
+@contextlib.contextmanager
+def _low_soft_limit() -> Iterator[None]:
+    """Children started meanwhile inherit a soft descriptor limit below the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard <= LOW_SOFT_LIMIT:
+        pytest.skip(f"the hard descriptor limit is {hard}: nothing to raise")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (LOW_SOFT_LIMIT, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 @pytest.fixture(scope="module")
 def walled() -> Iterator[Server]:
-    with running_server(
-        PGPLANE_API_CONNECTIONS_PER_ADDRESS=str(CAP),
-        PGPLANE_API_MAX_CONNECTIONS="64",
-        PGPLANE_PROXY_CONNECTIONS_PER_ADDRESS=str(CAP),
-        PGPLANE_PROXY_MAX_CONNECTIONS="64",
-        PGPLANE_HTTP_HEADER_TIMEOUT_SECONDS=str(DEADLINE),
-        PGPLANE_HTTP_BODY_TIMEOUT_SECONDS=str(DEADLINE),
-        PGPLANE_HTTP_IDLE_TIMEOUT_SECONDS=str(DEADLINE),
-        PGPLANE_PROXY_HANDSHAKE_TIMEOUT_SECONDS=str(DEADLINE),
-    ) as srv:
+    with contextlib.ExitStack() as stack:
+        with _low_soft_limit():  # which the server raises itself
+            srv = stack.enter_context(
+                running_server(
+                    PGPLANE_API_CONNECTIONS_PER_ADDRESS=str(CAP),
+                    PGPLANE_API_MAX_CONNECTIONS="64",
+                    PGPLANE_PROXY_CONNECTIONS_PER_ADDRESS=str(CAP),
+                    PGPLANE_PROXY_MAX_CONNECTIONS="64",
+                    PGPLANE_HTTP_HEADER_TIMEOUT_SECONDS=str(DEADLINE),
+                    PGPLANE_HTTP_BODY_TIMEOUT_SECONDS=str(DEADLINE),
+                    PGPLANE_HTTP_IDLE_TIMEOUT_SECONDS=str(DEADLINE),
+                    PGPLANE_PROXY_HANDSHAKE_TIMEOUT_SECONDS=str(DEADLINE),
+                )
+            )
         yield srv
 
 
@@ -195,6 +217,16 @@ def _wait_for_descriptors(server: Server, at_most: int) -> int:
     while (count := _descriptors(server)) > at_most and time.monotonic() < deadline:
         time.sleep(0.2)
     return count
+
+
+def test_the_descriptor_limit_is_raised_to_the_hard_limit(walled: Server) -> None:
+    assert walled.process is not None
+    limits = Path(f"/proc/{walled.process.pid}/limits").read_text()
+    soft, hard = next(line for line in limits.splitlines() if line.startswith("Max open files"))[
+        len("Max open files") :
+    ].split()[:2]
+    assert soft == hard, limits
+    assert f"descriptor limit raised from {LOW_SOFT_LIMIT} to {hard}" in walled.log()
 
 
 def test_a_flood_of_silent_and_slow_sockets_starves_no_one(walled: Server) -> None:
