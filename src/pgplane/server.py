@@ -18,12 +18,14 @@ import uvicorn
 
 from pgplane.api import create_app
 from pgplane.api.health import Readiness
-from pgplane.api.http import HttpProtocol
+from pgplane.api.http import HttpLimits, protocol_with
 from pgplane.compute.local import LocalComputeDriver, LocalDriverConfig
 from pgplane.config import Settings
+from pgplane.connlimits import ConnectionGate
 from pgplane.engine import Engine
 from pgplane.engine.reconcile import reconcile
 from pgplane.engine.scheduler import Scheduler
+from pgplane.fdlimit import Caps, raise_nofile, reserve, size_caps
 from pgplane.gateway import ComputeWaker
 from pgplane.proxy.activity import Activity
 from pgplane.proxy.server import Proxy
@@ -68,8 +70,53 @@ def _certificate(settings: Settings) -> CertPair:
     return ensure_certificate(settings.tls_dir, settings.proxy_host)
 
 
+def _gates(settings: Settings) -> tuple[ConnectionGate, ConnectionGate]:
+    """The API's and the proxy's connection gates, under a descriptor limit raised to the hard
+    one first (fdlimit.py says why)."""
+    for name in (
+        "api_max_connections",
+        "api_connections_per_address",
+        "proxy_max_connections",
+        "proxy_connections_per_address",
+        "http_header_timeout_seconds",
+        "http_body_timeout_seconds",
+        "proxy_handshake_timeout_seconds",
+    ):
+        if getattr(settings, name) < 0:
+            raise SystemExit(f"pgplane: PGPLANE_{name.upper()} must not be negative")
+    if settings.http_idle_timeout_seconds < 1:
+        raise SystemExit("pgplane: PGPLANE_HTTP_IDLE_TIMEOUT_SECONDS must be 1 or more")
+    before, limit = raise_nofile()
+    if limit != before:
+        log.info("descriptor limit raised from %d to %d", before, limit)
+    wanted = Caps(
+        api_total=settings.api_max_connections,
+        api_per_address=settings.api_connections_per_address,
+        proxy_total=settings.proxy_max_connections,
+        proxy_per_address=settings.proxy_connections_per_address,
+    )
+    caps = size_caps(limit, wanted)
+    log.info(
+        "connection caps: API %d (%d per address), proxy %d (%d per address);"
+        " descriptor limit %d, %d kept in reserve",
+        *(caps.api_total, caps.api_per_address, caps.proxy_total, caps.proxy_per_address),
+        *(limit, reserve(limit)),
+    )
+    if wanted.api_total and wanted.proxy_total and caps.descriptors < wanted.descriptors:
+        log.warning(
+            "connection caps cut down to fit the descriptor limit %d: raise its hard limit"
+            " (ulimit -Hn, systemd's LimitNOFILE=) for the caps asked for",
+            limit,
+        )
+    return (
+        ConnectionGate(per_address=caps.api_per_address, total=caps.api_total),
+        ConnectionGate(per_address=caps.proxy_per_address, total=caps.proxy_total),
+    )
+
+
 async def serve(settings: Settings) -> None:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    api_gate, proxy_gate = _gates(settings)
     tls = _certificate(settings)
     driver = LocalComputeDriver(
         LocalDriverConfig(
@@ -92,6 +139,8 @@ async def serve(settings: Settings) -> None:
         proxy_host=settings.proxy_host,
         server_tls=server_context(tls),
         cert_hash=certificate_hash(tls),
+        gate=proxy_gate,
+        handshake_timeout=settings.proxy_handshake_timeout_seconds,
     )
     try:
         bound = await proxy.start(settings.proxy_listen, settings.proxy_port)
@@ -121,7 +170,14 @@ async def serve(settings: Settings) -> None:
             app,
             host=settings.host,
             port=settings.port,
-            http=HttpProtocol,  # httptools, answering unparsable requests with the error body
+            # httptools, with deadlines, connection caps and the error body (api/http.py).
+            http=protocol_with(
+                HttpLimits(
+                    header_seconds=settings.http_header_timeout_seconds,
+                    body_seconds=settings.http_body_timeout_seconds,
+                    gate=api_gate,
+                )
+            ),
             lifespan="on",
             access_log=False,
             # No proxy in front by default: trusting X-Forwarded-For would let any client choose
@@ -130,10 +186,7 @@ async def serve(settings: Settings) -> None:
             server_header=False,
             log_config=None,
             timeout_graceful_shutdown=5,
-            # Longer than clients keep idle connections (httpx and requests: 5 s, uvicorn's own
-            # default too): the client closes first, never racing a request against our close,
-            # which it sees as a dropped connection (measured: 200 pollers each 1 s got some).
-            timeout_keep_alive=75,
+            timeout_keep_alive=settings.http_idle_timeout_seconds,  # config.py says why 75 s
         )
     )
     # Everything allocated so far lives as long as the process: move it out of the collector's

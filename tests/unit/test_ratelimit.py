@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pgplane.api.ratelimit import Limit, RateLimiter, address_key
+from pgplane.api.ratelimit import Limit, RateLimiter
+from pgplane.connlimits import address_key
 from pgplane.errors import TooManyRequests
 
 S = 1_000_000_000  # the limiter counts in nanoseconds

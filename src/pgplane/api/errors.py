@@ -13,7 +13,7 @@ from litestar.exceptions import HTTPException, ValidationException
 
 from pgplane.api.schemas import ErrorBody
 from pgplane.core import keys
-from pgplane.errors import PgplaneError
+from pgplane.errors import BadRequest, PgplaneError
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +68,16 @@ def _validation_message(exc: ValidationException) -> str:
     return f"invalid request: {detail}"
 
 
+# Litestar's word for a client gone before its whole body came (a slow body past its deadline, see
+# api/http.py): the client's doing, not a server error; no one is left to read an answer.
+_DISCONNECTED = "client disconnected prematurely"
+
+
 def on_http_error(request: AnyRequest, exc: HTTPException) -> Response[ErrorBody]:
     status = exc.status_code
+    if status >= 500 and exc.detail == _DISCONNECTED:
+        log.info("client left during its request body: %s %s", request.method, request.url.path)
+        return _render(request, 400, BadRequest.code, "the request body did not arrive")
     if status >= 500:
         log.error("server error on %s %s: %s", request.method, request.url.path, exc.detail)
         return _render(request, 500, "INTERNAL", "internal server error")

@@ -35,6 +35,8 @@ class Side(asyncio.Protocol):
         self._session: Session | None = None
         self._sniff: Callable[[bytes], bool] | None = None
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # Set once the transport is there: a task started with the protocol may run first.
+        self.made: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     @property
     def transport(self) -> asyncio.Transport:
@@ -55,6 +57,8 @@ class Side(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # Stream connections (TCP, unix, TLS) always give a full Transport.
         self._transport = cast(asyncio.Transport, transport)
+        if not self.made.done():
+            self.made.set_result(None)
 
     def data_received(self, data: bytes) -> None:
         peer = self._peer

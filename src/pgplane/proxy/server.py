@@ -23,6 +23,7 @@ import logging
 import ssl
 import struct
 
+from pgplane.connlimits import ConnectionGate
 from pgplane.core import clock
 from pgplane.proxy import scram, wire
 from pgplane.proxy.activity import Activity
@@ -48,8 +49,12 @@ class Proxy:
         server_tls: ssl.SSLContext | None,
         cert_hash: bytes | None,
         throttle: LoginThrottle | None = None,
+        gate: ConnectionGate | None = None,
+        handshake_timeout: float = _HANDSHAKE_TIMEOUT,
     ) -> None:
         self._computes = computes
+        self._gate = gate or ConnectionGate(per_address=0, total=0)
+        self._handshake_timeout = handshake_timeout
         self._activity = activity
         self._proxy_host = proxy_host
         self._server_tls = server_tls
@@ -81,9 +86,24 @@ class Proxy:
         return side
 
     async def _serve(self, client: Side) -> None:
+        # Past the caps a client is told so, as Postgres tells it (53300), before a byte of it
+        # is read, and closed.
+        await client.made
+        admission = self._gate.admit(client.peer_address() or None)
+        if admission is None:
+            message = self._gate.refusal_message()
+            client.write(wire.error_response(wire.TOO_MANY_CONNECTIONS, message))
+            client.close()
+            return
+        try:
+            await self._serve_admitted(client)
+        finally:
+            admission.release()
+
+    async def _serve_admitted(self, client: Side) -> None:
         compute: Side | None = None
         try:
-            async with asyncio.timeout(_HANDSHAKE_TIMEOUT):
+            async with asyncio.timeout(self._handshake_timeout or None):
                 first = await self._first_packet(client)
                 if first is None:
                     return

@@ -26,6 +26,7 @@ CANNOT_CONNECT_NOW = "57P03"  # a compute starting up or shutting down
 ADMIN_SHUTDOWN = "57P01"
 CRASH_SHUTDOWN = "57P02"
 CONNECTION_FAILURE = "08006"  # the compute could not be started or reached
+TOO_MANY_CONNECTIONS = "53300"  # past the proxy's connection caps (connlimits.py)
 INVALID_PASSWORD = "28P01"  # noqa: S105 - a SQLSTATE, not a password
 
 # Authentication request codes (the Int32 after an 'R').
