@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pgplane.api.ratelimit import Limit, RateLimiter
-from pgplane.connlimits import address_key
+from pgplane.core.gcra import address_key
 from pgplane.errors import TooManyRequests
 
 S = 1_000_000_000  # the limiter counts in nanoseconds
