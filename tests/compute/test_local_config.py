@@ -15,7 +15,7 @@ from pgplane.compute.driver import (
 )
 from pgplane.compute.local import LocalComputeDriver
 from pgplane.compute.local.pidfile import read_pid_file
-from pgplane.compute.local.postmaster import admin_conninfo
+from pgplane.compute.local.sessions import admin_conninfo
 
 
 def newest(driver: LocalComputeDriver) -> int:
