@@ -3,6 +3,8 @@ role can only read and is repaired when a tenant breaks it, and the platform's p
 
 from __future__ import annotations
 
+import contextlib
+
 import psycopg
 import pytest
 from compute_helpers import DATABASE, ROLE, Computes, connect, free_port, query
@@ -83,6 +85,13 @@ async def test_pinned_settings_outrank_every_tenant_default(
         await tenant.execute(
             f"ALTER ROLE {ROLE.name} IN DATABASE {DATABASE.name} SET search_path = trap".encode()
         )
+
+        # Not a setting Postgres lets anyone store; were it, the session would be the tenant's.
+        for target in (f"DATABASE {DATABASE.name}", f"ROLE {ROLE.name}"):
+            with contextlib.suppress(psycopg.Error):
+                await tenant.execute(
+                    f"ALTER {target} SET session_authorization = {ROLE.name}".encode()
+                )
 
     # They are real defaults: for the database, the role, and the role in the database...
     stored = await admin(driver, spec, "SELECT setconfig FROM pg_catalog.pg_db_role_setting")

@@ -12,7 +12,8 @@ can start on it meanwhile.
 
 As for a new timeline, everything is built in ``pgdata.tmp``, made durable, marked complete and
 renamed into place, so a crash at any point leaves only a temporary directory that the next
-attempt removes; the parent's backup ends with the session that made it.
+attempt removes; the parent's backup ends with the session that made it. That session is a
+platform session on a tenant's compute: pinned and qualified (:mod:`.sessions`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Postgres clusters: the per-version template, and the roles and databases of a new timeline.
 
 initdb costs about half a second, a copy of its output a tenth of that, so initdb runs once per
-installation into ``templates/<major>/pgdata`` and every new cluster starts as a copy.
+installation into ``templates/<major>/pgdata`` and every new cluster starts as a copy. Its SQL
+runs in platform sessions, pinned and qualified (:mod:`.sessions`).
 """
 
 from __future__ import annotations

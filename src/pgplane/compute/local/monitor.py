@@ -17,11 +17,12 @@ answer, which keeps the compute up; :func:`ensure_monitor` repairs the role at t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import sql
+from psycopg import errors, sql
 
 from pgplane.compute.driver import ComputeError
 from pgplane.compute.local.sessions import (
@@ -54,8 +55,11 @@ _MEMBERS = (
 async def create_monitor(admin: Conn) -> None:
     """Create or repair the monitor role in ``admin``'s cluster (a cloud_admin session)."""
     cur = await admin.execute(_ROLE_EXISTS, [MONITOR_USER])
-    verb = "ALTER" if await cur.fetchone() is not None else "CREATE"
-    await admin.execute(sql.SQL(verb + " ROLE {} {}").format(_MONITOR, _ATTRIBUTES))
+    if await cur.fetchone() is None:
+        # Another check may create it at the same moment: the ALTER below holds either way.
+        with contextlib.suppress(errors.DuplicateObject, errors.UniqueViolation):
+            await admin.execute(sql.SQL("CREATE ROLE {} {}").format(_MONITOR, _ATTRIBUTES))
+    await admin.execute(sql.SQL("ALTER ROLE {} {}").format(_MONITOR, _ATTRIBUTES))
     await admin.execute(sql.SQL("ALTER ROLE {} RESET ALL").format(_MONITOR))
     await admin.execute(sql.SQL("GRANT pg_monitor TO {}").format(_MONITOR))
     # Whoever holds the role (a tenant who created it first holds it WITH ADMIN from 16 on)

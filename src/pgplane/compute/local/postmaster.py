@@ -123,6 +123,8 @@ def postmaster_argv(
     # On the command line, not in postgresql.conf: ALTER SYSTEM cannot break them (as patroni).
     argv += ["-p", str(port), "-k", str(socket_dir), "-c", f"listen_addresses={listen}"]
     argv += ["-c", "unix_socket_permissions=0700", "-c", "logging_collector=off"]
+    # A compute started before hba_file was passed differs from this command line, so _serves
+    # restarts it once, at its next start or apply_config, and it follows the platform's rule.
     argv += ["-c", f"hba_file={hba_file}"]
     return argv
 
