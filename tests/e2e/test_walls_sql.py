@@ -5,8 +5,9 @@ the test plants traps: ``search_path`` defaults for the database, the role and t
 ``pg_settings`` that put tenant schemas before ``pg_catalog``, and views, functions and an
 operator there that shadow every unqualified name the platform ever used. Each trap, if a
 platform session runs it, records ``current_user`` and tries ``ALTER ROLE … SUPERUSER``. Then
-every admin path runs: roles and databases created, changed and dropped, a password reset,
-suspend (asked for, and idle), start on connect, availability checks, detach and reattach.
+every admin path runs: roles and databases created, changed and dropped, a password reset, a
+branch copied online, suspend (asked for, and idle), start on connect, availability checks,
+detach and reattach.
 No trap may fire, the tenant stays a non-superuser, and every operation finishes.
 """
 
@@ -119,10 +120,6 @@ def _finished(api: Api, pid: str, action: str) -> int:
     return sum(1 for o in _ops(api, pid) if o["action"] == action and o["status"] == "finished")
 
 
-def _settle(api: Api, pid: str, response: Any) -> dict[str, Any]:
-    return api.settled(pid, response)
-
-
 def _none_failed(api: Api, pid: str) -> None:
     """Every operation of the project, the platform's own included, settles and finishes."""
     ops = api.wait_operations(pid, [o["id"] for o in _ops(api, pid)])
@@ -169,10 +166,9 @@ def test_no_admin_path_runs_a_tenants_trap(walls: Server) -> None:
         endpoint = f"/projects/{pid}/endpoints/{eid}"
 
         # A second role and a database of its own, both with traps.
-        body = _settle(api, pid, api.http.post(f"{branch}/roles", json={"role": {"name": "mole"}}))
+        body = api.settled(pid, api.http.post(f"{branch}/roles", json={"role": {"name": "mole"}}))
         mole_password = body["role"]["password"]
-        _settle(
-            api,
+        api.settled(
             pid,
             api.http.post(
                 f"{branch}/databases", json={"database": {"name": "den", "owner_name": "mole"}}
@@ -182,8 +178,7 @@ def test_no_admin_path_runs_a_tenants_trap(walls: Server) -> None:
         _plant(uri, "neondb_owner", "neondb")
         _plant(mole_uri, "mole", "den")
         # The endpoint's own settings point there too (the compute restarts with them).
-        _settle(
-            api,
+        api.settled(
             pid,
             api.http.patch(
                 endpoint, json={"endpoint": {"pg_settings": {"search_path": TRAP_PATH}}}
@@ -200,15 +195,19 @@ def test_no_admin_path_runs_a_tenants_trap(walls: Server) -> None:
             walls,
         )
 
+        # A branch of the running compute: its online backup runs as superuser there.
+        r = api.http.post(f"/projects/{pid}/branches", json={"branch": {"name": "copy"}})
+        api.settled(pid, r)
+
         # Roles and databases changed and dropped, a password reset.
-        _settle(api, pid, api.http.post(f"{branch}/roles", json={"role": {"name": "vole"}}))
+        api.settled(pid, api.http.post(f"{branch}/roles", json={"role": {"name": "vole"}}))
         r = api.http.post(f"{branch}/roles/mole/reset_password")
-        mole_password = _settle(api, pid, r)["role"]["password"]
+        mole_password = api.settled(pid, r)["role"]["password"]
         mole_uri = _as(uri, user="mole", password=mole_password, dbname="den")
         assert _fired(mole_uri) == []
 
         # Suspended when asked, started by a connection, checked while suspended.
-        _settle(api, pid, api.http.post(f"{endpoint}/suspend"))
+        api.settled(pid, api.http.post(f"{endpoint}/suspend"))
         checks = _finished(api, pid, "check_availability")
         _wait_for(
             "a check while suspended",
@@ -219,8 +218,8 @@ def test_no_admin_path_runs_a_tenants_trap(walls: Server) -> None:
             conn.execute("SELECT 1")
 
         # Suspended when idle: the activity check runs first.
-        _settle(
-            api, pid, api.http.patch(endpoint, json={"endpoint": {"suspend_timeout_seconds": 1}})
+        api.settled(
+            pid, api.http.patch(endpoint, json={"endpoint": {"suspend_timeout_seconds": 1}})
         )
         _wait_for(
             "the idle suspend",
@@ -229,9 +228,9 @@ def test_no_admin_path_runs_a_tenants_trap(walls: Server) -> None:
         )
 
         # Dropping a role reassigns and drops what it owns in each database, as superuser there.
-        _settle(api, pid, api.http.delete(f"{branch}/databases/den"))
-        _settle(api, pid, api.http.delete(f"{branch}/roles/mole"))
-        _settle(api, pid, api.http.delete(f"{branch}/roles/vole"))
+        api.settled(pid, api.http.delete(f"{branch}/databases/den"))
+        api.settled(pid, api.http.delete(f"{branch}/roles/mole"))
+        api.settled(pid, api.http.delete(f"{branch}/roles/vole"))
 
         # Detached when idle, reattached and started by the next connection. Checks are off
         # meanwhile: the scheduler creates one in the very tick its detach scan runs, and an
@@ -287,8 +286,8 @@ def test_what_createrole_may_grant_depends_on_the_version(walls: Server, version
         checks = _finished(api, pid, "check_availability")
         _wait_for("a check", lambda: _finished(api, pid, "check_availability") > checks, walls)
         endpoint = f"/projects/{pid}/endpoints/{eid}"
-        _settle(
-            api, pid, api.http.patch(endpoint, json={"endpoint": {"suspend_timeout_seconds": 1}})
+        api.settled(
+            pid, api.http.patch(endpoint, json={"endpoint": {"suspend_timeout_seconds": 1}})
         )
         _wait_for(
             "the idle suspend",

@@ -9,6 +9,10 @@ The file is the platform's, not the cluster's: it lives outside every data direc
 and read-only to compute users, and is named by ``-c hba_file=`` on the postmaster's command line
 (which outranks ``postgresql.conf`` and ``ALTER SYSTEM``). So clusters made before this rule, whose
 own ``pg_hba.conf`` still says otherwise, follow it too, and no tenant can change it.
+
+Trust over the socket depends on the proxy authenticating every login before it pipes: a proxy
+that leaves a role it does not know (one created with SQL) to Postgres would let it in with any
+password.
 """
 
 from __future__ import annotations
