@@ -16,7 +16,8 @@ from pgplane.compute.driver import ComputeSpec, DatabaseSpec, RoleSpec
 from pgplane.compute.local import LocalComputeDriver
 from pgplane.compute.local.layout import Layout
 from pgplane.compute.local.pidfile import PidFile, is_postmaster_of, read_pid_file
-from pgplane.compute.local.postmaster import Postmasters, admin_conninfo, postmaster_argv
+from pgplane.compute.local.postmaster import Postmasters, postmaster_argv
+from pgplane.compute.local.sessions import admin_conninfo
 from pgplane.compute.local.user import resolve_run_as
 
 ROLE = RoleSpec(name="neondb_owner", password="npg_s3cret'\"pass")
@@ -180,7 +181,15 @@ async def crashed_build(
     socket_dir.mkdir(mode=0o700)
     run_as.chown(socket_dir)
     install = await driver.runnable_installation(driver.pg_versions()[-1])
-    argv = postmaster_argv(install, tmp, port=5432, socket_dir=socket_dir, listen="", settings={})
+    argv = postmaster_argv(
+        install,
+        tmp,
+        port=5432,
+        socket_dir=socket_dir,
+        listen="",
+        settings={},
+        hba_file=driver.layout.hba_file,
+    )
     await crashed.start(
         argv, pgdata=tmp, port=5432, socket_dir=socket_dir, run_as=run_as, log_path=log_path
     )

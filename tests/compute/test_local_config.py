@@ -15,7 +15,7 @@ from pgplane.compute.driver import (
 )
 from pgplane.compute.local import LocalComputeDriver
 from pgplane.compute.local.pidfile import read_pid_file
-from pgplane.compute.local.postmaster import admin_conninfo
+from pgplane.compute.local.sessions import admin_conninfo
 
 
 def newest(driver: LocalComputeDriver) -> int:
@@ -234,6 +234,9 @@ async def test_reserved_names_are_refused(driver: LocalComputeDriver) -> None:
         ConfigChange(roles=[RoleSpec("cloud_admin", "x")]),
         ConfigChange(roles=[RoleSpec("pg_monitor", "x")]),
         ConfigChange(dropped_roles=["cloud_admin"]),
+        ConfigChange(roles=[RoleSpec("pgplane_monitor", "x")]),
+        ConfigChange(dropped_roles=["pgplane_monitor"]),
+        ConfigChange(databases=[DatabaseSpec("other", "pgplane_monitor")]),
         ConfigChange(dropped_databases=["postgres"]),
         ConfigChange(renamed_databases={"template1": "mine"}),
         ConfigChange(databases=[DatabaseSpec("other", "cloud_admin")]),

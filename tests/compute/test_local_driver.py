@@ -20,7 +20,7 @@ from pgplane.compute.driver import ComputeError, ComputeSpec, InvalidSettings, P
 from pgplane.compute.local import LocalComputeDriver, LocalDriverConfig
 from pgplane.compute.local.binaries import discover
 from pgplane.compute.local.pidfile import is_postmaster_of, read_pid_file
-from pgplane.compute.local.postmaster import admin_conninfo
+from pgplane.compute.local.sessions import admin_conninfo
 from pgplane.compute.local.user import resolve_run_as
 
 

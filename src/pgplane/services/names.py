@@ -10,9 +10,18 @@ MAX_OBJECT_NAME = 256
 MAX_API_KEY_NAME = 64
 MAX_PG_IDENTIFIER_BYTES = 63  # NAMEDATALEN - 1: Postgres would silently truncate longer names
 
-# Names Postgres or the platform keep for themselves (role names compare in any case).
+# Names Postgres or the platform keep for themselves (role names compare in any case): the
+# platform's superuser and its read-only monitor exist on every compute (compute/local/sessions.py).
 _RESERVED_ROLES = frozenset(
-    {"cloud_admin", "public", "none", "current_user", "session_user", "current_role"}
+    {
+        "cloud_admin",
+        "pgplane_monitor",
+        "public",
+        "none",
+        "current_user",
+        "session_user",
+        "current_role",
+    }
 )
 _RESERVED_ROLE_PREFIX = "pg_"
 _RESERVED_DATABASES = frozenset({"postgres", "template0", "template1"})

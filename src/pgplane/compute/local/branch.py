@@ -12,7 +12,8 @@ can start on it meanwhile.
 
 As for a new timeline, everything is built in ``pgdata.tmp``, made durable, marked complete and
 renamed into place, so a crash at any point leaves only a temporary directory that the next
-attempt removes; the parent's backup ends with the session that made it.
+attempt removes; the parent's backup ends with the session that made it. That session is a
+platform session on a tenant's compute: pinned and qualified (:mod:`.sessions`).
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ from pgplane.compute.local.datacopy import (
 from pgplane.compute.local.files import fsync_dir, sync_tree, write_atomic
 from pgplane.compute.local.layout import TIMELINE_MARKER
 from pgplane.compute.local.pidfile import PidFile
-from pgplane.compute.local.postmaster import Postmasters, admin_conninfo
+from pgplane.compute.local.postmaster import Postmasters
+from pgplane.compute.local.sessions import ADMIN_USER, connect, conninfo
 from pgplane.compute.local.spares import SparePool
 from pgplane.compute.local.timeline import temporary_pgdata
 from pgplane.compute.local.user import RunAs
@@ -151,43 +153,47 @@ async def _copy_online(
 ) -> CopyStats:
     if running.socket_dir is None or running.port is None:
         raise ComputeError(f"the postmaster of {parent} is still starting; try again")
-    conninfo = admin_conninfo(Path(running.socket_dir), running.port)
+    # Superuser (pg_backup_start and replication slots need it), pinned, names qualified.
+    info = conninfo(
+        Path(running.socket_dir), running.port, user=ADMIN_USER, statement_timeout=_SQL_TIMEOUT
+    )
     try:
         async with asyncio.timeout(_SQL_TIMEOUT):
-            conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+            conn = await connect(info)
     except (psycopg.Error, TimeoutError) as exc:
         raise ComputeError(f"connecting to the postmaster of {parent}: {exc}") from exc
     async with conn:
         # Everything below runs in this one session: the backup and the slot end with it, so a
         # crash of ours (the connection closes) leaves nothing behind on the parent.
         version = conn.info.server_version
-        (in_recovery,) = await _one(conn, "SELECT pg_is_in_recovery()", ())
+        (in_recovery,) = await _one(conn, "SELECT pg_catalog.pg_is_in_recovery()", ())
         if in_recovery:
             raise ComputeError(f"the postmaster of {parent} is still recovering; try again")
         await _one(
             conn,
-            "SELECT pg_create_physical_replication_slot(%s, true, true)",
+            "SELECT pg_catalog.pg_create_physical_replication_slot(%s, true, true)",
             (_slot_name(label),),
         )
         start_sql = (
-            "SELECT pg_backup_start(%s, true)"
+            "SELECT pg_catalog.pg_backup_start(%s, true)"
             if version >= _PG15
-            else "SELECT pg_start_backup(%s, true, false)"
+            else "SELECT pg_catalog.pg_start_backup(%s, true, false)"
         )
         (start_lsn,) = await _one(conn, start_sql, (label,))
         stats = await _in_thread(
             partial(copy_data_dir, parent, tmp, online=True, keep_backup_label=False, spares=spares)
         )
         stop_sql = (
-            "SELECT lsn, labelfile, spcmapfile FROM pg_backup_stop(false)"
+            "SELECT lsn, labelfile, spcmapfile FROM pg_catalog.pg_backup_stop(false)"
             if version >= _PG15
-            else "SELECT lsn, labelfile, spcmapfile FROM pg_stop_backup(false, false)"
+            else "SELECT lsn, labelfile, spcmapfile FROM pg_catalog.pg_stop_backup(false, false)"
         )
         stop_lsn, labelfile, spcmapfile = await _one(conn, stop_sql, ())
         first, last, segment_size = await _one(
             conn,
-            "SELECT pg_walfile_name(%s::pg_lsn), pg_walfile_name(%s::pg_lsn), "
-            "pg_size_bytes(current_setting('wal_segment_size'))",
+            "SELECT pg_catalog.pg_walfile_name(%s::pg_catalog.pg_lsn),"
+            " pg_catalog.pg_walfile_name(%s::pg_catalog.pg_lsn),"
+            " pg_catalog.pg_size_bytes(pg_catalog.current_setting('wal_segment_size'))",
             (start_lsn, stop_lsn),
         )
         # From the segment of the backup's REDO point through the one of its end record; the

@@ -1,5 +1,7 @@
 """Roles and databases of a running cluster, converged with SQL as cloud_admin.
 
+Every session is pinned and every name qualified, as :mod:`pgplane.compute.local.sessions` says.
+
 Every step reads the catalog before it acts, so a retry after a crash half-way through skips
 what is done and finishes the rest. Identifiers and literals only ever reach SQL through
 ``psycopg.sql`` (Identifier, Literal), never by interpolation; the server hashes passwords
@@ -12,14 +14,19 @@ import asyncio
 import logging
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, LiteralString
+from typing import LiteralString
 
 import psycopg
 from psycopg import errors, sql
-from psycopg.conninfo import make_conninfo
 
 from pgplane.compute.driver import ComputeError, ConfigChange
-from pgplane.compute.local.postmaster import ADMIN_USER, admin_conninfo
+from pgplane.compute.local.sessions import (
+    ADMIN_USER,
+    PLATFORM_ROLES,
+    Conn,
+    admin_conninfo,
+    connect,
+)
 
 log = logging.getLogger(__name__)
 
@@ -29,13 +36,13 @@ _RENAME_ATTEMPTS = 20
 # connects to, and the templates.
 _RESERVED_DATABASES = frozenset({"postgres", "template0", "template1"})
 
-Conn = psycopg.AsyncConnection[tuple[Any, ...]]
+_ROLE_EXISTS = "SELECT 1 FROM pg_catalog.pg_roles WHERE rolname OPERATOR(pg_catalog.=) %s"
 
 
 def check_change(change: ConfigChange) -> None:
     """Refuse names that would let a change break pgplane's own access to the cluster."""
     for name in [*(r.name for r in change.roles), *change.dropped_roles]:
-        if name == ADMIN_USER or name.startswith("pg_"):
+        if name in PLATFORM_ROLES or name.startswith("pg_"):
             raise ComputeError(f"role {name!r} is reserved")
     databases = [
         *(d.name for d in change.databases),
@@ -47,32 +54,30 @@ def check_change(change: ConfigChange) -> None:
         if name in _RESERVED_DATABASES:
             raise ComputeError(f"database {name!r} is reserved")
     for database in change.databases:
-        if database.owner_name == ADMIN_USER:
-            raise ComputeError(f"role {ADMIN_USER!r} is reserved")
+        if database.owner_name in PLATFORM_ROLES:
+            raise ComputeError(f"role {database.owner_name!r} is reserved")
 
 
 async def apply_change(socket_dir: Path, port: int, change: ConfigChange) -> None:
     """Converge the cluster behind ``socket_dir``/``port`` with ``change``."""
-    conninfo = admin_conninfo(socket_dir, port)
     try:
         async with asyncio.timeout(_SQL_TIMEOUT):
-            await _apply(conninfo, change)
+            await _apply(socket_dir, port, change)
     except TimeoutError:
         raise ComputeError("applying roles and databases timed out") from None
     except psycopg.Error as exc:
         raise ComputeError(f"applying roles and databases: {exc}") from exc
 
 
-async def _apply(conninfo: str, change: ConfigChange) -> None:
-    # CREATE/DROP DATABASE cannot run inside a transaction block, hence autocommit.
-    async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
-        # Whatever a user set (ALTER SYSTEM, pg_settings), passwords are stored as SCRAM.
-        await conn.execute("SET password_encryption = 'scram-sha-256'")
+async def _apply(socket_dir: Path, port: int, change: ConfigChange) -> None:
+    # CREATE/DROP DATABASE cannot run inside a transaction block: sessions are autocommit.
+    # Passwords are stored as SCRAM whatever a user set: password_encryption is pinned.
+    async with await connect(admin_conninfo(socket_dir, port)) as conn:
         for old, new in change.renamed_databases.items():
             await _rename_database(conn, old, new)
         for role in change.roles:
             login = sql.SQL("LOGIN" if role.login else "NOLOGIN")
-            if await _exists(conn, "SELECT 1 FROM pg_roles WHERE rolname = %s", role.name):
+            if await _exists(conn, _ROLE_EXISTS, role.name):
                 query = sql.SQL("ALTER ROLE {} {} PASSWORD {}")
                 what = f"updating role {role.name!r}"
             else:
@@ -95,7 +100,7 @@ async def _apply(conninfo: str, change: ConfigChange) -> None:
             )
             await _execute(conn, statement, f"dropping database {name!r}")
         for role_name in change.dropped_roles:
-            await _drop_role(conn, conninfo, role_name)
+            await _drop_role(conn, socket_dir, port, role_name)
 
 
 async def _rename_database(conn: Conn, old: str, new: str) -> None:
@@ -108,8 +113,9 @@ async def _rename_database(conn: Conn, old: str, new: str) -> None:
         # Postgres refuses to rename a database anyone is connected to: end those sessions
         # (as DROP DATABASE ... WITH (FORCE) does) and retry if a client was quicker.
         await conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = %s AND pid <> pg_backend_pid()",
+            "SELECT pg_catalog.pg_terminate_backend(pid) FROM pg_catalog.pg_stat_activity"
+            " WHERE datname OPERATOR(pg_catalog.=) %s"
+            " AND pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()",
             [old],
         )
         try:
@@ -123,11 +129,13 @@ async def _rename_database(conn: Conn, old: str, new: str) -> None:
     raise ComputeError(f"renaming database {old!r}: it stays in use")
 
 
-async def _drop_role(conn: Conn, conninfo: str, role: str) -> None:
-    if not await _exists(conn, "SELECT 1 FROM pg_roles WHERE rolname = %s", role):
+async def _drop_role(conn: Conn, socket_dir: Path, port: int, role: str) -> None:
+    if not await _exists(conn, _ROLE_EXISTS, role):
         return
     await conn.execute(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", [role]
+        "SELECT pg_catalog.pg_terminate_backend(pid) FROM pg_catalog.pg_stat_activity"
+        " WHERE usename OPERATOR(pg_catalog.=) %s",
+        [role],
     )
     for database in await _databases_to_clean(conn, role):
         # Owners can change as we go (REASSIGN OWNED moves shared objects such as databases
@@ -135,9 +143,8 @@ async def _drop_role(conn: Conn, conninfo: str, role: str) -> None:
         owner = await _database_owner(conn, database)
         if owner is None:
             continue  # dropped meanwhile
-        async with await psycopg.AsyncConnection.connect(
-            make_conninfo(conninfo, dbname=database), autocommit=True
-        ) as db:
+        # A session in the tenant's own database, as superuser: the pins matter most here.
+        async with await connect(admin_conninfo(socket_dir, port, database)) as db:
             if owner != role:
                 statement = sql.SQL("REASSIGN OWNED BY {} TO {}").format(
                     sql.Identifier(role), sql.Identifier(owner)
@@ -159,7 +166,8 @@ async def _databases_to_clean(conn: Conn, role: str) -> list[str]:
     to someone else, so their objects are reassigned too, never dropped with DROP OWNED.
     """
     cur = await conn.execute(
-        "SELECT datname, pg_get_userbyid(datdba) FROM pg_database WHERE datallowconn"
+        "SELECT datname, pg_catalog.pg_get_userbyid(datdba) FROM pg_catalog.pg_database"
+        " WHERE datallowconn"
     )
     rows: Iterable[tuple[str, str]] = await cur.fetchall()
 
@@ -172,7 +180,9 @@ async def _databases_to_clean(conn: Conn, role: str) -> list[str]:
 
 async def _database_owner(conn: Conn, name: str) -> str | None:
     cur = await conn.execute(
-        "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = %s", [name]
+        "SELECT pg_catalog.pg_get_userbyid(datdba) FROM pg_catalog.pg_database"
+        " WHERE datname OPERATOR(pg_catalog.=) %s",
+        [name],
     )
     row = await cur.fetchone()
     return None if row is None else str(row[0])
@@ -189,50 +199,3 @@ async def _execute(conn: Conn, statement: sql.Composed, what: str) -> None:
     except psycopg.Error as exc:
         # The message is the server's (it never echoes the statement, so no password leaks).
         raise ComputeError(f"{what} failed: {exc}") from exc
-
-
-async def check_readable(socket_dir: Path, port: int) -> None:
-    """Every database answers a query that reads its catalog (the availability check)."""
-    try:
-        async with asyncio.timeout(_SQL_TIMEOUT):
-            conninfo = admin_conninfo(socket_dir, port)
-            async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
-                cur = await conn.execute(
-                    "SELECT datname FROM pg_database WHERE datallowconn ORDER BY datname"
-                )
-                names = [r[0] for r in await cur.fetchall()]
-            for name in names:
-                db_conninfo = make_conninfo(conninfo, dbname=name)
-                async with await psycopg.AsyncConnection.connect(db_conninfo) as conn:
-                    await conn.execute("SELECT count(*) FROM pg_class")
-    except TimeoutError:
-        raise ComputeError("availability check timed out") from None
-    except psycopg.Error as exc:
-        raise ComputeError(f"availability check: {exc}") from exc
-
-
-async def last_client_activity(socket_dir: Path, port: int) -> float | None:
-    """When a client backend last did something, as the compute sees it (epoch seconds).
-
-    A query running or a transaction open counts as now; otherwise the latest moment a client
-    went idle. None when no client is connected; ComputeError when the compute cannot be asked,
-    which is not the same as idle (a compute too busy to answer is the opposite).
-    """
-    try:
-        async with await psycopg.AsyncConnection.connect(
-            admin_conninfo(socket_dir, port), autocommit=True
-        ) as conn:
-            cur = await conn.execute(
-                "SELECT bool_or(state <> 'idle'), extract(epoch FROM max(state_change)),"
-                " extract(epoch FROM now())"
-                " FROM pg_stat_activity WHERE backend_type = 'client backend'"
-                " AND pid <> pg_backend_pid() AND usename <> %s",
-                (ADMIN_USER,),
-            )
-            row = await cur.fetchone()
-    except psycopg.Error as exc:
-        raise ComputeError(f"could not ask the compute what runs on it: {exc}") from exc
-    if row is None or row[0] is None:
-        return None
-    busy, last, now = row
-    return float(now) if busy else float(last)

@@ -1,7 +1,8 @@
 """Postgres clusters: the per-version template, and the roles and databases of a new timeline.
 
 initdb costs about half a second, a copy of its output a tenth of that, so initdb runs once per
-installation into ``templates/<major>/pgdata`` and every new cluster starts as a copy.
+installation into ``templates/<major>/pgdata`` and every new cluster starts as a copy. Its SQL
+runs in platform sessions, pinned and qualified (:mod:`.sessions`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from psycopg import sql
 from pgplane.compute.driver import ComputeError, DatabaseSpec, RoleSpec
 from pgplane.compute.local.binaries import PgInstall
 from pgplane.compute.local.files import fsync_dir, remove_tree, sync_tree, write_atomic
-from pgplane.compute.local.postmaster import ADMIN_USER, admin_conninfo
+from pgplane.compute.local.hba import PG_HBA
+from pgplane.compute.local.monitor import create_monitor
+from pgplane.compute.local.sessions import ADMIN_USER, Conn, admin_conninfo, connect
 from pgplane.compute.local.user import RunAs
 
 log = logging.getLogger(__name__)
@@ -29,16 +32,8 @@ _INITDB_TIMEOUT = 300.0
 _SQL_TIMEOUT = 120.0
 _STAMP = "template.json"
 
-# cloud_admin is pgplane's own superuser, reachable only through the 0700 unix socket; every
-# other role proves its password with SCRAM, locally and over TCP alike.
-PG_HBA = """\
-# Written by pgplane. Authentication is SCRAM for every role but pgplane's own.
-# TYPE  DATABASE  USER         ADDRESS     METHOD
-local   all       cloud_admin              trust
-local   all       all                      scram-sha-256
-host    all       all          0.0.0.0/0   scram-sha-256
-host    all       all          ::/0        scram-sha-256
-"""
+# The cluster's own pg_hba.conf says what the platform's does (postmasters are started with
+# -c hba_file naming that one): a cluster started by hand behaves the same.
 _CONF_APPEND = """
 # Added by pgplane.
 password_encryption = 'scram-sha-256'
@@ -113,7 +108,8 @@ def _read_stamp(template_dir: Path) -> object:
 async def create_roles_and_databases(
     socket_dir: Path, port: int, roles: Sequence[RoleSpec], databases: Sequence[DatabaseSpec]
 ) -> None:
-    """Run the CREATE ROLE / CREATE DATABASE statements as cloud_admin over the unix socket."""
+    """Run the CREATE ROLE / CREATE DATABASE statements as cloud_admin over the unix socket,
+    and create the platform's monitor role, so new clusters have it from the start."""
     try:
         async with asyncio.timeout(_SQL_TIMEOUT):
             await _create(socket_dir, port, roles, databases)
@@ -124,10 +120,12 @@ async def create_roles_and_databases(
 async def _create(
     socket_dir: Path, port: int, roles: Sequence[RoleSpec], databases: Sequence[DatabaseSpec]
 ) -> None:
-    # CREATE DATABASE cannot run inside a transaction block, hence autocommit.
-    async with await psycopg.AsyncConnection.connect(
-        admin_conninfo(socket_dir, port), autocommit=True
-    ) as conn:
+    # CREATE DATABASE cannot run inside a transaction block: sessions are autocommit.
+    async with await connect(admin_conninfo(socket_dir, port)) as conn:
+        try:
+            await create_monitor(conn)
+        except psycopg.Error as exc:
+            raise ComputeError(f"creating the monitor role failed: {exc}") from exc
         for role in roles:
             # The server hashes the password (password_encryption = scram-sha-256); only the
             # SCRAM verifier is stored. Never interpolated: Identifier and Literal quote.
@@ -144,7 +142,7 @@ async def _create(
             await _execute(conn, query, f"creating database {database.name!r}")
 
 
-async def _execute(conn: psycopg.AsyncConnection[object], query: sql.Composed, what: str) -> None:
+async def _execute(conn: Conn, query: sql.Composed, what: str) -> None:
     try:
         await conn.execute(query)
     except psycopg.Error as exc:

@@ -30,15 +30,11 @@ from pgplane.compute.driver import (
 from pgplane.compute.local import archive
 from pgplane.compute.local.binaries import PgInstall, discover
 from pgplane.compute.local.branch import build_branch
-from pgplane.compute.local.catalog import (
-    apply_change,
-    check_change,
-    check_readable,
-    last_client_activity,
-)
+from pgplane.compute.local.catalog import apply_change, check_change
 from pgplane.compute.local.cluster import ensure_template, template_pgdata
 from pgplane.compute.local.config import LocalDriverConfig
 from pgplane.compute.local.files import remove_tree, sweep_trash, write_atomic
+from pgplane.compute.local.hba import write_hba
 from pgplane.compute.local.layout import (
     TIMELINE_MARKER,
     Layout,
@@ -46,6 +42,7 @@ from pgplane.compute.local.layout import (
     ensure_dir,
     ensure_private_dir,
 )
+from pgplane.compute.local.monitor import check_readable, last_client_activity
 from pgplane.compute.local.pidfile import PidFile, command_line, is_postmaster_of
 from pgplane.compute.local.postmaster import (
     Postmasters,
@@ -142,6 +139,7 @@ class LocalComputeDriver:
                 template=template_pgdata(self.layout.template(pg_version)),
                 pgdata=pgdata,
                 socket_dir=socket_dir,
+                hba_file=self.layout.hba_file,
                 roles=roles,
                 databases=databases,
             )
@@ -281,7 +279,13 @@ class LocalComputeDriver:
             await self._postmasters.stop(pgdata)
             await asyncio.to_thread(fresh_socket_dir, socket_dir, run_as)
             argv = postmaster_argv(
-                install, pgdata, port=INIT_PORT, socket_dir=socket_dir, listen="", settings={}
+                install,
+                pgdata,
+                port=INIT_PORT,
+                socket_dir=socket_dir,
+                listen="",
+                settings={},
+                hba_file=self.layout.hba_file,
             )
             log_path = pgdata.parent / "apply_config.log"
             await self._postmasters.start(
@@ -352,6 +356,7 @@ class LocalComputeDriver:
             socket_dir=socket_dir,
             listen=self._config.listen_host,
             settings=settings,
+            hba_file=self.layout.hba_file,
         )
         return argv, run_as
 
@@ -550,6 +555,7 @@ class LocalComputeDriver:
             ensure_dir(directory)
         self._spares.adopt()
         ensure_dir(layout.installs, 0o755)
+        write_hba(layout.hba_file)
         ensure_dir(layout.logs, 0o700)
         if layout.run_root.is_relative_to(layout.data_dir):
             ensure_dir(layout.run_root)

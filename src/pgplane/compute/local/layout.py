@@ -10,6 +10,7 @@
       templates/<major>/                             initdb output, copied for every new cluster
       spare/                                         empty files made ahead for copies (spares.py)
       pg/<major>/                                    binaries copied out of reach of root-only dirs
+      conf/pg_hba.conf                               who may log in to computes (hba.py)
       logs/<endpoint_id>.log                         postmaster stderr
       run/<endpoint_id>/                             unix socket directory of the postmaster
 
@@ -62,6 +63,11 @@ class Layout:
     @property
     def installs(self) -> Path:
         return self.data_dir / "pg"
+
+    @property
+    def hba_file(self) -> Path:
+        """The pg_hba.conf every postmaster is started with (``-c hba_file``)."""
+        return self.data_dir / "conf" / "pg_hba.conf"
 
     @property
     def logs(self) -> Path:

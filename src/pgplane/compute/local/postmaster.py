@@ -19,7 +19,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import psycopg
-from psycopg.conninfo import make_conninfo
 
 from pgplane.compute.driver import ComputeError, InvalidSettings
 from pgplane.compute.local.binaries import PgInstall
@@ -30,11 +29,11 @@ from pgplane.compute.local.pidfile import (
     processes_in,
     read_pid_file,
 )
+from pgplane.compute.local.sessions import admin_conninfo
 from pgplane.compute.local.user import C_LOCALE, RunAs, postgres_env
 
 log = logging.getLogger(__name__)
 
-ADMIN_USER = "cloud_admin"
 READY_TIMEOUT = 30.0
 _POLL = 0.005
 # Fast shutdown (SIGINT) includes a checkpoint; give it time before the immediate one.
@@ -114,29 +113,20 @@ def postmaster_argv(
     socket_dir: Path,
     listen: str,
     settings: Mapping[str, str],
+    hba_file: Path,
 ) -> list[str]:
-    """The command line; what routing depends on comes last so no setting can override it."""
+    """The command line; what routing and security depend on comes last, so no setting can
+    override it (``hba_file`` too: see :mod:`pgplane.compute.local.hba`)."""
     argv = [str(install.postgres), "-D", str(pgdata)]
     for name, value in settings.items():
         argv += ["-c", f"{name}={value}"]
     # On the command line, not in postgresql.conf: ALTER SYSTEM cannot break them (as patroni).
     argv += ["-p", str(port), "-k", str(socket_dir), "-c", f"listen_addresses={listen}"]
     argv += ["-c", "unix_socket_permissions=0700", "-c", "logging_collector=off"]
+    # A compute started before hba_file was passed differs from this command line, so _serves
+    # restarts it once, at its next start or apply_config, and it follows the platform's rule.
+    argv += ["-c", f"hba_file={hba_file}"]
     return argv
-
-
-def admin_conninfo(socket_dir: Path, port: int) -> str:
-    """cloud_admin over the unix socket (trust); explicit so PG* variables cannot interfere."""
-    return make_conninfo(
-        host=str(socket_dir),
-        port=port,
-        user=ADMIN_USER,
-        dbname="postgres",
-        sslmode="disable",
-        gssencmode="disable",
-        connect_timeout=5,
-        application_name="pgplane",
-    )
 
 
 def log_tail(path: Path, size: int = 2000) -> str:

@@ -43,6 +43,7 @@ async def build_timeline(
     template: Path,
     pgdata: Path,
     socket_dir: Path,
+    hba_file: Path,
     roles: Sequence[RoleSpec],
     databases: Sequence[DatabaseSpec],
 ) -> None:
@@ -62,6 +63,7 @@ async def build_timeline(
         # fsync=off is safe here: sync_tree below flushes every file before the directory is
         # published, and a crash before that throws the whole directory away.
         settings={"fsync": "off"},
+        hba_file=hba_file,
     )
     log_path = pgdata.parent / "create_timeline.log"
     await postmasters.start(
