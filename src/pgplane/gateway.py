@@ -24,7 +24,7 @@ from pgplane.engine.engine import Engine
 from pgplane.errors import Conflict, NotFound, Unavailable
 from pgplane.proxy import scram, wire
 from pgplane.proxy.seam import Known, Password, Route, RouteError, Secret, Target
-from pgplane.services import endpoints
+from pgplane.services import endpoints, names
 from pgplane.store import Store, Tx
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,12 @@ class ComputeWaker:
         self._waking: dict[str, asyncio.Task[Target]] = {}
 
     async def route(self, endpoint_id: str, role: str) -> Route:
+        if names.is_reserved_role(role):
+            # The platform's own roles (cloud_admin, pgplane_monitor) log in only over the
+            # compute's private socket; through the proxy they are refused as unknown roles are.
+            async with self._store.read() as tx:
+                _, _, target = await self._lookup(tx, endpoint_id)
+            return Route(secret=None, target=target)
         async with self._store.read() as tx:
             endpoint, project, target = await self._lookup(tx, endpoint_id)
             found = await tx.get_role(branch_id=endpoint.branch_id, name=role)

@@ -68,6 +68,9 @@ def test_no_wrong_password_wakes_a_compute(api: Api) -> None:
     _refused(uri, "neondb_owner", "wrong")
     _refused(uri, "made_with_sql", "wrong")
     _refused(uri, "nobody_made_me", "anything")
+    # The platform's own roles trust their private socket; through the proxy they are strangers.
+    _refused(uri, "cloud_admin", "")
+    _refused(uri, "pgplane_monitor", "")
     assert len(_starts(api, pid)) == before
     assert api.endpoint(pid, eid)["current_state"] == "idle"
 
@@ -87,6 +90,7 @@ def test_a_role_made_with_sql_logs_in_at_once_and_on_its_branches(api: Api) -> N
     with psycopg.connect(_as(uri, "app", "app-password")) as conn:
         assert conn.execute("SELECT current_user").fetchone() == ("app",)
     _refused(uri, "app", "not-the-app-password")
+    _refused(uri, "cloud_admin", "")  # running or not, the platform's roles are not for clients
 
     # A branch copies the role; its compute knows it from its first connection on.
     r = api.http.post(

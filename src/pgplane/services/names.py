@@ -84,9 +84,15 @@ def branch(value: str) -> str:
 
 def role(value: str) -> str:
     name = _identifier("role", value)
-    if name.lower() in _RESERVED_ROLES or name.startswith(_RESERVED_ROLE_PREFIX):
+    if is_reserved_role(name):
         raise BadRequest(f"role name {name!r} is reserved")
     return name
+
+
+def is_reserved_role(name: str) -> bool:
+    """A role of Postgres or the platform: never created through the API, never logged in as
+    through the proxy."""
+    return name.lower() in _RESERVED_ROLES or name.startswith(_RESERVED_ROLE_PREFIX)
 
 
 def database(value: str) -> str:

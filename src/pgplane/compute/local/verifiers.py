@@ -6,7 +6,8 @@ names a role it has not seen, so the proxy authenticates every login itself and 
 compute is never woken for a password nobody can prove.
 
 ``pg_authid`` is readable by superusers only, so this is one of the few superuser sessions; like
-every platform session it is pinned (:func:`admin_conninfo`) and names only pg_catalog objects.
+every platform session it is pinned (:mod:`pgplane.compute.local.sessions`) and names only
+pg_catalog objects.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from pathlib import Path
 import psycopg
 
 from pgplane.compute.driver import ComputeError
-from pgplane.compute.local.postmaster import ADMIN_USER, admin_conninfo
+from pgplane.compute.local.sessions import ADMIN_USER, MONITOR_USER, admin_conninfo, connect
 
 _SQL_TIMEOUT = 10.0
 # Roles of the platform's own, never offered to the proxy whatever they hold.
-_PLATFORM_ROLES = (ADMIN_USER, "pgplane_monitor")
+_PLATFORM_ROLES = (ADMIN_USER, MONITOR_USER)
 _MAX_ROLES = 10_000
 
 
@@ -44,9 +45,7 @@ async def read_verifiers(
     wanted = None if names is None else list(names)
     try:
         async with asyncio.timeout(_SQL_TIMEOUT):
-            async with await psycopg.AsyncConnection.connect(
-                admin_conninfo(socket_dir, port), autocommit=True
-            ) as conn:
+            async with await connect(admin_conninfo(socket_dir, port)) as conn:
                 cur = await conn.execute(query, (list(_PLATFORM_ROLES), wanted, wanted, _MAX_ROLES))
                 rows = await cur.fetchall()
     except TimeoutError:
