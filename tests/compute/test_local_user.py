@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pwd
@@ -9,9 +10,11 @@ import shutil
 import stat
 from pathlib import Path
 
+import psycopg
 import pytest
-from compute_helpers import clean_up, lifecycle
+from compute_helpers import DATABASE, ROLE, clean_up, free_port, lifecycle
 
+from pgplane.compute.driver import ComputeSpec
 from pgplane.compute.local import LocalComputeDriver, LocalDriverConfig
 from pgplane.compute.local.binaries import wheel_bin_dir
 from pgplane.compute.local.user import RunAs, open_traversal, resolve_run_as
@@ -74,6 +77,51 @@ async def test_bundled_postgres_runs_the_whole_cycle(
     finally:
         clean_up(data_dir)
         await driver.close()
+
+
+async def test_a_new_minor_of_the_wheel_rebuilds_the_template_and_keeps_the_data(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    # `pip install -U` puts the wheel's next minor where the last one was: the template built by
+    # the old binaries is built again by the new ones, and data made before starts on them.
+    data_dir = tmp_path_factory.mktemp("next-minor")
+    config = LocalDriverConfig(data_dir=data_dir, bundled_only=True)
+    driver = LocalComputeDriver(config)
+    major = driver.pg_versions()[-1]
+    try:
+        await lifecycle(driver, "proj-before", "ep-before", major)
+    finally:
+        await driver.close()
+    stamp = data_dir / "templates" / str(major) / "template.json"
+    current = json.loads(stamp.read_text())
+    stamp.write_text(json.dumps({**current, "version": f"postgres (PostgreSQL) {major}.0"}))
+    left = data_dir / "templates" / str(major) / "pgdata" / "left-by-the-old-minor"
+    left.touch()
+
+    driver = LocalComputeDriver(config)
+    spec = ComputeSpec(
+        project_id="proj-before",
+        branch_id="br-main",
+        endpoint_id="ep-before",
+        pg_version=major,
+        port=free_port(),
+    )
+    try:
+        await lifecycle(driver, "proj-after", "ep-after", major)
+        await driver.start_compute(spec)
+        async with await psycopg.AsyncConnection.connect(
+            host="127.0.0.1",
+            port=spec.port,
+            user=ROLE.name,
+            password=ROLE.password,
+            dbname=DATABASE.name,
+        ) as conn:
+            assert await (await conn.execute("SELECT answer FROM t")).fetchall() == [(42,)]
+    finally:
+        clean_up(data_dir)
+        await driver.close()
+    assert json.loads(stamp.read_text()) == current
+    assert not left.exists()
 
 
 async def test_binaries_out_of_the_compute_users_reach_are_copied(
