@@ -136,7 +136,8 @@ def discover(configured: Sequence[Path], *, bundled_only: bool = False) -> dict[
         seen.add(bin_dir)
         install = read_version(bin_dir)
         if install is not None and install.major not in found:
-            log.debug("found %s in %s", install.version, bin_dir)
+            # Said once per process, so an operator sees which minor serves, and from where.
+            log.info("Postgres %d: %s in %s", install.major, install.version, bin_dir)
             if bin_dir == stale:
                 log.warning(
                     "serving Postgres %d from the pgserver wheel (%s), which gets no security"
