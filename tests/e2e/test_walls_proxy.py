@@ -90,7 +90,8 @@ def test_a_role_made_with_sql_logs_in_at_once_and_on_its_branches(api: Api) -> N
     with psycopg.connect(_as(uri, "app", "app-password")) as conn:
         assert conn.execute("SELECT current_user").fetchone() == ("app",)
     _refused(uri, "app", "not-the-app-password")
-    _refused(uri, "cloud_admin", "guess")  # running or not, the platform's roles are not for clients
+    # Running or not, the platform's own roles are not for clients.
+    _refused(uri, "cloud_admin", "guess")
 
     # A branch copies the role; its compute knows it from its first connection on.
     r = api.http.post(
