@@ -43,6 +43,7 @@ from pgplane.compute.local.datacopy import (
 )
 from pgplane.compute.local.files import fsync_dir, sync_tree, write_atomic
 from pgplane.compute.local.layout import TIMELINE_MARKER
+from pgplane.compute.local.ownership import hand_over
 from pgplane.compute.local.pidfile import PidFile
 from pgplane.compute.local.postmaster import Postmasters, admin_conninfo
 from pgplane.compute.local.spares import SparePool
@@ -92,6 +93,9 @@ async def build_branch(
             else:
                 stats = await _copy_offline(install, run_as, parent, tmp, spares)
             copied = time.perf_counter()
+            # Root's until now, so the tenant could change nothing under the copy: the
+            # project's user gets it whole, bottom-up, before it is published.
+            await asyncio.to_thread(hand_over, tmp, {os.geteuid()}, run_as)
             # Everything was written through the page cache only; one syncfs flushes it all.
             await asyncio.to_thread(sync_tree, tmp)
         except OSError as exc:  # a full disk, say: the operation says what, and retries
@@ -197,7 +201,7 @@ async def _copy_online(
         wal = await _in_thread(
             partial(copy_files, parent / "pg_wal", tmp / "pg_wal", segments, spares=spares)
         )
-    await asyncio.to_thread(_write_label, tmp, labelfile, spcmapfile, parent)
+    await asyncio.to_thread(_write_label, tmp, labelfile, spcmapfile)
     await _in_thread(partial(copy_files, parent / "pg_wal", tmp / "pg_wal", histories))
     log.debug(
         "online copy of %s: WAL %s..%s, %d segments", parent, start_lsn, stop_lsn, len(segments)
@@ -254,8 +258,7 @@ async def _in_thread(copy: Callable[..., CopyStats]) -> CopyStats:
         raise
 
 
-def _write_label(tmp: Path, labelfile: str, spcmapfile: str, parent: Path) -> None:
-    owner = os.stat(parent)
+def _write_label(tmp: Path, labelfile: str, spcmapfile: str) -> None:
     for name, content in zip(BACKUP_FILES, (labelfile, spcmapfile), strict=True):
         if not content:
             continue  # no tablespaces: pg_basebackup writes no tablespace_map either
@@ -263,7 +266,6 @@ def _write_label(tmp: Path, labelfile: str, spcmapfile: str, parent: Path) -> No
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
             os.write(fd, content.encode())
-            os.fchown(fd, owner.st_uid, owner.st_gid)
         finally:
             os.close(fd)
 
