@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from pgplane.compute.local.users import remove_project_users
 from pgplane.core import ids
 from pgplane.core.models import Operation
 from pgplane.core.operations import Action, Status
@@ -192,6 +193,7 @@ def running_server(
     finally:
         server.stop()
         stop_postmasters(data_dir)
+        remove_project_users(data_dir)  # as root, each project had an OS user of its own
         remove_in_background(data_dir)
 
 

@@ -151,7 +151,8 @@ async def _create_user(name: str, project_id: str) -> None:
     else:
         # Left by a user deletion that did not finish: --user-group would fail on it.
         group_args = ["--gid", name]
-    argv = [useradd, "--system", "--no-create-home", "--shell", nologin, *group_args]
+    argv = [useradd, "--system", "--no-create-home", "--home-dir", "/nonexistent"]
+    argv += ["--shell", nologin, *group_args]
     argv += ["--comment", _mark(project_id), name]
     await RunAs.current().run(argv, time_limit=_TIMEOUT)
     log.info("created system user %r for the computes of project %s", name, project_id)
