@@ -28,7 +28,6 @@ import pwd
 import shutil
 import signal
 import subprocess
-import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -205,18 +204,20 @@ def end_processes(run_as: RunAs) -> list[int]:
         if not left:
             return found
         found += left
-        subprocess.run(
-            [sys.executable, "-c", "import os; os.kill(-1, 9)"],
-            user=run_as.uid,
-            group=run_as.gid,
-            extra_groups=[],
-            cwd="/",
-            env={},
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=_TIMEOUT,
-            check=False,
-        )
+        # The shell's own kill: any interpreter of ours may sit where the user cannot reach.
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(
+                ["/bin/sh", "-c", "kill -9 -1"],
+                user=run_as.uid,
+                group=run_as.gid,
+                extra_groups=[],
+                cwd="/",
+                env={},
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=_TIMEOUT,
+                check=False,
+            )
         for pid in left:  # kill(-1) spares the caller only; these are not it
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
