@@ -100,7 +100,9 @@ class Server:
         return f"http://127.0.0.1:{self.port}/api/v2"
 
     def start(self) -> None:
-        with self.log_path.open("ab") as log:
+        # The platform's log, as private as its store (compute users pass through data_dir).
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with open(fd, "ab") as log:
             self.process = subprocess.Popen(
                 [
                     *PGPLANE,

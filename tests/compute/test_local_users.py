@@ -19,6 +19,7 @@ from pgplane.compute.local import LocalComputeDriver
 from pgplane.compute.local.datacopy import copy_data_dir
 from pgplane.compute.local.ownership import hand_over
 from pgplane.compute.local.pidfile import read_pid_file
+from pgplane.compute.local.timeline import check_data_version
 from pgplane.compute.local.user import RunAs
 from pgplane.compute.local.users import (
     ComputeUsers,
@@ -194,6 +195,25 @@ def test_a_pid_file_that_is_a_fifo_or_a_link_reads_as_none(tmp_path: Path) -> No
     (tmp_path / "postmaster.pid").unlink()
     os.mkfifo(tmp_path / "postmaster.pid")
     assert read_pid_file(tmp_path) is None  # and returns at once, rather than block
+
+
+def test_a_pg_version_link_never_shows_what_it_leads_to(tmp_path: Path) -> None:
+    # The version check's error reaches the account through its operation: a tenant must not
+    # make it quote a file of the store's or another project's.
+    secret = tmp_path / "secret"
+    secret.write_text("npg_another_tenants_password")
+    (tmp_path / "PG_VERSION").symlink_to(secret)
+    with pytest.raises(ComputeError) as error:
+        check_data_version(tmp_path, 16)
+    assert "npg_" not in str(error.value)
+    (tmp_path / "PG_VERSION").unlink()
+    os.mkfifo(tmp_path / "PG_VERSION")
+    with pytest.raises(ComputeError, match="unreadable data, not 16"):
+        check_data_version(tmp_path, 16)  # at once, rather than block on the FIFO
+    (tmp_path / "PG_VERSION").unlink()
+    (tmp_path / "PG_VERSION").write_text("15\n")
+    with pytest.raises(ComputeError, match="holds Postgres 15 data, not 16"):
+        check_data_version(tmp_path, 16)
 
 
 @root_only

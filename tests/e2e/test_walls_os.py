@@ -163,7 +163,7 @@ def test_a_superuser_tenant_reaches_nothing_of_another_project_as_root(
     assert "not permitted" in refused(a, f"kill -0 {b_pid}")
 
     # The store (with the WAL), the logs, the platform's records and keys.
-    secrets = [data / "pgplane.db", data / "pgplane.db-wal", b.log, a.log]
+    secrets = [data / "pgplane.db", data / "pgplane.db-wal", b.log, a.log, server.log_path]
     secrets += [a.dir / "storage.json", *(data / "tls").iterdir()]
     for path in secrets:
         assert path.exists(), path

@@ -93,8 +93,10 @@ async def build_branch(
             else:
                 stats = await _copy_offline(install, run_as, parent, tmp, spares)
             copied = time.perf_counter()
-            # Root's until now, so the tenant could change nothing under the copy: the
-            # project's user gets it whole, bottom-up, before it is published.
+            # Marked while the copy is root's (the tenant's user may run meanwhile: nothing of
+            # its may stand where root writes), published only by the rename below.
+            await asyncio.to_thread(write_atomic, tmp / TIMELINE_MARKER, b"")
+            # The project's user gets the copy whole, bottom-up (see ownership.py).
             await asyncio.to_thread(hand_over, tmp, {os.geteuid()}, run_as)
             # Everything was written through the page cache only; one syncfs flushes it all.
             await asyncio.to_thread(sync_tree, tmp)
@@ -105,9 +107,6 @@ async def build_branch(
         await asyncio.shield(asyncio.to_thread(shutil.rmtree, tmp, True))
         raise
     await failpoints.reached("create_branch:copied")
-    marker = tmp / TIMELINE_MARKER
-    await asyncio.to_thread(write_atomic, marker, b"")
-    run_as.chown(marker)
     os.replace(tmp, pgdata)
     await asyncio.to_thread(fsync_dir, pgdata.parent)
     done = time.perf_counter()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -98,6 +99,18 @@ def completed(pgdata: Path, pg_version: int) -> bool:
 
 
 def check_data_version(pgdata: Path, pg_version: int) -> None:
-    data_version = (pgdata / "PG_VERSION").read_text().strip()
+    """Refuse data of another major version. PG_VERSION is the tenant's file: read without
+    following a link or blocking on a FIFO, and named in the error only when it is a version
+    (its bytes could be another's file, and the error reaches the account)."""
+    try:
+        fd = os.open(pgdata / "PG_VERSION", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise ComputeError(f"{pgdata} has no readable PG_VERSION: {exc.strerror}") from None
+    try:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+        data_version = os.read(fd, 16).decode(errors="replace").strip() if regular else ""
+    finally:
+        os.close(fd)
     if data_version != str(pg_version):
-        raise ComputeError(f"{pgdata} holds Postgres {data_version} data, not {pg_version}")
+        shown = data_version if data_version.isdigit() else "unreadable"
+        raise ComputeError(f"{pgdata} holds Postgres {shown} data, not {pg_version}")
