@@ -26,6 +26,7 @@ from pgplane.compute.local.users import (
     end_processes,
     processes_of,
     project_user_name,
+    remove_files_of,
     remove_project_user,
 )
 
@@ -127,6 +128,22 @@ async def test_what_a_tenant_left_running_is_ended_as_root() -> None:
             end_processes(RunAs.current())  # never ourselves
     finally:
         await users.remove("proj-leftover")
+
+
+@root_only
+def test_a_deleted_users_files_in_shared_places_go_with_it_as_root(tmp_path: Path) -> None:
+    shared = tmp_path / "shm"
+    shared.mkdir(mode=0o1777)
+    (shared / "left").write_text("the old tenant's")
+    (shared / "dir" / "deeper").mkdir(parents=True)
+    (shared / "link").symlink_to(tmp_path)
+    (shared / "someone-elses").write_text("kept")
+    for name in ("left", "dir", "dir/deeper", "link"):
+        os.chown(shared / name, 54321, 54321, follow_symlinks=False)
+    removed = remove_files_of(54321, (str(shared), str(tmp_path / "missing")))
+    assert sorted(Path(p).name for p in removed) == ["dir", "left", "link"]
+    assert [p.name for p in shared.iterdir()] == ["someone-elses"]
+    assert tmp_path.is_dir()  # the link went, not what it led to
 
 
 @root_only

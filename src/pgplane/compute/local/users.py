@@ -28,6 +28,7 @@ import pwd
 import shutil
 import signal
 import subprocess
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -43,6 +44,8 @@ _MARK = "pgplane project "
 _TIMEOUT = 30.0
 _USERDEL_NO_USER = 6
 _KILL_ROUNDS = 20
+# Directories every user may write to (sticky): where a tenant's leftovers may lie.
+SHARED_PLACES = ("/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue", "/run/lock")  # noqa: S108
 
 
 def project_user_name(project_id: str) -> str:
@@ -164,6 +167,7 @@ def remove_project_user(project_id: str) -> bool:
     if entry is None:
         return False
     end_processes(RunAs(name=name, uid=entry.pw_uid, gid=entry.pw_gid, switch=True))
+    remove_files_of(entry.pw_uid)
     userdel = shutil.which("userdel")
     if userdel is None:
         raise ComputeError(f"cannot delete user {name!r}: userdel is not available")
@@ -188,6 +192,29 @@ def remove_project_users(data_dir: Path) -> list[str]:
     return [project_id for project_id in sorted(found) if remove_project_user(project_id)]
 
 
+def remove_files_of(uid: int, places: tuple[str, ...] = SHARED_PLACES) -> list[str]:
+    """Remove what a project's user left in the places every user may write to.
+
+    A deleted user's uid goes to a later project: whatever the old tenant left in /tmp or
+    /dev/shm would become the new one's. Only entries of ``uid`` at the top of each place are
+    removed (a user can write nowhere deeper but in its own), without following links.
+    """
+    removed = []
+    for place in places:
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(place) as it:
+            entries = [e for e in it if e.stat(follow_symlinks=False).st_uid == uid]
+        for entry in entries:
+            with contextlib.suppress(FileNotFoundError):
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)  # fd-based on Linux: safe against link swaps
+                else:
+                    os.unlink(entry.path)
+                removed.append(entry.path)
+    if removed:
+        log.info("removed %d files of uid %d from shared places: %s", len(removed), uid, removed)
+    return removed
+
+
 def end_processes(run_as: RunAs) -> list[int]:
     """SIGKILL every process of a project's own user: what a tenant may have left running.
 
@@ -198,12 +225,12 @@ def end_processes(run_as: RunAs) -> list[int]:
     """
     if not run_as.switch or run_as.uid == 0:
         raise ComputeError("refusing to end the processes of a user that is not a project's")
-    found: list[int] = []
+    found: set[int] = set()
     for _ in range(_KILL_ROUNDS):
         left = processes_of(run_as.uid)
         if not left:
-            return found
-        found += left
+            return sorted(found)
+        found.update(left)
         # The shell's own kill: any interpreter of ours may sit where the user cannot reach.
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             subprocess.run(
@@ -221,10 +248,28 @@ def end_processes(run_as: RunAs) -> list[int]:
         for pid in left:  # kill(-1) spares the caller only; these are not it
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
+        _wait_dead(left)
     left = processes_of(run_as.uid)
     if left:
         raise ComputeError(f"processes {left} of user {run_as.name!r} survived SIGKILL")
-    return found
+    return sorted(found)
+
+
+def _wait_dead(pids: list[int], time_limit: float = 2.0) -> None:
+    """A SIGKILLed process takes a moment to die: wait, so one is not counted twice."""
+    deadline = time.monotonic() + time_limit
+    while time.monotonic() < deadline:
+        if not any(_running(pid) for pid in pids):
+            return
+        time.sleep(0.01)
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 def processes_of(uid: int) -> list[int]:
