@@ -25,6 +25,7 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 import httpx
 
 from pgplane.compute.local.binaries import PgInstall, discover
+from pgplane.compute.local.users import remove_project_users
 from pgplane.core import ids
 from pgplane.core.models import Operation
 from pgplane.core.operations import Action, Status
@@ -135,7 +136,9 @@ class Server:
         return f"http://127.0.0.1:{self.port}/api/v2"
 
     def start(self) -> None:
-        with self.log_path.open("ab") as log:
+        # The platform's log, as private as its store (compute users pass through data_dir).
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with open(fd, "ab") as log:
             self.process = subprocess.Popen(
                 [
                     *PGPLANE,
@@ -228,6 +231,7 @@ def running_server(
     finally:
         server.stop()
         stop_postmasters(data_dir)
+        remove_project_users(data_dir)  # as root, each project had an OS user of its own
         remove_in_background(data_dir)
 
 

@@ -18,7 +18,7 @@ from pgplane.compute.local.layout import Layout
 from pgplane.compute.local.pidfile import PidFile, is_postmaster_of, read_pid_file
 from pgplane.compute.local.postmaster import Postmasters, postmaster_argv
 from pgplane.compute.local.sessions import admin_conninfo
-from pgplane.compute.local.user import resolve_run_as
+from pgplane.compute.local.users import remove_project_users
 
 ROLE = RoleSpec(name="neondb_owner", password="npg_s3cret'\"pass")
 DATABASE = DatabaseSpec(name="neondb", owner_name="neondb_owner")
@@ -49,6 +49,7 @@ def clean_up(data_dir: Path) -> None:
     """A test's data directory done with: its postmasters stopped, and its socket directories'
     parent removed where that is outside it (a long path's sockets go under /tmp)."""
     stop_leftover_postmasters(data_dir)
+    remove_project_users(data_dir)
     run_root = Layout(data_dir).run_root
     if not run_root.is_relative_to(data_dir):
         shutil.rmtree(run_root, ignore_errors=True)
@@ -167,7 +168,7 @@ async def crashed_build(
 ) -> PidFile:
     """What a pgplane process that crashed mid-build leaves: ``tmp`` (a copy of ``donor``) with
     a postmaster running on it that no living process knows of."""
-    run_as = await resolve_run_as(None)
+    run_as = await driver.project_user(tmp.parents[2].name)
 
     def copy() -> None:
         tmp.parent.mkdir(parents=True)

@@ -408,6 +408,9 @@ async def test_branches_are_built_from_spares_made_ahead(
                 want.st_uid,
                 want.st_gid,
             ), path
+    # Spares are root's until the copy is handed over whole: all the project user's now.
+    user = await driver.project_user("proj-spares")
+    assert {p.lstat().st_uid for p in [two, *copied]} == {user.uid}
     child = await start(driver, computes, "proj-spares", "br-two")
     assert await ids(child.port) == [1, 2]
     await query(child.port, "INSERT INTO t VALUES (3)")

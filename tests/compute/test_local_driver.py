@@ -21,7 +21,6 @@ from pgplane.compute.local import LocalComputeDriver, LocalDriverConfig
 from pgplane.compute.local.binaries import discover
 from pgplane.compute.local.pidfile import is_postmaster_of, read_pid_file
 from pgplane.compute.local.sessions import admin_conninfo
-from pgplane.compute.local.user import resolve_run_as
 
 
 def newest(driver: LocalComputeDriver) -> int:
@@ -221,7 +220,7 @@ async def test_stale_pid_file_does_not_block_a_start(
     pgdata = driver.pgdata("proj-stale", "br-main")
     pid_file = pgdata / "postmaster.pid"
     pid_file.write_text(f"{other.pid}\n{pgdata}\n0\n5432\n/tmp\n\n\nready\n")
-    (await resolve_run_as(None)).chown(pid_file)
+    (await driver.project_user("proj-stale")).chown(pid_file)
 
     ids = {"project_id": "proj-stale", "branch_id": "br-main", "endpoint_id": "ep-stale"}
     assert not await driver.is_compute_running(**ids)
@@ -259,7 +258,7 @@ async def test_storage_config_is_written_atomically(driver: LocalComputeDriver) 
     assert json.loads(path.read_text()) == {"history_retention_seconds": 3600}
     await driver.apply_storage_config(project_id="proj-storage", history_retention_seconds=0)
     assert json.loads(path.read_text()) == {"history_retention_seconds": 0}
-    assert [p.name for p in path.parent.iterdir()] == ["storage.json"]
+    assert [p.name for p in path.parent.iterdir() if p.is_file()] == ["storage.json"]
 
 
 async def test_delete_tenant_stops_and_removes_everything(

@@ -70,7 +70,10 @@ def serve(
     ] = None,
     tls_key: Annotated[Path | None, typer.Option(help="PEM key of --tls-cert")] = None,
     compute_user: Annotated[
-        str | None, typer.Option(help="OS user for Postgres when running as root [pgplane]")
+        str | None,
+        typer.Option(
+            help="As root: OS user of the Postgres templates (each project gets its own) [pgplane]"
+        ),
     ] = None,
     rate_limit_per_minute: Annotated[
         int | None, typer.Option(help="Requests a minute per account; 0: no limit [700]")

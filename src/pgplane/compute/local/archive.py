@@ -19,9 +19,13 @@ next call removes. The callers serialise the work on one destination: a second c
 the temporary of one still running.
 
 The tar is only a transport: extraction creates what the manifest lists and nothing else, with
-the manifest's modes. Unsafe members (absolute paths, ``..``, hard links, devices, fifos, links
-leading out of the tree) are refused by checks of our own on every Python version, rather than by
-tarfile's extraction filters (3.11.4+), whose "data" filter would also alter the modes.
+the manifest's modes. The tree packed belongs to a tenant who may own its files as its OS
+user: the caller stops its computes and ends every process of that user first, so nothing
+changes the tree while root reads it; links are never followed (``lstat``, ``O_NOFOLLOW``) and
+anything but a file, directory or link inside the tree is refused. Unsafe members (absolute
+paths, ``..``, hard links, devices, fifos, links leading out of the tree) are refused by checks
+of our own on every Python version, rather than by tarfile's extraction filters (3.11.4+), whose
+"data" filter would also alter the modes.
 """
 
 from __future__ import annotations
@@ -187,7 +191,9 @@ def _write_archive(src: Path, archive: Path) -> Manifest:
 
 def _add_file(tar: tarfile.TarFile, path: Path, info: tarfile.TarInfo) -> FileEntry:
     # Size and mode from the open file, not the walk: they describe the bytes actually read.
-    with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as f:
+    # O_NONBLOCK: a FIFO put there meanwhile must not hang the read (it is refused below).
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    with open(os.open(path, flags), "rb") as f:
         before = os.fstat(f.fileno())
         if not stat.S_ISREG(before.st_mode):
             raise ComputeError(f"cannot archive {path}: replaced while archiving")

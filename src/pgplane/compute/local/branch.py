@@ -44,6 +44,7 @@ from pgplane.compute.local.datacopy import (
 )
 from pgplane.compute.local.files import fsync_dir, sync_tree, write_atomic
 from pgplane.compute.local.layout import TIMELINE_MARKER
+from pgplane.compute.local.ownership import hand_over
 from pgplane.compute.local.pidfile import PidFile
 from pgplane.compute.local.postmaster import Postmasters
 from pgplane.compute.local.sessions import ADMIN_USER, connect, conninfo
@@ -94,6 +95,11 @@ async def build_branch(
             else:
                 stats = await _copy_offline(install, run_as, parent, tmp, spares)
             copied = time.perf_counter()
+            # Marked while the copy is root's (the tenant's user may run meanwhile: nothing of
+            # its may stand where root writes), published only by the rename below.
+            await asyncio.to_thread(write_atomic, tmp / TIMELINE_MARKER, b"")
+            # The project's user gets the copy whole, bottom-up (see ownership.py).
+            await asyncio.to_thread(hand_over, tmp, {os.geteuid()}, run_as)
             # Everything was written through the page cache only; one syncfs flushes it all.
             await asyncio.to_thread(sync_tree, tmp)
         except OSError as exc:  # a full disk, say: the operation says what, and retries
@@ -103,9 +109,6 @@ async def build_branch(
         await asyncio.shield(asyncio.to_thread(shutil.rmtree, tmp, True))
         raise
     await failpoints.reached("create_branch:copied")
-    marker = tmp / TIMELINE_MARKER
-    await asyncio.to_thread(write_atomic, marker, b"")
-    run_as.chown(marker)
     os.replace(tmp, pgdata)
     await asyncio.to_thread(fsync_dir, pgdata.parent)
     done = time.perf_counter()
@@ -203,7 +206,7 @@ async def _copy_online(
         wal = await _in_thread(
             partial(copy_files, parent / "pg_wal", tmp / "pg_wal", segments, spares=spares)
         )
-    await asyncio.to_thread(_write_label, tmp, labelfile, spcmapfile, parent)
+    await asyncio.to_thread(_write_label, tmp, labelfile, spcmapfile)
     await _in_thread(partial(copy_files, parent / "pg_wal", tmp / "pg_wal", histories))
     log.debug(
         "online copy of %s: WAL %s..%s, %d segments", parent, start_lsn, stop_lsn, len(segments)
@@ -260,8 +263,7 @@ async def _in_thread(copy: Callable[..., CopyStats]) -> CopyStats:
         raise
 
 
-def _write_label(tmp: Path, labelfile: str, spcmapfile: str, parent: Path) -> None:
-    owner = os.stat(parent)
+def _write_label(tmp: Path, labelfile: str, spcmapfile: str) -> None:
     for name, content in zip(BACKUP_FILES, (labelfile, spcmapfile), strict=True):
         if not content:
             continue  # no tablespaces: pg_basebackup writes no tablespace_map either
@@ -269,7 +271,6 @@ def _write_label(tmp: Path, labelfile: str, spcmapfile: str, parent: Path) -> No
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
             os.write(fd, content.encode())
-            os.fchown(fd, owner.st_uid, owner.st_gid)
         finally:
             os.close(fd)
 

@@ -7,6 +7,7 @@ fsync the parent so the rename itself survives a crash. A reader sees all or not
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import os
 import secrets
@@ -107,9 +108,15 @@ _sync_file_range = _load_sync_file_range()
 
 
 def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
-    """Replace ``path`` with ``data``: temp file, fsync, rename, fsync of the directory."""
+    """Replace ``path`` with ``data``: temp file, fsync, rename, fsync of the directory.
+
+    The temporary file is made anew (O_EXCL, never through a link): whatever stood at its name
+    (a link a tenant planted in its own directory) is removed, not written through.
+    """
     tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
         os.write(fd, data)
         os.fsync(fd)

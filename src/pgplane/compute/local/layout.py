@@ -14,6 +14,13 @@
       logs/<endpoint_id>.log                         postmaster stderr
       run/<endpoint_id>/                             unix socket directory of the postmaster
 
+As root, who may read what (DESIGN §6: a compute's OS user reaches its own project only): the
+data directory is 0711 (passed through, never listed); ``pgplane.db`` (with -wal, -shm) 0600,
+``logs/``, ``archive/`` and ``spare/`` 0700, root's; ``projects/<id>/`` root's with the project
+user's group, 0710, so no other project's user gets in; each ``pgdata`` and socket directory the
+project user's, 0700; templates the shared compute user's (``templates/<major>/pgdata`` 0700);
+``pg/`` readable by all (binaries). tenants.py and users.py say more.
+
 Unix socket paths are limited to 107 bytes, so when ``<data_dir>/run/<id>/.s.PGSQL.<port>`` could
 exceed it the socket root moves to ``/tmp/pgplane-<hash of data_dir>/`` (one per data directory,
 checked to be ours before use).

@@ -19,6 +19,7 @@ start-up, up to a cap): a platform that never branches never makes any.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import itertools
@@ -118,6 +119,15 @@ class SparePool:
                 (self._files if short_files else self._dirs).append(path)
             made += 1
         return made
+
+    async def fill_logged(self) -> None:
+        """:meth:`fill` in a thread, its failure logged: spares only make copies quicker."""
+        try:
+            made = await asyncio.to_thread(self.fill)
+        except Exception:  # a failure must not go unseen, nor fail anything
+            log.exception("making spare files in %s", self.directory)
+        else:
+            log.debug("made %d spare files and directories", made)
 
     def stop(self) -> None:
         """Make a running :meth:`fill` return after the spare it is making."""

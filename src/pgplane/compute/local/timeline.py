@@ -10,14 +10,16 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 
-from pgplane.compute.driver import DatabaseSpec, RoleSpec
+from pgplane.compute.driver import ComputeError, DatabaseSpec, RoleSpec
 from pgplane.compute.local.binaries import PgInstall
 from pgplane.compute.local.cluster import create_roles_and_databases
 from pgplane.compute.local.files import copy_tree, fsync_dir, sync_tree, write_atomic
 from pgplane.compute.local.layout import TIMELINE_MARKER
+from pgplane.compute.local.ownership import hand_over
 from pgplane.compute.local.postmaster import Postmasters, postmaster_argv
 from pgplane.compute.local.user import RunAs
 
@@ -52,6 +54,9 @@ async def build_timeline(
     await postmasters.stop(tmp)
     await asyncio.to_thread(shutil.rmtree, tmp, True)
     await copy_tree(template, tmp)
+    # The template is the shared compute user's; the copy is the project user's alone.
+    template_owner = (await asyncio.to_thread(template.stat)).st_uid
+    await asyncio.to_thread(hand_over, tmp, {os.geteuid(), template_owner}, run_as)
 
     await asyncio.to_thread(fresh_socket_dir, socket_dir, run_as)
     argv = postmaster_argv(
@@ -83,3 +88,31 @@ async def build_timeline(
     run_as.chown(marker)
     os.replace(tmp, pgdata)
     await asyncio.to_thread(fsync_dir, pgdata.parent)
+
+
+def completed(pgdata: Path, pg_version: int) -> bool:
+    """Whether the timeline at ``pgdata`` was built already (a retry); refuses a stranger's."""
+    if (pgdata / TIMELINE_MARKER).is_file():
+        check_data_version(pgdata, pg_version)
+        return True
+    if pgdata.exists():
+        raise ComputeError(f"{pgdata} exists but was not completed by pgplane")
+    return False
+
+
+def check_data_version(pgdata: Path, pg_version: int) -> None:
+    """Refuse data of another major version. PG_VERSION is the tenant's file: read without
+    following a link or blocking on a FIFO, and named in the error only when it is a version
+    (its bytes could be another's file, and the error reaches the account)."""
+    try:
+        fd = os.open(pgdata / "PG_VERSION", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise ComputeError(f"{pgdata} has no readable PG_VERSION: {exc.strerror}") from None
+    try:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+        data_version = os.read(fd, 16).decode(errors="replace").strip() if regular else ""
+    finally:
+        os.close(fd)
+    if data_version != str(pg_version):
+        shown = data_version if data_version.isdigit() else "unreadable"
+        raise ComputeError(f"{pgdata} holds Postgres {shown} data, not {pg_version}")

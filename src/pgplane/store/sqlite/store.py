@@ -15,7 +15,10 @@ file), the writer waits for it asynchronously, never blocking the event loop, fo
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import sqlite3
+import stat
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -62,6 +65,20 @@ def _connect(path: Path, busy_ms: int) -> sqlite3.Connection:
     return conn
 
 
+def _make_private(path: Path) -> None:
+    """The store (role passwords, key digests) readable and writable by the platform alone.
+
+    SQLite gives its -wal and -shm files the mode of the database file, so a database created
+    0600 (or made so) keeps all three private; an existing store of an earlier version is
+    mended at the first open.
+    """
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+    for name in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_IMODE(name.stat().st_mode) != 0o600:
+                name.chmod(0o600)
+
+
 class _Reading:
     """``async with store.read() as tx``: readers need no transaction of their own in WAL mode."""
 
@@ -84,6 +101,7 @@ class SqliteStore(Store):
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
+        _make_private(path)
         self._writer = _connect(path, int(BUSY_SECONDS * 1000))
         migrate(self._writer)
         # Past migrations, the writer never waits inside SQLite: write() waits without blocking.

@@ -1,0 +1,224 @@
+"""Endpoint postmasters: the command line, starting one unless it runs, and the temporary
+socket-only postmaster that serves platform work on a branch without a running compute.
+
+Every postmaster runs as its project's user, on data that user owns (claimed from an earlier
+version's shared user first, when nothing runs on it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+
+from pgplane.compute.driver import ComputeError, ComputeSpec, PortInUse, RunningCompute
+from pgplane.compute.local.binaries import PgInstall
+from pgplane.compute.local.layout import TIMELINE_MARKER, Layout, ensure_dir
+from pgplane.compute.local.pidfile import PidFile, command_line, is_postmaster_of
+from pgplane.compute.local.postmaster import (
+    Postmasters,
+    check_settings,
+    postmaster_argv,
+    wait_ready,
+)
+from pgplane.compute.local.sizing import compute_settings
+from pgplane.compute.local.tenants import Tenants, ids
+from pgplane.compute.local.timeline import (
+    INIT_PORT,
+    check_data_version,
+    fresh_socket_dir,
+    temporary_pgdata,
+)
+from pgplane.compute.local.user import RunAs
+from pgplane.core import ports
+
+log = logging.getLogger(__name__)
+
+# The runnable installation of a major version and the project's user (driver._install).
+InstallFor = Callable[[str, int], Awaitable[tuple[PgInstall, RunAs]]]
+
+
+class Computes:
+    """The postmasters of endpoints and of platform work, on this machine."""
+
+    def __init__(
+        self,
+        *,
+        layout: Layout,
+        listen_host: str,
+        postmasters: Postmasters,
+        locks: defaultdict[tuple[object, ...], asyncio.Lock],
+        tenants: Tenants,
+        install: InstallFor,
+    ) -> None:
+        self.layout = layout
+        self._listen_host = listen_host
+        self._postmasters = postmasters
+        self._locks = locks
+        self._tenants = tenants
+        self._install = install
+
+    async def on_branch(
+        self,
+        project_id: str,
+        branch_id: str,
+        pg_version: int,
+        compute: ComputeSpec | None,
+        action: Callable[[Path, int], Awaitable[None]],
+        *,
+        start: bool,
+    ) -> None:
+        """Run ``action`` against a postmaster on the branch's data.
+
+        The branch's compute if it runs (started first when ``start``); whatever endpoint serves
+        the branch otherwise; failing both, a temporary socket-only postmaster for the time it
+        takes.
+        """
+        pgdata = self.layout.pgdata(project_id, branch_id)
+        if compute is not None and start:
+            if (compute.project_id, compute.branch_id) != (project_id, branch_id):
+                raise ComputeError(f"endpoint {compute.endpoint_id} is not on branch {branch_id}")
+            argv, run_as = await self.argv(compute)
+            async with self._locks["postmaster", pgdata]:
+                await self.ensure_running(compute, argv, run_as)
+                await action(self.layout.socket_dir(compute.endpoint_id), compute.port)
+            return
+        if not (pgdata / TIMELINE_MARKER).is_file():
+            raise ComputeError(f"branch {branch_id} of project {project_id} has no data directory")
+        check_data_version(pgdata, pg_version)
+        install, run_as = await self._install(project_id, pg_version)
+        socket_dir = self.layout.init_socket_dir(project_id, branch_id)
+        async with self._locks["postmaster", pgdata]:
+            current = self._postmasters.running(pgdata)
+            if (
+                current is not None
+                and current.socket_dir not in (None, str(socket_dir))
+                and current.port is not None
+            ):
+                # An endpoint serves the branch: act there.
+                await action(Path(current.socket_dir), current.port)
+                return
+            # Nothing serves the branch (or only the temporary postmaster of a crashed attempt).
+            await self._postmasters.stop(pgdata)
+            await self._tenants.claim(pgdata, run_as)
+            await asyncio.to_thread(fresh_socket_dir, socket_dir, run_as)
+            argv = postmaster_argv(
+                install,
+                pgdata,
+                port=INIT_PORT,
+                socket_dir=socket_dir,
+                listen="",
+                settings={},
+                hba_file=self.layout.hba_file,
+            )
+            log_path = pgdata.parent / "apply_config.log"
+            await self._postmasters.start(
+                argv,
+                pgdata=pgdata,
+                port=INIT_PORT,
+                socket_dir=socket_dir,
+                run_as=run_as,
+                log_path=log_path,
+            )
+            try:
+                await action(socket_dir, INIT_PORT)
+            finally:
+                await self._postmasters.stop(pgdata)
+                await asyncio.to_thread(shutil.rmtree, socket_dir, True)
+
+    async def argv(self, spec: ComputeSpec) -> tuple[list[str], RunAs]:
+        """The endpoint's postmaster command line, after checking what it names."""
+        pgdata = self.layout.pgdata(spec.project_id, spec.branch_id)
+        socket_dir = self.layout.socket_dir(spec.endpoint_id)
+        settings = compute_settings(spec.autoscaling_limit_max_cu, check_settings(spec.pg_settings))
+        if not (pgdata / TIMELINE_MARKER).is_file():
+            raise ComputeError(
+                f"branch {spec.branch_id} of project {spec.project_id} has no data directory"
+            )
+        check_data_version(pgdata, spec.pg_version)
+        install, run_as = await self._install(spec.project_id, spec.pg_version)
+        argv = postmaster_argv(
+            install,
+            pgdata,
+            port=spec.port,
+            socket_dir=socket_dir,
+            listen=self._listen_host,
+            settings=settings,
+            hba_file=self.layout.hba_file,
+        )
+        return argv, run_as
+
+    async def ensure_running(self, spec: ComputeSpec, argv: list[str], run_as: RunAs) -> None:
+        """Start the endpoint's postmaster unless it runs as ``argv``; the caller holds the lock."""
+        pgdata = self.layout.pgdata(spec.project_id, spec.branch_id)
+        socket_dir = self.layout.socket_dir(spec.endpoint_id)
+        log_path = self.layout.log_path(spec.endpoint_id)
+        current = self._postmasters.running(pgdata)
+        if current is not None:
+            if _serves(current, argv, spec.port, socket_dir):
+                await wait_ready(
+                    socket_dir,
+                    spec.port,
+                    alive=lambda: is_postmaster_of(current.pid, pgdata),
+                    log_path=log_path,
+                )
+                return
+            log.info("restarting the postmaster of %s: its command line changed", pgdata)
+            await self._postmasters.stop(pgdata)
+        await self._tenants.claim(pgdata, run_as)
+        await asyncio.to_thread(self._prepare_endpoint, spec.project_id, spec.endpoint_id, run_as)
+        # Checked first: Postgres would only say so in its log, after its start-up.
+        if not await asyncio.to_thread(ports.is_free, spec.port, self._listen_host):
+            raise PortInUse(spec.port)
+        await self._postmasters.start(
+            argv,
+            pgdata=pgdata,
+            port=spec.port,
+            socket_dir=socket_dir,
+            run_as=run_as,
+            log_path=log_path,
+        )
+
+    def running_computes(self) -> list[RunningCompute]:
+        found = []
+        for project_id in ids(self.layout.projects):
+            for branch_id in ids(self.layout.project_dir(project_id) / "branches"):
+                pgdata = self.layout.pgdata(project_id, branch_id)
+                for data_dir in (pgdata, temporary_pgdata(pgdata)):
+                    current = self._postmasters.running(data_dir)
+                    if current is None:
+                        continue
+                    socket_dir = Path(current.socket_dir) if current.socket_dir else None
+                    endpoint_id = None
+                    if (
+                        data_dir == pgdata
+                        and socket_dir is not None
+                        and socket_dir.parent == self.layout.run_root
+                        and not socket_dir.name.startswith("init-")
+                    ):
+                        endpoint_id = socket_dir.name
+                    found.append(RunningCompute(project_id, branch_id, endpoint_id))
+        return found
+
+    def _prepare_endpoint(self, project_id: str, endpoint_id: str, run_as: RunAs) -> None:
+        # Recorded so delete_tenant finds the endpoint's socket directory and log.
+        records = ensure_dir(self.layout.endpoint_records(project_id), 0o700)
+        (records / endpoint_id).touch()
+        socket_dir = self.layout.socket_dir(endpoint_id)
+        socket_dir.mkdir(mode=0o700, exist_ok=True)
+        socket_dir.chmod(0o700)
+        run_as.chown(socket_dir)
+
+
+def _serves(current: PidFile, argv: Sequence[str], port: int, socket_dir: Path) -> bool:
+    """Whether the running postmaster is the one we would start (same port, socket, settings)."""
+    if current.port != port or current.socket_dir != str(socket_dir):
+        return False
+    running_argv = command_line(current.pid)
+    if running_argv is None or "-D" not in running_argv:
+        return True  # no /proc, or a process title rewritten: the port and socket must do
+    # Only the arguments: the binary's path may differ (a relocated copy) without mattering.
+    return running_argv[1:] == list(argv[1:])

@@ -1,0 +1,70 @@
+"""Giving a tree to a project's user, as root, without being led out of it.
+
+Root changes owners in trees that a tenant may have held: a copy or a restore it built itself
+(a branch, a reattach), or a data directory of an earlier version owned by the shared compute
+user. A tenant that is superuser on its compute owns files as its OS user and may plant
+symbolic links or hard links, or swap a directory for a link between our look and our act. So:
+
+- the walk is ``os.fwalk`` without following links: every directory is opened relative to its
+  parent's descriptor (``O_NOFOLLOW``), every change is made relative to it; a link is never
+  followed, only skipped;
+- bottom-up: a directory is given away only after everything in it, so while root works in a
+  directory nobody else can change what it holds (a tree root built is root's until its top
+  changes hands, last);
+- only entries owned by one of ``from_uids`` change hands, and only directories and regular
+  files with one link: a hard link planted to a file elsewhere (owned by root or another
+  project) is left alone, as is anything that is not a file or a directory.
+
+The top directory changes hands last, so its owner says whether a walk completed: an
+interrupted one is simply done again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from collections.abc import Collection
+from pathlib import Path
+
+from pgplane.compute.local.user import RunAs
+
+log = logging.getLogger(__name__)
+
+
+def hand_over(top: Path, from_uids: Collection[int], run_as: RunAs) -> int:
+    """Give ``top`` and what it holds (owned by ``from_uids``) to ``run_as``; entries changed."""
+    if not run_as.switch:
+        return 0
+    uid, gid = run_as.uid, run_as.gid
+    changed = 0
+    skipped: list[str] = []
+    for dirpath, dirnames, filenames, dir_fd in os.fwalk(top, topdown=False, follow_symlinks=False):
+        for name in [*filenames, *dirnames]:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            if (st.st_uid, st.st_gid) == (uid, gid):
+                continue
+            regular_file = stat.S_ISREG(st.st_mode) and st.st_nlink == 1
+            if st.st_uid not in from_uids or not (regular_file or stat.S_ISDIR(st.st_mode)):
+                skipped.append(os.path.join(dirpath, name))
+                continue
+            os.chown(name, uid, gid, dir_fd=dir_fd, follow_symlinks=False)
+            changed += 1
+    st = os.lstat(top)
+    if stat.S_ISDIR(st.st_mode) and (st.st_uid, st.st_gid) != (uid, gid) and st.st_uid in from_uids:
+        os.chown(top, uid, gid, follow_symlinks=False)
+        changed += 1
+    if skipped:
+        log.warning(
+            "left %d entries under %s to their owners (links, special files or others' files), "
+            "such as %s",
+            len(skipped),
+            top,
+            skipped[0],
+        )
+    return changed
+
+
+def owned_by(path: Path, run_as: RunAs) -> bool:
+    """Whether ``path`` itself belongs to ``run_as`` (a tree handed over is, at its top)."""
+    return not run_as.switch or os.lstat(path).st_uid == run_as.uid

@@ -1,0 +1,190 @@
+"""A project's files as a whole: its user and directories, and its cold archive.
+
+Who owns what under ``projects/<project_id>/``:
+
+- the project directory is root's, group the project's, mode 0710: only the project's user
+  (and root) may pass through it, so no other project's user even reaches its paths;
+- ``storage.json``, ``endpoints/`` and the branch directories (with the logs of temporary
+  postmasters) are root's: the platform's records, which the tenant may not change;
+- each ``pgdata`` is the project user's, 0700: Postgres insists on owning it.
+
+A tree from an earlier version (everything the shared compute user's) is given to the
+project's user when first used (``claim``): a data directory whose top is not yet the user's is
+handed over, as the postmasters that still run as the shared user stop and start again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+from pgplane import failpoints
+from pgplane.compute.driver import ComputeError
+from pgplane.compute.local import archive
+from pgplane.compute.local.files import remove_tree
+from pgplane.compute.local.layout import Layout, check_id, ensure_dir
+from pgplane.compute.local.ownership import hand_over, owned_by
+from pgplane.compute.local.postmaster import Postmasters
+from pgplane.compute.local.timeline import temporary_pgdata
+from pgplane.compute.local.user import RunAs, open_traversal
+from pgplane.compute.local.users import ComputeUsers, end_processes
+
+PROJECT_DIR_MODE = 0o710
+
+
+class Tenants:
+    """Projects' users, directories, archives and removal, for the driver."""
+
+    def __init__(
+        self,
+        layout: Layout,
+        users: ComputeUsers,
+        postmasters: Postmasters,
+        locks: defaultdict[tuple[object, ...], asyncio.Lock],
+    ) -> None:
+        self._layout = layout
+        self._users = users
+        self._postmasters = postmasters
+        self._locks = locks
+        self._ready: set[str] = set()
+
+    async def user(self, project_id: str) -> RunAs:
+        """The project's user, created and given its project directory on first use."""
+        run_as = await self._users.project(project_id)
+        if project_id not in self._ready:
+            await asyncio.to_thread(self._prepare, project_id, run_as)
+            self._ready.add(project_id)
+        return run_as
+
+    def _prepare(self, project_id: str, run_as: RunAs) -> None:
+        open_traversal(self._layout.projects, run_as)
+        project_dir = self._layout.project_dir(project_id)
+        if project_dir.is_dir():  # made by an earlier version, maybe: mended
+            project_dir_for(project_dir, run_as)
+
+    async def make_dir(self, project_id: str) -> RunAs:
+        """The project's directory, made if missing (a detached project's is not: see
+        ``state``); its user."""
+        run_as = await self.user(project_id)
+        await asyncio.to_thread(project_dir_for, self._layout.project_dir(project_id), run_as)
+        return run_as
+
+    async def claim(self, pgdata: Path, run_as: RunAs) -> None:
+        """Give a data directory of an earlier version to the project's user; nothing runs on
+        it (the caller holds its postmaster lock)."""
+        if await asyncio.to_thread(owned_by, pgdata, run_as):
+            return
+        shared = await self._users.shared()
+        await asyncio.to_thread(hand_over, pgdata, {os.geteuid(), shared.uid}, run_as)
+
+    async def stop(self, project_id: str) -> None:
+        """Stop every postmaster of the project, then whatever else its user left running."""
+        for branch_id in ids(self._layout.project_dir(project_id) / "branches"):
+            pgdata = self._layout.pgdata(project_id, branch_id)
+            for data_dir in (pgdata, temporary_pgdata(pgdata)):
+                async with self._locks["postmaster", data_dir]:
+                    await self._postmasters.stop(data_dir)
+            init_sockets = self._layout.init_socket_dir(project_id, branch_id)
+            await asyncio.to_thread(shutil.rmtree, init_sockets, True)
+        run_as = await asyncio.to_thread(self._users.find, project_id)
+        if run_as is not None:
+            await asyncio.to_thread(end_processes, run_as)
+
+    async def detach(self, project_id: str) -> None:
+        project_dir = self._layout.project_dir(project_id)
+        archive_dir = self._layout.archive(project_id)
+        async with self._locks["tenant", project_id]:
+            if not project_dir.exists():
+                if archive_dir.exists():
+                    await asyncio.to_thread(archive.verify, archive_dir)
+                    return  # detached already (a retry after the hot copy was freed)
+                raise ComputeError(f"project {project_id} has no data to detach")
+            # Nothing of the tenant may run while root reads its tree (see archive.py).
+            await self.stop(project_id)
+            await asyncio.to_thread(ensure_dir, self._layout.archives, 0o700)
+            await asyncio.to_thread(archive.pack, project_dir, archive_dir)
+            # Proven readable before the only other copy goes.
+            await asyncio.to_thread(archive.verify, archive_dir)
+            await failpoints.reached("tenant_detach:packed")
+            await remove_tree(project_dir)
+            for endpoint_id in ids(self._layout.endpoint_records(project_id)):
+                socket_dir = self._layout.socket_dir(endpoint_id)
+                await asyncio.to_thread(shutil.rmtree, socket_dir, True)
+
+    async def reattach(self, project_id: str) -> None:
+        project_dir = self._layout.project_dir(project_id)
+        archive_dir = self._layout.archive(project_id)
+        run_as = await self._users.project(project_id)
+        async with self._locks["tenant", project_id]:
+            if not archive_dir.exists():
+                if project_dir.exists():
+                    return  # attached already
+                raise ComputeError(f"project {project_id} has neither data nor an archive")
+            if not project_dir.exists():
+                # Unpacked beside, verified file by file, then renamed into place: all or
+                # nothing. Root's until its data directories are handed over, bottom-up.
+                await asyncio.to_thread(archive.unpack, archive_dir, project_dir)
+            await asyncio.to_thread(self._give_back, project_id, run_as)
+            await failpoints.reached("tenant_reattach:unpacked")
+            # Both present: a detach stopped before freeing the hot copy, or this reattach
+            # before dropping the archive. The hot copy is whole (renames are atomic) and the
+            # computes were stopped before packing, so the archive holds nothing newer.
+            await remove_tree(archive_dir)
+
+    def _give_back(self, project_id: str, run_as: RunAs) -> None:
+        project_dir_for(self._layout.project_dir(project_id), run_as)
+        for branch_id in ids(self._layout.project_dir(project_id) / "branches"):
+            pgdata = self._layout.pgdata(project_id, branch_id)
+            if pgdata.is_dir() and not owned_by(pgdata, run_as):
+                hand_over(pgdata, {os.geteuid()}, run_as)
+
+    def state(self, project_id: str) -> str:
+        hot = self._layout.project_dir(project_id).exists()
+        archived = self._layout.archive(project_id).exists()
+        return {(True, True): "both", (True, False): "hot", (False, True): "archived"}.get(
+            (hot, archived), "none"
+        )
+
+    async def delete(self, project_id: str) -> None:
+        project_dir = self._layout.project_dir(project_id)
+        await remove_tree(self._layout.archive(project_id))
+        if project_dir.exists():
+            await self.stop(project_id)
+            endpoint_ids = list(ids(self._layout.endpoint_records(project_id)))
+            await remove_tree(project_dir)
+            for endpoint_id in endpoint_ids:
+                socket_dir = self._layout.socket_dir(endpoint_id)
+                await asyncio.to_thread(shutil.rmtree, socket_dir, True)
+                self._layout.log_path(endpoint_id).unlink(missing_ok=True)
+        # Last: a retry after a crash still finds the user to end its processes.
+        await self._users.remove(project_id)
+        self._ready.discard(project_id)
+
+
+def project_dir_for(project_dir: Path, run_as: RunAs) -> None:
+    """``projects/<id>/`` root's, group the project's, 0710; its records root's alone."""
+    with contextlib.suppress(FileExistsError):
+        project_dir.mkdir(mode=PROJECT_DIR_MODE)
+    st = project_dir.lstat()
+    if st.st_gid != run_as.gid and run_as.switch:
+        os.chown(project_dir, os.geteuid(), run_as.gid, follow_symlinks=False)
+    if st.st_mode & 0o7777 != PROJECT_DIR_MODE:
+        project_dir.chmod(PROJECT_DIR_MODE)
+    ensure_dir(project_dir / "branches", 0o711)
+    ensure_dir(project_dir / "endpoints", 0o700)
+
+
+def ids(directory: Path) -> Iterator[str]:
+    """Entries of ``directory`` that are valid ids (anything else was never ours)."""
+    if not directory.is_dir():
+        return
+    for entry in sorted(directory.iterdir()):
+        try:
+            yield check_id("id", entry.name)
+        except ComputeError:
+            continue
