@@ -11,11 +11,11 @@ import struct
 from collections.abc import Callable
 
 HEADER = 5
-# Larger frames are refused while logging in: Postgres' own limit for a password message is far
-# below this (PG_MAX_AUTH_TOKEN_LENGTH, 65535), and a compute's replies before ReadyForQuery are
-# parameter statuses and a cancel key.
+# Larger frames are refused while logging in: Postgres' own limit for a password message is this
+# (PG_MAX_AUTH_TOKEN_LENGTH, 65535), and a compute's replies before ReadyForQuery are parameter
+# statuses, a cancel key and perhaps a notice. It stays below what a side buffers before it stops
+# reading (pipe.HANDSHAKE_BUFFER), so a frame being read can always arrive whole.
 MAX_AUTH_FRAME = 1 << 16
-MAX_BACKEND_FRAME = 1 << 24
 
 
 class FrameError(Exception):

@@ -14,7 +14,7 @@ import asyncio
 import struct
 
 from pgplane.proxy import scram, wire
-from pgplane.proxy.framing import MAX_AUTH_FRAME, MAX_BACKEND_FRAME, frame
+from pgplane.proxy.framing import MAX_AUTH_FRAME, frame
 from pgplane.proxy.pipe import Side
 from pgplane.proxy.seam import Password, Secret
 
@@ -82,7 +82,7 @@ async def log_in(compute: Side, startup: wire.Startup, secret: Secret) -> bytes:
     reply = b""
     logged_in = False
     while True:
-        kind, payload = await compute.read_frame(limit=MAX_BACKEND_FRAME)
+        kind, payload = await compute.read_frame(limit=MAX_AUTH_FRAME)
         message = frame(kind, payload)
         if kind == b"E":
             fields = wire.error_fields(payload)
