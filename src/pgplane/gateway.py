@@ -53,29 +53,38 @@ class ComputeWaker:
             synced = None
             if found is None:
                 synced = await tx.get_role_verifier(branch_id=endpoint.branch_id, name=role)
-        secret: Secret | None = None
         if found is not None:
             # A platform role: its password, whatever the compute holds (the proxy logs in over
             # the trusted socket). One that may not log in is refused as an unknown one is.
-            secret = Password(found.password) if found.login and found.password else None
-        elif synced is not None:
-            verifier = scram.parse_verifier(synced)
-            secret = None if verifier is None else Known(verifier)
-        elif target is not None:
-            # Made with SQL since the last sync, on a compute that runs: ask it (no wake).
-            secret = await self._ask_compute(project, endpoint, role)
-        return Route(secret=secret, target=target)
+            secret: Secret | None = None
+            if found.login and found.password:
+                secret = Password(found.password)
+            return Route(secret=secret, target=target)
+        if target is not None:
+            # Made with SQL, on a compute that runs: its word now, not the last sync's, so a
+            # password changed (or a role dropped) with SQL holds from the next login on.
+            answered, secret = await self._ask_compute(project, endpoint, role)
+            if answered:
+                return Route(secret=secret, target=target)
+        verifier = None if synced is None else scram.parse_verifier(synced)
+        return Route(secret=None if verifier is None else Known(verifier), target=target)
 
-    async def _ask_compute(self, project: Project, endpoint: Endpoint, role: str) -> Secret | None:
+    async def _ask_compute(
+        self, project: Project, endpoint: Endpoint, role: str
+    ) -> tuple[bool, Secret | None]:
+        """Whether the running compute answered, and the role's verifier as it holds it (None:
+        it has none). Unanswered, the last sync decides."""
         try:
             verifiers = await self._driver.login_roles(
                 compute_spec(project, endpoint), names=[role]
             )
         except ComputeError as exc:
             log.warning("endpoint %s: could not read role %r: %s", endpoint.id, role, exc)
-            return None
-        verifier = scram.parse_verifier((verifiers or {}).get(role, ""))
-        return None if verifier is None else Known(verifier)
+            return False, None
+        if verifiers is None:
+            return False, None  # stopped meanwhile
+        verifier = scram.parse_verifier(verifiers.get(role, ""))
+        return True, None if verifier is None else Known(verifier)
 
     async def wake(self, endpoint_id: str, *, force: bool) -> Target:
         if not force:

@@ -108,6 +108,13 @@ def test_a_role_made_with_sql_logs_in_at_once_and_on_its_branches(api: Api) -> N
     with psycopg.connect(_as(child_uri, "app", "app-password")) as conn:
         assert conn.execute("SELECT current_user").fetchone() == ("app",)
 
+    # A password changed with SQL holds from the next login on: a leaked one, rotated, is dead.
+    with psycopg.connect(uri, connect_timeout=30, autocommit=True) as conn:
+        conn.execute("ALTER ROLE app PASSWORD 'rotated-password'")
+    _refused(uri, "app", "app-password")
+    with psycopg.connect(_as(uri, "app", "rotated-password")) as conn:
+        assert conn.execute("SELECT current_user").fetchone() == ("app",)
+
 
 def test_a_stranger_reattaches_nothing() -> None:
     with running_server(
