@@ -132,7 +132,8 @@ async def resolve_run_as(compute_user: str | None) -> RunAs:
     try:
         entry = pwd.getpwnam(name)
     except KeyError:
-        await _create_user(name)
+        await create_system_user(name)
+        log.info("created system user %r to run Postgres computes", name)
         entry = pwd.getpwnam(name)
     if entry.pw_uid == 0:
         raise ComputeError(f"compute user {name!r} is root; Postgres refuses to run as root")
@@ -147,10 +148,12 @@ def _has_passwd_entry(uid: int) -> bool:
     return True
 
 
-async def _create_user(name: str) -> None:
+async def create_system_user(name: str, *extra: str) -> None:
+    """``useradd`` a system user: no login shell, no home, a group of its own (or the group of
+    its name, left by an earlier user); ``extra`` are more useradd options."""
     useradd = shutil.which("useradd")
     if useradd is None:
-        raise ComputeError(f"compute user {name!r} does not exist and useradd is not available")
+        raise ComputeError(f"user {name!r} does not exist and useradd is not available")
     nologin = shutil.which("nologin") or "/usr/sbin/nologin"
     try:
         grp.getgrnam(name)
@@ -159,9 +162,8 @@ async def _create_user(name: str) -> None:
     else:
         # A group of that name exists already: --user-group would fail, so join it instead.
         group_args = ["--gid", name]
-    argv = [useradd, "--system", "--no-create-home", "--shell", nologin, *group_args, name]
-    await RunAs.current().run(argv, time_limit=_USERADD_TIMEOUT)
-    log.info("created system user %r to run Postgres computes", name)
+    argv = [useradd, "--system", "--no-create-home", "--shell", nologin, *group_args, *extra]
+    await RunAs.current().run([*argv, name], time_limit=_USERADD_TIMEOUT)
 
 
 def open_traversal(path: Path, run_as: RunAs) -> list[Path]:

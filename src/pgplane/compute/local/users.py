@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import grp
 import hashlib
 import logging
 import os
@@ -33,7 +32,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from pgplane.compute.driver import ComputeError
-from pgplane.compute.local.user import RunAs, resolve_run_as
+from pgplane.compute.local.user import RunAs, create_system_user, resolve_run_as
 
 log = logging.getLogger(__name__)
 
@@ -142,21 +141,7 @@ def _ours(name: str, project_id: str) -> pwd.struct_passwd | None:
 
 
 async def _create_user(name: str, project_id: str) -> None:
-    useradd = shutil.which("useradd")
-    if useradd is None:
-        raise ComputeError(f"cannot create user {name!r}: useradd is not available")
-    nologin = shutil.which("nologin") or "/usr/sbin/nologin"
-    try:
-        grp.getgrnam(name)
-    except KeyError:
-        group_args = ["--user-group"]
-    else:
-        # Left by a user deletion that did not finish: --user-group would fail on it.
-        group_args = ["--gid", name]
-    argv = [useradd, "--system", "--no-create-home", "--home-dir", "/nonexistent"]
-    argv += ["--shell", nologin, *group_args]
-    argv += ["--comment", _mark(project_id), name]
-    await RunAs.current().run(argv, time_limit=_TIMEOUT)
+    await create_system_user(name, "--home-dir", "/nonexistent", "--comment", _mark(project_id))
     log.info("created system user %r for the computes of project %s", name, project_id)
 
 
