@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import cast
 
 from pgplane.proxy.activity import Session
-from pgplane.proxy.framing import HEADER, frame, payload_length
+from pgplane.proxy.framing import HEADER, payload_length
 
 HANDSHAKE_BUFFER = 128 * 1024
 _HIGH_WATER = 256 * 1024
@@ -156,6 +156,3 @@ class Side(asyncio.Protocol):
             self.transport.resume_reading()
         if self._eof:
             peer.close()
-
-
-__all__ = ["HANDSHAKE_BUFFER", "Closed", "Side", "frame"]
