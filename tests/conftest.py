@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import re
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -25,7 +24,6 @@ def server() -> Iterator[Server]:
     with running_server() as srv:
         yield srv
         assert_operations_settled(srv)
-        assert_no_key_values_kept(srv)
 
 
 def assert_operations_settled(srv: Server, timeout: float = 120) -> None:
@@ -48,16 +46,6 @@ def assert_operations_settled(srv: Server, timeout: float = 120) -> None:
         ).fetchall()
     assert not unsettled, f"operations left unsettled: {unsettled}"
     assert not failed, f"operations failed: {failed}"
-
-
-def assert_no_key_values_kept(srv: Server) -> None:
-    """Scenario A6 over the whole session: nothing shaped like a key in the store or any log.
-
-    Tests present valid, revoked and made-up keys in every place a client might put one; none
-    may be written down (the store keeps digests, logs name keys by id).
-    """
-    found = re.findall(rb"pgp_[0-9A-Za-z]{60}", srv.store_and_logs())
-    assert not found, f"key values written down: {len(found)}"
 
 
 @pytest.fixture

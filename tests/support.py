@@ -10,6 +10,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -228,11 +229,25 @@ def running_server(
     try:
         server.start()
         yield server
+        server.stop()
+        # Every server a test starts, not only the shared one: the suites with servers of their
+        # own are those that send most keys (guessed, revoked, hundreds of them).
+        assert_no_key_values_kept(server)
     finally:
         server.stop()
         stop_postmasters(data_dir)
         remove_project_users(data_dir)  # as root, each project had an OS user of its own
         remove_in_background(data_dir)
+
+
+def assert_no_key_values_kept(server: Server) -> None:
+    """Scenario A6: nothing shaped like a key in the server's store or any of its logs.
+
+    Tests present valid, revoked and made-up keys in every place a client might put one; none
+    may be written down (the store keeps digests, logs name keys by id).
+    """
+    found = re.findall(rb"pgp_[0-9A-Za-z]{60}", server.store_and_logs())
+    assert not found, f"key values written down: {len(found)}"
 
 
 def remove_in_background(path: Path) -> None:
