@@ -12,10 +12,12 @@ from pgplane.proxy import scram, wire
 
 @dataclass
 class Login:
-    """The outcome of a login: ``error`` is the server's message when it refused."""
+    """The outcome of a login: ``error`` is the server's message when it refused, ``code`` its
+    SQLSTATE (which libpq does not hand on for a refused connection)."""
 
     sock: socket.socket
     error: str | None
+    code: str | None = None
 
 
 def _read_message(sock: socket.socket) -> tuple[bytes, bytes]:
@@ -58,7 +60,8 @@ def authenticate(
     while True:
         kind, payload = _read_message(sock)
         if kind == b"E":
-            return Login(sock, wire.error_fields(payload).get("M", "error"))
+            fields = wire.error_fields(payload)
+            return Login(sock, fields.get("M", "error"), fields.get("C"))
         if kind != b"R":
             raise AssertionError(f"unexpected message {kind!r} during login")
         (code,) = struct.unpack("!I", payload[:4])

@@ -18,6 +18,7 @@ import pytest
 from psycopg import errors
 
 from pgplane.compute.local.archive import tree_checksums
+from tests import pgclient
 from tests.support import Api, Server, pg_binary, plaintext, running_server
 
 
@@ -174,9 +175,13 @@ def test_errors_are_postgres_errors(api: Api, server: Server) -> None:
     r = api.http.patch(f"/projects/{pid}/endpoints/{eid}", json={"endpoint": {"disabled": True}})
     assert r.status_code == 200, r.text
     api.wait_operations(pid, [o["id"] for o in r.json()["operations"]])
-    with pytest.raises(psycopg.OperationalError, match="is disabled") as caught:
+    with pytest.raises(psycopg.OperationalError, match="is disabled"):
         psycopg.connect(uri, connect_timeout=30)
-    assert "08004" in str(caught.value) or caught.value.sqlstate in (None, "08004")
+    # libpq keeps a refused connection's SQLSTATE to itself: read it off the wire.
+    password = project["connection_uris"][0]["connection_parameters"]["password"]
+    with pgclient.connect(server.proxy_port) as sock:
+        refused = pgclient.authenticate(sock, endpoint=eid, user="neondb_owner", password=password)
+    assert refused.code == "08004", refused
     # Through the API too: starting a disabled compute conflicts with its state.
     for action in ("start", "restart"):
         r = api.http.post(f"/projects/{pid}/endpoints/{eid}/{action}")
@@ -224,14 +229,22 @@ def test_never_suspend(quick: Server) -> None:
     _, key = quick.create_key("never@example.com")
     with Api(quick, key) as api:
         project = api.create_ready_project(name="never")
+        control = api.create_ready_project(name="never-control")
         pid, eid = project["project"]["id"], project["endpoints"][0]["id"]
+        cpid, ceid = control["project"]["id"], control["endpoints"][0]["id"]
         r = api.http.patch(
             f"/projects/{pid}/endpoints/{eid}", json={"endpoint": {"suspend_timeout_seconds": -1}}
         )
         assert r.status_code == 200, r.text
         api.wait_operations(pid, [o["id"] for o in r.json()["operations"]])
-        # Five times the default timeout, measured by the platform's own clock.
-        time.sleep(3)
+        idle_since = time.monotonic()
+        # The control, on the default timeout and idle as long, shows the scheduler suspending...
+        _wait_for(
+            "the control's idle suspend",
+            lambda: _endpoint(api, cpid, ceid)["current_state"] == "idle",
+        )
+        # ...and the other is still up after five times the default timeout.
+        time.sleep(max(0.0, idle_since + 5 * 2 - time.monotonic()))
         assert _endpoint(api, pid, eid)["current_state"] == "active"
         assert not [o for o in _ops(api, pid) if o["action"] == "suspend_compute"]
 
