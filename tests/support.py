@@ -240,6 +240,22 @@ def running_server(
         remove_in_background(data_dir)
 
 
+def wait_for(
+    what: str, check: Callable[[], Any], timeout: float = 60, *, server: Server | None = None
+) -> Any:
+    """Poll ``check`` until it returns something true, and return that; past ``timeout`` fail,
+    with the tail of ``server``'s log when given."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = check()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            tail = "" if server is None else "\n" + "\n".join(server.log().splitlines()[-40:])
+            raise AssertionError(f"timed out waiting for {what}{tail}")
+        time.sleep(0.1)
+
+
 def assert_no_key_values_kept(server: Server) -> None:
     """Scenario A6: nothing shaped like a key in the server's store or any of its logs.
 

@@ -21,8 +21,8 @@ from pgplane.compute.local.layout import Layout
 from pgplane.compute.local.sessions import admin_conninfo
 from tests.e2e.test_branches import _ready_branch
 from tests.e2e.test_faults import _endpoint_port, _postmaster_pid
-from tests.e2e.test_scale_to_zero import _endpoint, _ops, _wait_for
-from tests.support import Api, Server
+from tests.e2e.test_scale_to_zero import _endpoint, _ops
+from tests.support import Api, Server, wait_for
 
 SUSPEND_TIMEOUT = 2
 
@@ -93,7 +93,7 @@ def test_an_open_transaction_or_a_running_query_keeps_its_compute_up(
 
     # Once nothing runs any more, each suspends after its timeout, once.
     for pid, _, eid in projects:
-        _wait_for("the idle suspend", partial(_is_idle, api, pid, eid))
+        wait_for("the idle suspend", partial(_is_idle, api, pid, eid))
         assert [o["status"] for o in _suspends(api, pid)] == ["finished"]
     with psycopg.connect(txn_uri, connect_timeout=30) as conn:
         assert conn.execute("SELECT v FROM t ORDER BY v").fetchall() == [(1,), (2,)]
@@ -154,7 +154,7 @@ class TwoTableWriter(threading.Thread):
 
     def wait_for(self, more: int) -> None:
         mark = len(self.committed)
-        _wait_for("the writer's commits", lambda: len(self.committed) >= mark + more)
+        wait_for("the writer's commits", lambda: len(self.committed) >= mark + more)
 
 
 def test_a_branch_holds_whole_transactions_and_each_side_keeps_its_own(api: Api) -> None:

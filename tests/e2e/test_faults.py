@@ -26,8 +26,7 @@ import pytest
 
 from pgplane.store.sqlite.store import BUSY_SECONDS
 from tests.e2e.test_crash import assert_consistent, postmasters
-from tests.e2e.test_scale_to_zero import _wait_for
-from tests.support import Api, Server, running_server
+from tests.support import Api, Server, running_server, wait_for
 
 ENV = {"PGPLANE_RETRY_BASE_SECONDS": "0.2", "PGPLANE_SCHEDULER_SECONDS": "0.2"}
 
@@ -158,7 +157,7 @@ def test_a_postmaster_killed_under_load_is_started_again_and_loses_nothing(api: 
             os.kill(postmaster, signal.SIGKILL)
             # A backend busy in a query may serve a few more before it sees its postmaster
             # gone; then the writer is cut off, and goes on through a compute started again.
-            _wait_for("the writer cut off", lambda: writer.cut_off > cut_off)  # noqa: B023
+            wait_for("the writer cut off", lambda: writer.cut_off > cut_off)  # noqa: B023
             writer.wait_for(50)
     finally:
         writer.stop.set()
@@ -175,7 +174,7 @@ def test_a_postmaster_killed_under_load_is_started_again_and_loses_nothing(api: 
     # Nothing of the killed postmasters is left: no orphan backend, no shared memory.
     live = _postmaster_pid(server, pid, branch_id)
     assert live not in {k[0] for k in killed}
-    _wait_for("no orphan backend", lambda: _only_the_live_postmaster_and_its_children(pgdata, live))
+    wait_for("no orphan backend", lambda: _only_the_live_postmaster_and_its_children(pgdata, live))
     segments = _shm_segments()
     assert _shmid(pgdata) in segments
     assert [shmid for _, shmid, _ in killed if shmid in segments] == []

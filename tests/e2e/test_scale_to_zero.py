@@ -19,7 +19,7 @@ from psycopg import errors
 
 from pgplane.compute.local.archive import tree_checksums
 from tests import pgclient
-from tests.support import Api, Server, pg_binary, plaintext, running_server
+from tests.support import Api, Server, pg_binary, plaintext, running_server, wait_for
 
 
 def _ops(api: Api, pid: str) -> list[dict[str, Any]]:
@@ -44,16 +44,6 @@ def _suspend(api: Api, pid: str, eid: str) -> None:
 
 def _postmasters(data_dir: Path, pid: str) -> list[Path]:
     return list(data_dir.glob(f"projects/{pid}/branches/*/pgdata/postmaster.pid"))
-
-
-def _wait_for(what: str, check: Any, timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _starts(api: Api, pid: str) -> list[dict[str, Any]]:
@@ -214,7 +204,7 @@ def test_idle_compute_is_suspended_and_wakes_again(quick: Server) -> None:
                 conn.execute("select 1")
                 time.sleep(0.2)
             assert _endpoint(api, pid, eid)["current_state"] == "active"
-        _wait_for("the idle suspend", lambda: _endpoint(api, pid, eid)["current_state"] == "idle")
+        wait_for("the idle suspend", lambda: _endpoint(api, pid, eid)["current_state"] == "idle")
         suspends = [o for o in _ops(api, pid) if o["action"] == "suspend_compute"]
         assert [o["status"] for o in suspends] == ["finished"]
         assert _postmasters(quick.data_dir, pid) == []
@@ -239,7 +229,7 @@ def test_never_suspend(quick: Server) -> None:
         api.wait_operations(pid, [o["id"] for o in r.json()["operations"]])
         idle_since = time.monotonic()
         # The control, on the default timeout and idle as long, shows the scheduler suspending...
-        _wait_for(
+        wait_for(
             "the control's idle suspend",
             lambda: _endpoint(api, cpid, ceid)["current_state"] == "idle",
         )
@@ -260,14 +250,14 @@ def test_activity_survives_a_restart(quick: Server) -> None:
         time.sleep(1.1)  # the API shows whole seconds
         with psycopg.connect(uri, connect_timeout=30) as conn:
             conn.execute("select 1")
-        recorded = _wait_for(
+        recorded = wait_for(
             "activity in the store",
             lambda: (last := _endpoint(api, pid, eid)["last_active"]) != started and last,
         )
         quick.stop()
         quick.start()
         assert _endpoint(api, pid, eid)["last_active"] == recorded
-        _wait_for("the idle suspend", lambda: _endpoint(api, pid, eid)["current_state"] == "idle")
+        wait_for("the idle suspend", lambda: _endpoint(api, pid, eid)["current_state"] == "idle")
 
 
 def test_a_suspend_that_failed_is_tried_again() -> None:
@@ -284,7 +274,7 @@ def test_a_suspend_that_failed_is_tried_again() -> None:
         with Api(server, key) as api:
             project = api.create_ready_project(name="failed-suspend")
             pid, eid = project["project"]["id"], project["endpoints"][0]["id"]
-            _wait_for(
+            wait_for(
                 "the idle suspend", lambda: _endpoint(api, pid, eid)["current_state"] == "idle"
             )
             suspends = [o for o in _ops(api, pid) if o["action"] == "suspend_compute"]
@@ -321,7 +311,7 @@ def test_detach_and_reattach_keep_every_byte() -> None:
                 ops = [o for o in _ops(api, pid) if o["action"] == "tenant_detach"]
                 return bool(ops) and ops[0]["status"] == "finished"
 
-            _wait_for("tenant_detach", detached)
+            wait_for("tenant_detach", detached)
             assert not (server.data_dir / "projects" / pid).exists()
             assert (server.data_dir / "archive" / pid / "manifest.json").is_file()
 
@@ -338,7 +328,7 @@ def test_detach_and_reattach_keep_every_byte() -> None:
 
             # Detached again, then woken by a connection: reattach, start, query.
             before_second = len([o for o in _ops(api, pid) if o["action"] == "tenant_detach"])
-            _wait_for(
+            wait_for(
                 "a second detach",
                 lambda: (
                     len([o for o in _ops(api, pid) if o["action"] == "tenant_detach"])
@@ -378,20 +368,20 @@ def test_availability_checks() -> None:
             def checks() -> list[dict[str, Any]]:
                 return [o for o in _ops(api, pid) if o["action"] == "check_availability"]
 
-            _wait_for("a finished check", lambda: any(o["status"] == "finished" for o in checks()))
+            wait_for("a finished check", lambda: any(o["status"] == "finished" for o in checks()))
             assert {o["branch_id"] for o in checks()} == {bid}  # the bare branch has no compute
 
             # A suspended compute is checked too: it must be able to start.
             _suspend(api, pid, eid)
             count = len(checks())
-            _wait_for("a check while suspended", lambda: len(checks()) > count + 1)
+            wait_for("a check while suspended", lambda: len(checks()) > count + 1)
             assert all(o["status"] != "failed" for o in checks())
             assert _endpoint(api, pid, eid)["current_state"] == "idle"
 
             # Damage the data: the next check fails, with the reason.
             pgdata = server.data_dir / "projects" / pid / "branches" / bid / "pgdata"
             (pgdata / "global" / "pg_control").rename(pgdata / "pg_control.moved")
-            failed = _wait_for(
+            failed = wait_for(
                 "a failed check", lambda: [o for o in checks() if o["status"] == "failed"]
             )
             r = api.http.get(f"/projects/{pid}/operations/{failed[0]['id']}")

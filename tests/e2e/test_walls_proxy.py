@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, LiteralString
 
@@ -23,19 +22,11 @@ from psycopg.conninfo import make_conninfo
 
 from pgplane.compute.local.layout import Layout
 from tests import pgclient
-from tests.support import Api, Server, running_server
+from tests.support import Api, Server, running_server, wait_for
 
 
 def _starts(api: Api, pid: str) -> list[dict[str, Any]]:
     return [o for o in api.operations(pid) if o["action"] == "start_compute"]
-
-
-def _wait_for(what: str, check: Callable[[], object], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def _as(uri: str, user: str, password: str) -> str:
@@ -133,7 +124,7 @@ def test_a_stranger_reattaches_nothing() -> None:
                 ops = [o for o in api.operations(pid) if o["action"] == "tenant_detach"]
                 return bool(ops) and ops[0]["status"] == "finished"
 
-            _wait_for("tenant_detach", detached)
+            wait_for("tenant_detach", detached)
             _refused(uri, "neondb_owner", "wrong")
             _refused(uri, "nobody_made_me", "anything")
             actions = [o["action"] for o in api.operations(pid)]

@@ -13,7 +13,6 @@ No trap may fire, the tenant stays a non-superuser, and every operation finishes
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,7 +22,7 @@ from psycopg import errors
 from psycopg.conninfo import make_conninfo
 
 from pgplane.compute.local.binaries import discover
-from tests.support import Api, Server, running_server
+from tests.support import Api, Server, running_server, wait_for
 
 TRAP_PATH = "trap, public, pg_catalog"  # pg_catalog last: tenant objects come first
 
@@ -105,15 +104,21 @@ def _ops(api: Api, pid: str) -> list[dict[str, Any]]:
     return list(r.json()["operations"])
 
 
-def _wait_for(what: str, check: Any, server: Server, timeout: float = 90) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.1)
-    log = [line for line in server.log().splitlines() if "check_availability" not in line]
-    raise AssertionError(f"timed out waiting for {what}\n" + "\n".join(log[-40:]))
+def _next_check(api: Api, pid: str, walls: Server, what: str) -> None:
+    """Until an availability check of the project finishes after this moment."""
+    checks = _finished(api, pid, "check_availability")
+    wait_for(what, lambda: _finished(api, pid, "check_availability") > checks, 90, server=walls)
+
+
+def _suspended_when_idle(api: Api, pid: str, endpoint: str, walls: Server) -> None:
+    """A one-second suspend timeout, then until the idle suspend (the activity check first)."""
+    api.settled(pid, api.http.patch(endpoint, json={"endpoint": {"suspend_timeout_seconds": 1}}))
+    wait_for(
+        "the idle suspend",
+        lambda: api.http.get(endpoint).json()["endpoint"]["current_state"] == "idle",
+        90,
+        server=walls,
+    )
 
 
 def _finished(api: Api, pid: str, action: str) -> int:
@@ -188,12 +193,7 @@ def test_no_admin_path_runs_a_tenants_trap(walls: Server) -> None:
             assert conn.execute("SHOW search_path").fetchone() == (TRAP_PATH,)
 
         # Availability checks visit every database of the running compute.
-        checks = _finished(api, pid, "check_availability")
-        _wait_for(
-            "an availability check",
-            lambda: _finished(api, pid, "check_availability") > checks,
-            walls,
-        )
+        _next_check(api, pid, walls, "an availability check")
 
         # A branch of the running compute: its online backup runs as superuser there.
         r = api.http.post(f"/projects/{pid}/branches", json={"branch": {"name": "copy"}})
@@ -208,24 +208,12 @@ def test_no_admin_path_runs_a_tenants_trap(walls: Server) -> None:
 
         # Suspended when asked, started by a connection, checked while suspended.
         api.settled(pid, api.http.post(f"{endpoint}/suspend"))
-        checks = _finished(api, pid, "check_availability")
-        _wait_for(
-            "a check while suspended",
-            lambda: _finished(api, pid, "check_availability") > checks,
-            walls,
-        )
+        _next_check(api, pid, walls, "a check while suspended")
         with psycopg.connect(_as(uri)) as conn:
             conn.execute("SELECT 1")
 
         # Suspended when idle: the activity check runs first.
-        api.settled(
-            pid, api.http.patch(endpoint, json={"endpoint": {"suspend_timeout_seconds": 1}})
-        )
-        _wait_for(
-            "the idle suspend",
-            lambda: api.http.get(endpoint).json()["endpoint"]["current_state"] == "idle",
-            walls,
-        )
+        _suspended_when_idle(api, pid, endpoint, walls)
 
         # Dropping a role reassigns and drops what it owns in each database, as superuser there.
         api.settled(pid, api.http.delete(f"{branch}/databases/den"))
@@ -239,7 +227,9 @@ def test_no_admin_path_runs_a_tenants_trap(walls: Server) -> None:
         walls.env["PGPLANE_AVAILABILITY_CHECK_SECONDS"] = "0"
         walls.start()
         try:
-            _wait_for("the detach", lambda: _finished(api, pid, "tenant_detach") > 0, walls)
+            wait_for(
+                "the detach", lambda: _finished(api, pid, "tenant_detach") > 0, 90, server=walls
+            )
         finally:
             walls.stop()
             walls.env["PGPLANE_AVAILABILITY_CHECK_SECONDS"] = "1"
@@ -283,17 +273,9 @@ def test_what_createrole_may_grant_depends_on_the_version(walls: Server, version
         assert not _is_superuser(uri)
 
         # The platform still checks the compute and suspends it when idle.
-        checks = _finished(api, pid, "check_availability")
-        _wait_for("a check", lambda: _finished(api, pid, "check_availability") > checks, walls)
+        _next_check(api, pid, walls, "a check")
         endpoint = f"/projects/{pid}/endpoints/{eid}"
-        api.settled(
-            pid, api.http.patch(endpoint, json={"endpoint": {"suspend_timeout_seconds": 1}})
-        )
-        _wait_for(
-            "the idle suspend",
-            lambda: api.http.get(endpoint).json()["endpoint"]["current_state"] == "idle",
-            walls,
-        )
+        _suspended_when_idle(api, pid, endpoint, walls)
         _none_failed(api, pid)
 
 
