@@ -25,7 +25,7 @@ import psycopg
 
 from pgplane.core import clock
 from pgplane.store.sqlite import SqliteStore
-from tests.e2e.test_crash import assert_consistent
+from tests.crash import assert_consistent
 from tests.support import Api, Server, finished_operation, running_server
 
 Call = tuple[str, str, dict[str, Any] | None]

@@ -25,7 +25,7 @@ import psycopg
 import pytest
 
 from pgplane.store.sqlite.store import BUSY_SECONDS
-from tests.e2e.test_crash import assert_consistent, postmasters
+from tests.crash import assert_consistent, postmasters
 from tests.support import Api, Server, running_server, wait_for
 
 ENV = {"PGPLANE_RETRY_BASE_SECONDS": "0.2", "PGPLANE_SCHEDULER_SECONDS": "0.2"}

@@ -24,7 +24,7 @@ import psycopg
 import pytest
 
 from tests.conftest import assert_operations_settled
-from tests.e2e.test_crash import assert_consistent
+from tests.crash import assert_consistent
 from tests.support import Api, Server, running_server
 
 ENV = {"PGPLANE_RETRY_BASE_SECONDS": "0.2", "PGPLANE_SCHEDULER_SECONDS": "0.2"}

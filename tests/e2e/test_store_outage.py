@@ -37,7 +37,7 @@ import psycopg
 import pytest
 
 from pgplane.core import clock
-from tests.e2e.test_crash import assert_consistent
+from tests.crash import assert_consistent
 from tests.support import Api, Server, running_server
 
 ENV = {

@@ -14,7 +14,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from tests.e2e.test_crash import unsettled
+from tests.crash import unsettled
 from tests.support import Api, running_server
 
 MAX_ATTEMPTS = 3

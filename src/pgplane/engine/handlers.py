@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
+from pgplane import failpoints
 from pgplane.compute.driver import (
     ComputeError,
     ConfigChange,
@@ -126,6 +127,7 @@ async def suspend_compute(ctx: Context, op: Operation) -> OnFinish | None:
         if endpoint is None
         else await rolesync.read(ctx.driver, compute_spec(project, endpoint))
     )
+    await failpoints.reached("suspend_compute:roles_read")
     await ctx.driver.stop_compute(
         project_id=op.project_id, branch_id=branch_id, endpoint_id=endpoint_id
     )
@@ -170,9 +172,6 @@ async def create_branch(ctx: Context, op: Operation) -> OnFinish | None:
         await tx.set_branch_state(
             branch_id=branch_id, current_state="ready", pending_state=None, now=clock.now_us()
         )
-        await tx.copy_role_verifiers(from_branch_id=parent_id, to_branch_id=branch_id)
-        if synced:  # an empty read (the parent is not running) keeps what was copied
-            await tx.set_role_verifiers(branch_id=branch_id, verifiers=synced)
         await tx.copy_role_verifiers(from_branch_id=parent_id, to_branch_id=branch_id)
         if synced:  # an empty read (the parent is not running) keeps what was copied
             await tx.set_role_verifiers(branch_id=branch_id, verifiers=synced)

@@ -183,6 +183,7 @@ async def _copy_online(
             else "SELECT pg_catalog.pg_start_backup(%s, true, false)"
         )
         (start_lsn,) = await _one(conn, start_sql, (label,))
+        await failpoints.reached("create_branch:backup_started")
         stats = await _in_thread(
             partial(copy_data_dir, parent, tmp, online=True, keep_backup_label=False, spares=spares)
         )

@@ -19,6 +19,7 @@ from typing import LiteralString
 import psycopg
 from psycopg import errors, sql
 
+from pgplane import failpoints
 from pgplane.compute.driver import ComputeError, ConfigChange
 from pgplane.compute.local.sessions import (
     ADMIN_USER,
@@ -199,3 +200,5 @@ async def _execute(conn: Conn, statement: sql.Composed, what: str) -> None:
     except psycopg.Error as exc:
         # The message is the server's (it never echoes the statement, so no password leaks).
         raise ComputeError(f"{what} failed: {exc}") from exc
+    # Between two statements of a change: the crash suite kills here.
+    await failpoints.reached("apply_config:executed")

@@ -180,6 +180,7 @@ class Computes:
             socket_dir=socket_dir,
             run_as=run_as,
             log_path=log_path,
+            spawned="start_compute:spawned",
         )
 
     def running_computes(self) -> list[RunningCompute]:

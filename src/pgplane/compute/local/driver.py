@@ -16,6 +16,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from pgplane import failpoints
 from pgplane.compute.driver import (
     ComputeAddress,
     ComputeError,
@@ -199,6 +200,7 @@ class LocalComputeDriver:
                         await asyncio.to_thread(shutil.rmtree, socket_dir, True)
             init_sockets = self.layout.init_socket_dir(project_id, branch_id)
             await asyncio.to_thread(shutil.rmtree, init_sockets, True)
+            await failpoints.reached("delete_timeline:stopped")
             await remove_tree(branch_dir)
 
     async def apply_config(
@@ -264,7 +266,7 @@ class LocalComputeDriver:
         pgdata = self.layout.pgdata(project_id, branch_id)
         socket_dir = self.layout.socket_dir(endpoint_id)
         async with self._locks["postmaster", pgdata]:
-            await self._postmasters.stop(pgdata)
+            await self._postmasters.stop(pgdata, signalled="stop_compute:signalled")
         await asyncio.to_thread(shutil.rmtree, socket_dir, True)
 
     async def is_compute_running(

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psycopg
 
+from pgplane import failpoints
 from pgplane.compute.driver import ComputeError, InvalidSettings
 from pgplane.compute.local.binaries import PgInstall
 from pgplane.compute.local.pidfile import (
@@ -179,8 +180,12 @@ class Postmasters:
         socket_dir: Path,
         run_as: RunAs,
         log_path: Path,
+        spawned: str | None = None,
     ) -> None:
-        """Spawn the postmaster and return once it accepts a real client startup."""
+        """Spawn the postmaster and return once it accepts a real client startup.
+
+        ``spawned``: the failpoint reached once the process exists, before it is ready.
+        """
         env = postgres_env()
         stale = read_pid_file(pgdata)
         if stale is not None and not is_postmaster_of(stale.pid, pgdata):
@@ -195,6 +200,8 @@ class Postmasters:
         child = await asyncio.to_thread(_spawn, argv, run_as, log_path, env)
         self._children[pgdata] = child
         try:
+            if spawned is not None:
+                await failpoints.reached(spawned)
             await wait_ready(
                 socket_dir, port, alive=lambda: child.poll() is None, log_path=log_path
             )
@@ -210,14 +217,19 @@ class Postmasters:
             _signal(child.pid, signal.SIGKILL)
             await self._wait_gone(pgdata, child.pid, _STOP_STEPS[-1][1])
 
-    async def stop(self, pgdata: Path) -> bool:
-        """Fast shutdown, escalating to immediate then kill; False when nothing was running."""
+    async def stop(self, pgdata: Path, *, signalled: str | None = None) -> bool:
+        """Fast shutdown, escalating to immediate then kill; False when nothing was running.
+
+        ``signalled``: the failpoint reached once the first signal is sent, before it is gone.
+        """
         pid_file = self.running(pgdata)
         if pid_file is None:
             return False
         pid = pid_file.pid
         for sig, time_limit in _STOP_STEPS:
             _signal(pid, sig)
+            if signalled is not None and sig == _STOP_STEPS[0][0]:
+                await failpoints.reached(signalled)
             if await self._wait_gone(pgdata, pid, time_limit):
                 if sig == signal.SIGKILL:  # it could not tell its backends to go
                     await self._end_leftovers(pgdata)

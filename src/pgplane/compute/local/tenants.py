@@ -155,6 +155,7 @@ class Tenants:
         await remove_tree(self._layout.archive(project_id))
         if project_dir.exists():
             await self.stop(project_id)
+            await failpoints.reached("delete_tenant:stopped")
             endpoint_ids = list(ids(self._layout.endpoint_records(project_id)))
             await remove_tree(project_dir)
             for endpoint_id in endpoint_ids:

@@ -14,6 +14,7 @@ import stat
 from collections.abc import Sequence
 from pathlib import Path
 
+from pgplane import failpoints
 from pgplane.compute.driver import ComputeError, DatabaseSpec, RoleSpec
 from pgplane.compute.local.binaries import PgInstall
 from pgplane.compute.local.cluster import create_roles_and_databases
@@ -57,6 +58,7 @@ async def build_timeline(
     # The template is the shared compute user's; the copy is the project user's alone.
     template_owner = (await asyncio.to_thread(template.stat)).st_uid
     await asyncio.to_thread(hand_over, tmp, {os.geteuid(), template_owner}, run_as)
+    await failpoints.reached("create_timeline:copied")
 
     await asyncio.to_thread(fresh_socket_dir, socket_dir, run_as)
     argv = postmaster_argv(
@@ -76,6 +78,8 @@ async def build_timeline(
     )
     try:
         await create_roles_and_databases(socket_dir, INIT_PORT, roles, databases)
+        # Killed here, the cluster being built is left running: the next attempt stops it.
+        await failpoints.reached("create_timeline:populated")
     finally:
         await postmasters.stop(tmp)
         await asyncio.to_thread(shutil.rmtree, socket_dir, True)
@@ -86,6 +90,7 @@ async def build_timeline(
     marker = tmp / TIMELINE_MARKER
     await asyncio.to_thread(write_atomic, marker, b"")
     run_as.chown(marker)
+    await failpoints.reached("create_timeline:synced")
     os.replace(tmp, pgdata)
     await asyncio.to_thread(fsync_dir, pgdata.parent)
 

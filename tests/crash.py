@@ -1,0 +1,219 @@
+"""The crash suites' harness: a server killed at a failpoint, and what must hold after its restart.
+
+Where in an operation the kill lands is chosen with failpoints (``pgplane.failpoints``): the
+server is restarted with one armed, the operation is started, and the server is SIGKILLed once
+its log says the failpoint was reached. After the restart, :meth:`Crash.settle` and
+:func:`assert_consistent` check the promises of the README: every operation finished (only the
+ones a test names may fail), exactly one copy of each object, the postmasters the store says and
+no others, and every compute that ran through the kill still served by the same postmaster
+(adopted, not restarted), with no ``start_compute`` beyond those the test asked for.
+"""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+from collections import Counter
+from collections.abc import Collection, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from pgplane.compute.local.archive import tree_checksums
+from tests.support import Api, Server, running_server, wait_for
+
+ROWS = 5000
+SUM = ROWS * (ROWS + 1) // 2
+# Short leases so a retry is not long in coming; reconciliation at start-up ends the dead
+# process's leases anyway.
+ENV = {
+    "PGPLANE_LEASE_SECONDS": "2",
+    "PGPLANE_HEARTBEAT_SECONDS": "0.5",
+    "PGPLANE_SCHEDULER_SECONDS": "0.2",
+    "PGPLANE_RETRY_BASE_SECONDS": "0.2",
+}
+
+
+class Crash:
+    """One server, one project with committed rows, and the kill at a failpoint."""
+
+    def __init__(self, server: Server, api: Api) -> None:
+        self.server = server
+        self.api = api
+        body = api.create_ready_project(name="victim")
+        self.pid: str = body["project"]["id"]
+        self.branch_id: str = body["branch"]["id"]
+        self.eid: str = body["endpoints"][0]["id"]
+        self.uri: str = body["connection_uris"][0]["connection_uri"]
+        # The postmasters serving when the server was killed, by data directory.
+        self.at_kill: dict[Path, int] = {}
+        with psycopg.connect(self.uri, connect_timeout=30) as conn:
+            conn.execute("CREATE TABLE t AS SELECT g AS v FROM generate_series(1, %s) g", [ROWS])
+
+    def arm(self, failpoint: str, **env: str) -> None:
+        """Restart the server (cleanly) with ``failpoint`` armed."""
+        self.server.stop()
+        self.server.env.update(env, PGPLANE_FAILPOINTS=failpoint)
+        self.server.start()
+
+    def kill_at(self, failpoint: str, timeout: float = 60) -> None:
+        """Wait until the server reached ``failpoint``, SIGKILL it, restart it unarmed."""
+        kill_at(self.server, failpoint, timeout)
+        self.at_kill = self.postmasters_now()
+        self.server.env.pop("PGPLANE_FAILPOINTS")
+        self.server.start()
+
+    def postmasters_now(self) -> dict[Path, int]:
+        return postmaster_pids(self.server.data_dir / "projects" / self.pid)
+
+    def ops(self) -> list[dict[str, Any]]:
+        return operations(self.api, self.pid)
+
+    def starts(self) -> int:
+        return sum(o["action"] == "start_compute" for o in self.ops())
+
+    def settle(self, op_ids: list[str]) -> list[dict[str, Any]]:
+        ops = self.api.wait_operations(self.pid, op_ids, timeout=120)
+        assert [o["status"] for o in ops] == ["finished"] * len(ops), (ops, self.log())
+        return ops
+
+    def endpoint(self) -> dict[str, Any]:
+        return self.api.endpoint(self.pid, self.eid)
+
+    def suspend(self) -> None:
+        self.api.suspend(self.pid, self.eid)
+
+    def rows(self, uri: str | None = None) -> tuple[int, int]:
+        with psycopg.connect(uri or self.uri, connect_timeout=60) as conn:
+            row = conn.execute("SELECT count(*), sum(v) FROM t").fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1])
+
+    def assert_adopted(self, *pgdatas: Path) -> None:
+        """Each of ``pgdatas`` is served by the postmaster that served it at the kill."""
+        now = self.postmasters_now()
+        for pgdata in pgdatas:
+            assert pgdata in self.at_kill, (pgdata, self.at_kill)
+            assert now.get(pgdata) == self.at_kill[pgdata], (pgdata, self.at_kill, now)
+
+    def pgdata(self, branch_id: str | None = None) -> Path:
+        return (
+            self.server.data_dir
+            / "projects"
+            / self.pid
+            / "branches"
+            / (branch_id or self.branch_id)
+            / "pgdata"
+        )
+
+    def checksums(self) -> dict[str, str]:
+        """Every file of the project's branches (its computes stopped)."""
+        branches = self.server.data_dir / "projects" / self.pid / "branches"
+        return dict(tree_checksums(branches))
+
+    def log(self) -> str:
+        return self.server.log()[-4000:]
+
+
+def crash_server() -> Iterator[Crash]:
+    """The body of a ``crash`` fixture: a server with short leases and a project with rows."""
+    with running_server(**ENV) as server:
+        _, key = server.create_key("crash@example.com")
+        with Api(server, key) as api:
+            yield Crash(server, api)
+
+
+def kill_at(server: Server, failpoint: str, timeout: float = 60) -> None:
+    """SIGKILL ``server`` once its log says ``failpoint`` was reached."""
+    needle = f"failpoint {failpoint} reached"
+    wait_for(f"{needle!r} in the log", lambda: needle in server.log(), timeout, server=server)
+    server.stop(signal.SIGKILL)
+
+
+def operations(api: Api, project_id: str) -> list[dict[str, Any]]:
+    r = api.http.get(f"/projects/{project_id}/operations", params={"limit": 1000})
+    assert r.status_code == 200, r.text
+    return list(r.json()["operations"])
+
+
+def wait_for_op(api: Api, project_id: str, action: str, timeout: float = 60) -> dict[str, Any]:
+    def found() -> dict[str, Any] | None:
+        return next((o for o in operations(api, project_id) if o["action"] == action), None)
+
+    op: dict[str, Any] = wait_for(f"a {action} operation", found, timeout, server=api.server)
+    return op
+
+
+def postmaster_pids(data_dir: Path) -> dict[Path, int]:
+    """The postmaster of each data directory under ``data_dir`` that has exactly one."""
+    found: dict[Path, list[int]] = {}
+    for pgdata, pid in _postmaster_processes(data_dir):
+        found.setdefault(pgdata, []).append(pid)
+    return {pgdata: pids[0] for pgdata, pids in found.items() if len(pids) == 1}
+
+
+def postmasters(data_dir: Path) -> Counter[Path]:
+    """Postmaster processes by data directory, for the data directories under ``data_dir``."""
+    return Counter(pgdata for pgdata, _ in _postmaster_processes(data_dir))
+
+
+def _postmaster_processes(data_dir: Path) -> Iterator[tuple[Path, int]]:
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # exited meanwhile
+        # Only the postmaster keeps its command line; its children retitle themselves.
+        if b"-D" not in argv or not argv[0].endswith(b"postgres"):
+            continue
+        pgdata = Path(argv[argv.index(b"-D") + 1].decode())
+        if pgdata.is_relative_to(data_dir):
+            yield pgdata, int(proc.name)
+
+
+def unsettled(data_dir: Path) -> list[tuple[str, str, str]]:
+    with sqlite3.connect(data_dir / "pgplane.db") as db:
+        return db.execute(
+            "SELECT project_id, action, status FROM operations"
+            " WHERE status IN ('scheduling', 'running')"
+        ).fetchall()
+
+
+def assert_consistent(server: Server, api: Api, pid: str, *, failed: Collection[str] = ()) -> None:
+    """Exactly one of everything, and the postmasters the store says and no others.
+
+    Every operation of the project finished, but those whose ids are in ``failed``, which
+    must have failed, with a reason.
+    """
+    wait_for("every operation settled", lambda: not unsettled(server.data_dir), server=server)
+    for op in operations(api, pid):
+        if op["id"] in failed:
+            assert op["status"] == "failed" and op["error"], op
+        else:
+            assert op["status"] == "finished", (op, server.log()[-4000:])
+
+    branches = api.http.get(f"/projects/{pid}/branches").json()["branches"]
+    names = [b["name"] for b in branches]
+    assert len(names) == len(set(names))
+    endpoints = api.http.get(f"/projects/{pid}/endpoints").json()["endpoints"]
+    assert len({e["branch_id"] for e in endpoints}) == len(endpoints)  # one per branch here
+
+    project_dir = server.data_dir / "projects" / pid
+    if project_dir.exists():  # attached: one data directory per branch, nothing half-built
+        on_disk = sorted(p.name for p in (project_dir / "branches").iterdir())
+        assert on_disk == sorted(b["id"] for b in branches)
+        for branch in branches:
+            branch_dir = project_dir / "branches" / branch["id"]
+            data = {p.name for p in branch_dir.iterdir() if not p.name.endswith(".log")}
+            assert data == {"pgdata"}, branch_dir  # no temporary copy left behind
+    running = postmasters(server.data_dir)
+    assert all(n == 1 for n in running.values()), running
+    expected = {
+        project_dir / "branches" / e["branch_id"] / "pgdata"
+        for e in endpoints
+        if e["current_state"] == "active"
+    }
+    assert {p for p in running if p.is_relative_to(project_dir)} == expected
