@@ -36,7 +36,8 @@ class Settings:
     compute_user: str | None = None  # OS user for Postgres when pgplane runs as root
     pg_bin_dirs: tuple[Path, ...] = ()
     # Free space a branch copy must leave on the data disk, so running computes can still write
-    # their WAL; None: 5% of the disk, at most 1 GiB.
+    # their WAL; None: 5% of the disk, at most 1 GiB; negative: no check before a copy (a full
+    # disk is then met in the middle of it, and the copy removed).
     disk_reserve_bytes: int | None = None
     region_id: str = "local"
     pg_versions: tuple[int, ...] = ()  # filled in by the entry point from the compute driver

@@ -18,9 +18,16 @@ pauses for 3 s, later ones do not). Unarmed, reaching one costs a dictionary loo
 does not parse stops the process at start-up, rather than running a test without its failpoint.
 
 Names: ``before:<action>`` and ``after:<action>`` around every operation handler (after: its
-work is done, the store does not know yet); ``create_branch:copied`` (the copy is durable, not
-yet in place); ``tenant_detach:packed`` (the archive is verified, the hot copy still there);
-``tenant_reattach:unpacked`` (the data is back in place, the archive not yet removed).
+work is done, the store does not know yet), and inside the handlers, named after the step:
+``create_timeline:copied|populated|synced`` (the template copied; the cluster being built is
+running with its roles; flushed, not yet in place), ``start_compute:spawned`` (a postmaster
+exists, not yet ready), ``stop_compute:signalled`` (told to stop, maybe not gone),
+``suspend_compute:roles_read``, ``apply_config:executed`` (after each statement of a change),
+``create_branch:backup_started`` (an online copy inside the parent's backup),
+``create_branch:copied`` (the copy is durable, not yet in place), ``delete_timeline:stopped``
+and ``delete_tenant:stopped`` (computes stopped, files still there), ``tenant_detach:packed``
+(the archive is verified, the hot copy still there), ``tenant_reattach:unpacked`` (the data is
+back in place, the archive not yet removed). The crash suites kill the server at each.
 """
 
 from __future__ import annotations

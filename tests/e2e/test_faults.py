@@ -14,6 +14,7 @@ import signal
 import socket
 import sqlite3
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -222,9 +223,19 @@ def test_a_taken_port_moves_the_compute_and_the_squatter_gets_no_client(api: Api
 # -- the store locked by another process ----------------------------------------------------
 
 
-def test_a_locked_store_is_503_with_retry_after_and_reads_go_on(api: Api) -> None:
-    server = api.server
-    api.create_project(name="before-the-lock")
+LOCKED = "the store is locked by another process"
+
+
+def test_a_locked_store_is_503_with_retry_after_and_reads_go_on() -> None:
+    # A server of its own, with nothing else that writes on its own while the lock is held (no
+    # scheduler pass, no flush of key uses): the only writer that waits is the POST.
+    quiet = {"PGPLANE_SCHEDULER_SECONDS": "3600", "PGPLANE_KEY_USE_FLUSH_SECONDS": "3600"}
+    with running_server(**quiet) as server, Api(server, server.create_key("lock@x.io")[1]) as api:
+        _a_locked_store_is_503_with_retry_after_and_reads_go_on(server, api)
+
+
+def _a_locked_store_is_503_with_retry_after_and_reads_go_on(server: Server, api: Api) -> None:
+    api.create_ready_project(name="before-the-lock")
     results: dict[str, Any] = {}
     finished: list[str] = []
     with sqlite3.connect(server.data_dir / "pgplane.db", isolation_level=None) as holder:
@@ -236,13 +247,14 @@ def test_a_locked_store_is_503_with_retry_after_and_reads_go_on(api: Api) -> Non
 
         writer = threading.Thread(target=create)
         writer.start()
-        time.sleep(0.5)  # the POST is waiting for the lock now
+        server.wait_for_log(LOCKED)  # the POST waits for the lock now
         listed = api.http.get("/projects")
         finished.append("get")
         writer.join()
         holder.execute("ROLLBACK")
     # The wait for the lock never blocked the server: the GET was answered meanwhile.
     assert finished == ["get", "post"]
+    assert server.log().count(LOCKED) == 1  # and the one that waited was the POST
     assert listed.status_code == 200
     post = results["post"]
     assert post.status_code == 503, post.text
@@ -260,69 +272,103 @@ def test_a_locked_store_is_503_with_retry_after_and_reads_go_on(api: Api) -> Non
 # -- the data disk full during a branch copy -------------------------------------------------
 
 
-@contextlib.contextmanager
-def full_disk_server() -> Iterator[tuple[Server, str]]:
-    """A server whose branch copies cannot fit: how the disk is made small depends on who we are.
+# The parent: ~35 MB of table (and as much WAL); with the ~50 MB of a new cluster it takes ~120
+# MB, so on a 200 MB disk its copy (~100 MB) does not fit.
+PARENT_ROWS = 75000
+PARENT_SUM = PARENT_ROWS * (PARENT_ROWS + 1) // 2
+SMALL_DISK = "200m"
 
-    As root (CI here), the projects live on a real 200 MB filesystem (a tmpfs). Otherwise the
-    platform is told to keep free all but 20 MB of the disk, which refuses the copy the same way.
-    """
-    env = dict(ENV, PGPLANE_MAX_ATTEMPTS="2")
-    if os.geteuid() != 0:
-        free = shutil.disk_usage(Path("/tmp")).free
-        with running_server(PGPLANE_DISK_RESERVE_BYTES=str(free - (20 << 20)), **env) as server:
-            yield server, "reserve"
-        return
+
+@contextlib.contextmanager
+def small_disk_server(**env: str) -> Iterator[Server]:
+    """A server whose projects live on a 200 MB filesystem of their own (a tmpfs; needs root)."""
     mounted: list[Path] = []
 
     def prepare(data_dir: Path) -> None:
         projects = data_dir / "projects"
         projects.mkdir(mode=0o711)
-        options = "size=200m,mode=0711"
+        options = f"size={SMALL_DISK},mode=0711"
         subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(projects)], check=True)
         mounted.append(projects)
 
     try:
-        with running_server(prepare=prepare, **env) as server:
-            yield server, "tmpfs"
+        with running_server(prepare=prepare, PGPLANE_MAX_ATTEMPTS="2", **ENV, **env) as server:
+            yield server
     finally:
         for path in mounted:
             subprocess.run(["umount", "-l", str(path)], check=False)
             shutil.rmtree(path.parent, ignore_errors=True)
 
 
-def test_a_branch_that_would_fill_the_disk_fails_cleanly_and_the_parent_goes_on() -> None:
-    with full_disk_server() as (server, how), Api(server, server.create_key("full@x.io")[1]) as api:
+def _tree_bytes(path: Path) -> int:
+    return sum(f.lstat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def _a_branch_that_does_not_fit_fails_cleanly(server: Server) -> str:
+    """Fill a parent, branch it, and check what a branch that does not fit must leave: its
+    operation failed (after its two attempts) with the reason, the parent running with every
+    row and writable, no partial copy, the space back. Returns the operation's error."""
+    with Api(server, server.create_key("full@x.io")[1]) as api:
         body = api.create_ready_project(name="full")
         pid = body["project"]["id"]
         uri = body["connection_uris"][0]["connection_uri"]
         with _connect(uri) as conn:
-            # ~35 MB of table (and as much WAL): with the ~50 MB of a new cluster, the parent
-            # takes ~120 MB of the 200, and a copy (~100 MB) does not fit.
             conn.execute("CREATE TABLE t AS SELECT g AS v, repeat('x', 400) AS pad"
-                         " FROM generate_series(1, 75000) g")  # fmt: skip
-        projects = server.data_dir / "projects"
-        used_before = shutil.disk_usage(projects).used
+                         " FROM generate_series(1, %s) g", [PARENT_ROWS])  # fmt: skip
+        project_dir = server.data_dir / "projects" / pid
+        bytes_before = _tree_bytes(project_dir)
+        disk_before = shutil.disk_usage(project_dir).used
 
         r = api.http.post(f"/projects/{pid}/branches", json={"branch": {"name": "too-big"}})
         assert r.status_code == 201, r.text
-        ops = api.wait_operations(pid, [o["id"] for o in r.json()["operations"]], timeout=120)
+        op_ids = [o["id"] for o in r.json()["operations"]]
+        ops = api.wait_operations(pid, op_ids, timeout=120)
         assert [o["status"] for o in ops] == ["failed"], ops
         assert "No space left on device" in ops[0]["error"], ops[0]
         assert ops[0]["failures_count"] == 2
 
         # The parent never stopped and lost nothing; the space is back; nothing half-made.
         with _connect(uri) as conn:
-            assert conn.execute("SELECT count(*), sum(v) FROM t").fetchone() == (
-                75000,
-                75000 * 75001 // 2,
-            )
+            row = conn.execute("SELECT count(*), sum(v) FROM t").fetchone()
+            assert row == (PARENT_ROWS, PARENT_SUM)
             conn.execute("INSERT INTO t VALUES (0, 'still writable')")
-        leftovers = list(projects.glob(f"{pid}/branches/*/pgdata.tmp"))
-        assert leftovers == []
-        if how == "tmpfs":  # a disk of its own: nothing else writes to it
-            assert shutil.disk_usage(projects).used <= used_before + (32 << 20)
+        assert list(project_dir.glob("branches/*/pgdata.tmp")) == []
+        # What the project holds on disk: its parent and what the parent wrote since (WAL).
+        assert _tree_bytes(project_dir) <= bytes_before + (32 << 20)
+        if project_dir.parent.is_mount():  # a disk of its own: nothing else writes to it
+            assert shutil.disk_usage(project_dir).used <= disk_before + (32 << 20)
         assert len(postmasters(server.data_dir)) == 1
+        others = [o for o in api.operations(pid) if o["id"] not in op_ids]
+        assert [o["status"] for o in others] == ["finished"] * len(others), others
+        return str(ops[0]["error"])
+
+
+def test_a_branch_the_disk_reserve_refuses_fails_cleanly_and_the_parent_goes_on() -> None:
+    """Any user: the reserve is set to all but 20 MB of the disk's free space, so the check
+    before the copy refuses it without writing anything."""
+    free = shutil.disk_usage(tempfile.gettempdir()).free
+    with running_server(
+        PGPLANE_DISK_RESERVE_BYTES=str(free - (20 << 20)), PGPLANE_MAX_ATTEMPTS="2", **ENV
+    ) as server:
+        error = _a_branch_that_does_not_fit_fails_cleanly(server)
+    assert "not enough free disk space" in error
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small filesystem needs root")
+def test_a_branch_copy_that_fills_a_real_disk_fails_cleanly_as_root() -> None:
+    """The check before the copy is off (a negative reserve): the copy itself meets ENOSPC."""
+    with small_disk_server(PGPLANE_DISK_RESERVE_BYTES="-1") as server:
+        error = _a_branch_that_does_not_fit_fails_cleanly(server)
+    assert "Errno 28" in error and "not enough free disk space" not in error
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small filesystem needs root")
+def test_the_default_reserve_is_5_percent_of_the_disk_as_root() -> None:
+    """Unconfigured, the check before a copy keeps 5% of the disk free: 10 MB of the 200 MB
+    (the 1 GiB cap of larger disks: tests/unit/test_disk_reserve.py)."""
+    with small_disk_server() as server:
+        error = _a_branch_that_does_not_fit_fails_cleanly(server)
+    assert "not enough free disk space" in error and "10 MB must stay free" in error, error
 
 
 def test_writes_racing_a_lock_holder_are_done_or_503_never_half(api: Api) -> None:

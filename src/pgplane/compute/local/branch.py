@@ -80,12 +80,14 @@ async def build_branch(
     """Create ``pgdata`` as a copy of ``parent``; the caller holds the parent's postmaster lock.
 
     ``spares``: empty files and directories made ahead, renamed into place rather than created.
-    ``disk_reserve_bytes``: free space the copy must leave (None: 5% of the disk, at most 1 GiB).
+    ``disk_reserve_bytes``: free space the copy must leave (None: 5% of the disk, at most 1 GiB;
+    negative: no check before copying, so a full disk is met as ENOSPC in the middle of it).
     """
     tmp = temporary_pgdata(pgdata)
     await postmasters.stop(tmp)
     await asyncio.to_thread(shutil.rmtree, tmp, True)
-    await asyncio.to_thread(check_space, parent, pgdata.parent, disk_reserve_bytes)
+    if disk_reserve_bytes is None or disk_reserve_bytes >= 0:
+        await asyncio.to_thread(check_space, parent, pgdata.parent, disk_reserve_bytes)
     started = time.perf_counter()
     running = postmasters.running(parent)
     try:
@@ -125,6 +127,11 @@ async def build_branch(
     return stats
 
 
+def default_reserve(disk_bytes: int) -> int:
+    """What a copy leaves free unless configured: 5% of the disk, at most 1 GiB."""
+    return min(disk_bytes // 20, _MAX_RESERVE)
+
+
 def check_space(parent: Path, target_dir: Path, reserve: int | None) -> None:
     """Refuse a copy that would fill the disk, before writing anything.
 
@@ -142,7 +149,7 @@ def check_space(parent: Path, target_dir: Path, reserve: int | None) -> None:
     fs = os.statvfs(target_dir)
     free = fs.f_bavail * fs.f_frsize
     if reserve is None:
-        reserve = min(fs.f_blocks * fs.f_frsize // 20, _MAX_RESERVE)
+        reserve = default_reserve(fs.f_blocks * fs.f_frsize)
     if needed + reserve > free:
         raise ComputeError(
             f"not enough free disk space to branch: the copy needs about {needed / 1e6:.0f} MB"

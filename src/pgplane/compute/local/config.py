@@ -18,7 +18,8 @@ class LocalDriverConfig:
     compute_user: str | None = None
     # TCP address the postmasters listen on.
     listen_host: str = "127.0.0.1"
-    # Free space a branch copy must leave on the disk; None: 5% of it, at most 1 GiB.
+    # Free space a branch copy must leave on the disk; None: 5% of it, at most 1 GiB;
+    # negative: no check before copying.
     disk_reserve_bytes: int | None = None
     # Only the bundled wheel's binaries (tests prove the bundled Postgres works on its own).
     bundled_only: bool = False

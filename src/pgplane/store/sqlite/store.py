@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import sqlite3
 import stat
@@ -30,10 +31,13 @@ from pgplane.store.base import Store, Tx
 from pgplane.store.sqlite.migrate import migrate
 from pgplane.store.sqlite.tx import SqliteTx
 
+log = logging.getLogger(__name__)
+
 BUSY_SECONDS = 5.0
 # SQLite's own wait, which blocks the thread it runs on: the event loop's, for the reader. WAL
 # readers are blocked only briefly (another process recovering the WAL), so a short wait.
 _READER_BUSY_MS = 200
+_FIRST_PAUSE = 0.002
 _RETRY_AFTER = {"Retry-After": "1"}
 
 
@@ -133,7 +137,7 @@ class SqliteStore(Store):
     async def _begin(self) -> None:
         """BEGIN IMMEDIATE, waiting asynchronously while another process holds the lock."""
         deadline = asyncio.get_running_loop().time() + BUSY_SECONDS
-        pause = 0.002
+        pause = _FIRST_PAUSE
         while True:
             try:
                 self._writer.execute("BEGIN IMMEDIATE")
@@ -143,6 +147,10 @@ class SqliteStore(Store):
                 locked = code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
                 if not locked or asyncio.get_running_loop().time() >= deadline:
                     raise unavailable(exc) from exc
+                if pause == _FIRST_PAUSE:  # once per wait: another program holds the file
+                    log.info(
+                        "the store is locked by another process: waiting up to %.0f s", BUSY_SECONDS
+                    )
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 0.1)
             else:
