@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import schemathesis
 
-from pgplane.services import endpoints, names
+from pgplane.services import compute_settings, names
 
 _SEEDS: dict[str, Any] = json.loads(os.environ.get("PGPLANE_FUZZ_SEEDS", "{}"))
 _BARE_BRANCHES = itertools.cycle(_SEEDS.get("bare_branches") or [None])
@@ -35,7 +35,7 @@ OUTSIDE_JSON_SCHEMA = (
     # Only the endpoint's own branch: which that is, is the endpoint's state.
     "moving a compute to another branch is not supported",
     # A setting's value as Postgres reads it: each setting's own type, unit, range or choices.
-    endpoints.SETTING_REFUSED,
+    compute_settings.SETTING_REFUSED,
 )
 
 

@@ -27,7 +27,15 @@ from tests.conftest import assert_operations_settled
 from tests.crash import assert_consistent
 from tests.support import Api, Server, running_server
 
-ENV = {"PGPLANE_RETRY_BASE_SECONDS": "0.2", "PGPLANE_SCHEDULER_SECONDS": "0.2"}
+ENV = {
+    "PGPLANE_RETRY_BASE_SECONDS": "0.2",
+    "PGPLANE_SCHEDULER_SECONDS": "0.2",
+    # Every stop lasts 200 ms more once its postmaster was told to go: the clients, whose
+    # sessions it cuts, connect again within it, so some arrive while the compute stops.
+    "PGPLANE_FAILPOINTS": "stop_compute:signalled=sleep(200)",
+}
+# What the platform logs when a connection arrives while its compute stops (services/endpoints).
+ARRIVED_DURING_A_STOP = "a connection arrived while its compute stops"
 # The scenario's "another client", four times: more connections arriving at every moment of a
 # stop and a start.
 CLIENTS = 4
@@ -274,10 +282,13 @@ def test_restart_storm_under_inserts(cycles: int) -> None:
                 f"{cycles} cycles in {elapsed:.1f} s ({elapsed / cycles * 1000:.0f} ms each);"
                 f" {sum(len(i.acknowledged) for i in inserters)} inserts acknowledged of"
                 f" {sum(i.attempted for i in inserters)}, {sum(i.sessions_cut for i in inserters)}"
-                " sessions cut"
+                f" sessions cut, {server.log().count(ARRIVED_DURING_A_STOP)} connections arrived"
+                " during a stop"
             )
             assert [i.unexpected for i in inserters] == [[]] * CLIENTS
             assert [i.refused for i in inserters] == [[]] * CLIENTS
+            # Clients did arrive during stops (and none was refused: they waited for the start).
+            assert server.log().count(ARRIVED_DURING_A_STOP) >= 1, server.log()[-3000:]
             assert [o for o in ops if o["status"] != "finished"] == []
             # The proxy's own wakes (start_compute) settled too, and nothing failed.
             assert_operations_settled(server)

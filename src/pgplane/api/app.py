@@ -31,7 +31,7 @@ from pgplane.api.routes.roles import Databases, Roles
 from pgplane.config import Settings
 from pgplane.errors import NotFound, PgplaneError, Unavailable
 from pgplane.services import api_keys
-from pgplane.services.endpoints import SettingsCheck
+from pgplane.services.compute_settings import SettingsCheck
 from pgplane.store import Store
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from pgplane.api.ratelimit import RateLimiter
 from pgplane.config import Settings
 from pgplane.errors import Unauthorized
 from pgplane.services import api_keys
-from pgplane.services.endpoints import SettingsCheck
+from pgplane.services.compute_settings import SettingsCheck
 from pgplane.store import Store
 
 AnyRequest = Request[Any, Any, State]

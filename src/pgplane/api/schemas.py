@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct
 
-from pgplane.services import endpoints, names
+from pgplane.services import compute_settings, names
 
 
 def _documented(**rules: Any) -> dict[str, Any]:
@@ -61,11 +61,11 @@ PgSettings = Annotated[
             " choices); one it does not accept is a 400 and changes nothing."
         ),
         extra_json_schema=_documented(
-            property_names={"pattern": endpoints.SETTING_NAME_PATTERN},
+            property_names={"pattern": compute_settings.SETTING_NAME_PATTERN},
             additional_properties={
                 "type": "string",
-                "maxLength": endpoints.MAX_SETTING_VALUE,
-                "pattern": endpoints.SETTING_VALUE_PATTERN,
+                "maxLength": compute_settings.MAX_SETTING_VALUE,
+                "pattern": compute_settings.SETTING_VALUE_PATTERN,
             },
         ),
     ),

@@ -20,7 +20,7 @@ from pgplane.core import clock, ids
 from pgplane.core.models import Branch, Database, Endpoint, Operation, Role
 from pgplane.core.operations import Action
 from pgplane.errors import BadRequest, Conflict, LimitExceeded
-from pgplane.services import access, endpoints, names, operations
+from pgplane.services import access, compute_settings, endpoints, names, operations
 from pgplane.store import Tx
 
 MAX_LIMIT = 10_000
@@ -157,7 +157,7 @@ async def create(
     project_id: str,
     spec: NewBranch,
     settings: Settings,
-    check_settings: endpoints.SettingsCheck,
+    check_settings: compute_settings.SettingsCheck,
 ) -> CreatedBranch:
     project = await access.live_project(tx, account_id=account_id, project_id=project_id)
     quota = settings.branches_per_project

@@ -6,90 +6,24 @@ postmaster's real state (``current_state``) is written when those operations fin
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
+import logging
 from dataclasses import dataclass
-from typing import Any, Protocol
 
 import msgspec
 
-from pgplane.compute.driver import InvalidSettings
 from pgplane.config import Settings
 from pgplane.core import clock, ids, ports
 from pgplane.core.models import Endpoint, Operation, Project
 from pgplane.core.operations import Action
 from pgplane.errors import BadRequest, Conflict, NotFound, Unavailable
-from pgplane.services import access, names, operations
+from pgplane.services import access, compute_settings, operations
 from pgplane.store import Tx
 
-MIN_CU = 0.25
-MAX_CU = 16.0
-MAX_SUSPEND_TIMEOUT_SECONDS = 604_800
+log = logging.getLogger(__name__)
+
 # A port stays reserved this long after its endpoint is deleted: the old postmaster stops only
 # when the deletion's operation runs.
 PORT_HOLD_SECONDS = 120
-
-# The Postgres settings a user may set per endpoint. Everything else (ports, sockets, paths,
-# libraries, WAL archiving, TLS) belongs to the platform; sizes follow the compute's CU.
-_USER_SETTINGS = frozenset(
-    {
-        "application_name",
-        "datestyle",
-        "default_statistics_target",
-        "default_transaction_isolation",
-        "effective_cache_size",
-        "effective_io_concurrency",
-        "enable_seqscan",
-        "idle_in_transaction_session_timeout",
-        "idle_session_timeout",
-        "intervalstyle",
-        "jit",
-        "lock_timeout",
-        "log_connections",
-        "log_disconnections",
-        "log_duration",
-        "log_lock_waits",
-        "log_min_duration_statement",
-        "log_min_messages",
-        "log_statement",
-        "log_temp_files",
-        "maintenance_work_mem",
-        "max_connections",
-        "max_parallel_workers",
-        "max_parallel_workers_per_gather",
-        "max_worker_processes",
-        "random_page_cost",
-        "search_path",
-        "seq_page_cost",
-        "shared_buffers",
-        "statement_timeout",
-        "temp_buffers",
-        "timezone",
-        "work_mem",
-    }
-)
-_USER_SETTING_PREFIXES = ("autovacuum", "pg_stat_statements.")
-_SETTING_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]{0,62}$")
-MAX_SETTING_VALUE = 256
-# What pg_settings() takes, as regular expressions for the API document: a name it allows (in
-# any case, as Postgres reads them), and a value without control characters.
-SETTING_NAME_PATTERN = (
-    "^("
-    + "|".join(names.any_case(n) for n in sorted(_USER_SETTINGS))
-    + "|"
-    + "|".join(
-        f"{names.any_case(p)}[A-Za-z0-9_.]{{0,{63 - len(p)}}}" for p in _USER_SETTING_PREFIXES
-    )
-    + ")$"
-)
-SETTING_VALUE_PATTERN = r"^[^\x00-\x1f]*$"
-SETTING_REFUSED = "Postgres does not accept the value"
-
-
-class SettingsCheck(Protocol):
-    """Whether Postgres ``pg_version`` takes these values (the driver's ``check_settings``)."""
-
-    async def __call__(self, *, pg_version: int, settings: Mapping[str, str]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,79 +48,6 @@ class EndpointChanges:
     branch_id: str | None = None  # only the endpoint's own branch: computes do not move
 
 
-def pg_settings(values: dict[str, Any]) -> dict[str, str]:
-    """Validate user Postgres settings: known tunables only, plain string values."""
-    checked = {}
-    for name, value in values.items():
-        lowered = name.lower()
-        if _SETTING_NAME.match(name) is None or not (
-            lowered in _USER_SETTINGS or lowered.startswith(_USER_SETTING_PREFIXES)
-        ):
-            raise BadRequest(f"pg_settings: {name!r} cannot be set on a compute here")
-        if isinstance(value, bool) or not isinstance(value, str | int | float):
-            raise BadRequest(f"pg_settings: the value of {name!r} must be a string")
-        text = str(value)
-        if len(text) > MAX_SETTING_VALUE or any(ord(c) < 32 for c in text):
-            raise BadRequest(f"pg_settings: invalid value for {name!r}")
-        checked[lowered] = text
-    return checked
-
-
-async def checked_pg_settings(
-    values: dict[str, Any], *, pg_version: int, check: SettingsCheck
-) -> dict[str, str]:
-    """:func:`pg_settings`, then each value as Postgres itself reads it (type, unit, range,
-    choices): a compute restarted with a value Postgres refuses would not start again."""
-    settings = pg_settings(values)
-    try:
-        await check(pg_version=pg_version, settings=settings)
-    except InvalidSettings as exc:
-        raise BadRequest(f"pg_settings: {SETTING_REFUSED}: {exc}") from None
-    return settings
-
-
-def _cu(value: Any, key: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise BadRequest(f"{key} must be a number")
-    if not MIN_CU <= value <= MAX_CU or (value * 4) % 1:
-        raise BadRequest(f"{key} must be between {MIN_CU} and {MAX_CU:g}, in steps of 0.25")
-    return float(value)
-
-
-def _suspend_timeout(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise BadRequest("suspend_timeout_seconds must be an integer")
-    if not -1 <= value <= MAX_SUSPEND_TIMEOUT_SECONDS:
-        raise BadRequest(
-            f"suspend_timeout_seconds must be between -1 and {MAX_SUSPEND_TIMEOUT_SECONDS}"
-        )
-    return value
-
-
-def _limits(low: float, high: float) -> tuple[float, float]:
-    if low > high:
-        raise BadRequest("autoscaling_limit_min_cu must not exceed autoscaling_limit_max_cu")
-    return low, high
-
-
-async def check_defaults(
-    values: dict[str, Any], *, pg_version: int, check: SettingsCheck
-) -> dict[str, Any]:
-    """A project's ``default_endpoint_settings``, refused now if an endpoint made from them
-    would be (rather than at the next branch with a compute)."""
-    _limits(
-        _cu(values.get("autoscaling_limit_min_cu", MIN_CU), "autoscaling_limit_min_cu"),
-        _cu(values.get("autoscaling_limit_max_cu", MIN_CU), "autoscaling_limit_max_cu"),
-    )
-    _suspend_timeout(values.get("suspend_timeout_seconds", 0))
-    if "pg_settings" in values:
-        checked = await checked_pg_settings(
-            values["pg_settings"], pg_version=pg_version, check=check
-        )
-        return {**values, "pg_settings": checked}
-    return values
-
-
 async def allocate_port(tx: Tx, settings: Settings) -> int:
     """The lowest compute port in the configured range that no endpoint holds and is free."""
     held_since = clock.now_us() - PORT_HOLD_SECONDS * 1_000_000
@@ -205,7 +66,7 @@ async def new_endpoint(
     branch_id: str,
     spec: EndpointSpec,
     settings: Settings,
-    check_settings: SettingsCheck,
+    check_settings: compute_settings.SettingsCheck,
     now: int,
 ) -> Endpoint:
     """Build and insert an endpoint (no operations): creating one, or a branch with one."""
@@ -215,26 +76,26 @@ async def new_endpoint(
             " which this platform does not run yet"
         )
     defaults = project.default_endpoint_settings
-    low, high = _limits(
-        _cu(
+    low, high = compute_settings.limits(
+        compute_settings.cu(
             spec.autoscaling_limit_min_cu
             if spec.autoscaling_limit_min_cu is not None
-            else defaults.get("autoscaling_limit_min_cu", MIN_CU),
+            else defaults.get("autoscaling_limit_min_cu", compute_settings.MIN_CU),
             "autoscaling_limit_min_cu",
         ),
-        _cu(
+        compute_settings.cu(
             spec.autoscaling_limit_max_cu
             if spec.autoscaling_limit_max_cu is not None
-            else defaults.get("autoscaling_limit_max_cu", MIN_CU),
+            else defaults.get("autoscaling_limit_max_cu", compute_settings.MIN_CU),
             "autoscaling_limit_max_cu",
         ),
     )
-    timeout = _suspend_timeout(
+    timeout = compute_settings.suspend_timeout(
         spec.suspend_timeout_seconds
         if spec.suspend_timeout_seconds is not None
         else defaults.get("suspend_timeout_seconds", 0)
     )
-    user_settings = await checked_pg_settings(
+    user_settings = await compute_settings.checked_pg_settings(
         spec.pg_settings if spec.pg_settings is not None else defaults.get("pg_settings", {}),
         pg_version=project.pg_version,
         check=check_settings,
@@ -279,7 +140,7 @@ async def create(
     branch_id: str,
     spec: EndpointSpec,
     settings: Settings,
-    check_settings: SettingsCheck,
+    check_settings: compute_settings.SettingsCheck,
 ) -> tuple[Endpoint, list[Operation]]:
     project = await access.live_project(tx, account_id=account_id, project_id=project_id)
     branch = await access.branch(tx, project_id=project.id, branch_id=branch_id)
@@ -319,24 +180,24 @@ async def update(
     project_id: str,
     endpoint_id: str,
     changes: EndpointChanges,
-    check_settings: SettingsCheck,
+    check_settings: compute_settings.SettingsCheck,
 ) -> tuple[Endpoint, list[Operation]]:
     """Resize, retune or disable; a running compute is restarted with its new settings."""
     project = await access.live_project(tx, account_id=account_id, project_id=project_id)
     endpoint = await access.endpoint(tx, project_id=project.id, endpoint_id=endpoint_id)
     if changes.branch_id is not None and changes.branch_id != endpoint.branch_id:
         raise BadRequest("moving a compute to another branch is not supported")
-    low, high = _limits(
+    low, high = compute_settings.limits(
         endpoint.autoscaling_limit_min_cu
         if changes.autoscaling_limit_min_cu is None
-        else _cu(changes.autoscaling_limit_min_cu, "autoscaling_limit_min_cu"),
+        else compute_settings.cu(changes.autoscaling_limit_min_cu, "autoscaling_limit_min_cu"),
         endpoint.autoscaling_limit_max_cu
         if changes.autoscaling_limit_max_cu is None
-        else _cu(changes.autoscaling_limit_max_cu, "autoscaling_limit_max_cu"),
+        else compute_settings.cu(changes.autoscaling_limit_max_cu, "autoscaling_limit_max_cu"),
     )
     new_settings = dict(endpoint.settings)
     if changes.pg_settings is not None:
-        checked = await checked_pg_settings(
+        checked = await compute_settings.checked_pg_settings(
             changes.pg_settings, pg_version=project.pg_version, check=check_settings
         )
         if checked:
@@ -349,7 +210,7 @@ async def update(
         autoscaling_limit_max_cu=high,
         suspend_timeout_seconds=endpoint.suspend_timeout_seconds
         if changes.suspend_timeout_seconds is None
-        else _suspend_timeout(changes.suspend_timeout_seconds),
+        else compute_settings.suspend_timeout(changes.suspend_timeout_seconds),
         settings=new_settings,
         disabled=endpoint.disabled if changes.disabled is None else changes.disabled,
         updated_at=clock.now_us(),
@@ -436,6 +297,12 @@ async def wake(tx: Tx, *, endpoint_id: str) -> Operation:
         for o in await tx.list_unsettled_operations(project_id=project.id)
         if o.endpoint_id == endpoint.id or o.branch_id is None
     ]
+    if any(o.action is Action.SUSPEND_COMPUTE for o in pending):
+        log.info(
+            "endpoint %s: a connection arrived while its compute stops; it waits for the start"
+            " queued behind the stop",
+            endpoint.id,
+        )
     if pending and pending[-1].action is Action.START_COMPUTE:
         return pending[-1]  # nothing after it can stop the compute again
     if endpoint.pending_state is None:

@@ -17,7 +17,7 @@ from pgplane.core import clock, ids
 from pgplane.core.models import Branch, Database, Endpoint, Operation, Project, Role
 from pgplane.core.operations import Action
 from pgplane.errors import BadRequest, LimitExceeded, Unavailable
-from pgplane.services import access, endpoints, names, operations
+from pgplane.services import access, compute_settings, endpoints, names, operations
 from pgplane.store import Tx
 
 DEFAULT_LIMIT = 10
@@ -89,7 +89,7 @@ async def create(
     account_id: str,
     spec: NewProject,
     settings: Settings,
-    check_settings: endpoints.SettingsCheck,
+    check_settings: compute_settings.SettingsCheck,
 ) -> CreatedProject:
     now = clock.now_us()
     project_id = ids.new_project_id()
@@ -198,7 +198,7 @@ async def update(
     account_id: str,
     project_id: str,
     changes: ProjectChanges,
-    check_settings: endpoints.SettingsCheck,
+    check_settings: compute_settings.SettingsCheck,
 ) -> tuple[Project, list[Operation]]:
     project = await get(tx, account_id=account_id, project_id=project_id)
     updated = msgspec.structs.replace(project, updated_at=clock.now_us())
@@ -207,7 +207,7 @@ async def update(
     if changes.default_endpoint_settings is not None:
         updated = msgspec.structs.replace(
             updated,
-            default_endpoint_settings=await endpoints.check_defaults(
+            default_endpoint_settings=await compute_settings.check_defaults(
                 changes.default_endpoint_settings,
                 pg_version=project.pg_version,
                 check=check_settings,
