@@ -6,6 +6,7 @@ psycopg, as a user of the platform would.
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import threading
 import time
@@ -208,9 +209,10 @@ def test_idle_compute_is_suspended_and_wakes_again(quick: Server) -> None:
         suspends = [o for o in _ops(api, pid) if o["action"] == "suspend_compute"]
         assert [o["status"] for o in suspends] == ["finished"]
         assert _postmasters(quick.data_dir, pid) == []
-        endpoint = _endpoint(api, pid, eid)
-        # Suspended no sooner than the timeout after the last activity the proxy recorded.
-        assert endpoint["last_active"] is not None
+        # Suspended no sooner than the timeout after the last activity the proxy recorded (the
+        # store's microseconds: the API shows whole seconds).
+        last_active, suspended_at = _stored_times(quick, eid)
+        assert suspended_at - last_active >= 2_000_000, (last_active, suspended_at)
         with psycopg.connect(uri, connect_timeout=30) as conn:
             assert conn.execute("select v from t").fetchone() == (1,)
 
@@ -240,24 +242,52 @@ def test_never_suspend(quick: Server) -> None:
 
 
 def test_activity_survives_a_restart(quick: Server) -> None:
-    """Idleness is measured from the stored last activity: a restart does not reset it."""
+    """Idleness is measured from the stored last activity: a restart does not reset it.
+
+    The activity is made older than the timeout while the server is down; started again, the
+    server must suspend the compute at its first idle check, not a timeout after its start (as
+    one that took its start, or the compute's adoption, for activity would).
+    """
+    timeout = 6
     _, key = quick.create_key("restart@example.com")
     with Api(quick, key) as api:
         project = api.create_ready_project(name="restart")
         pid, eid = project["project"]["id"], project["endpoints"][0]["id"]
         uri = project["connection_uris"][0]["connection_uri"]
-        started = _endpoint(api, pid, eid)["last_active"]
-        time.sleep(1.1)  # the API shows whole seconds
+        r = api.http.patch(
+            f"/projects/{pid}/endpoints/{eid}",
+            json={"endpoint": {"suspend_timeout_seconds": timeout}},
+        )
+        assert r.status_code == 200, r.text
+        api.wait_operations(pid, [o["id"] for o in r.json()["operations"]])
+        started = _stored_times(quick, eid)[0]
         with psycopg.connect(uri, connect_timeout=30) as conn:
             conn.execute("select 1")
         recorded = wait_for(
             "activity in the store",
-            lambda: (last := _endpoint(api, pid, eid)["last_active"]) != started and last,
+            lambda: (last := _stored_times(quick, eid)[0]) > started and last,
         )
         quick.stop()
+        # Down until the stored activity is older than the timeout (the clock of the store's
+        # times: microseconds since the epoch).
+        time.sleep(max(0.0, recorded / 1e6 + timeout + 0.5 - time.time()))
         quick.start()
-        assert _endpoint(api, pid, eid)["last_active"] == recorded
+        back = time.time()
+        assert _stored_times(quick, eid)[0] == recorded
         wait_for("the idle suspend", lambda: _endpoint(api, pid, eid)["current_state"] == "idle")
+        suspended_at = _stored_times(quick, eid)[1]
+        # At the first idle check after the start: well before a timeout after it.
+        assert suspended_at / 1e6 - back < timeout / 2, (suspended_at / 1e6 - back, quick.log())
+
+
+def _stored_times(server: Server, endpoint_id: str) -> tuple[int, int]:
+    """The endpoint's ``last_active`` and ``suspended_at`` in the store, in microseconds."""
+    with sqlite3.connect(server.data_dir / "pgplane.db") as db:
+        row = db.execute(
+            "SELECT last_active, suspended_at FROM endpoints WHERE id = ?", [endpoint_id]
+        ).fetchone()
+    assert row is not None
+    return int(row[0] or 0), int(row[1] or 0)
 
 
 def test_a_suspend_that_failed_is_tried_again() -> None:
