@@ -32,10 +32,10 @@ from pathlib import Path
 
 import psycopg
 
-from bench.common import Api, Server, median, running_server
+from bench.common import Api, Server, median, running_server, verdict
 from pgplane.compute.local.layout import Layout
 from pgplane.compute.local.pidfile import read_pid_file
-from pgplane.compute.local.postmaster import admin_conninfo
+from pgplane.compute.local.sessions import admin_conninfo
 
 ROWS_PER_GB = 1_900_000  # rows of (int, 500 x 'x'): ~1 GB of table
 
@@ -244,7 +244,7 @@ def measure_busy(api: Api, big: Parent, runs: int) -> dict[str, list[float]]:
     return out
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--gb", type=float, default=1.0)
     parser.add_argument("--runs", type=int, default=3)
@@ -281,9 +281,8 @@ def main() -> None:
         "writer pause < 1 s": max(busy["gap"]) < 1000,
         "fresh parent < 300 ms": median(small["branch"]) < 300,
     }
-    for name, ok in checks.items():
-        print(f"target {name}: {'met' if ok else 'NOT met'}")
+    return verdict(checks)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

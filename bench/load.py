@@ -28,7 +28,7 @@ import asyncio
 from tests.conftest import assert_operations_settled
 from tests.load import LoadResult, c5_platform, run_c5, run_load, unused_keys
 
-from bench.common import Api, median, percentile, running_server
+from bench.common import Api, median, percentile, running_server, verdict
 
 NO_LIMITS = {"PGPLANE_RATE_LIMIT_PER_MINUTE": "0", "PGPLANE_RATE_LIMIT_BURST_PER_SECOND": "0"}
 
@@ -46,7 +46,7 @@ def report(name: str, result: LoadResult) -> None:
         )
 
 
-def c5(seconds: float) -> None:
+def c5(seconds: float) -> int:
     with c5_platform() as (server, api, watches):
         result = asyncio.run(run_c5(server, api, watches, seconds))
         try:
@@ -66,14 +66,13 @@ def c5(seconds: float) -> None:
         "every operation settled": not unsettled and not result.errors,
         "every key used": not unused,
     }
-    for name, ok in checks.items():
-        print(f"target {name}: {'met' if ok else 'NOT met'}")
     for problem in [unsettled, *result.errors[:5]]:
         if problem:
             print("problem:", problem)
+    return verdict(checks)
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--clients", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=180)
@@ -81,8 +80,7 @@ def main() -> None:
     parser.add_argument("--c5", action="store_true", help="scenario C5 (see above)")
     args = parser.parse_args()
     if args.c5:
-        c5(args.seconds)
-        return
+        return c5(args.seconds)
     env = {**NO_LIMITS, "PGPLANE_KEY_USE_FLUSH_SECONDS": "5"}
     with running_server(**env) as server:
         _, key = server.create_key("load@example.com")
@@ -113,12 +111,11 @@ def main() -> None:
         "every operation settled": not unsettled and not loaded.errors,
         "memory flat (< 20 MB growth)": last - first < 20,
     }
-    for name, ok in checks.items():
-        print(f"target {name}: {'met' if ok else 'NOT met'}")
     for problem in [unsettled, *loaded.errors[:5]]:
         if problem:
             print("problem:", problem)
+    return verdict(checks)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -16,7 +16,7 @@ import uuid
 
 import httpx
 
-from bench.common import median, percentile, running_server
+from bench.common import median, percentile, running_server, verdict
 from pgplane.core import clock
 
 
@@ -48,7 +48,7 @@ def timed(client: httpx.Client, url: str, params: dict[str, object], n: int) -> 
     return out
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--operations", type=int, default=1_000_000)
     parser.add_argument("--requests", type=int, default=300)
@@ -79,10 +79,9 @@ def main() -> None:
     print(
         f"page 900,000 deep:    median {median(deep):6.2f} ms   p99 {percentile(deep, 0.99):6.2f} ms"
     )
-    print(
-        f"ratio deep / first:   {ratio:6.2f}   target <= 1.5: {'met' if ratio <= 1.5 else 'NOT met'}"
-    )
+    print(f"ratio deep / first:   {ratio:6.2f}")
+    return verdict({"deep / first <= 1.5": ratio <= 1.5})
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

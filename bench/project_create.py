@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.common import median, percentile, running_server
+from bench.common import median, percentile, running_server, verdict
 from pgplane.compute.local import LocalComputeDriver, LocalDriverConfig
 
 
@@ -56,7 +56,7 @@ def bare_initdb_and_copy(runs: int = 3) -> tuple[float, float]:
     return median(initdb_ms), median(copy_ms)
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--projects", type=int, default=20)
     args = parser.parse_args()
@@ -98,9 +98,13 @@ def main() -> None:
         f"operations finished after:    median {median(settle_ms):6.1f} ms   "
         f"max {max(settle_ms):6.1f} ms   ({median(settle_ms) / initdb_ms:.2f}x a bare initdb)"
     )
-    ok = percentile(post_ms, 0.99) < 50 and max(settle_ms) < 1000
-    print("targets (POST < 50 ms, operations < 1 s):", "met" if ok else "NOT met")
+    return verdict(
+        {
+            "POST p99 < 50 ms": percentile(post_ms, 0.99) < 50,
+            "operations finished < 1 s": max(settle_ms) < 1000,
+        }
+    )
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -17,7 +17,7 @@ import os
 import re
 import subprocess
 
-from bench.common import Api, client_has_tls, median, pg_binary, running_server
+from bench.common import Api, client_has_tls, median, pg_binary, running_server, verdict
 from pgplane.compute.local.layout import Layout
 from pgplane.compute.local.pidfile import read_pid_file
 
@@ -42,7 +42,7 @@ def tps(output: str) -> float:
     return float(found.group(1))
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
@@ -91,8 +91,10 @@ def main() -> None:
                 f"  {side:<12} {median(values):>10,.0f} tps  {median(values) / direct:6.0%}"
                 f" of direct   ({runs})"
             )
-        print("  target: through the proxy >= 40% of direct")
+        return verdict(
+            {"through the proxy >= 40% of direct": median(results["proxy"]) >= 0.4 * direct}
+        )
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

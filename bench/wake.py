@@ -27,7 +27,7 @@ from pathlib import Path
 
 import psycopg
 
-from bench.common import Api, Server, median, percentile, running_server
+from bench.common import Api, Server, median, percentile, running_server, verdict
 from pgplane.compute.local.layout import Layout
 from pgplane.compute.local.pidfile import command_line, read_pid_file
 
@@ -86,7 +86,7 @@ def _bare(argv: list[str], pgdata: Path, conninfo: str) -> float:
         child.wait(30)
 
 
-def run(server: Server, api: Api, wakes: int, idle: int) -> None:
+def run(server: Server, api: Api, wakes: int, idle: int) -> dict[str, bool]:
     body = api.create_ready_project(name="wake")
     pid, eid, bid = body["project"]["id"], body["endpoints"][0]["id"], body["branch"]["id"]
     uri = body["connection_uris"][0]["connection_uri"].replace("sslmode=require", "sslmode=disable")
@@ -138,9 +138,15 @@ def run(server: Server, api: Api, wakes: int, idle: int) -> None:
         f"  pgplane RSS {before / 1024:.1f} MB -> {after / 1024:.1f} MB:"
         f" {per:.2f} MB per idle endpoint (target < 10 MB)"
     )
+    return {
+        "wake p50 <= 2x a bare start": w50 <= 2 * b50,
+        "wake p99 <= 5x a bare start": w99 <= 5 * b99,
+        "no postmaster left for a suspended endpoint": not left,
+        "< 10 MB per idle endpoint": per < 10,
+    }
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--wakes", type=int, default=60)
     parser.add_argument("--idle", type=int, default=20)
@@ -148,8 +154,8 @@ def main() -> None:
     with running_server() as server:
         _, key = server.create_key("bench@example.com")
         with Api(server, key) as api:
-            run(server, api, args.wakes, args.idle)
+            return verdict(run(server, api, args.wakes, args.idle))
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
