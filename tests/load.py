@@ -25,6 +25,9 @@ import httpx
 from pgplane.config import Settings
 from tests.support import Api, Server, running_server
 
+# How long the churn waits for one of its operations before it notes an error and goes on.
+SETTLE_TIMEOUT = 120.0
+
 
 @dataclass(frozen=True)
 class Watch:
@@ -239,8 +242,14 @@ class _Load:
         self.result = LoadResult()
 
     async def settle(self, op_ids: list[str]) -> None:
+        give_up = time.monotonic() + SETTLE_TIMEOUT
         for op_id in op_ids:
             while True:
+                if time.monotonic() > give_up:
+                    self.result.errors.append(
+                        f"operation {op_id} unsettled after {SETTLE_TIMEOUT} s"
+                    )
+                    return
                 r = await self.http.get(f"/projects/{self.pid}/operations/{op_id}")
                 self.result.count(r.status_code)
                 if r.status_code != 200:

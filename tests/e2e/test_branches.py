@@ -9,7 +9,7 @@ import time
 
 import psycopg
 
-from tests.support import Api
+from tests.support import Api, wait_for
 
 
 def _ready_branch(api: Api, project_id: str, **body: object) -> dict:
@@ -87,8 +87,7 @@ def test_branch_of_a_parent_under_steady_writes(api: Api) -> None:
     thread = threading.Thread(target=writer)
     thread.start()
     try:
-        while len(committed) < 50:
-            time.sleep(0.01)
+        wait_for("50 commits", lambda: len(committed) >= 50 or errors)
         started = time.monotonic()
         created = _ready_branch(api, pid, endpoints=[{"type": "read_write"}])
         finished = time.monotonic()

@@ -157,11 +157,13 @@ def _ten_branches_at_once_are_all_made_one_after_another(
     first_look = _operations(api, pid, op_ids)
     assert [o["status"] for o in first_look] == ["running"] + ["scheduling"] * 9, first_look
     assert _locked(api, pid)
+    deadline = time.monotonic() + 120
     while True:
         ops = _operations(api, pid, op_ids)
         assert_queue_order(ops)
         if all(o["status"] in ("finished", "failed") for o in ops):
             break
+        assert time.monotonic() < deadline, ops
         time.sleep(0.05)
     assert [(o["status"], o["failures_count"]) for o in ops] == [("finished", 0)] * 10
     assert_one_after_another(ops)

@@ -25,7 +25,7 @@ import pytest
 
 from tests.conftest import assert_operations_settled
 from tests.crash import assert_consistent
-from tests.support import Api, Server, running_server
+from tests.support import Api, Server, running_server, wait_for
 
 ENV = {
     "PGPLANE_RETRY_BASE_SECONDS": "0.2",
@@ -272,11 +272,14 @@ def test_restart_storm_under_inserts(cycles: int) -> None:
                     # A few rows from each client before the next cycles, so that each stop meets
                     # working clients (and a compute left suspended is woken by them).
                     wanted = [len(i.acknowledged) + 3 for i in inserters]
-                    while any(
-                        len(i.acknowledged) < want and not i.unexpected
-                        for i, want in zip(inserters, wanted, strict=True)
-                    ):
-                        time.sleep(0.005)
+                    wait_for(
+                        "rows from every client",
+                        lambda wanted=wanted: all(
+                            len(i.acknowledged) >= want or i.unexpected
+                            for i, want in zip(inserters, wanted, strict=True)
+                        ),
+                        server=server,
+                    )
             elapsed = time.monotonic() - started
             print(
                 f"{cycles} cycles in {elapsed:.1f} s ({elapsed / cycles * 1000:.0f} ms each);"
