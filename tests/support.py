@@ -110,13 +110,16 @@ def stop_postmasters(data_dir: Path) -> None:
             time.sleep(0.01)
 
 
-def run_cli(*args: str, data_dir: Path) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, data_dir: Path, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*PGPLANE, *args, "--data-dir", str(data_dir)],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
+        input=stdin,
     )
 
 

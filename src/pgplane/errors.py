@@ -5,6 +5,7 @@
     PgplaneError (500 INTERNAL)
      ├── BadRequest (400 BAD_REQUEST)
      ├── Unauthorized (401 UNAUTHORIZED)
+     ├── Forbidden (403 FORBIDDEN: the console's CSRF check)
      ├── NotFound (404 NOT_FOUND)
      ├── MethodNotAllowed (405 METHOD_NOT_ALLOWED)
      ├── Conflict (409 CONFLICT)
@@ -45,6 +46,11 @@ class Unauthorized(PgplaneError):
 
     def __init__(self, message: str = "authentication required: a valid API key") -> None:
         super().__init__(message, headers={"WWW-Authenticate": "Bearer"})
+
+
+class Forbidden(PgplaneError):
+    status = 403
+    code = "FORBIDDEN"
 
 
 class NotFound(PgplaneError):

@@ -25,10 +25,12 @@ from pgplane.connlimits import ConnectionGate
 from pgplane.engine import Engine
 from pgplane.engine.reconcile import reconcile
 from pgplane.engine.scheduler import Scheduler
+from pgplane.errors import Unavailable
 from pgplane.fdlimit import Caps, raise_nofile, reserve, size_caps
 from pgplane.gateway import ComputeWaker
 from pgplane.proxy.activity import Activity
 from pgplane.proxy.server import Proxy
+from pgplane.services import signin
 from pgplane.store.sqlite import SqliteStore
 from pgplane.tls import CertPair, certificate_hash, ensure_certificate, server_context
 
@@ -54,14 +56,37 @@ class _Server(uvicorn.Server):
                 self._captured_signals.clear()
 
 
-async def _announce(server: uvicorn.Server, settings: Settings) -> None:
+async def _announce(server: uvicorn.Server, settings: Settings, store: SqliteStore) -> None:
     while not server.started:  # noqa: ASYNC110 - uvicorn offers no event for "bound"
         await asyncio.sleep(0.01)
+    console = ""
     for srv in server.servers:
         for sock in srv.sockets:
             host, port = sock.getsockname()[:2]
             log.info("pgplane API listening on http://%s:%d/api/v2", host, port)
+            shown = "localhost" if host in ("0.0.0.0", "::") else host  # noqa: S104
+            console = console or f"http://{shown}:{port}/console"
+    log.info("pgplane console: %s", console)
     log.info("pgplane data directory: %s", settings.data_dir)
+    # A fresh platform has no account that can sign in: the first comes from a one-time link,
+    # as notebook servers and Grafana do it (more: `pgplane accounts create/invite`).
+    try:
+        async with store.write() as tx:
+            token = (
+                await signin.new_signup_link(tx)
+                if await tx.count_accounts_with_password() == 0
+                else None
+            )
+    except Unavailable as exc:  # the store's disk is full, say: the next start offers it
+        log.warning("pgplane console: no sign-up link this time: %s", exc.message)
+        return
+    if token is not None:
+        log.warning(
+            "pgplane has no account yet: create the first one at %s/signup?token=%s"
+            " (the link works once)",
+            console,
+            token,
+        )
 
 
 def _certificate(settings: Settings) -> CertPair:
@@ -197,7 +222,7 @@ async def serve(settings: Settings) -> None:
     scheduler_task = asyncio.create_task(scheduler.run(), name="scheduler")
     readiness.watch("operations", engine_task)
     readiness.watch("scheduler", scheduler_task)
-    announce = asyncio.create_task(_announce(server, settings))
+    announce = asyncio.create_task(_announce(server, settings, store))
     try:
         await server.serve()
     finally:

@@ -29,6 +29,8 @@ from pgplane.api.routes.operations import Operations
 from pgplane.api.routes.projects import Projects
 from pgplane.api.routes.roles import Databases, Roles
 from pgplane.config import Settings
+from pgplane.console.app import console
+from pgplane.console.pages import templates
 from pgplane.errors import NotFound, PgplaneError, Unavailable
 from pgplane.services import api_keys
 from pgplane.services.compute_settings import SettingsCheck
@@ -150,9 +152,13 @@ def create_app(
         security=[{"BearerAuth": []}],
         before_request=before_request,
     )
+    console_state, console_handlers = console(
+        store=store, settings=settings, notify=notify, check_settings=check_settings
+    )
     app = Litestar(
-        route_handlers=[api, openapi_document, health.live, health.ready],
-        state=State({"readiness": readiness or health.Readiness(store)}),
+        route_handlers=[api, openapi_document, health.live, health.ready, *console_handlers],
+        state=State({"readiness": readiness or health.Readiness(store), "console": console_state}),
+        template_config=templates(),
         exception_handlers={
             PgplaneError: on_platform_error,
             HTTPException: on_http_error,

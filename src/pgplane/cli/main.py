@@ -1,4 +1,4 @@
-"""``pgplane serve`` and ``pgplane api-keys create``."""
+"""``pgplane serve``, ``pgplane api-keys create`` and ``pgplane accounts create/invite``."""
 
 from __future__ import annotations
 
@@ -6,12 +6,18 @@ import asyncio
 import json
 import logging
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
 from pgplane.config import settings_from_env
+
+if TYPE_CHECKING:
+    from pgplane.store import Tx
+
+T = TypeVar("T")
 
 app = typer.Typer(
     name="pgplane",
@@ -23,6 +29,11 @@ api_keys_app = typer.Typer(
     help="Manage API keys directly on a data directory.", no_args_is_help=True
 )
 app.add_typer(api_keys_app, name="api-keys")
+accounts_app = typer.Typer(
+    help="Console accounts, for headless installs (the console's own sign-up needs a link).",
+    no_args_is_help=True,
+)
+app.add_typer(accounts_app, name="accounts")
 
 DataDir = Annotated[
     Path | None,
@@ -131,30 +142,85 @@ def api_keys_create(
     data_dir: DataDir = None,
 ) -> None:
     """Create an API key (and its account if needed); print it once as JSON."""
-    from pgplane.errors import PgplaneError  # noqa: PLC0415
     from pgplane.services import accounts, api_keys  # noqa: PLC0415
+
+    async def create(tx: Tx) -> dict[str, object]:
+        owner = await accounts.ensure(tx, email=account)
+        created = await api_keys.create(tx, account_id=owner.id, name=name, created_by=owner.id)
+        return {"id": created.key.id, "key": created.value, "name": created.key.name}
+
+    result = _in_store(data_dir, create)
+    typer.echo(json.dumps(result))
+
+
+def _in_store(data_dir: Path | None, work: Callable[[Tx], Awaitable[T]]) -> T:
+    """Run ``work`` in one write transaction on the data directory's store; exit 2 with the
+    message on a platform error."""
+    from pgplane.errors import PgplaneError  # noqa: PLC0415
     from pgplane.store.sqlite import SqliteStore  # noqa: PLC0415
 
     settings = settings_from_env(data_dir=data_dir)
 
-    async def create() -> dict[str, object]:
+    async def run() -> T:
         store = SqliteStore(settings.store_path)
         try:
             async with store.write() as tx:
-                owner = await accounts.ensure(tx, email=account)
-                created = await api_keys.create(
-                    tx, account_id=owner.id, name=name, created_by=owner.id
-                )
+                return await work(tx)
         finally:
             await store.close()
-        return {"id": created.key.id, "key": created.value, "name": created.key.name}
 
     try:
-        result = asyncio.run(create())
+        return asyncio.run(run())
     except PgplaneError as exc:
         typer.echo(f"error: {exc.message}", err=True)
         raise typer.Exit(2) from None
-    typer.echo(json.dumps(result))
+
+
+@accounts_app.command("create")
+def accounts_create(
+    email: Annotated[str, typer.Argument(help="The account's e-mail, its sign-in name")],
+    password_stdin: Annotated[
+        bool, typer.Option("--password-stdin", help="Read the password from standard input")
+    ] = False,
+    data_dir: DataDir = None,
+) -> None:
+    """Create an account that signs in to the console (or set an existing one's password)."""
+    from pgplane.errors import BadRequest  # noqa: PLC0415
+    from pgplane.services import signin  # noqa: PLC0415
+
+    if password_stdin:
+        password = sys.stdin.readline().rstrip("\n")
+    else:
+        password = typer.prompt("Password", hide_input=True, confirmation_prompt=True)
+    try:
+        password_hash = asyncio.run(signin.hash_password(password))
+    except BadRequest as exc:
+        typer.echo(f"error: {exc.message}", err=True)
+        raise typer.Exit(2) from None
+
+    async def create(tx: Tx) -> str:
+        account = await signin.set_password(tx, address=email, password_hash=password_hash)
+        return account.email
+
+    typer.echo(json.dumps({"email": _in_store(data_dir, create)}))
+
+
+@accounts_app.command("invite")
+def accounts_invite(
+    email: Annotated[str, typer.Argument(help="Who the invitation is for")],
+    url: Annotated[
+        str, typer.Option("--url", help="The console's address, as the invited person reaches it")
+    ] = "http://127.0.0.1:8080/console",
+    data_dir: DataDir = None,
+) -> None:
+    """Print a one-time sign-up link for ``email`` (valid for 7 days)."""
+    from pgplane.services import signin  # noqa: PLC0415
+
+    async def invite(tx: Tx) -> str:
+        return await signin.new_signup_link(tx, for_email=email)
+
+    token = _in_store(data_dir, invite)
+    typer.echo(f"{url.rstrip('/')}/signup?token={token}")
 
 
 def main() -> None:

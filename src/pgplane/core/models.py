@@ -20,6 +20,27 @@ class Account(msgspec.Struct, frozen=True, kw_only=True):
     created_at: int
 
 
+class ConsoleSession(msgspec.Struct, frozen=True, kw_only=True):
+    """A signed-in browser: the cookie's digest (never the cookie), and its forms' CSRF token."""
+
+    digest: str
+    account_id: str
+    csrf_token: str
+    created_at: int
+    expires_at: int
+
+
+class SignupToken(msgspec.Struct, frozen=True, kw_only=True):
+    """A one-time sign-up link's digest; ``email`` fixed for an invitation, None for the first
+    account's link (whoever opens it chooses)."""
+
+    digest: str
+    email: str | None
+    created_at: int
+    expires_at: int
+    used_at: int | None
+
+
 class ApiKey(msgspec.Struct, frozen=True, kw_only=True):
     id: int
     account_id: str

@@ -35,11 +35,13 @@ from pgplane.core.models import (
     Account,
     ApiKey,
     Branch,
+    ConsoleSession,
     Database,
     Endpoint,
     Operation,
     Project,
     Role,
+    SignupToken,
 )
 from pgplane.core.operations import Action
 
@@ -82,6 +84,37 @@ class Tx(abc.ABC):
     @abc.abstractmethod
     async def record_api_key_use(self, uses: Sequence[tuple[int, int, str]]) -> None:
         """Record ``(key_id, used_at, address)`` for each key, keeping the latest use."""
+
+    # -- the console's sign-in ------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def get_password_hash(self, account_id: str) -> str | None:
+        """The account's password hash; None if it has none (keys only, from the CLI)."""
+
+    @abc.abstractmethod
+    async def set_password_hash(self, *, account_id: str, password_hash: str) -> None: ...
+
+    @abc.abstractmethod
+    async def count_accounts_with_password(self) -> int: ...
+
+    @abc.abstractmethod
+    async def insert_console_session(self, session: ConsoleSession) -> None: ...
+
+    @abc.abstractmethod
+    async def get_console_session(self, digest: str, *, now: int) -> ConsoleSession | None:
+        """The session with this digest unless it has expired."""
+
+    @abc.abstractmethod
+    async def delete_console_sessions(self, *, account_id: str, digest: str | None = None) -> None:
+        """End one session of the account (``digest``), or all of them (None)."""
+
+    @abc.abstractmethod
+    async def insert_signup_token(self, token: SignupToken) -> None: ...
+
+    @abc.abstractmethod
+    async def use_signup_token(self, digest: str, *, now: int) -> SignupToken | None:
+        """Mark the token used and return it, if it exists, is unused and has not expired;
+        else None. Atomic: of two uses of one token, one gets it."""
 
     # -- projects -------------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ import sqlite3
 from pgplane.store.base import Tx
 from pgplane.store.sqlite.accounts import AccountsMixin, ApiKeysMixin
 from pgplane.store.sqlite.branches import BranchesMixin
+from pgplane.store.sqlite.console import ConsoleMixin
 from pgplane.store.sqlite.endpoints import EndpointsMixin
 from pgplane.store.sqlite.operations import OperationsMixin
 from pgplane.store.sqlite.projects import ProjectsMixin
@@ -17,6 +18,7 @@ from pgplane.store.sqlite.verifiers import RoleVerifiersMixin
 class SqliteTx(
     AccountsMixin,
     ApiKeysMixin,
+    ConsoleMixin,
     ProjectsMixin,
     BranchesMixin,
     EndpointsMixin,

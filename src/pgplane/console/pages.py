@@ -1,0 +1,79 @@
+"""What every console page shares: its template context, forms, labels, and error pages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from litestar import Response
+from litestar.contrib.jinja import JinjaTemplateEngine
+from litestar.response import Redirect, Template
+from litestar.template.config import TemplateConfig
+
+from pgplane import __version__
+from pgplane.console.session import PREFIX, AnyRequest, maybe_signed_in
+from pgplane.core import clock
+from pgplane.core.models import Operation
+from pgplane.errors import PgplaneError
+
+HERE = Path(__file__).parent
+MAX_FIELD = 4096
+
+# The contract's display labels: "the web console displays statuses as OK, Scheduling, In
+# progress and Error".
+LABELS = {"scheduling": "Scheduling", "running": "In progress", "finished": "OK", "failed": "Error"}
+
+
+def label(status: str) -> str:
+    return LABELS.get(status, status)
+
+
+def unsettled(ops: list[Operation]) -> bool:
+    return any(not op.status.settled for op in ops)
+
+
+def when(us: int | None) -> str:
+    """A stored time as the API shows it, to the second."""
+    return "" if us is None else clock.format_us(us)[:19].replace("T", " ") + " UTC"
+
+
+def templates() -> TemplateConfig[JinjaTemplateEngine]:
+    def setup(engine: JinjaTemplateEngine) -> None:
+        engine.engine.filters.update(label=label, when=when)
+
+    return TemplateConfig(
+        directory=HERE / "templates", engine=JinjaTemplateEngine, engine_callback=setup
+    )
+
+
+def page(request: AnyRequest, name: str, *, status_code: int = 200, **context: Any) -> Template:
+    me = maybe_signed_in(request)
+    common = {
+        "prefix": PREFIX,
+        "version": __version__,
+        "me": me,
+        "csrf": me.session.csrf_token if me else context.pop("csrf", ""),
+    }
+    return Template(template_name=name, context={**common, **context}, status_code=status_code)
+
+
+async def form(request: AnyRequest) -> dict[str, str]:
+    """The posted form's fields, each a string of bounded length (repeated fields: the last)."""
+    data = await request.form()
+    return {str(k): str(v)[:MAX_FIELD] for k, v in data.items() if isinstance(v, str)}
+
+
+def sign_in_first(request: AnyRequest, _: Exception) -> Response[Any]:
+    """No session: pages go to the sign-in form; fragments (fetched by script) answer 401."""
+    if request.headers.get("x-pgplane-fragment"):
+        return Response("sign in again", status_code=401, media_type="text/plain")
+    return Redirect(path=f"{PREFIX}/signin", status_code=303)
+
+
+def error_page(request: AnyRequest, exc: PgplaneError) -> Template:
+    """An error of the platform, shown as a page (the API answers JSON; the console HTML)."""
+    response = page(
+        request, "error.html", status_code=exc.status, code=exc.code, message=exc.message
+    )
+    response.headers.update(exc.headers)
+    return response

@@ -1,0 +1,303 @@
+"""Projects: the list, and a project's page (branch tree, computes, roles, databases,
+connection string, its latest operations), with the forms that change them.
+
+Every action calls the same service as the API route that does it, in one write transaction,
+and then tells the engine; the page it redirects to shows the operations it started.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from litestar import Controller, get, post
+from litestar.response import Redirect, Template
+
+from pgplane.console.pages import form, page, unsettled
+from pgplane.console.session import PREFIX, AnyRequest, SignedIn, signed_in
+from pgplane.core.models import Branch, Endpoint, Operation, Project
+from pgplane.errors import BadRequest, NotFound, PgplaneError
+from pgplane.services import branches, endpoints, operations, projects, roles
+from pgplane.services.connections import find as find_connection
+
+RECENT_OPERATIONS = 10
+_ENDPOINT_ACTIONS = {
+    "start": endpoints.start,
+    "suspend": endpoints.suspend,
+    "restart": endpoints.restart,
+}
+
+
+@dataclass
+class TreeNode:
+    branch: Branch
+    computes: list[Endpoint]
+    pending: list[Operation]
+    children: list[TreeNode] = field(default_factory=list)
+
+
+def _tree(
+    all_branches: list[Branch], computes: list[Endpoint], ops: list[Operation]
+) -> list[TreeNode]:
+    """The branches as a tree, parents before children, each with its computes and unsettled
+    operations."""
+    open_ops = [o for o in ops if o.status in ("scheduling", "running")]
+    nodes = {
+        b.id: TreeNode(
+            branch=b,
+            computes=[e for e in computes if e.branch_id == b.id],
+            pending=[o for o in open_ops if o.branch_id == b.id],
+        )
+        for b in sorted(all_branches, key=lambda b: b.created_at)
+    }
+    roots: list[TreeNode] = []
+    for node in nodes.values():
+        parent = nodes.get(node.branch.parent_id or "")
+        (parent.children if parent else roots).append(node)
+    return roots
+
+
+def _project_path(project_id: str) -> str:
+    return f"{PREFIX}/projects/{project_id}"
+
+
+class ProjectsPage(Controller):
+    path = f"{PREFIX}/projects"
+
+    @get("/")
+    async def list_(self, request: AnyRequest) -> Template:
+        return await _projects_page(request)
+
+    @post("/")
+    async def create(self, request: AnyRequest) -> Any:
+        me = signed_in(request)
+        fields = await form(request)
+        console = me.console
+        try:
+            version = int(fields["pg_version"]) if fields.get("pg_version") else None
+        except ValueError:
+            return await _projects_page(request, 400, error="choose a Postgres version")
+        spec = projects.NewProject(name=fields.get("name") or None, pg_version=version)
+        try:
+            async with console.store.write() as tx:
+                created = await projects.create(
+                    tx,
+                    account_id=me.account_id,
+                    spec=spec,
+                    settings=console.settings,
+                    check_settings=console.check_settings,
+                )
+        except BadRequest as exc:
+            return await _projects_page(request, 400, error=exc.message)
+        console.notify()
+        return Redirect(path=_project_path(created.project.id), status_code=303)
+
+    @get("/{project_id:str}")
+    async def show(
+        self, request: AnyRequest, project_id: str, branch: str = "", role: str = "",
+        database: str = "",
+    ) -> Template:  # fmt: skip
+        context = await _project_context(request, project_id, branch, role, database)
+        name = "project_live.html" if request.headers.get("x-pgplane-fragment") else "project.html"
+        return page(request, name, **context)
+
+    @post("/{project_id:str}/rename")
+    async def rename(self, request: AnyRequest, project_id: str) -> Redirect:
+        me = signed_in(request)
+        fields = await form(request)
+        async with me.console.store.write() as tx:
+            await projects.update(
+                tx,
+                account_id=me.account_id,
+                project_id=project_id,
+                changes=projects.ProjectChanges(name=fields.get("name", "")),
+                check_settings=me.console.check_settings,
+            )
+        return Redirect(path=_project_path(project_id), status_code=303)
+
+    @post("/{project_id:str}/delete")
+    async def delete(self, request: AnyRequest, project_id: str) -> Redirect:
+        me = signed_in(request)
+        fields = await form(request)
+        async with me.console.store.write() as tx:
+            project = await projects.get(tx, account_id=me.account_id, project_id=project_id)
+            if fields.get("confirm_name") != project.name:
+                raise BadRequest("type the project's name to delete it")
+            await projects.delete(tx, account_id=me.account_id, project_id=project_id)
+        me.console.notify()
+        return Redirect(path=f"{PREFIX}/projects", status_code=303)
+
+    @post("/{project_id:str}/branches")
+    async def create_branch(self, request: AnyRequest, project_id: str) -> Redirect:
+        me = signed_in(request)
+        fields = await form(request)
+        spec = branches.NewBranch(
+            name=fields.get("name") or None,
+            parent_id=fields.get("parent_id") or None,
+            endpoints=[endpoints.EndpointSpec()] if fields.get("with_compute") else [],
+        )
+        async with me.console.store.write() as tx:
+            created = await branches.create(
+                tx,
+                account_id=me.account_id,
+                project_id=project_id,
+                spec=spec,
+                settings=me.console.settings,
+                check_settings=me.console.check_settings,
+            )
+        me.console.notify()
+        return Redirect(
+            path=f"{_project_path(project_id)}?branch={created.branch.id}", status_code=303
+        )
+
+    @post("/{project_id:str}/endpoints/{endpoint_id:str}/{action:str}")
+    async def endpoint_action(
+        self, request: AnyRequest, project_id: str, endpoint_id: str, action: str
+    ) -> Redirect:
+        me = signed_in(request)
+        change = _ENDPOINT_ACTIONS.get(action)
+        if change is None:
+            raise NotFound("not found")
+        async with me.console.store.write() as tx:
+            endpoint, _ = await change(
+                tx, account_id=me.account_id, project_id=project_id, endpoint_id=endpoint_id
+            )
+        me.console.notify()
+        return Redirect(
+            path=f"{_project_path(project_id)}?branch={endpoint.branch_id}", status_code=303
+        )
+
+    @post("/{project_id:str}/branches/{branch_id:str}/roles")
+    async def create_role(self, request: AnyRequest, project_id: str, branch_id: str) -> Redirect:
+        me = signed_in(request)
+        fields = await form(request)
+        async with me.console.store.write() as tx:
+            await roles.create_role(
+                tx,
+                account_id=me.account_id,
+                project_id=project_id,
+                branch_id=branch_id,
+                name=fields.get("name", ""),
+            )
+        return _changed(me, project_id, branch_id)
+
+    @post("/{project_id:str}/branches/{branch_id:str}/roles/{role_name:str}/{action:str}")
+    async def role_action(
+        self, request: AnyRequest, project_id: str, branch_id: str, role_name: str, action: str
+    ) -> Any:
+        me = signed_in(request)
+        where = {"account_id": me.account_id, "project_id": project_id, "branch_id": branch_id}
+        if action == "reveal":
+            async with me.console.store.read() as tx:
+                password = await roles.reveal_password(tx, role_name=role_name, **where)
+            context = await _project_context(request, project_id, branch_id, role_name, "")
+            return page(request, "project.html", revealed=(role_name, password), **context)
+        async with me.console.store.write() as tx:
+            if action == "reset_password":
+                await roles.reset_password(tx, role_name=role_name, **where)
+            elif action == "delete":
+                await roles.delete_role(tx, role_name=role_name, **where)
+            else:
+                raise NotFound("not found")
+        return _changed(me, project_id, branch_id)
+
+    @post("/{project_id:str}/branches/{branch_id:str}/databases")
+    async def create_database(
+        self, request: AnyRequest, project_id: str, branch_id: str
+    ) -> Redirect:
+        me = signed_in(request)
+        fields = await form(request)
+        async with me.console.store.write() as tx:
+            await roles.create_database(
+                tx,
+                account_id=me.account_id,
+                project_id=project_id,
+                branch_id=branch_id,
+                name=fields.get("name", ""),
+                owner_name=fields.get("owner_name", ""),
+            )
+        return _changed(me, project_id, branch_id)
+
+    @post("/{project_id:str}/branches/{branch_id:str}/databases/{database_name:str}/delete")
+    async def delete_database(
+        self, request: AnyRequest, project_id: str, branch_id: str, database_name: str
+    ) -> Redirect:
+        me = signed_in(request)
+        async with me.console.store.write() as tx:
+            await roles.delete_database(
+                tx,
+                account_id=me.account_id,
+                project_id=project_id,
+                branch_id=branch_id,
+                database_name=database_name,
+            )
+        return _changed(me, project_id, branch_id)
+
+
+def _changed(me: SignedIn, project_id: str, branch_id: str) -> Redirect:
+    me.console.notify()
+    return Redirect(path=f"{_project_path(project_id)}?branch={branch_id}", status_code=303)
+
+
+async def _projects_page(request: AnyRequest, status: int = 200, **context: Any) -> Template:
+    me = signed_in(request)
+    async with me.console.store.read() as tx:
+        found = await projects.list_(tx, account_id=me.account_id, limit=400, cursor=None)
+    settings = me.console.settings
+    return page(
+        request,
+        "projects.html",
+        status_code=status,
+        projects=found,
+        pg_versions=sorted(settings.pg_versions, reverse=True),
+        region=settings.region_id,
+        **context,
+    )
+
+
+async def _project_context(
+    request: AnyRequest, project_id: str, branch_id: str, role: str, database: str
+) -> dict[str, Any]:
+    me = signed_in(request)
+    scope = {"account_id": me.account_id, "project_id": project_id}
+    async with me.console.store.read() as tx:
+        project: Project = await projects.get(tx, **scope)
+        page_ = await operations.list_(tx, **scope, limit=RECENT_OPERATIONS, cursor=None)
+        all_branches = (
+            await branches.list_(
+                tx, **scope, limit=None, cursor=None, sort_by=None, sort_order=None, search=None
+            )
+        ).branches
+        computes = await endpoints.list_(tx, **scope)
+        selected = next((b for b in all_branches if b.id == branch_id), None)
+        if selected is None:
+            selected = next(b for b in all_branches if b.default)
+        branch_roles = await roles.list_roles(tx, **scope, branch_id=selected.id)
+        branch_databases = await roles.list_databases(tx, **scope, branch_id=selected.id)
+        chosen_role = role or (branch_roles[0].name if branch_roles else "")
+        chosen_db = database or (branch_databases[0].name if branch_databases else "")
+        uri, uri_error = "", ""
+        try:
+            found = await find_connection(
+                tx, me.console.settings, **scope, database_name=chosen_db,
+                role_name=chosen_role, branch_id=selected.id, endpoint_id=None,
+            )  # fmt: skip
+            uri = found.uri
+        except PgplaneError as exc:
+            uri_error = exc.message
+    return {
+        "project": project,
+        "tree": _tree(all_branches, computes, page_.operations),
+        "branches": all_branches,
+        "selected": selected,
+        "computes": [e for e in computes if e.branch_id == selected.id],
+        "roles": branch_roles,
+        "databases": branch_databases,
+        "chosen_role": chosen_role,
+        "chosen_db": chosen_db,
+        "uri": uri,
+        "uri_error": uri_error,
+        "operations": page_.operations,
+        "next_cursor": page_.cursor,
+        "live": unsettled(page_.operations),
+    }

@@ -1,0 +1,179 @@
+"""Who is signed in to the console, and the checks every request passes before its page runs.
+
+A router-wide ``before_request`` hook (as the API's key hook, and for the same reasons: no
+dependency injection, no guards) reads the session cookie, and for every request that changes
+something (any method but GET and HEAD) checks the CSRF token: the session's for a signed-in
+page, a double-submit cookie's for the sign-in and sign-up forms (so nobody can sign a victim in
+to the attacker's account either). A request that fails is refused before it reads anything.
+
+Cookies are HttpOnly, SameSite=Lax, scoped to ``/console``, and Secure when the console is
+served over TLS.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+from litestar import Request, Response
+from litestar.datastructures import Cookie, State
+
+from pgplane.config import Settings
+from pgplane.core.gcra import Limit, address_key
+from pgplane.core.models import ConsoleSession
+from pgplane.errors import Forbidden, TooManyRequests
+from pgplane.services import signin
+from pgplane.services.compute_settings import SettingsCheck
+from pgplane.store import Store
+
+AnyRequest = Request[Any, Any, State]
+
+PREFIX = "/console"
+SESSION_COOKIE = "pgplane_session"
+FORM_COOKIE = "pgplane_form"  # the double-submit CSRF token of the pages before sign-in
+CSRF_FIELD = "csrf_token"
+CSRF_HEADER = "x-csrf-token"
+_SAFE = frozenset({"GET", "HEAD"})
+# Pages open to anyone; every other page needs a session.
+_PUBLIC = frozenset({f"{PREFIX}/signin", f"{PREFIX}/signup"})
+_SECOND = 1_000_000_000
+WRONG_PASSWORDS_PER_MINUTE = 10
+
+
+class SignInRequired(Exception):
+    """No session: pages redirect to the sign-in form (see ``console.app``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Console:
+    """What the console is wired to; one per app."""
+
+    store: Store
+    settings: Settings
+    notify: Callable[[], None]
+    check_settings: SettingsCheck
+    throttle: SignInThrottle
+
+
+@dataclass(frozen=True, slots=True)
+class SignedIn:
+    """A request with a live session: every lookup is scoped to ``account_id``."""
+
+    account_id: str
+    email: str
+    session: ConsoleSession
+    console: Console
+
+
+_SCOPE_KEY = "pgplane.console"
+
+
+class SignInThrottle:
+    """Wrong passwords per address and per email: a minute's allowance, then refusals until it
+    refills. Only failures count, as the API's and the proxy's throttles."""
+
+    def __init__(self, per_minute: int = WRONG_PASSWORDS_PER_MINUTE) -> None:
+        self._limit = Limit(per_second=per_minute / 60, burst=per_minute)
+
+    def check(self, address: str, email: str) -> None:
+        now = time.monotonic_ns()
+        wait = max(
+            self._limit.wait(("address", address_key(address)), now),
+            self._limit.wait(("email", email), now),
+        )
+        if wait:
+            seconds = max(1, -(-wait // _SECOND))
+            raise TooManyRequests(
+                f"too many wrong passwords: try again in {seconds} s",
+                headers={"Retry-After": str(seconds)},
+            )
+
+    def failed(self, address: str, email: str) -> None:
+        now = time.monotonic_ns()
+        self._limit.take(("address", address_key(address)), now)
+        self._limit.take(("email", email), now)
+
+
+def client_address(request: AnyRequest) -> str:
+    client = cast("dict[str, Any]", request.scope).get("client")
+    return str(client[0]) if client else ""
+
+
+def session_hook(console: Console) -> Callable[[AnyRequest], Awaitable[None]]:
+    async def check(request: AnyRequest) -> None:
+        scope = cast("dict[str, Any]", request.scope)
+        token = request.cookies.get(SESSION_COOKIE, "")
+        current = None
+        email = ""
+        if token:
+            async with console.store.read() as tx:
+                current = await signin.session(tx, token)
+                account = None if current is None else await tx.get_account(current.account_id)
+            email = account.email if account else ""
+        public = request.url.path in _PUBLIC
+        if current is None and not public:
+            raise SignInRequired()
+        if request.method not in _SAFE:
+            if current is not None:
+                expected = current.csrf_token
+            else:
+                expected = request.cookies.get(FORM_COOKIE, "")
+            await _check_csrf(request, expected)
+        if current is not None:
+            scope[_SCOPE_KEY] = SignedIn(
+                account_id=current.account_id, email=email, session=current, console=console
+            )
+
+    return check
+
+
+async def _check_csrf(request: AnyRequest, expected: str) -> None:
+    sent = request.headers.get(CSRF_HEADER, "")
+    if not sent and request.headers.get("content-type", "").startswith(
+        "application/x-www-form-urlencoded"
+    ):
+        form = await request.form()
+        sent = str(form.get(CSRF_FIELD, ""))
+    if not expected or not sent or not signin.same(sent, expected):
+        raise Forbidden("the form has expired or did not come from this console: reload it")
+
+
+def signed_in(request: AnyRequest) -> SignedIn:
+    found: SignedIn = cast("dict[str, Any]", request.scope)[_SCOPE_KEY]
+    return found
+
+
+def maybe_signed_in(request: AnyRequest) -> SignedIn | None:
+    found: SignedIn | None = cast("dict[str, Any]", request.scope).get(_SCOPE_KEY)
+    return found
+
+
+def cookie(request: AnyRequest, name: str, value: str, *, max_age: int | None) -> Cookie:
+    return Cookie(
+        key=name,
+        value=value,
+        path=PREFIX,
+        httponly=True,
+        samesite="lax",
+        secure=request.url.scheme == "https",
+        max_age=max_age,
+    )
+
+
+def form_token(request: AnyRequest) -> tuple[str, Cookie | None]:
+    """The double-submit token for a form shown before sign-in: the cookie's, or a new one."""
+    current = request.cookies.get(FORM_COOKIE, "")
+    if current and len(current) <= 128:
+        return current, None
+    fresh = secrets.token_urlsafe(32)
+    return fresh, cookie(request, FORM_COOKIE, fresh, max_age=None)
+
+
+def with_cookies(response: Response[Any], cookies: list[Cookie | None]) -> Response[Any]:
+    for c in cookies:
+        if c is not None:
+            response.set_cookie(c)
+    return response

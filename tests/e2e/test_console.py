@@ -1,0 +1,239 @@
+"""The web console over HTTP, as a browser speaks to it: the first account from the link ``serve``
+prints, API keys, and the console's security (CSRF, session fixation, sign-out, throttled
+sign-in, one account never reaching another's objects). The browser-driven first hour is
+test_console_browser.py.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.console import PASSWORD, Browser, signup_link
+from tests.support import Api, Server, run_cli, running_server, wait_for
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    with running_server() as srv:
+        yield srv
+
+
+def _account(server: Server, email: str) -> None:
+    done = run_cli(
+        "accounts", "create", email, "--password-stdin", data_dir=server.data_dir, stdin=PASSWORD
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def _signed_in(server: Server, email: str) -> Browser:
+    browser = Browser(server)
+    r = browser.sign_in(email)
+    assert r.status_code == 303, r.text
+    return browser
+
+
+def test_the_first_account_comes_from_the_link_serve_printed_and_the_link_works_once(
+    server: Server,
+) -> None:
+    link = signup_link(server)
+    with Browser(server) as first, Browser(server) as second:
+        r = first.sign_up(link, "founder@example.com")
+        assert r.status_code == 303 and r.headers["location"] == "/console/projects", r.text
+        assert first.get("/console/projects").status_code == 200
+        r = second.sign_up(link, "intruder@example.com")
+        assert r.status_code == 401 and "not valid" in r.text
+        assert second.session is None
+        assert second.sign_in("intruder@example.com").status_code == 401
+
+
+def test_an_invitation_is_for_its_email_only(server: Server) -> None:
+    done = run_cli("accounts", "invite", "guest@example.com", data_dir=server.data_dir)
+    assert done.returncode == 0, done.stderr
+    link = done.stdout.strip().replace("http://127.0.0.1:8080", f"http://127.0.0.1:{server.port}")
+    with Browser(server) as other, Browser(server) as guest:
+        r = other.sign_up(link, "someone-else@example.com")
+        assert r.status_code == 400 and "guest@example.com" in r.text
+        # The refused attempt changed nothing; the link works once, for its email.
+        assert guest.sign_up(link, "guest@example.com").status_code == 303
+        assert other.sign_up(link, "guest@example.com").status_code == 401
+
+
+def test_keys_made_in_the_console_work_on_the_api_until_revoked(server: Server) -> None:
+    _account(server, "keys@example.com")
+    with _signed_in(server, "keys@example.com") as browser:
+        key = browser.create_key("first")
+        listed = browser.get("/console/settings/api-keys/").text
+        assert "first" in listed and key not in listed  # shown once, never again
+        with Api(server, key) as api:
+            assert api.http.get("/projects").status_code == 200
+            key_id = api.http.get("/api_keys").json()[0]["id"]
+            wait_for(  # last used, and from where (uses are written every few seconds)
+                "the key's use shown",
+                lambda: "127.0.0.1" in browser.get("/console/settings/api-keys/").text,
+            )
+            r = browser.post(f"/console/settings/api-keys/{key_id}/revoke")
+            assert r.status_code == 303
+            assert api.http.get("/projects").status_code == 401
+
+
+def test_a_form_without_the_session_csrf_token_changes_nothing(server: Server) -> None:
+    _account(server, "csrf@example.com")
+    _account(server, "csrf-other@example.com")
+    with (
+        _signed_in(server, "csrf@example.com") as victim,
+        _signed_in(server, "csrf-other@example.com") as attacker,
+    ):
+        victim.get("/console/projects/")
+        attacker.get("/console/projects/")
+        for token in ("", attacker.csrf, "forged"):
+            r = victim.post("/console/settings/api-keys/", csrf=token, name="planted")
+            assert r.status_code == 403, r.text
+            r = victim.post("/console/projects/", csrf=token, name="planted")
+            assert r.status_code == 403
+            r = victim.post("/console/signout", csrf=token)
+            assert r.status_code == 403
+        page = victim.get("/console/settings/api-keys/").text
+        assert "planted" not in page
+        assert "planted" not in victim.get("/console/projects/").text
+        assert victim.get("/console/projects/").status_code == 200  # still signed in
+        # The sign-in form has a token of its own (a double-submit cookie): a form posted from
+        # elsewhere cannot sign a victim in to the attacker's account.
+        with Browser(server) as fresh:
+            r = fresh.post("/console/signin", csrf="", email="csrf@example.com", password=PASSWORD)
+            assert r.status_code == 403 and fresh.session is None
+
+
+def test_sign_in_gives_a_new_session_and_a_planted_one_is_worthless(server: Server) -> None:
+    _account(server, "fixation@example.com")
+    with Browser(server) as browser:
+        browser.http.cookies.set(
+            "pgplane_session", "planted-by-an-attacker", domain="127.0.0.1", path="/console"
+        )
+        assert browser.get("/console/projects/").status_code == 303  # not a session
+        assert browser.sign_in("fixation@example.com").status_code == 303
+        first = browser.session
+        assert first and first != "planted-by-an-attacker"
+        browser.get("/console/projects/")  # signed in: the form carries the session's token
+        r = browser.post("/console/signin", email="fixation@example.com", password=PASSWORD)
+        assert r.status_code == 303
+        assert browser.session not in (first, None)
+        with Browser(server) as old:  # the session it replaced is over
+            old.http.cookies.set("pgplane_session", first, domain="127.0.0.1", path="/console")
+            assert old.get("/console/projects/").status_code == 303
+        set_cookie = browser.http.get("/console/signin").headers.get("set-cookie", "")
+        with Browser(server) as again:
+            r = again.sign_in("fixation@example.com")
+            cookie = r.headers["set-cookie"]
+        assert "HttpOnly" in cookie and "SameSite=lax" in cookie and "Path=/console" in cookie
+        assert "pgplane_session" not in set_cookie
+
+
+def test_sign_out_ends_the_session_and_everywhere_ends_them_all(server: Server) -> None:
+    _account(server, "signout@example.com")
+    with (
+        _signed_in(server, "signout@example.com") as one,
+        _signed_in(server, "signout@example.com") as two,
+        _signed_in(server, "signout@example.com") as three,
+    ):
+        stolen = one.session
+        one.get("/console/projects/")
+        assert one.post("/console/signout").status_code == 303
+        with Browser(server) as thief:
+            thief.http.cookies.set(
+                "pgplane_session", stolen or "", domain="127.0.0.1", path="/console"
+            )
+            assert thief.get("/console/projects/").status_code == 303  # to the sign-in form
+        assert two.get("/console/projects/").status_code == 200  # only that one ended
+        assert two.post("/console/signout", everywhere="1").status_code == 303
+        assert three.get("/console/projects/").status_code == 303
+
+
+def test_wrong_passwords_are_throttled() -> None:
+    with running_server() as server:
+        _account(server, "victim@example.com")
+        with Browser(server) as guesser:
+            statuses = [
+                guesser.sign_in("victim@example.com", password=f"guess {n}").status_code
+                for n in range(10)
+            ]
+            assert statuses == [401] * 10
+            r = guesser.sign_in("victim@example.com")  # the right one, too late
+            assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+            assert guesser.session is None
+
+
+def test_no_page_or_action_reaches_another_accounts_objects(server: Server) -> None:
+    """A matrix like the API's: every page and form of the console, for another account's
+    project, branch, compute, role, database and key, answers the API's 404 and changes
+    nothing."""
+    _account(server, "owner@example.com")
+    _account(server, "neighbour@example.com")
+    with (
+        _signed_in(server, "owner@example.com") as owner,
+        _signed_in(server, "neighbour@example.com") as neighbour,
+    ):
+        key = owner.create_key("owner's")
+        with Api(server, key) as api:
+            body = api.create_project(name="private")
+            pid, bid = body["project"]["id"], body["branch"]["id"]
+            eid = body["endpoints"][0]["id"]
+            key_id = api.http.get("/api_keys").json()[0]["id"]
+            before = _state(api, pid)
+            project = f"/console/projects/{pid}"
+            branch = f"{project}/branches/{bid}"
+            pages = [project, f"{project}?branch={bid}", f"{project}/operations/"]
+            forms = [
+                f"{project}/rename",
+                f"{project}/delete",
+                f"{project}/branches",
+                *(f"{project}/endpoints/{eid}/{a}" for a in ("start", "suspend", "restart")),
+                f"{branch}/roles",
+                *(f"{branch}/roles/neondb_owner/{a}" for a in ("reveal", "reset_password")),
+                f"{branch}/roles/neondb_owner/delete",
+                f"{branch}/databases",
+                f"{branch}/databases/neondb/delete",
+                f"/console/settings/api-keys/{key_id}/revoke",
+            ]
+            neighbour.get("/console/projects/")
+            for path in pages:
+                r = neighbour.get(path)
+                assert r.status_code == 404, (path, r.status_code)
+                assert "private" not in r.text
+            for path in forms:
+                r = neighbour.post(path, name="taken", confirm_name="private", owner_name="x")
+                assert r.status_code == 404, (path, r.status_code, r.text[:300])
+            assert "private" not in neighbour.get("/console/projects/").text
+            assert _state(api, pid) == before
+            assert api.http.get("/projects").status_code == 200  # the key was not revoked
+
+
+def _state(api: Api, pid: str) -> tuple[object, ...]:
+    project = api.http.get(f"/projects/{pid}").json()["project"]
+    branches = api.http.get(f"/projects/{pid}/branches").json()["branches"]
+    ops = api.operations(pid)
+    main = next(b for b in branches if b["default"])["id"]
+    roles = api.http.get(f"/projects/{pid}/branches/{main}/roles").json()["roles"]
+    password = api.http.get(
+        f"/projects/{pid}/branches/{main}/roles/neondb_owner/reveal_password"
+    ).json()["password"]
+    return (
+        project["name"],
+        sorted(b["id"] for b in branches),
+        len(ops),
+        sorted(r["name"] for r in roles),
+        password,
+    )
+
+
+def test_every_console_page_needs_a_session(server: Server) -> None:
+    with httpx.Client(base_url=f"http://127.0.0.1:{server.port}") as anonymous:
+        for path in ("/console/projects/", "/console/settings/api-keys/", "/console/projects/x"):
+            r = anonymous.get(path)
+            assert r.status_code == 303 and r.headers["location"] == "/console/signin", path
+        r = anonymous.post("/console/projects/", data={"name": "x"})
+        assert r.status_code in (303, 403)
+        assert re.search("Sign in", anonymous.get("/console/signin").text)
