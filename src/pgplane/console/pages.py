@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from litestar import Response
+from litestar import MediaType, Response
 from litestar.contrib.jinja import JinjaTemplateEngine
 from litestar.response import Redirect, Template
 from litestar.template.config import TemplateConfig
@@ -54,7 +54,12 @@ def page(request: AnyRequest, name: str, *, status_code: int = 200, **context: A
         "me": me,
         "csrf": me.session.csrf_token if me else context.pop("csrf", ""),
     }
-    return Template(template_name=name, context={**common, **context}, status_code=status_code)
+    return Template(
+        template_name=name,
+        context={**common, **context},
+        status_code=status_code,
+        media_type=MediaType.HTML,
+    )
 
 
 async def form(request: AnyRequest) -> dict[str, str]:
