@@ -75,104 +75,137 @@ def test_a_new_users_first_hour(chromium: Browser) -> None:
         context = _context(chromium, server)
         page = context.new_page()
         page.on("dialog", lambda dialog: dialog.accept())  # every "are you sure?"
-
-        # The account, from the link serve printed.
-        page.goto(signup_link(server))
-        page.get_by_label("Email").fill("me@example.com")
-        page.get_by_label("Password").fill(PASSWORD)
-        page.get_by_role("button", name="Create account").click()
-        expect(page.get_by_role("heading", name="Projects")).to_be_visible()
-
-        # The first API key, read from the page, works on the API.
-        page.get_by_role("link", name="Account settings").click()
-        page.get_by_label("Name of the new key").fill("laptop")
-        page.get_by_role("button", name="Create new key").click()
-        expect(page.get_by_text("it will not be shown again")).to_be_visible()
-        _shot(page, "api-keys")
-        key = (page.locator("#new-key").text_content() or "").strip()
-        api = httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {key}"})
-        assert api.get("/projects").status_code == 200
-
-        # A project: its operations settle on the page while nobody reloads it.
-        page.get_by_role("link", name="Projects").click()
-        page.get_by_label("Name").fill("first-hour")
-        page.get_by_role("button", name="Create project").click()
-        expect(page.get_by_role("heading", name=re.compile("first-hour"))).to_be_visible()
-        page.evaluate("window.notReloaded = true")
-        expect(page.get_by_test_id("operations")).to_contain_text(UNSETTLED)
-        _shot(page, "project-creating")
-        _settled(page)
-        assert page.evaluate("window.notReloaded === true")
-        expect(page.get_by_test_id("branch-tree")).to_contain_text("compute: active")
-
-        # The connection string, copied, runs a query.
-        page.locator("[data-copy='#uri']").click()
-        uri = page.evaluate("navigator.clipboard.readText()")
-        listed = api.get("/projects").json()["projects"]
-        pid = next(p["id"] for p in listed if p["name"] == "first-hour")
-        assert (
-            uri
-            == api.get(
-                f"/projects/{pid}/connection_uri",
-                params={"role_name": "neondb_owner", "database_name": "neondb"},
-            ).json()["uri"]
-        )
-        with psycopg.connect(uri, connect_timeout=30) as conn:
-            assert conn.execute("SELECT 1").fetchone() == (1,)
-
-        # A branch, in the tree under its parent.
-        page.get_by_label("Branch name").fill("dev")
-        page.get_by_role("button", name="Create branch").click()
-        _settled(page)
-        tree = page.get_by_test_id("branch-tree")
-        expect(tree.locator("li li a", has_text="dev")).to_be_visible()
-        _shot(page, "project")
-
-        # Suspend and start the compute of the branch shown (dev).
-        computes = page.locator("tr[data-endpoint]")
-        computes.get_by_role("button", name="Suspend", exact=True).click()
-        expect(computes).to_contain_text("idle", timeout=60_000)
-        computes.get_by_role("button", name="Start", exact=True).click()
-        expect(computes).to_contain_text("active", timeout=60_000)
-        expect(computes).not_to_contain_text("→")
-
-        # Reset the owner's password on dev: its old connection string stops working.
-        page.locator("select[name=role]").select_option("neondb_owner")
-        old = page.get_by_test_id("connection-uri").text_content() or ""
-        row = page.locator("tr", has_text="neondb_owner")
-        row.get_by_role("button", name="Reset password").click()
-        _settled(page)
-        new = page.get_by_test_id("connection-uri").text_content() or ""
-        assert new and new != old
-        with psycopg.connect(new, connect_timeout=30) as conn:
-            assert conn.execute("SELECT 1").fetchone() == (1,)
-        with pytest.raises(psycopg.OperationalError, match="password"):
-            psycopg.connect(old, connect_timeout=30).close()
-
-        page.get_by_role("link", name="All operations").click()
-        expect(page.get_by_test_id("operations")).to_contain_text("OK")
-        _shot(page, "operations")
-
-        # Revoke the key: the API refuses it at once.
-        page.get_by_role("link", name="Account settings").click()
-        page.locator("tr", has_text="laptop").get_by_role("button", name="Revoke").click()
-        expect(page.get_by_text("laptop")).to_have_count(0)
-        assert api.get("/projects").status_code == 401
-
-        # Another account, in a browser context of its own, sees none of it.
-        done = run_cli(
-            "accounts", "create", "other@example.com", "--password-stdin",
-            data_dir=server.data_dir, stdin=PASSWORD,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        other = _context(chromium, server).new_page()
-        other.goto("/console/signin")
-        _shot(other, "signin")
-        other.get_by_label("Email").fill("other@example.com")
-        other.get_by_label("Password").fill(PASSWORD)
-        other.get_by_role("button", name="Sign in").click()
-        expect(other.get_by_role("heading", name="Projects")).to_be_visible()
-        expect(other.get_by_text("first-hour")).to_have_count(0)
-        response = other.goto(f"/console/projects/{pid}")
-        assert response is not None and response.status == 404
+        _sign_up(page, server)
+        api = _first_key(page, server)
+        pid = _project(page, api)
+        _branch(page)
+        _suspend_and_start(page)
+        _reset_password(page)
+        _at_phone_width(page, pid)
+        _revoke(page, api)
+        _another_account_sees_none_of_it(chromium, server, pid)
         context.close()
+
+
+def _sign_up(page: Page, server: Server) -> None:
+    """The account, from the link serve printed."""
+    page.goto(signup_link(server))
+    page.get_by_label("Email").fill("me@example.com")
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Create account").click()
+    expect(page.get_by_role("heading", name="Projects")).to_be_visible()
+
+
+def _first_key(page: Page, server: Server) -> httpx.Client:
+    """The first API key, read from the page, works on the API."""
+    page.get_by_role("link", name="Account settings").click()
+    page.get_by_label("Name of the new key").fill("laptop")
+    page.get_by_role("button", name="Create new key").click()
+    expect(page.get_by_text("it will not be shown again")).to_be_visible()
+    _shot(page, "api-keys")
+    key = (page.locator("#new-key").text_content() or "").strip()
+    api = httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {key}"})
+    assert api.get("/projects").status_code == 200
+    return api
+
+
+def _project(page: Page, api: httpx.Client) -> str:
+    """A project: its operations settle on the page while nobody reloads it; its connection
+    string, copied, runs a query."""
+    page.get_by_role("link", name="Projects").click()
+    page.get_by_label("Name").fill("first-hour")
+    page.get_by_role("button", name="Create project").click()
+    expect(page.get_by_role("heading", name=re.compile("first-hour"))).to_be_visible()
+    page.evaluate("window.notReloaded = true")
+    expect(page.get_by_test_id("operations")).to_contain_text(UNSETTLED)
+    _shot(page, "project-creating")
+    _settled(page)
+    assert page.evaluate("window.notReloaded === true")
+    expect(page.get_by_test_id("branch-tree")).to_contain_text("compute: active")
+
+    page.locator("[data-copy='#uri']").click()
+    uri = page.evaluate("navigator.clipboard.readText()")
+    listed = api.get("/projects").json()["projects"]
+    pid = str(next(p["id"] for p in listed if p["name"] == "first-hour"))
+    params = {"role_name": "neondb_owner", "database_name": "neondb"}
+    assert uri == api.get(f"/projects/{pid}/connection_uri", params=params).json()["uri"]
+    with psycopg.connect(uri, connect_timeout=30) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    return pid
+
+
+def _branch(page: Page) -> None:
+    """A branch, in the tree under its parent; the page then shows it."""
+    page.get_by_label("Branch name").fill("dev")
+    page.get_by_role("button", name="Create branch").click()
+    _settled(page)
+    tree = page.get_by_test_id("branch-tree")
+    expect(tree.locator("li li a", has_text="dev")).to_be_visible()
+    _shot(page, "project")
+
+
+def _suspend_and_start(page: Page) -> None:
+    computes = page.locator("tr[data-endpoint]")
+    computes.get_by_role("button", name="Suspend", exact=True).click()
+    expect(computes).to_contain_text("idle", timeout=60_000)
+    computes.get_by_role("button", name="Start", exact=True).click()
+    expect(computes).to_contain_text("active", timeout=60_000)
+    expect(computes).not_to_contain_text("→")
+
+
+def _reset_password(page: Page) -> None:
+    """Reset the owner's password on the branch shown: its old connection string stops
+    working, the new one shown works."""
+    page.locator("select[name=role]").select_option("neondb_owner")
+    old = page.get_by_test_id("connection-uri").text_content() or ""
+    row = page.locator("tr", has_text="neondb_owner")
+    row.get_by_role("button", name="Reset password").click()
+    _settled(page)
+    new = page.get_by_test_id("connection-uri").text_content() or ""
+    assert new and new != old
+    with psycopg.connect(new, connect_timeout=30) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    with pytest.raises(psycopg.OperationalError, match="password"):
+        psycopg.connect(old, connect_timeout=30).close()
+    page.get_by_role("link", name="All operations").click()
+    expect(page.get_by_test_id("operations")).to_contain_text("OK")
+    _shot(page, "operations")
+
+
+def _at_phone_width(page: Page, pid: str) -> None:
+    """The project's page fits a phone's width: nothing but its tables scrolls sideways."""
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.goto(f"/console/projects/{pid}")
+    expect(page.get_by_test_id("branch-tree")).to_be_visible()
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    _shot(page, "project-phone")
+    page.set_viewport_size({"width": 1200, "height": 900})
+
+
+def _revoke(page: Page, api: httpx.Client) -> None:
+    """Revoke the key: the API refuses it at once."""
+    page.get_by_role("link", name="Account settings").click()
+    page.locator("tr", has_text="laptop").get_by_role("button", name="Revoke").click()
+    expect(page.get_by_text("laptop")).to_have_count(0)
+    assert api.get("/projects").status_code == 401
+
+
+def _another_account_sees_none_of_it(chromium: Browser, server: Server, pid: str) -> None:
+    """Another account, in a browser context of its own."""
+    done = run_cli(
+        "accounts", "create", "other@example.com", "--password-stdin",
+        data_dir=server.data_dir, stdin=PASSWORD,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    context = _context(chromium, server)
+    other = context.new_page()
+    other.goto("/console/signin")
+    _shot(other, "signin")
+    other.get_by_label("Email").fill("other@example.com")
+    other.get_by_label("Password").fill(PASSWORD)
+    other.get_by_role("button", name="Sign in").click()
+    expect(other.get_by_role("heading", name="Projects")).to_be_visible()
+    expect(other.get_by_text("first-hour")).to_have_count(0)
+    response = other.goto(f"/console/projects/{pid}")
+    assert response is not None and response.status == 404
+    context.close()
