@@ -22,7 +22,10 @@ work is done, the store does not know yet), and inside the handlers, named after
 ``create_timeline:copied|populated|synced`` (the template copied; the cluster being built is
 running with its roles; flushed, not yet in place), ``start_compute:spawned`` (a postmaster
 exists, not yet ready), ``stop_compute:signalled`` (told to stop, maybe not gone),
-``suspend_compute:roles_read``, ``apply_config:executed`` (after each statement of a change),
+``restart_compute:signalled`` (an endpoint's new settings: the old postmaster told to stop),
+``offline_postmaster:ready`` (a temporary postmaster on a branch with no compute running, for a
+check or a change), ``suspend_compute:roles_read``, ``apply_config:executed`` (after each
+statement of a change),
 ``create_branch:backup_started`` (an online copy inside the parent's backup),
 ``create_branch:copied`` (the copy is durable, not yet in place), ``delete_timeline:stopped``
 and ``delete_tenant:stopped`` (computes stopped, files still there), ``tenant_detach:packed``

@@ -32,6 +32,7 @@ from tests.crash import (
     kill_at,
     operations,
     postmaster_pids,
+    wait_for_op,
 )
 from tests.support import Api, running_server
 
@@ -109,6 +110,37 @@ def test_kill_while_a_compute_suspends(crash: Crash, failpoint: str) -> None:
     assert_consistent(crash.server, crash.api, crash.pid)  # and no postmaster
     assert crash.starts() == starts  # the retry suspended it; it did not start it again
     assert crash.rows() == (ROWS, SUM)  # woken by the connection
+
+
+def test_kill_while_new_settings_restart_a_compute(crash: Crash) -> None:
+    """The old postmaster was told to stop; the retry starts one with the new settings."""
+    crash.arm("restart_compute:signalled")
+    r = crash.api.http.patch(
+        f"/projects/{crash.pid}/endpoints/{crash.eid}",
+        json={"endpoint": {"settings": {"pg_settings": {"work_mem": "8MB"}}}},
+    )
+    assert r.status_code == 200, r.text
+    crash.kill_at("restart_compute:signalled")
+    crash.settle([o["id"] for o in r.json()["operations"]])
+    assert crash.endpoint()["current_state"] == "active"
+    assert_consistent(crash.server, crash.api, crash.pid)
+    with psycopg.connect(crash.uri, connect_timeout=30) as conn:
+        assert conn.execute("SHOW work_mem").fetchone() == ("8MB",)
+    assert crash.rows() == (ROWS, SUM)
+
+
+def test_kill_while_a_suspended_compute_is_checked(crash: Crash) -> None:
+    """An availability check of a suspended compute runs a temporary postmaster on its data:
+    killed meanwhile, it is left running; the retry, and the next start, stop it first."""
+    crash.suspend()
+    crash.arm("offline_postmaster:ready", PGPLANE_AVAILABILITY_CHECK_SECONDS="1")
+    crash.kill_at("offline_postmaster:ready")
+    assert crash.pgdata() in crash.at_kill  # the temporary postmaster
+    check = wait_for_op(crash.api, crash.pid, "check_availability")
+    crash.settle([check["id"]])
+    assert crash.endpoint()["current_state"] == "idle"
+    assert_consistent(crash.server, crash.api, crash.pid)  # and no postmaster left
+    assert crash.rows() == (ROWS, SUM)
 
 
 @pytest.mark.parametrize("failpoint", ["apply_config:executed", "after:apply_config"])

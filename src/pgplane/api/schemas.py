@@ -51,7 +51,7 @@ def _identifier_but(reserved: str) -> Meta:
 
 RoleName = Annotated[str, _identifier_but(names.RESERVED_ROLE_PATTERN)]
 DatabaseName = Annotated[str, _identifier_but(names.RESERVED_DATABASE_PATTERN)]
-# Postgres settings a compute takes (services/endpoints.py decides which).
+# Postgres settings a compute takes (services/compute_settings.py decides which).
 PgSettings = Annotated[
     dict[str, str],
     Meta(

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from litestar import MediaType, Response
-from litestar.contrib.jinja import JinjaTemplateEngine
+from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.response import Redirect, Template
 from litestar.template.config import TemplateConfig
 

@@ -14,6 +14,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
+from pgplane import failpoints
 from pgplane.compute.driver import ComputeError, ComputeSpec, PortInUse, RunningCompute
 from pgplane.compute.local.binaries import PgInstall
 from pgplane.compute.local.layout import TIMELINE_MARKER, Layout, ensure_dir
@@ -124,6 +125,9 @@ class Computes:
                 log_path=log_path,
             )
             try:
+                # Killed here, the temporary postmaster is left running: the next use of the
+                # data (a start, a check, a change) stops it first, as above.
+                await failpoints.reached("offline_postmaster:ready")
                 await action(socket_dir, INIT_PORT)
             finally:
                 await self._postmasters.stop(pgdata)
@@ -167,7 +171,7 @@ class Computes:
                 )
                 return
             log.info("restarting the postmaster of %s: its command line changed", pgdata)
-            await self._postmasters.stop(pgdata)
+            await self._postmasters.stop(pgdata, signalled="restart_compute:signalled")
         await self._tenants.claim(pgdata, run_as)
         await asyncio.to_thread(self._prepare_endpoint, spec.project_id, spec.endpoint_id, run_as)
         # Checked first: Postgres would only say so in its log, after its start-up.
