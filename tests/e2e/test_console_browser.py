@@ -77,12 +77,15 @@ def test_a_new_users_first_hour(chromium: Browser) -> None:
         page.on("dialog", lambda dialog: dialog.accept())  # every "are you sure?"
         _sign_up(page, server)
         api = _first_key(page, server)
-        pid = _project(page, api)
-        _branch(page)
-        _suspend_and_start(page)
-        _reset_password(page)
-        _at_phone_width(page, pid)
-        _revoke(page, api)
+        try:
+            pid = _project(page, api)
+            _branch(page)
+            _suspend_and_start(page)
+            _reset_password(page)
+            _at_phone_width(page, pid)
+            _revoke(page, api)
+        finally:
+            api.close()
         _another_account_sees_none_of_it(chromium, server, pid)
         context.close()
 

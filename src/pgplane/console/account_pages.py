@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Controller, get, post
+from litestar.params import FromPath, FromQuery
 from litestar.response import Redirect, Template
 
 from pgplane.console.pages import form, page
@@ -77,7 +78,7 @@ class Auth(Controller):
         return _signed_in_response(request, new.token)
 
     @get("/signup")
-    async def signup_form(self, request: AnyRequest, token: str = "") -> Any:
+    async def signup_form(self, request: AnyRequest, token: FromQuery[str] = "") -> Any:
         return _public_form(request, "signup.html", token=token[:128])
 
     @post("/signup")
@@ -138,7 +139,7 @@ class ApiKeysPage(Controller):
         return await _keys_page(request, created=created, status=201)
 
     @post("/{key_id:int}/revoke")
-    async def revoke(self, request: AnyRequest, key_id: int) -> Redirect:
+    async def revoke(self, request: AnyRequest, key_id: FromPath[int]) -> Redirect:
         me = signed_in(request)
         async with me.console.store.write() as tx:
             await api_keys.revoke(tx, account_id=me.account_id, key_id=key_id)

@@ -17,6 +17,7 @@ from litestar.types import ControllerRouterHandler
 
 from pgplane.config import Settings
 from pgplane.console.account_pages import ApiKeysPage, Auth
+from pgplane.console.branch_pages import BranchObjectsPage
 from pgplane.console.operation_pages import OperationsPage
 from pgplane.console.pages import HERE, error_page, sign_in_first
 from pgplane.console.project_pages import ProjectsPage
@@ -49,7 +50,7 @@ def console(
     handlers: dict[Any, Any] = {SignInRequired: sign_in_first, PgplaneError: error_page}
     pages = Router(
         path="/",
-        route_handlers=[Auth, ApiKeysPage, ProjectsPage, OperationsPage],
+        route_handlers=[Auth, ApiKeysPage, ProjectsPage, BranchObjectsPage, OperationsPage],
         before_request=session_hook(state),
         exception_handlers=handlers,
         include_in_schema=False,

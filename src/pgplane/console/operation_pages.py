@@ -4,6 +4,7 @@ display labels; the first page refreshes itself while anything on it is unsettle
 from __future__ import annotations
 
 from litestar import Controller, get
+from litestar.params import FromPath, FromQuery
 from litestar.response import Template
 
 from pgplane.console.pages import page, unsettled
@@ -17,7 +18,9 @@ class OperationsPage(Controller):
     path = f"{PREFIX}/projects/{{project_id:str}}/operations"
 
     @get("/")
-    async def list_(self, request: AnyRequest, project_id: str, cursor: str = "") -> Template:
+    async def list_(
+        self, request: AnyRequest, project_id: FromPath[str], cursor: FromQuery[str] = ""
+    ) -> Template:
         me = signed_in(request)
         scope = {"account_id": me.account_id, "project_id": project_id}
         async with me.console.store.read() as tx:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from litestar import Controller, get, post
+from litestar.params import FromPath, FromQuery
 from litestar.response import Redirect, Template
 
 from pgplane.console.pages import form, page, unsettled
@@ -94,15 +95,19 @@ class ProjectsPage(Controller):
 
     @get("/{project_id:str}")
     async def show(
-        self, request: AnyRequest, project_id: str, branch: str = "", role: str = "",
-        database: str = "",
-    ) -> Template:  # fmt: skip
-        context = await _project_context(request, project_id, branch, role, database)
+        self,
+        request: AnyRequest,
+        project_id: FromPath[str],
+        branch: FromQuery[str] = "",
+        role: FromQuery[str] = "",
+        database: FromQuery[str] = "",
+    ) -> Template:
+        context = await project_context(request, project_id, branch, role, database)
         name = "project_live.html" if request.headers.get("x-pgplane-fragment") else "project.html"
         return page(request, name, **context)
 
     @post("/{project_id:str}/rename")
-    async def rename(self, request: AnyRequest, project_id: str) -> Redirect:
+    async def rename(self, request: AnyRequest, project_id: FromPath[str]) -> Redirect:
         me = signed_in(request)
         fields = await form(request)
         async with me.console.store.write() as tx:
@@ -116,7 +121,7 @@ class ProjectsPage(Controller):
         return Redirect(path=_project_path(project_id), status_code=303)
 
     @post("/{project_id:str}/delete")
-    async def delete(self, request: AnyRequest, project_id: str) -> Redirect:
+    async def delete(self, request: AnyRequest, project_id: FromPath[str]) -> Redirect:
         me = signed_in(request)
         fields = await form(request)
         async with me.console.store.write() as tx:
@@ -128,7 +133,7 @@ class ProjectsPage(Controller):
         return Redirect(path=f"{PREFIX}/projects", status_code=303)
 
     @post("/{project_id:str}/branches")
-    async def create_branch(self, request: AnyRequest, project_id: str) -> Redirect:
+    async def create_branch(self, request: AnyRequest, project_id: FromPath[str]) -> Redirect:
         me = signed_in(request)
         fields = await form(request)
         spec = branches.NewBranch(
@@ -152,7 +157,11 @@ class ProjectsPage(Controller):
 
     @post("/{project_id:str}/endpoints/{endpoint_id:str}/{action:str}")
     async def endpoint_action(
-        self, request: AnyRequest, project_id: str, endpoint_id: str, action: str
+        self,
+        request: AnyRequest,
+        project_id: FromPath[str],
+        endpoint_id: FromPath[str],
+        action: FromPath[str],
     ) -> Redirect:
         me = signed_in(request)
         change = _ENDPOINT_ACTIONS.get(action)
@@ -167,74 +176,8 @@ class ProjectsPage(Controller):
             path=f"{_project_path(project_id)}?branch={endpoint.branch_id}", status_code=303
         )
 
-    @post("/{project_id:str}/branches/{branch_id:str}/roles")
-    async def create_role(self, request: AnyRequest, project_id: str, branch_id: str) -> Redirect:
-        me = signed_in(request)
-        fields = await form(request)
-        async with me.console.store.write() as tx:
-            await roles.create_role(
-                tx,
-                account_id=me.account_id,
-                project_id=project_id,
-                branch_id=branch_id,
-                name=fields.get("name", ""),
-            )
-        return _changed(me, project_id, branch_id)
 
-    @post("/{project_id:str}/branches/{branch_id:str}/roles/{role_name:str}/{action:str}")
-    async def role_action(
-        self, request: AnyRequest, project_id: str, branch_id: str, role_name: str, action: str
-    ) -> Any:
-        me = signed_in(request)
-        where = {"account_id": me.account_id, "project_id": project_id, "branch_id": branch_id}
-        if action == "reveal":
-            async with me.console.store.read() as tx:
-                password = await roles.reveal_password(tx, role_name=role_name, **where)
-            context = await _project_context(request, project_id, branch_id, role_name, "")
-            return page(request, "project.html", revealed=(role_name, password), **context)
-        async with me.console.store.write() as tx:
-            if action == "reset_password":
-                await roles.reset_password(tx, role_name=role_name, **where)
-            elif action == "delete":
-                await roles.delete_role(tx, role_name=role_name, **where)
-            else:
-                raise NotFound("not found")
-        return _changed(me, project_id, branch_id)
-
-    @post("/{project_id:str}/branches/{branch_id:str}/databases")
-    async def create_database(
-        self, request: AnyRequest, project_id: str, branch_id: str
-    ) -> Redirect:
-        me = signed_in(request)
-        fields = await form(request)
-        async with me.console.store.write() as tx:
-            await roles.create_database(
-                tx,
-                account_id=me.account_id,
-                project_id=project_id,
-                branch_id=branch_id,
-                name=fields.get("name", ""),
-                owner_name=fields.get("owner_name", ""),
-            )
-        return _changed(me, project_id, branch_id)
-
-    @post("/{project_id:str}/branches/{branch_id:str}/databases/{database_name:str}/delete")
-    async def delete_database(
-        self, request: AnyRequest, project_id: str, branch_id: str, database_name: str
-    ) -> Redirect:
-        me = signed_in(request)
-        async with me.console.store.write() as tx:
-            await roles.delete_database(
-                tx,
-                account_id=me.account_id,
-                project_id=project_id,
-                branch_id=branch_id,
-                database_name=database_name,
-            )
-        return _changed(me, project_id, branch_id)
-
-
-def _changed(me: SignedIn, project_id: str, branch_id: str) -> Redirect:
+def changed(me: SignedIn, project_id: str, branch_id: str) -> Redirect:
     me.console.notify()
     return Redirect(path=f"{_project_path(project_id)}?branch={branch_id}", status_code=303)
 
@@ -255,7 +198,7 @@ async def _projects_page(request: AnyRequest, status: int = 200, **context: Any)
     )
 
 
-async def _project_context(
+async def project_context(
     request: AnyRequest, project_id: str, branch_id: str, role: str, database: str
 ) -> dict[str, Any]:
     me = signed_in(request)
