@@ -19,9 +19,17 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from pgplane.compute.local.archive import tree_checksums
 from tests.support import Api, Server, running_server, wait_for
+
+
+def slow(failpoint: str) -> Any:
+    """A kill case run with ``-m slow`` only: the default run keeps one or two per handler, the
+    step inside it rather than ``after:`` where both exist (CI must stay well under 15 min)."""
+    return pytest.param(failpoint, marks=pytest.mark.slow)
+
 
 ROWS = 5000
 SUM = ROWS * (ROWS + 1) // 2

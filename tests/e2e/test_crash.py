@@ -32,6 +32,7 @@ from tests.crash import (
     kill_at,
     operations,
     postmaster_pids,
+    slow,
     wait_for_op,
 )
 from tests.support import Api, running_server
@@ -45,12 +46,12 @@ def crash() -> Iterator[Crash]:
 @pytest.mark.parametrize(
     "failpoint",
     [
-        "create_timeline:copied",
+        slow("create_timeline:copied"),
         "create_timeline:populated",
-        "create_timeline:synced",
-        "after:create_timeline",
+        slow("create_timeline:synced"),
+        slow("after:create_timeline"),
         "start_compute:spawned",
-        "after:start_compute",
+        slow("after:start_compute"),
     ],
 )
 def test_kill_during_project_creation(failpoint: str) -> None:
@@ -79,7 +80,7 @@ def test_kill_during_project_creation(failpoint: str) -> None:
             assert_consistent(server, api, pid)
 
 
-@pytest.mark.parametrize("failpoint", ["start_compute:spawned", "after:start_compute"])
+@pytest.mark.parametrize("failpoint", ["start_compute:spawned", slow("after:start_compute")])
 def test_kill_while_a_compute_starts(crash: Crash, failpoint: str) -> None:
     crash.suspend()
     starts = crash.starts()
@@ -97,7 +98,8 @@ def test_kill_while_a_compute_starts(crash: Crash, failpoint: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "failpoint", ["suspend_compute:roles_read", "stop_compute:signalled", "after:suspend_compute"]
+    "failpoint",
+    [slow("suspend_compute:roles_read"), "stop_compute:signalled", slow("after:suspend_compute")],
 )
 def test_kill_while_a_compute_suspends(crash: Crash, failpoint: str) -> None:
     starts = crash.starts()
@@ -143,7 +145,7 @@ def test_kill_while_a_suspended_compute_is_checked(crash: Crash) -> None:
     assert crash.rows() == (ROWS, SUM)
 
 
-@pytest.mark.parametrize("failpoint", ["apply_config:executed", "after:apply_config"])
+@pytest.mark.parametrize("failpoint", ["apply_config:executed", slow("after:apply_config")])
 def test_kill_while_a_role_and_a_password_reset_are_applied(crash: Crash, failpoint: str) -> None:
     """``apply_config:executed`` is reached after the first statement of the change (the
     owner's ALTER ROLE), before the next (CREATE ROLE app)."""

@@ -23,6 +23,7 @@ from tests.crash import (
     Crash,
     assert_consistent,
     crash_server,
+    slow,
     wait_for_op,
 )
 from tests.support import wait_for
@@ -34,7 +35,8 @@ def crash() -> Iterator[Crash]:
 
 
 @pytest.mark.parametrize(
-    "failpoint", ["create_branch:backup_started", "create_branch:copied", "after:create_branch"]
+    "failpoint",
+    ["create_branch:backup_started", slow("create_branch:copied"), "after:create_branch"],
 )
 def test_kill_during_branch_creation(crash: Crash, failpoint: str) -> None:
     crash.arm(failpoint)
@@ -88,7 +90,7 @@ def test_kill_while_a_project_is_deleted(crash: Crash) -> None:
     assert crash.postmasters_now() == {}
 
 
-@pytest.mark.parametrize("failpoint", ["tenant_detach:packed", "after:tenant_detach"])
+@pytest.mark.parametrize("failpoint", ["tenant_detach:packed", slow("after:tenant_detach")])
 def test_kill_during_detach(crash: Crash, failpoint: str) -> None:
     crash.suspend()
     before = crash.checksums()
@@ -112,7 +114,7 @@ def test_kill_during_detach(crash: Crash, failpoint: str) -> None:
     assert crash.rows() == (ROWS, SUM)
 
 
-@pytest.mark.parametrize("failpoint", ["tenant_reattach:unpacked", "after:tenant_reattach"])
+@pytest.mark.parametrize("failpoint", ["tenant_reattach:unpacked", slow("after:tenant_reattach")])
 def test_kill_during_reattach(crash: Crash, failpoint: str) -> None:
     crash.suspend()
     before = crash.checksums()
