@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from tests.crash import crash  # noqa: F401 - the crash suites' fixture
 from tests.support import Api, Server, running_server
 
 if TYPE_CHECKING:

@@ -124,8 +124,10 @@ class Crash:
         return self.server.log()[-4000:]
 
 
-def crash_server() -> Iterator[Crash]:
-    """The body of a ``crash`` fixture: a server with short leases and a project with rows."""
+@pytest.fixture
+def crash() -> Iterator[Crash]:
+    """A server with short leases and a project with rows (the crash suites' fixture: their
+    conftest is tests/conftest.py, which imports it)."""
     with running_server(**ENV) as server:
         _, key = server.create_key("crash@example.com")
         with Api(server, key) as api:

@@ -17,8 +17,6 @@ reattach, and writes through the proxy are in test_crash_data.py.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import psycopg
 import pytest
 
@@ -28,7 +26,6 @@ from tests.crash import (
     SUM,
     Crash,
     assert_consistent,
-    crash_server,
     kill_at,
     operations,
     postmaster_pids,
@@ -36,11 +33,6 @@ from tests.crash import (
     wait_for_op,
 )
 from tests.support import Api, running_server
-
-
-@pytest.fixture
-def crash() -> Iterator[Crash]:
-    yield from crash_server()
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,6 @@ import signal
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -22,16 +21,10 @@ from tests.crash import (
     SUM,
     Crash,
     assert_consistent,
-    crash_server,
     slow,
     wait_for_op,
 )
 from tests.support import wait_for
-
-
-@pytest.fixture
-def crash() -> Iterator[Crash]:
-    yield from crash_server()
 
 
 @pytest.mark.parametrize(
