@@ -58,6 +58,10 @@ class Settings:
     default_suspend_timeout_seconds: int = 300  # what suspend_timeout_seconds 0 means
     availability_check_seconds: float = 3600.0  # per branch with a compute; 0: never
     detach_after_seconds: float = 30 * 86400.0  # idle time before tenant_detach; 0: never
+    # History: how often base states due are taken and what left each window is freed, and how
+    # much WAL a branch archives before its next base state (or its data's size, if more).
+    history_seconds: float = 60.0
+    history_base_bytes: int = 1 << 30
 
     # Operations engine.
     workers: int = 4
@@ -136,6 +140,8 @@ def settings_from_env(**overrides: object) -> Settings:
         ("default_suspend_timeout_seconds", int),
         ("availability_check_seconds", float),
         ("detach_after_seconds", float),
+        ("history_seconds", float),
+        ("history_base_bytes", int),
         ("compute_user", str),
         ("region_id", str),
         ("workers", int),

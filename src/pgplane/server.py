@@ -23,6 +23,7 @@ from pgplane.compute.local import LocalComputeDriver, LocalDriverConfig
 from pgplane.config import Settings
 from pgplane.connlimits import ConnectionGate
 from pgplane.engine import Engine
+from pgplane.engine.history_handlers import keep_history
 from pgplane.engine.reconcile import reconcile
 from pgplane.engine.scheduler import Scheduler
 from pgplane.errors import Unavailable
@@ -150,6 +151,7 @@ async def serve(settings: Settings) -> None:
             compute_user=settings.compute_user,
             listen_host=settings.compute_host,
             disk_reserve_bytes=settings.disk_reserve_bytes,
+            history_base_bytes=settings.history_base_bytes,
         )
     )
     settings = dataclasses.replace(settings, pg_versions=tuple(driver.pg_versions()))
@@ -187,6 +189,7 @@ async def serve(settings: Settings) -> None:
         store=store,
         settings=settings,
         check_settings=driver.check_settings,
+        history=driver.history_bounds,
         notify=engine.wake,
         readiness=readiness,
     )
@@ -220,6 +223,7 @@ async def serve(settings: Settings) -> None:
     gc.freeze()
     engine_task = asyncio.create_task(engine.run(), name="operations engine")
     scheduler_task = asyncio.create_task(scheduler.run(), name="scheduler")
+    history_task = asyncio.create_task(keep_history(driver, settings), name="history")
     readiness.watch("operations", engine_task)
     readiness.watch("scheduler", scheduler_task)
     announce = asyncio.create_task(_announce(server, settings, store))
@@ -228,7 +232,7 @@ async def serve(settings: Settings) -> None:
     finally:
         announce.cancel()
         await proxy.close()
-        for task in (scheduler_task, engine_task):
+        for task in (history_task, scheduler_task, engine_task):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task

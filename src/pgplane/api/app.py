@@ -34,6 +34,7 @@ from pgplane.console.pages import templates
 from pgplane.errors import NotFound, PgplaneError, Unavailable
 from pgplane.services import api_keys
 from pgplane.services.compute_settings import SettingsCheck
+from pgplane.services.history import HistoryLookup, unknown_history
 from pgplane.store import Store
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ def create_app(
     store: Store,
     settings: Settings,
     check_settings: SettingsCheck,
+    history: HistoryLookup = unknown_history,
     notify: Callable[[], None] = _nothing,
     readiness: health.Readiness | None = None,
 ) -> Litestar:
@@ -117,6 +119,7 @@ def create_app(
             settings=settings,
             notify=notify,
             check_settings=check_settings,
+            history=history,
             key_uses=recorder,
             limiter=RateLimiter.from_settings(settings),
         )

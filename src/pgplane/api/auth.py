@@ -25,6 +25,7 @@ from pgplane.config import Settings
 from pgplane.errors import Unauthorized
 from pgplane.services import api_keys
 from pgplane.services.compute_settings import SettingsCheck
+from pgplane.services.history import HistoryLookup
 from pgplane.store import Store
 
 AnyRequest = Request[Any, Any, State]
@@ -38,6 +39,7 @@ class Platform:
     settings: Settings
     notify: Callable[[], None]  # tells the engine that new operations wait
     check_settings: SettingsCheck  # Postgres' verdict on pg_settings values (the driver's)
+    history: HistoryLookup  # what of a branch's history the data plane holds (the driver's)
     key_uses: api_keys.UseRecorder
     limiter: RateLimiter
 
@@ -52,6 +54,7 @@ class Authorized:
     settings: Settings
     notify: Callable[[], None]
     check_settings: SettingsCheck
+    history: HistoryLookup
 
 
 # Where the hook leaves its result: a key of our own in the ASGI scope (Litestar's
@@ -95,6 +98,7 @@ def key_hook(platform: Platform) -> Callable[[AnyRequest], Awaitable[None]]:
             settings=settings,
             notify=notify,
             check_settings=platform.check_settings,
+            history=platform.history,
         )
 
     return require_key

@@ -249,7 +249,10 @@ class BranchOut(Struct, kw_only=True, omit_defaults=True):
     created_at: str
     updated_at: str
     parent_id: str | None = None
+    parent_lsn: str | None = None
+    parent_timestamp: str | None = None
     pending_state: str | None = None
+    last_reset_at: str | None = None
 
 
 class EndpointSettings(Struct, kw_only=True):
@@ -416,7 +419,23 @@ class EndpointSettingsIn(Struct, kw_only=True):
     pg_settings: PgSettings | None = None
 
 
-NOT_YET = "not supported yet: a branch starts at its parent's head"
+# A point of a branch's history: an LSN as Postgres prints it, or an RFC 3339 time.
+Lsn = Annotated[
+    str,
+    Meta(
+        max_length=17,
+        pattern=r"^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$",
+        description="an LSN of the branch's history, such as 0/1A2B3C4D",
+    ),
+]
+Timestamp = Annotated[
+    str,
+    Meta(
+        max_length=40,
+        description="an RFC 3339 time within the project's history window",
+        extra_json_schema={"format": "date-time"},
+    ),
+]
 
 
 class BranchEndpointSpec(Struct, kw_only=True):
@@ -431,9 +450,9 @@ class BranchEndpointSpec(Struct, kw_only=True):
 class BranchCreateSpec(Struct, kw_only=True):
     parent_id: Annotated[str, Meta(max_length=60)] | None = None
     name: Name256 | None = None
-    # Neon's fields for what this platform does not do yet: only null (or false) is taken.
-    parent_lsn: Annotated[None, Meta(description=NOT_YET)] = None
-    parent_timestamp: Annotated[None, Meta(description=NOT_YET)] = None
+    # A point of the parent's history rather than its head (one of the two).
+    parent_lsn: Lsn | None = None
+    parent_timestamp: Timestamp | None = None
     protected: bool | None = None
     archived: (
         Annotated[
@@ -453,6 +472,13 @@ class BranchCreateRequest(Struct, kw_only=True):
     branch: BranchCreateSpec | None = None
     endpoints: Annotated[list[BranchEndpointSpec], Meta(max_length=10)] | None = None
     annotation_value: Annotated[dict[str, str], Meta(max_length=50)] | None = None
+
+
+class BranchRestoreRequest(Struct, kw_only=True):
+    source_branch_id: Annotated[str, Meta(min_length=1, max_length=60)]
+    source_lsn: Lsn | None = None
+    source_timestamp: Timestamp | None = None
+    preserve_under_name: Name256 | None = None
 
 
 class BranchUpdateSpec(Struct, kw_only=True):

@@ -89,6 +89,24 @@ class ComputeAddress:
 
 
 @dataclass(frozen=True, slots=True)
+class Point:
+    """A moment of a branch's history: an LSN, or a time (epoch microseconds)."""
+
+    lsn: int | None = None
+    time_us: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryBounds:
+    """What of a branch's history can be rebuilt now: from its first base state (its LSN and
+    time) to its head (None: unknown, such as while the project is detached)."""
+
+    start_lsn: int | None = None
+    start_time_us: int | None = None
+    head_lsn: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class RunningCompute:
     """A postmaster found running on a branch's data (by :meth:`ComputeDriver.running_computes`).
 
@@ -119,12 +137,48 @@ class ComputeDriver(Protocol):
         ...
 
     async def create_branch(
-        self, *, project_id: str, parent_branch_id: str, branch_id: str, pg_version: int
-    ) -> None:
-        """Create the branch's data: a consistent copy of its parent's data at its head.
+        self,
+        *,
+        project_id: str,
+        parent_branch_id: str,
+        branch_id: str,
+        pg_version: int,
+        point: Point | None = None,
+    ) -> int | None:
+        """Create the branch's data: a consistent copy of its parent's data at its head, or at
+        ``point`` of the parent's history. The LSN of the parent it starts from, when known.
 
-        A running parent is copied online, without stopping it; a stopped one as files.
+        A running parent is copied online, without stopping it; a stopped one as files; a point
+        is rebuilt from the parent's history, never touching the parent's data.
         """
+        ...
+
+    async def restore_branch(
+        self,
+        *,
+        project_id: str,
+        branch_id: str,
+        source_branch_id: str,
+        pg_version: int,
+        point: Point | None,
+        preserve_branch_id: str | None,
+        restore_id: str,
+    ) -> int | None:
+        """Replace the branch's data with the source's at its head or ``point`` (the source may
+        be the branch itself); the old data becomes ``preserve_branch_id``'s, or is dropped.
+        Computes on the branch are stopped (their connections end); the caller starts them
+        again. ``restore_id`` names this restore, so a retry after it completed changes nothing.
+        The LSN of the source the data starts from, when known."""
+        ...
+
+    async def history_bounds(
+        self, *, project_id: str, branch_id: str, pg_version: int
+    ) -> HistoryBounds:
+        """What of the branch's history can be rebuilt now (see HistoryBounds)."""
+        ...
+
+    async def keep_history(self) -> None:
+        """Take the base states due and free what fell out of each project's window."""
         ...
 
     async def delete_timeline(self, *, project_id: str, branch_id: str) -> None:

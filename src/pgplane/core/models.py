@@ -78,11 +78,15 @@ class Branch(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     default: bool
     protected: bool
-    current_state: str  # init | ready
+    current_state: str  # init | resetting | ready
     pending_state: str | None
     state_changed_at: int
     created_at: int
     updated_at: int
+    # Where it starts in its parent's history: the LSN (as Neon shows it) and time (us).
+    parent_lsn: str | None = None
+    parent_timestamp: int | None = None
+    last_reset_at: int | None = None
 
 
 class Endpoint(msgspec.Struct, frozen=True, kw_only=True):
@@ -143,6 +147,11 @@ class Operation(msgspec.Struct, frozen=True, kw_only=True):
     total_duration_ms: int
     # The branch a create_branch copies: the operation also waits for that branch's earlier work.
     source_branch_id: str | None = None
+    # A rebuild from history: its point (an LSN, or a time in us) and, for a restore that keeps
+    # the old state, the branch that keeps it. Never shown to clients.
+    point_lsn: str | None = None
+    point_time: int | None = None
+    preserve_branch_id: str | None = None
     # Engine bookkeeping, never shown to clients.
     lease_owner: str | None = None
     lease_expires_at: int | None = None

@@ -14,7 +14,6 @@ import msgspec
 from pgplane import failpoints
 from pgplane.compute.driver import (
     ComputeError,
-    ConfigChange,
     DatabaseSpec,
     PortInUse,
     RoleSpec,
@@ -23,6 +22,7 @@ from pgplane.core import clock
 from pgplane.core.models import Endpoint, Operation, Project
 from pgplane.core.operations import Action
 from pgplane.engine import rolesync
+from pgplane.engine.branch_config import apply_roles_and_databases, mark_active
 from pgplane.engine.context import (
     Context,
     Handler,
@@ -31,6 +31,12 @@ from pgplane.engine.context import (
     compute_spec,
     project_of,
     require_branch,
+)
+from pgplane.engine.history_handlers import (
+    point_of,
+    record_start,
+    restore_branch,
+    restore_given_up,
 )
 from pgplane.engine.tenant_handlers import (
     apply_storage_config,
@@ -53,6 +59,10 @@ async def create_timeline(ctx: Context, op: Operation) -> OnFinish | None:
     async with ctx.store.read() as tx:
         roles = await tx.list_roles(branch_id)
         databases = await tx.list_databases(branch_id)
+    # The history window decides whether the root branch's first base state is taken.
+    await ctx.driver.apply_storage_config(
+        project_id=project.id, history_retention_seconds=project.history_retention_seconds
+    )
     await ctx.driver.create_timeline(
         project_id=project.id,
         branch_id=branch_id,
@@ -69,15 +79,6 @@ async def create_timeline(ctx: Context, op: Operation) -> OnFinish | None:
     return ready
 
 
-def _mark_active(endpoint_id: str) -> OnFinish:
-    async def active(tx: Tx) -> None:
-        await tx.set_endpoint_state(
-            endpoint_id=endpoint_id, current_state="active", pending_state=None, now=clock.now_us()
-        )
-
-    return active
-
-
 async def start_compute(ctx: Context, op: Operation) -> OnFinish | None:
     project = await project_of(ctx, op)
     if project.deleted_at is not None or op.endpoint_id is None:
@@ -87,7 +88,7 @@ async def start_compute(ctx: Context, op: Operation) -> OnFinish | None:
     if endpoint is None or endpoint.disabled:
         return None  # deleted or disabled since: nothing to start
     await _start(ctx, project, endpoint)
-    return _mark_active(endpoint.id)
+    return mark_active(endpoint.id)
 
 
 async def _start(ctx: Context, project: Project, endpoint: Endpoint) -> None:
@@ -161,17 +162,19 @@ async def create_branch(ctx: Context, op: Operation) -> OnFinish | None:
         if parent_compute is None
         else await rolesync.read(ctx.driver, compute_spec(project, parent_compute))
     )
-    await ctx.driver.create_branch(
+    lsn = await ctx.driver.create_branch(
         project_id=project.id,
         parent_branch_id=parent_id,
         branch_id=branch_id,
         pg_version=project.pg_version,
+        point=point_of(op),
     )
 
     async def ready(tx: Tx) -> None:
         await tx.set_branch_state(
             branch_id=branch_id, current_state="ready", pending_state=None, now=clock.now_us()
         )
+        await record_start(tx, project.id, branch_id, lsn)
         await tx.copy_role_verifiers(from_branch_id=parent_id, to_branch_id=branch_id)
         if synced:  # an empty read (the parent is not running) keeps what was copied
             await tx.set_role_verifiers(branch_id=branch_id, verifiers=synced)
@@ -207,8 +210,8 @@ async def apply_config(ctx: Context, op: Operation) -> OnFinish | None:
             # The old postmaster is gone and the new one did not start: say so until one does.
             await _mark_down(ctx, endpoint.id)
             raise
-        return _mark_active(endpoint.id)
-    return await _apply_roles_and_databases(ctx, project, require_branch(op))
+        return mark_active(endpoint.id)
+    return await apply_roles_and_databases(ctx, project, require_branch(op))
 
 
 async def _mark_down(ctx: Context, endpoint_id: str) -> None:
@@ -219,63 +222,6 @@ async def _mark_down(ctx: Context, endpoint_id: str) -> None:
             pending_state="active",
             now=clock.now_us(),
         )
-
-
-async def _apply_roles_and_databases(
-    ctx: Context, project: Project, branch_id: str
-) -> OnFinish | None:
-    async with ctx.store.read() as tx:
-        branch = await tx.get_branch(project_id=project.id, branch_id=branch_id)
-        if branch is None:
-            return None  # deleted since
-        roles = await tx.list_roles(branch_id)
-        gone_roles = await tx.list_roles(branch_id, deleted=True)
-        databases = await tx.list_databases(branch_id)
-        gone_databases = await tx.list_databases(branch_id, deleted=True)
-        computes = [
-            e
-            for e in await tx.list_endpoints(project.id)
-            if e.branch_id == branch_id and e.type == "read_write" and not e.disabled
-        ]
-    live_roles = {r.name for r in roles}
-    live_databases = {d.name for d in databases}
-    change = ConfigChange(
-        roles=[RoleSpec(name=r.name, password=r.password, login=r.login) for r in roles],
-        databases=[DatabaseSpec(name=d.name, owner_name=d.owner_name) for d in databases],
-        renamed_databases={
-            d.applied_name: d.name
-            for d in databases
-            if d.applied_name is not None and d.applied_name != d.name
-        },
-        # A name that is live again (deleted, then created anew) is kept, not dropped.
-        dropped_databases=[
-            d.applied_name
-            for d in gone_databases
-            if d.applied_name is not None and d.applied_name not in live_databases
-        ],
-        dropped_roles=[r.name for r in gone_roles if r.name not in live_roles],
-    )
-    compute = computes[0] if computes else None
-    spec = compute_spec(project, compute) if compute else None
-    await ctx.driver.apply_config(
-        project_id=project.id,
-        branch_id=branch_id,
-        pg_version=project.pg_version,
-        compute=spec,
-        change=change,
-    )
-    synced = None if spec is None else await rolesync.read(ctx.driver, spec)
-
-    async def applied(tx: Tx) -> None:
-        # Exactly what was applied: later changes have operations of their own.
-        await tx.mark_databases_applied([(d.id, d.name) for d in databases])
-        await tx.purge_databases([d.id for d in gone_databases])
-        await tx.purge_roles(branch_id=branch_id, tombstones=gone_roles)
-        if compute is not None:
-            await _mark_active(compute.id)(tx)
-        await rolesync.write(tx, branch_id=branch_id, verifiers=synced)
-
-    return applied
 
 
 async def _suspend_given_up(tx: Tx, op: Operation) -> None:
@@ -300,13 +246,19 @@ async def _suspend_given_up(tx: Tx, op: Operation) -> None:
 GivenUp = Callable[[Tx, Operation], Awaitable[None]]
 
 # What an action that failed for good must undo, written with its failure.
-GIVEN_UP: dict[Action, GivenUp] = {Action.SUSPEND_COMPUTE: _suspend_given_up}
+GIVEN_UP: dict[Action, GivenUp] = {
+    Action.SUSPEND_COMPUTE: _suspend_given_up,
+    Action.CREATE_TIMELINE: restore_given_up,
+}
 
 HANDLERS: dict[Action, Handler] = {
     Action.CREATE_BRANCH: create_branch,
     Action.DELETE_TIMELINE: delete_timeline,
     Action.APPLY_CONFIG: apply_config,
-    Action.CREATE_TIMELINE: create_timeline,
+    # With a source branch: a restore (the branch gets a new timeline from the source's).
+    Action.CREATE_TIMELINE: lambda ctx, op: (
+        restore_branch(ctx, op) if op.source_branch_id else create_timeline(ctx, op)
+    ),
     Action.START_COMPUTE: start_compute,
     Action.SUSPEND_COMPUTE: suspend_compute,
     Action.APPLY_STORAGE_CONFIG: apply_storage_config,

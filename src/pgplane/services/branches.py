@@ -15,12 +15,13 @@ from dataclasses import dataclass
 
 import msgspec
 
+from pgplane.compute.driver import HistoryBounds, Point
 from pgplane.config import Settings
 from pgplane.core import clock, ids
 from pgplane.core.models import Branch, Database, Endpoint, Operation, Role
 from pgplane.core.operations import Action
 from pgplane.errors import BadRequest, Conflict, LimitExceeded
-from pgplane.services import access, compute_settings, endpoints, names, operations
+from pgplane.services import access, compute_settings, endpoints, history, names, operations
 from pgplane.store import Tx
 
 MAX_LIMIT = 10_000
@@ -33,6 +34,7 @@ class NewBranch:
     parent_id: str | None = None
     protected: bool = False
     endpoints: Sequence[endpoints.EndpointSpec] = ()
+    point: history.NamedPoint | None = None  # a point of the parent's history, not its head
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,15 +160,17 @@ async def create(
     spec: NewBranch,
     settings: Settings,
     check_settings: compute_settings.SettingsCheck,
+    bounds: HistoryBounds | None = None,
 ) -> CreatedBranch:
+    """``bounds``: what the parent's history holds (looked up beforehand, for a point)."""
     project = await access.live_project(tx, account_id=account_id, project_id=project_id)
     quota = settings.branches_per_project
     if quota and await tx.count_branches(project.id) >= quota:
         raise LimitExceeded(f"the project has reached its limit of {quota} branches")
-    if spec.parent_id is not None:
-        parent = await access.branch(tx, project_id=project.id, branch_id=spec.parent_id)
-    else:
-        parent = await access.default_branch(tx, project_id=project.id)
+    parent = await parent_of(tx, project_id=project.id, parent_id=spec.parent_id)
+    point = spec.point.point if spec.point else Point()
+    if spec.point is not None:
+        history.check(spec.point, project=project, branch=parent, bounds=bounds or HistoryBounds())
     now = clock.now_us()
     branch_id = ids.new_branch_id()
     branch = Branch(
@@ -181,6 +185,8 @@ async def create(
         state_changed_at=now,
         created_at=now,
         updated_at=now,
+        parent_lsn=None if point.lsn is None else history.format_lsn(point.lsn),
+        parent_timestamp=now if point.time_us is None else point.time_us,
     )
     await tx.insert_branch(branch)
     # The copy holds the parent's roles and databases as they will be once the parent's
@@ -217,13 +223,26 @@ async def create(
         for e in spec.endpoints
     ]
     starts = [
-        operations.Start(Action.CREATE_BRANCH, branch_id=branch_id, source_branch_id=parent.id)
+        operations.Start(
+            Action.CREATE_BRANCH,
+            branch_id=branch_id,
+            source_branch_id=parent.id,
+            point_lsn=branch.parent_lsn,
+            point_time=point.time_us,
+        )
     ]
     starts += [endpoints.start_op(e) for e in computes if not e.disabled]
     ops = await operations.start(tx, project_id=project.id, starts=starts)
     return CreatedBranch(
         branch=branch, endpoints=computes, roles=roles, databases=databases, operations=ops
     )
+
+
+async def parent_of(tx: Tx, *, project_id: str, parent_id: str | None) -> Branch:
+    """The branch named as a parent, or the project's default branch."""
+    if parent_id is not None:
+        return await access.branch(tx, project_id=project_id, branch_id=parent_id)
+    return await access.default_branch(tx, project_id=project_id)
 
 
 async def update(

@@ -24,6 +24,9 @@ class Start:
     branch_id: str | None = None
     endpoint_id: str | None = None
     source_branch_id: str | None = None  # create_branch: the branch it copies
+    point_lsn: str | None = None  # a rebuild from history: the point, an LSN...
+    point_time: int | None = None  # ...or a time (us)
+    preserve_branch_id: str | None = None  # a restore: the branch keeping the old state
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +85,9 @@ async def start(tx: Tx, *, project_id: str, starts: Sequence[Start]) -> list[Ope
                 updated_at=now,
                 total_duration_ms=0,
                 source_branch_id=s.source_branch_id,
+                point_lsn=s.point_lsn,
+                point_time=s.point_time,
+                preserve_branch_id=s.preserve_branch_id,
                 # Running but unowned, with a lease that has already ended: the next worker to
                 # look claims it, and no failed attempt is counted for it.
                 lease_owner=None,

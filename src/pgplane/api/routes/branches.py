@@ -19,11 +19,12 @@ from pgplane.api.schemas import (
     BranchOperations,
     BranchPagination,
     BranchResponse,
+    BranchRestoreRequest,
     BranchUpdateRequest,
     EndpointsResponse,
 )
 from pgplane.errors import BadRequest
-from pgplane.services import branches, endpoints, names
+from pgplane.services import access, branches, endpoints, history, names, restores
 from pgplane.services.connections import connection
 
 
@@ -113,16 +114,35 @@ class Branches(Controller):
         """Branch from the default branch (or ``parent_id``) at its head; computes on request."""
         ctx = authorized(request)
         req = data.branch if data and data.branch else None
-        # parent_lsn, parent_timestamp, expires_at and init_source take only what the platform
-        # does (their types say so); archived is a boolean in Neon's shape.
+        # expires_at and init_source take only what the platform does (their types say so);
+        # archived is a boolean in Neon's shape.
         if req is not None and req.archived:
             raise BadRequest("archived: archiving branches is not supported")
+        point = history.parse_point(
+            lsn=req.parent_lsn if req else None,
+            timestamp=req.parent_timestamp if req else None,
+            lsn_field="parent_lsn",
+            time_field="parent_timestamp",
+        )
         spec = branches.NewBranch(
             name=req.name if req else None,
             parent_id=req.parent_id if req else None,
             protected=bool(req.protected) if req else False,
             endpoints=[_endpoint_spec(e) for e in (data.endpoints or [])] if data else [],
+            point=point,
         )
+        bounds = None
+        if point is not None:  # asked of the data plane outside any store transaction
+            async with ctx.store.read() as tx:
+                project = await access.live_project(
+                    tx, account_id=ctx.account_id, project_id=project_id
+                )
+                parent = await branches.parent_of(
+                    tx, project_id=project_id, parent_id=spec.parent_id
+                )
+            bounds = await ctx.history(
+                project_id=project_id, branch_id=parent.id, pg_version=project.pg_version
+            )
         async with ctx.store.write() as tx:
             created = await branches.create(
                 tx,
@@ -131,6 +151,7 @@ class Branches(Controller):
                 spec=spec,
                 settings=ctx.settings,
                 check_settings=ctx.check_settings,
+                bounds=bounds,
             )
         ctx.notify()
         uris = [
@@ -184,6 +205,62 @@ class Branches(Controller):
                 changes=changes,
             )
         return BranchOperations(branch=presenters.branch(branch), operations=[])
+
+    @post(
+        "/{branch_id:str}/restore",
+        status_code=200,
+        operation_id="restoreProjectBranch",
+        responses=error_responses(409, body=True),
+    )
+    async def restore(
+        self,
+        request: AnyRequest,
+        project_id: FromPath[str],
+        branch_id: FromPath[str],
+        data: JSONBody[BranchRestoreRequest],
+    ) -> BranchOperations:
+        """Replace the branch's data with its parent's, another branch's or its own past."""
+        ctx = authorized(request)
+        point = history.parse_point(
+            lsn=data.source_lsn,
+            timestamp=data.source_timestamp,
+            lsn_field="source_lsn",
+            time_field="source_timestamp",
+        )
+        spec = restores.RestoreSpec(
+            source_branch_id=data.source_branch_id,
+            point=point,
+            preserve_under_name=data.preserve_under_name,
+        )
+        bounds = None
+        if point is not None:  # asked of the data plane outside any store transaction
+            async with ctx.store.read() as tx:
+                source = await restores.source_of(
+                    tx,
+                    account_id=ctx.account_id,
+                    project_id=project_id,
+                    branch_id=branch_id,
+                    source_branch_id=data.source_branch_id,
+                )
+                project = await access.live_project(
+                    tx, account_id=ctx.account_id, project_id=project_id
+                )
+            bounds = await ctx.history(
+                project_id=project_id, branch_id=source.id, pg_version=project.pg_version
+            )
+        async with ctx.store.write() as tx:
+            branch, ops = await restores.restore(
+                tx,
+                account_id=ctx.account_id,
+                project_id=project_id,
+                branch_id=branch_id,
+                spec=spec,
+                bounds=bounds,
+            )
+        ctx.notify()
+        return BranchOperations(
+            branch=presenters.branch(branch), operations=presenters.operations(ops)
+        )
 
     @delete(
         "/{branch_id:str}",

@@ -53,6 +53,7 @@ from pgplane.compute.local.timeline import temporary_pgdata
 from pgplane.compute.local.user import RunAs
 from pgplane.compute.local.wal import (
     needed_segments,
+    parse_lsn,
     read_control_data,
     segment_range,
     wal_files,
@@ -93,7 +94,7 @@ async def build_branch(
     try:
         try:
             if running is not None:
-                stats = await _copy_online(running, parent, tmp, label, spares)
+                stats = await copy_online(running, parent, tmp, label, spares)
             else:
                 stats = await _copy_offline(install, run_as, parent, tmp, spares)
             copied = time.perf_counter()
@@ -158,7 +159,7 @@ def check_space(parent: Path, target_dir: Path, reserve: int | None) -> None:
         )
 
 
-async def _copy_online(
+async def copy_online(
     running: PidFile, parent: Path, tmp: Path, label: str, spares: SparePool | None
 ) -> CopyStats:
     if running.socket_dir is None or running.port is None:
@@ -221,6 +222,8 @@ async def _copy_online(
     )
     stats.files += wal.files
     stats.bytes += wal.bytes
+    stats.start_lsn, stats.end_lsn = parse_lsn(start_lsn), parse_lsn(stop_lsn)
+    stats.segment_size = int(segment_size)
     return stats
 
 
@@ -231,9 +234,11 @@ async def _copy_offline(
     # branch's, needs that label and all the WAL the copy put in its pg_wal (nothing else).
     unstarted_copy = (parent / "backup_label").is_file()
     segments, histories = await asyncio.to_thread(wal_files, parent / "pg_wal")
+    end_lsn = 0
     if not unstarted_copy:
         control = await read_control_data(install, run_as, parent)
         segments = needed_segments(control, segments)
+        end_lsn = control.checkpoint
     stats = await _in_thread(
         partial(
             copy_data_dir,
@@ -251,6 +256,7 @@ async def _copy_offline(
     )
     stats.files += wal.files
     stats.bytes += wal.bytes
+    stats.end_lsn = end_lsn
     return stats
 
 

@@ -17,8 +17,15 @@ from pathlib import Path
 from pgplane import failpoints
 from pgplane.compute.driver import ComputeError, ComputeSpec, PortInUse, RunningCompute
 from pgplane.compute.local.binaries import PgInstall
+from pgplane.compute.local.history import (
+    HistoryDirs,
+    archive_settings,
+    prepare_archive,
+    read_retention,
+)
 from pgplane.compute.local.layout import TIMELINE_MARKER, Layout, ensure_dir
 from pgplane.compute.local.pidfile import PidFile, command_line, is_postmaster_of
+from pgplane.compute.local.pitr import switch_wal
 from pgplane.compute.local.postmaster import (
     Postmasters,
     check_settings,
@@ -112,7 +119,8 @@ class Computes:
                 port=INIT_PORT,
                 socket_dir=socket_dir,
                 listen="",
-                settings={},
+                # What the platform writes is history too (roles it changes, say).
+                settings=await self.history_settings(project_id, branch_id, install, run_as),
                 hba_file=self.layout.hba_file,
             )
             log_path = pgdata.parent / "apply_config.log"
@@ -130,7 +138,7 @@ class Computes:
                 await failpoints.reached("offline_postmaster:ready")
                 await action(socket_dir, INIT_PORT)
             finally:
-                await self._postmasters.stop(pgdata)
+                await self.stop_archived(pgdata)
                 await asyncio.to_thread(shutil.rmtree, socket_dir, True)
 
     async def argv(self, spec: ComputeSpec) -> tuple[list[str], RunAs]:
@@ -144,6 +152,7 @@ class Computes:
             )
         check_data_version(pgdata, spec.pg_version)
         install, run_as = await self._install(spec.project_id, spec.pg_version)
+        settings |= await self.history_settings(spec.project_id, spec.branch_id, install, run_as)
         argv = postmaster_argv(
             install,
             pgdata,
@@ -154,6 +163,25 @@ class Computes:
             hba_file=self.layout.hba_file,
         )
         return argv, run_as
+
+    async def history_settings(
+        self, project_id: str, branch_id: str, install: PgInstall, run_as: RunAs
+    ) -> dict[str, str]:
+        """Archiving into the branch's history, unless its project keeps none (see history.py)."""
+        retention = await asyncio.to_thread(read_retention, self.layout.storage_config(project_id))
+        if retention <= 0:
+            return {}
+        dirs = HistoryDirs(self.layout.branch_dir(project_id, branch_id))
+        await asyncio.to_thread(prepare_archive, dirs, run_as)
+        return archive_settings(install.major, dirs.wal)
+
+    async def stop_archived(self, pgdata: Path, *, signalled: str | None = None) -> None:
+        """Stop the postmaster on ``pgdata`` with nothing left unarchived: its current segment
+        is completed first, and Postgres archives every completed one before it exits."""
+        current = self._postmasters.running(pgdata)
+        if current is not None:
+            await switch_wal(current)
+        await self._postmasters.stop(pgdata, signalled=signalled)
 
     async def ensure_running(self, spec: ComputeSpec, argv: list[str], run_as: RunAs) -> None:
         """Start the endpoint's postmaster unless it runs as ``argv``; the caller holds the lock."""

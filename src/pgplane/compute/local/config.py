@@ -21,5 +21,8 @@ class LocalDriverConfig:
     # Free space a branch copy must leave on the disk; None: 5% of it, at most 1 GiB;
     # negative: no check before copying.
     disk_reserve_bytes: int | None = None
+    # A branch's next base state is taken once this much WAL (or its data's size, if more)
+    # was archived since its last one.
+    history_base_bytes: int = 1 << 30
     # Only the bundled wheel's binaries (tests prove the bundled Postgres works on its own).
     bundled_only: bool = False

@@ -93,6 +93,10 @@ class CopyStats:
     dirs: int = 0
     bytes: int = 0
     vanished: list[str] = field(default_factory=list)
+    # Where the copy is consistent (an online copy: its backup's start and end), when known.
+    start_lsn: int = 0
+    end_lsn: int = 0
+    segment_size: int = 0
 
 
 def copy_data_dir(

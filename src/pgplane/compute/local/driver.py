@@ -23,6 +23,8 @@ from pgplane.compute.driver import (
     ComputeSpec,
     ConfigChange,
     DatabaseSpec,
+    HistoryBounds,
+    Point,
     RoleSpec,
     RunningCompute,
 )
@@ -33,6 +35,8 @@ from pgplane.compute.local.computes import Computes
 from pgplane.compute.local.config import LocalDriverConfig
 from pgplane.compute.local.files import remove_tree, sweep_trash, write_atomic
 from pgplane.compute.local.hba import write_hba
+from pgplane.compute.local.history import prune, read_retention, take_offline_base
+from pgplane.compute.local.history_ops import Histories
 from pgplane.compute.local.installs import Installs
 from pgplane.compute.local.layout import TIMELINE_MARKER, Layout, ensure_dir, ensure_private_dir
 from pgplane.compute.local.monitor import check_readable, last_client_activity
@@ -40,7 +44,7 @@ from pgplane.compute.local.postmaster import (
     Postmasters,
 )
 from pgplane.compute.local.spares import SparePool
-from pgplane.compute.local.tenants import Tenants
+from pgplane.compute.local.tenants import Tenants, ids
 from pgplane.compute.local.timeline import (
     build_timeline,
     check_data_version,
@@ -50,6 +54,7 @@ from pgplane.compute.local.timeline import (
 from pgplane.compute.local.user import RunAs, open_traversal
 from pgplane.compute.local.users import ComputeUsers
 from pgplane.compute.local.verifiers import read_verifiers
+from pgplane.core import clock
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +82,15 @@ class LocalComputeDriver:
             locks=self._locks,
             tenants=self._tenants,
             install=self._install,
+        )
+        self._histories = Histories(
+            layout=self.layout,
+            postmasters=self._postmasters,
+            locks=self._locks,
+            computes=self._computes,
+            install=self._install,
+            base_bytes=config.history_base_bytes,
+            disk_reserve_bytes=config.disk_reserve_bytes,
         )
         self._prepared = False
         self._spares = SparePool(self.layout.spares)
@@ -141,10 +155,21 @@ class LocalComputeDriver:
                 roles=roles,
                 databases=databases,
             )
+            # The root branch's history starts with it: its first base state is the fresh
+            # cluster itself (small, and nothing runs on it yet).
+            dirs = self._histories.dirs(project_id, branch_id)
+            if await asyncio.to_thread(read_retention, self.layout.storage_config(project_id)):
+                await take_offline_base(install, run_as, dirs)
 
     async def create_branch(
-        self, *, project_id: str, parent_branch_id: str, branch_id: str, pg_version: int
-    ) -> None:
+        self,
+        *,
+        project_id: str,
+        parent_branch_id: str,
+        branch_id: str,
+        pg_version: int,
+        point: Point | None = None,
+    ) -> int | None:
         parent = self.layout.pgdata(project_id, parent_branch_id)
         pgdata = self.layout.pgdata(project_id, branch_id)
         self.installation(pg_version)
@@ -152,33 +177,99 @@ class LocalComputeDriver:
             raise ComputeError(f"branch {branch_id} cannot be its own parent")
         async with self._locks["timeline", pgdata]:
             if completed(pgdata, pg_version):
-                return
-            if not (parent / TIMELINE_MARKER).is_file():
-                raise ComputeError(
-                    f"parent branch {parent_branch_id} of project {project_id} has no data"
-                )
-            check_data_version(parent, pg_version)
-            install, run_as = await self._install(project_id, pg_version, make_dir=True)
-            await asyncio.to_thread(ensure_dir, pgdata.parent)
-            # Held for the whole copy: a stopped parent cannot start under it, nor a running one
-            # stop (its session holds the backup).
-            async with self._locks["postmaster", parent]:
-                if self._postmasters.running(parent) is None:
-                    await self._tenants.claim(parent, run_as)  # pg_controldata reads it as run_as
-                stats = await build_branch(
-                    install=install,
-                    run_as=run_as,
-                    postmasters=self._postmasters,
-                    parent=parent,
-                    pgdata=pgdata,
-                    label=f"pgplane branch {project_id}/{branch_id}",
-                    spares=self._spares,
-                    disk_reserve_bytes=self._config.disk_reserve_bytes,
-                )
+                return None
+            lsn = await self._build_copy(project_id, parent_branch_id, pgdata, pg_version, point)
+        self._histories.soon(project_id, branch_id)
+        return lsn
+
+    async def _build_copy(
+        self,
+        project_id: str,
+        source_id: str,
+        pgdata: Path,
+        pg_version: int,
+        point: Point | None,
+    ) -> int | None:
+        """Build ``pgdata`` as the source's data at its head or ``point``; under its lock."""
+        parent = self.layout.pgdata(project_id, source_id)
+        if not (parent / TIMELINE_MARKER).is_file():
+            raise ComputeError(f"branch {source_id} of project {project_id} has no data")
+        check_data_version(parent, pg_version)
+        install, run_as = await self._install(project_id, pg_version, make_dir=True)
+        await asyncio.to_thread(ensure_dir, pgdata.parent)
+        if point is not None:
+            return await self._histories.build_at(
+                project_id=project_id,
+                source_id=source_id,
+                pgdata=pgdata,
+                pg_version=pg_version,
+                point=point,
+            )
+        # Held for the whole copy: a stopped parent cannot start under it, nor a running one
+        # stop (its session holds the backup).
+        async with self._locks["postmaster", parent]:
+            if self._postmasters.running(parent) is None:
+                await self._tenants.claim(parent, run_as)  # pg_controldata reads it as run_as
+            stats = await build_branch(
+                install=install,
+                run_as=run_as,
+                postmasters=self._postmasters,
+                parent=parent,
+                pgdata=pgdata,
+                label=f"pgplane branch {project_id}/{pgdata.parent.name}",
+                spares=self._spares,
+                disk_reserve_bytes=self._config.disk_reserve_bytes,
+            )
         # Spares for the next two branches of this parent (branches often come in a burst: a
         # preview per pull request), made while nobody waits for them.
         self._spares.want(2 * stats.files, 2 * stats.dirs)
         self._refill_spares()
+        return stats.end_lsn or None
+
+    async def restore_branch(
+        self,
+        *,
+        project_id: str,
+        branch_id: str,
+        source_branch_id: str,
+        pg_version: int,
+        point: Point | None,
+        preserve_branch_id: str | None,
+        restore_id: str,
+    ) -> int | None:
+        pgdata = self.layout.pgdata(project_id, branch_id)
+        staged = pgdata.with_name("pgdata.restored")
+        self.installation(pg_version)
+        async with self._locks["timeline", pgdata]:
+            done, lsn = self._histories.restored(project_id, branch_id, restore_id)
+            if done:
+                return lsn
+            if not completed(staged, pg_version):
+                # Built beside the branch's data, which serves on until the swap.
+                lsn = await self._build_copy(
+                    project_id, source_branch_id, staged, pg_version, point
+                )
+            await failpoints.reached("restore_branch:built")
+            await self._histories.swap_in(
+                project_id=project_id,
+                branch_id=branch_id,
+                staged=staged,
+                preserve_branch_id=preserve_branch_id,
+                restore_id=restore_id,
+                lsn=lsn,
+            )
+        self._histories.soon(project_id, branch_id)
+        return lsn
+
+    async def history_bounds(
+        self, *, project_id: str, branch_id: str, pg_version: int
+    ) -> HistoryBounds:
+        self.installation(pg_version)
+        return await self._histories.bounds(project_id, branch_id, pg_version)
+
+    async def keep_history(self) -> None:
+        await self._prepare()
+        await self._histories.keep()
 
     def _refill_spares(self) -> None:
         if self._refilling is not None and not self._refilling.done():
@@ -266,7 +357,7 @@ class LocalComputeDriver:
         pgdata = self.layout.pgdata(project_id, branch_id)
         socket_dir = self.layout.socket_dir(endpoint_id)
         async with self._locks["postmaster", pgdata]:
-            await self._postmasters.stop(pgdata, signalled="stop_compute:signalled")
+            await self._computes.stop_archived(pgdata, signalled="stop_compute:signalled")
         await asyncio.to_thread(shutil.rmtree, socket_dir, True)
 
     async def is_compute_running(
@@ -288,6 +379,12 @@ class LocalComputeDriver:
         await self._tenants.make_dir(project_id)
         data = json.dumps({"history_retention_seconds": history_retention_seconds}).encode()
         await asyncio.to_thread(write_atomic, path, data)
+        # A shorter window frees at once; a longer one keeps more from now on. Archiving turns
+        # on or off (0) at each compute's next start.
+        for branch_id in ids(self.layout.project_dir(project_id) / "branches"):
+            dirs = self._histories.dirs(project_id, branch_id)
+            async with self._locks["history", dirs.branch_dir]:
+                await asyncio.to_thread(prune, dirs, history_retention_seconds, clock.now_us())
 
     async def detach_tenant(self, *, project_id: str) -> None:
         await self._prepare()
@@ -306,6 +403,7 @@ class LocalComputeDriver:
 
     async def close(self) -> None:
         # The postmasters keep running: they outlive the platform process by design.
+        await self._histories.close()
         self._postmasters.forget()
         self._spares.stop()
         if self._refilling is not None:

@@ -181,10 +181,12 @@ class Postmasters:
         run_as: RunAs,
         log_path: Path,
         spawned: str | None = None,
+        ready_timeout: float = READY_TIMEOUT,
     ) -> None:
         """Spawn the postmaster and return once it accepts a real client startup.
 
         ``spawned``: the failpoint reached once the process exists, before it is ready.
+        ``ready_timeout``: how long it may take (a recovery replays WAL first).
         """
         env = postgres_env()
         stale = read_pid_file(pgdata)
@@ -203,7 +205,11 @@ class Postmasters:
             if spawned is not None:
                 await failpoints.reached(spawned)
             await wait_ready(
-                socket_dir, port, alive=lambda: child.poll() is None, log_path=log_path
+                socket_dir,
+                port,
+                alive=lambda: child.poll() is None,
+                log_path=log_path,
+                time_limit=ready_timeout,
             )
         except BaseException:
             # Leave nothing half started, whatever interrupted us (a timeout, a cancellation).

@@ -140,8 +140,10 @@ class Tenants:
         project_dir_for(self._layout.project_dir(project_id), run_as)
         for branch_id in ids(self._layout.project_dir(project_id) / "branches"):
             pgdata = self._layout.pgdata(project_id, branch_id)
-            if pgdata.is_dir() and not owned_by(pgdata, run_as):
-                hand_over(pgdata, {os.geteuid()}, run_as)
+            # The archive of its history too: its postmasters write it.
+            for tree in (pgdata, pgdata.with_name("wal")):
+                if tree.is_dir() and not owned_by(tree, run_as):
+                    hand_over(tree, {os.geteuid()}, run_as)
 
     def state(self, project_id: str) -> str:
         hot = self._layout.project_dir(project_id).exists()

@@ -10,7 +10,7 @@ from pgplane.store.sqlite.common import Statements, _taken
 
 _BRANCH_COLUMNS = (
     "id, project_id, parent_id, name, is_default, protected, current_state, pending_state,"
-    " state_changed_at, created_at, updated_at"
+    " state_changed_at, created_at, updated_at, parent_lsn, parent_timestamp, last_reset_at"
 )
 
 
@@ -27,6 +27,9 @@ def _branch(r: Sequence[Any]) -> Branch:
         state_changed_at=r[8],
         created_at=r[9],
         updated_at=r[10],
+        parent_lsn=r[11],
+        parent_timestamp=r[12],
+        last_reset_at=r[13],
     )
 
 
@@ -36,7 +39,7 @@ class BranchesMixin(Statements):
     async def insert_branch(self, branch: Branch) -> None:
         b = branch
         self._write(
-            f"INSERT INTO branches ({_BRANCH_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            f"INSERT INTO branches ({_BRANCH_COLUMNS}) VALUES ({', '.join('?' * 14)})",
             (
                 b.id,
                 b.project_id,
@@ -49,6 +52,9 @@ class BranchesMixin(Statements):
                 b.state_changed_at,
                 b.created_at,
                 b.updated_at,
+                b.parent_lsn,
+                b.parent_timestamp,
+                b.last_reset_at,
             ),
             _taken("branch", b.name),
         )
@@ -72,9 +78,24 @@ class BranchesMixin(Statements):
     async def update_branch(self, branch: Branch) -> None:
         b = branch
         self._write(
-            "UPDATE branches SET name = ?, protected = ?, is_default = ?, updated_at = ?"
+            "UPDATE branches SET name = ?, protected = ?, is_default = ?, updated_at = ?,"
+            " parent_id = ?, parent_lsn = ?, parent_timestamp = ?, last_reset_at = ?,"
+            " current_state = ?, pending_state = ?, state_changed_at = ?"
             " WHERE id = ? AND deleted_at IS NULL",
-            (b.name, int(b.protected), int(b.default), b.updated_at, b.id),
+            (
+                b.name,
+                int(b.protected),
+                int(b.default),
+                b.updated_at,
+                b.parent_id,
+                b.parent_lsn,
+                b.parent_timestamp,
+                b.last_reset_at,
+                b.current_state,
+                b.pending_state,
+                b.state_changed_at,
+                b.id,
+            ),
             _taken("branch", b.name),
         )
 

@@ -16,7 +16,7 @@ _NEVER = 1 << 62  # a cursor later than any timestamp: "from the newest"
 _OP_COLUMNS = (
     "id, project_id, branch_id, endpoint_id, action, status, failures_count, error, retry_at,"
     " created_at, updated_at, total_duration_ms, lease_owner, lease_expires_at, attempt_started_at,"
-    " source_branch_id"
+    " source_branch_id, point_lsn, point_time, preserve_branch_id"
 )
 # The operations pages are the hottest queries: their text is built once, and they leave out the
 # engine's lease bookkeeping (every column read costs, and clients never see those).
@@ -38,12 +38,12 @@ _ACTIONS = {a.value: a for a in Action}
 _STATUSES = {s.value: s for s in Status}
 
 
-_NO_LEASE = (None, None, None, None)
+_NO_LEASE = (None, None, None, None, None, None, None)
 
 
 def _operation(r: Sequence[Any]) -> Operation:
     """A row of ``_OP_COLUMNS``, or of ``_OP_PAGE_COLUMNS`` (without the lease)."""
-    lease_owner, lease_expires_at, attempt_started_at, source_branch_id = (
+    lease_owner, lease_expires_at, attempt_started_at, source_branch_id, *point = (
         r[12:] if len(r) > 12 else _NO_LEASE
     )
     return Operation(
@@ -63,6 +63,9 @@ def _operation(r: Sequence[Any]) -> Operation:
         lease_expires_at=lease_expires_at,
         attempt_started_at=attempt_started_at,
         source_branch_id=source_branch_id,
+        point_lsn=point[0],
+        point_time=point[1],
+        preserve_branch_id=point[2],
     )
 
 
@@ -86,7 +89,7 @@ class OperationsMixin(Statements):
                 op = msgspec.structs.replace(given, created_at=created, updated_at=created)
             self._c.execute(
                 f"INSERT INTO operations ({_OP_COLUMNS})"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     op.id,
                     op.project_id,
@@ -104,6 +107,9 @@ class OperationsMixin(Statements):
                     op.lease_expires_at,
                     op.attempt_started_at,
                     op.source_branch_id,
+                    op.point_lsn,
+                    op.point_time,
+                    op.preserve_branch_id,
                 ),
             )
             stored.append(op)

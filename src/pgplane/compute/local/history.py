@@ -1,0 +1,397 @@
+"""A branch's history: its WAL, archived as its computes write it, and base states to replay from.
+
+::
+
+    branches/<branch_id>/wal/                 every WAL segment (and timeline history file) the
+                                              branch's postmasters completed: Postgres' own
+                                              basic_archive writes them (durably, by rename),
+                                              as the project's user, 0700
+    branches/<branch_id>/base/<end lsn>/      one base state: ``pgdata/`` (a copy of the data
+                                              directory, consistent at ``end lsn`` once its own
+                                              WAL is replayed) and ``base.json`` (its LSNs, when
+                                              it was taken, the sha256 of every file), written
+                                              last: a base without it is incomplete. root's
+    branches/<branch_id>/base/wal.json        the sha256 of each archived segment, taken as the
+                                              keeper first sees it
+
+A base state is what a point-in-time rebuild starts from: the newest one whose end is at or
+before the point, then the archived WAL replayed to the point (``pitr``). The branch's first one
+is taken as soon as the branch exists, the next ones when the WAL archived since the newest
+outgrows the data (so replay never takes much longer than a copy), and the window of the
+project's ``history_retention_seconds`` decides what is freed: every base older than the newest
+one at or before the window's start, and the WAL before it. Base states are root's, out of the
+tenant's reach (the archive is the compute user's: its postmasters write it).
+
+A base is taken online from a running compute (the branch copy's online backup, :mod:`.branch`)
+or, when none runs, as files, without a lock, so that a wake never waits for it: the control
+file is read before and after, and a copy during which a postmaster ran on the data (a new
+checkpoint, or a pid file) is thrown away and taken again later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from pgplane.compute.driver import ComputeError
+from pgplane.compute.local.binaries import PgInstall
+from pgplane.compute.local.datacopy import copy_data_dir, copy_files
+from pgplane.compute.local.files import fsync_dir, sync_tree, write_atomic
+from pgplane.compute.local.layout import ensure_dir
+from pgplane.compute.local.pidfile import read_pid_file
+from pgplane.compute.local.user import RunAs
+from pgplane.compute.local.wal import (
+    needed_segments,
+    parse_segment,
+    read_control_data,
+    wal_files,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RETENTION = 86400  # Neon's default: a project without storage settings keeps a day
+BASE_STATE = "base.json"
+WAL_SUMS = "wal.json"
+_HASH_CHUNK = 1 << 20
+_FORMAT = 1
+_PG15 = 15
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryDirs:
+    """Where one branch keeps its history."""
+
+    branch_dir: Path
+
+    @property
+    def wal(self) -> Path:
+        return self.branch_dir / "wal"
+
+    @property
+    def bases(self) -> Path:
+        return self.branch_dir / "base"
+
+    @property
+    def pgdata(self) -> Path:
+        return self.branch_dir / "pgdata"
+
+
+@dataclass(frozen=True, slots=True)
+class Base:
+    """A base state: its data is consistent at ``end_lsn`` (reached at ``end_time``, epoch us)."""
+
+    path: Path
+    start_lsn: int
+    end_lsn: int
+    end_time: int
+    segment_size: int
+    files: dict[str, str]
+    bytes: int = 0
+
+    @property
+    def pgdata(self) -> Path:
+        return self.path / "pgdata"
+
+
+def archive_settings(major: int, wal_dir: Path) -> dict[str, str]:
+    """A postmaster's settings to archive every completed segment into ``wal_dir``."""
+    if major >= _PG15:
+        # In the archiver process itself: no shell, no process per segment; it fsyncs the copy
+        # and renames it into place, and accepts a segment archived already with equal bytes.
+        return {
+            "archive_mode": "on",
+            "archive_library": "basic_archive",
+            "basic_archive.archive_directory": str(wal_dir),
+        }
+    target = _percent_escaped(str(wal_dir))
+    return {
+        "archive_mode": "on",
+        "archive_command": f"test ! -f '{target}/%f' && cp '%p' '{target}/%f'",
+    }
+
+
+def restore_command(wal_dir: Path) -> str:
+    """What a recovering postmaster runs to fetch a segment (a missing one ends the replay)."""
+    return f"cp '{_percent_escaped(str(wal_dir))}/%f' '%p'"
+
+
+def _percent_escaped(path: str) -> str:
+    if "'" in path:
+        raise ComputeError(f"the data directory path {path!r} cannot hold a quote")
+    return path.replace("%", "%%")
+
+
+def read_retention(storage_config: Path) -> int:
+    """The project's history window (seconds), as ``apply_storage_config`` recorded it."""
+    try:
+        data = json.loads(storage_config.read_bytes())
+        return int(data["history_retention_seconds"])
+    except FileNotFoundError:
+        return DEFAULT_RETENTION
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ComputeError(f"{storage_config} is unreadable: {exc}") from None
+
+
+def prepare_archive(dirs: HistoryDirs, run_as: RunAs) -> None:
+    """The archive directory, the compute user's (its postmasters write it)."""
+    if not dirs.wal.is_dir():
+        dirs.wal.mkdir(mode=0o700)
+        run_as.chown(dirs.wal)
+    ensure_dir(dirs.bases, 0o700)
+
+
+def list_bases(dirs: HistoryDirs) -> list[Base]:
+    """The complete base states, oldest first."""
+    if not dirs.bases.is_dir():
+        return []
+    found = []
+    for entry in dirs.bases.iterdir():
+        state = entry / BASE_STATE
+        if not entry.is_dir() or not state.is_file():
+            continue
+        data = json.loads(state.read_bytes())
+        found.append(
+            Base(
+                path=entry,
+                start_lsn=data["start_lsn"],
+                end_lsn=data["end_lsn"],
+                end_time=data["end_time"],
+                segment_size=data["segment_size"],
+                files=data["files"],
+                bytes=data.get("bytes", 0),
+            )
+        )
+    return sorted(found, key=lambda b: b.end_lsn)
+
+
+def archived_segments(dirs: HistoryDirs, segment_size: int) -> list[tuple[int, int, str]]:
+    """(timeline, segment number, name) of every archived segment, in order."""
+    if not dirs.wal.is_dir():
+        return []
+    segments, _ = wal_files(dirs.wal)
+    return sorted((*parse_segment(n, segment_size), n) for n in segments)
+
+
+def archived_bytes_since(dirs: HistoryDirs, base: Base) -> int:
+    """The WAL archived after ``base``: what a rebuild from it would replay at most."""
+    first = base.end_lsn // base.segment_size
+    return sum(
+        base.segment_size
+        for _, segno, _ in archived_segments(dirs, base.segment_size)
+        if segno > first
+    )
+
+
+def history_bytes(dirs: HistoryDirs) -> int:
+    """Bytes the branch's history takes on disk."""
+    total = 0
+    for top in (dirs.wal, dirs.bases):
+        for root, _, names in os.walk(top):
+            for name in names:
+                with contextlib.suppress(FileNotFoundError):
+                    total += os.lstat(os.path.join(root, name)).st_blocks * 512
+    return total
+
+
+async def take_offline_base(
+    install: PgInstall, run_as: RunAs, dirs: HistoryDirs, *, source: Path | None = None
+) -> Base | None:
+    """A base state copied from the stopped data at ``source`` (the branch's own by default).
+
+    None when the data is not cleanly shut down (a copy never started, or a postmaster that
+    died: replayed at its next start, after which a base is taken online) or when a postmaster
+    ran on it during the copy.
+    """
+    pgdata = source or dirs.pgdata
+    before = await read_control_data(install, run_as, pgdata)
+    if not before.shut_down or read_pid_file(pgdata) is not None:
+        return None
+    shut_down_at = (await asyncio.to_thread(os.stat, pgdata / "global" / "pg_control")).st_mtime
+    tmp = _fresh_tmp(dirs)
+    try:
+        segments, histories = await asyncio.to_thread(wal_files, pgdata / "pg_wal")
+        wanted = [*needed_segments(before, segments), *histories]
+        await asyncio.to_thread(_copy_stopped, pgdata, tmp / "pgdata", wanted)
+        after = await read_control_data(install, run_as, pgdata)
+        if after != before or read_pid_file(pgdata) is not None:
+            log.info("a postmaster ran on %s while its base state was copied: taken later", pgdata)
+            await asyncio.to_thread(shutil.rmtree, tmp, True)
+            return None
+        return await asyncio.to_thread(
+            publish_base,
+            dirs,
+            tmp,
+            start_lsn=before.redo,
+            end_lsn=before.checkpoint,
+            end_time=int(shut_down_at * 1_000_000),
+            segment_size=before.segment_size,
+        )
+    except BaseException:
+        await asyncio.shield(asyncio.to_thread(shutil.rmtree, tmp, True))
+        raise
+
+
+def _copy_stopped(pgdata: Path, dst: Path, wal: list[str]) -> None:
+    # online=True: files a tenant's stray process removes meanwhile are skipped, not fatal
+    # (the before/after check throws such a copy away anyway).
+    never = threading.Event()
+    copy_data_dir(pgdata, dst, online=True, keep_backup_label=False, cancel=never)
+    copy_files(pgdata / "pg_wal", dst / "pg_wal", wal, cancel=never)
+
+
+def new_base_dir(dirs: HistoryDirs) -> Path:
+    """An empty temporary directory for a base state being taken (its data goes in pgdata/)."""
+    return _fresh_tmp(dirs)
+
+
+def _fresh_tmp(dirs: HistoryDirs) -> Path:
+    ensure_dir(dirs.bases, 0o700)
+    tmp = dirs.bases / f".tmp-{os.urandom(4).hex()}"
+    tmp.mkdir(mode=0o700)
+    return tmp
+
+
+def publish_base(
+    dirs: HistoryDirs,
+    tmp: Path,
+    *,
+    start_lsn: int,
+    end_lsn: int,
+    end_time: int,
+    segment_size: int,
+) -> Base:
+    """Checksum the copy in ``tmp``, make it durable and rename it into place."""
+    files = dict(_checksums(tmp / "pgdata"))
+    size = sum(os.lstat(tmp / "pgdata" / rel).st_size for rel in files)
+    data = {
+        "format": _FORMAT,
+        "start_lsn": start_lsn,
+        "end_lsn": end_lsn,
+        "end_time": end_time,
+        "segment_size": segment_size,
+        "taken_at": int(time.time() * 1_000_000),
+        "bytes": size,
+        "files": files,
+    }
+    write_atomic(tmp / BASE_STATE, json.dumps(data).encode())
+    sync_tree(tmp)
+    final = dirs.bases / f"{end_lsn:016X}"
+    if final.exists():  # the same state taken twice (a retry): keep the first
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+        fsync_dir(dirs.bases)
+    log.info("base state of %s at %X taken (%d files)", dirs.branch_dir.name, end_lsn, len(files))
+    return Base(final, start_lsn, end_lsn, end_time, segment_size, files, size)
+
+
+def _checksums(root: Path) -> Iterator[tuple[str, str]]:
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(dirpath, name)
+            yield os.path.relpath(path, root), file_sha256(path)
+
+
+def file_sha256(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify_base(base: Base) -> None:
+    """Every file of the base state as it was taken, else ComputeError naming the first not."""
+    for rel, expected in base.files.items():
+        path = base.pgdata / rel
+        try:
+            actual = file_sha256(path)
+        except OSError as exc:
+            raise ComputeError(f"base state {base.path.name}: {rel} unreadable: {exc}") from exc
+        if actual != expected:
+            raise ComputeError(f"base state {base.path.name}: {rel} does not match its checksum")
+
+
+def catalog_wal(dirs: HistoryDirs) -> dict[str, str]:
+    """The sha256 of every archived segment: recorded when first seen, kept in ``wal.json``."""
+    path = dirs.bases / WAL_SUMS
+    try:
+        sums: dict[str, str] = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        sums = {}
+    present = set(os.listdir(dirs.wal)) if dirs.wal.is_dir() else set()
+    fresh = {n for n in present - sums.keys() if not n.startswith(".")}
+    for name in sorted(fresh):
+        with contextlib.suppress(FileNotFoundError):
+            sums[name] = file_sha256(dirs.wal / name)
+    gone = sums.keys() - present
+    for name in gone:
+        del sums[name]
+    if fresh or gone:
+        ensure_dir(dirs.bases, 0o700)
+        write_atomic(path, json.dumps(sums, sort_keys=True).encode())
+    return sums
+
+
+def _prune_wal(dirs: HistoryDirs, keep: list[Base]) -> None:
+    """The archived WAL before the oldest base state kept (all of it when none is)."""
+    if not dirs.wal.is_dir():
+        return
+    if not keep:
+        for entry in dirs.wal.iterdir():
+            entry.unlink(missing_ok=True)
+        return
+    size = keep[0].segment_size
+    oldest = keep[0].start_lsn // size
+    for _, segno, name in archived_segments(dirs, size):
+        if segno < oldest:
+            (dirs.wal / name).unlink(missing_ok=True)
+
+
+def verify_wal(dirs: HistoryDirs, names: list[str]) -> None:
+    """The archived segments ``names`` as they were first seen (the catalog taken first)."""
+    sums = catalog_wal(dirs)
+    for name in names:
+        expected = sums.get(name)
+        if expected is None:
+            raise ComputeError(f"archived WAL segment {name} is missing")
+        if file_sha256(dirs.wal / name) != expected:
+            raise ComputeError(f"archived WAL segment {name} does not match its checksum")
+
+
+def prune(dirs: HistoryDirs, retention_seconds: int, now_us: int) -> int:
+    """Free what the window no longer needs; the bytes freed.
+
+    Kept: every base state that ended inside the window, the newest one that ended before it
+    (points early in the window replay from it), and the WAL from the oldest kept base on.
+    A window of 0 keeps nothing.
+    """
+    before = history_bytes(dirs)
+    bases = list_bases(dirs)
+    window_start = now_us - retention_seconds * 1_000_000
+    if retention_seconds <= 0:
+        keep: list[Base] = []
+    else:
+        inside = [b for b in bases if b.end_time > window_start]
+        anchor = [b for b in bases if b.end_time <= window_start][-1:]
+        keep = anchor + inside
+    kept = {b.path for b in keep}
+    for b in bases:
+        if b.path not in kept:
+            shutil.rmtree(b.path, ignore_errors=True)
+    if dirs.bases.is_dir():
+        for entry in dirs.bases.iterdir():  # copies a crash left unfinished
+            if entry.name.startswith(".tmp-"):
+                shutil.rmtree(entry, ignore_errors=True)
+    _prune_wal(dirs, keep)
+    return max(0, before - history_bytes(dirs))

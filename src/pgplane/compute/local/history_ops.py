@@ -1,0 +1,296 @@
+"""The history half of the local driver: branches at a point, restores, bounds, and the keeper.
+
+Locks (the driver's, by key): ``("history", branch_dir)`` while a branch's base states or
+archive are read or changed (a rebuild from them, the keeper, a restore moving them);
+``("timeline", pgdata)`` while a branch's data is built or replaced; ``("postmaster", pgdata)``
+while a postmaster is started or stopped on it, or an online backup runs on it. The keeper skips
+a project whose ``("tenant", id)`` lock is held (a detach or reattach moves its whole tree).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import psycopg
+
+from pgplane.compute.driver import ComputeError, HistoryBounds, Point
+from pgplane.compute.local.binaries import PgInstall
+from pgplane.compute.local.branch import check_space, copy_online
+from pgplane.compute.local.computes import Computes
+from pgplane.compute.local.files import fsync_dir, remove_tree, write_atomic
+from pgplane.compute.local.history import (
+    HistoryDirs,
+    archived_bytes_since,
+    catalog_wal,
+    list_bases,
+    new_base_dir,
+    prepare_archive,
+    prune,
+    publish_base,
+    read_retention,
+    take_offline_base,
+)
+from pgplane.compute.local.layout import TIMELINE_MARKER, Layout
+from pgplane.compute.local.pitr import choose_base, describe, flush_archive, rebuild
+from pgplane.compute.local.postmaster import Postmasters
+from pgplane.compute.local.sessions import MONITOR_USER, connect, conninfo
+from pgplane.compute.local.tenants import ids
+from pgplane.compute.local.timeline import temporary_pgdata
+from pgplane.compute.local.user import RunAs
+from pgplane.compute.local.wal import parse_lsn, read_control_data
+from pgplane.core import clock
+
+log = logging.getLogger(__name__)
+
+InstallFor = Callable[..., Awaitable[tuple[PgInstall, RunAs]]]
+RESTORED_MARKER = "restored"
+_BOUNDS_TIMEOUT = 10.0
+
+
+class Histories:
+    def __init__(
+        self,
+        *,
+        layout: Layout,
+        postmasters: Postmasters,
+        locks: defaultdict[tuple[object, ...], asyncio.Lock],
+        computes: Computes,
+        install: InstallFor,
+        base_bytes: int,
+        disk_reserve_bytes: int | None,
+    ) -> None:
+        self.layout = layout
+        self._postmasters = postmasters
+        self._locks = locks
+        self._computes = computes
+        self._install = install
+        self._base_bytes = base_bytes
+        self._reserve = disk_reserve_bytes
+        self._soon: set[asyncio.Task[None]] = set()
+
+    def dirs(self, project_id: str, branch_id: str) -> HistoryDirs:
+        return HistoryDirs(self.layout.branch_dir(project_id, branch_id))
+
+    async def build_at(
+        self, *, project_id: str, source_id: str, pgdata: Path, pg_version: int, point: Point
+    ) -> int:
+        """Build ``pgdata`` (published complete) as the source's data at ``point``; the caller
+        holds its timeline lock. The LSN its new timeline starts at."""
+        install, run_as = await self._install(project_id, pg_version, make_dir=True)
+        source = self.dirs(project_id, source_id)
+        tmp = temporary_pgdata(pgdata)
+        await self._postmasters.stop(tmp)
+        await asyncio.to_thread(shutil.rmtree, tmp, True)
+        async with self._locks["history", source.branch_dir]:
+            await self._flush(source)
+            base = choose_base(await asyncio.to_thread(list_bases, source), point)
+            if base is None:
+                raise ComputeError(
+                    f"branch {source_id} has no history at {describe(point)}: its history starts"
+                    " later, or was freed"
+                )
+            if self._reserve is None or self._reserve >= 0:
+                await asyncio.to_thread(check_space, base.pgdata, pgdata.parent, self._reserve)
+            socket_dir = self.layout.init_socket_dir(project_id, pgdata.parent.name)
+            try:
+                lsn = await rebuild(
+                    install=install,
+                    run_as=run_as,
+                    postmasters=self._postmasters,
+                    source=source,
+                    base=base,
+                    tmp=tmp,
+                    socket_dir=socket_dir,
+                    hba_file=self.layout.hba_file,
+                    point=point,
+                )
+            except BaseException:
+                await asyncio.shield(self._discard(tmp))
+                raise
+        marker = tmp / TIMELINE_MARKER
+        await asyncio.to_thread(write_atomic, marker, b"")
+        run_as.chown(marker)
+        os.replace(tmp, pgdata)
+        await asyncio.to_thread(fsync_dir, pgdata.parent)
+        return lsn
+
+    async def _discard(self, tmp: Path) -> None:
+        await self._postmasters.stop(tmp)
+        await asyncio.to_thread(shutil.rmtree, tmp, True)
+
+    async def _flush(self, dirs: HistoryDirs) -> None:
+        """Everything the branch wrote up to now in its archive."""
+        running = self._postmasters.running(dirs.pgdata)
+        if running is not None:
+            await flush_archive(running, dirs)
+            return
+        status = dirs.pgdata / "pg_wal" / "archive_status"
+        pending = [n for n in os.listdir(status) if n.endswith(".ready")] if status.is_dir() else []
+        if pending:
+            raise ComputeError(
+                f"the stopped compute left {len(pending)} WAL segments unarchived; its log says"
+                " why (they are archived at its next start)"
+            )
+
+    async def swap_in(
+        self,
+        *,
+        project_id: str,
+        branch_id: str,
+        staged: Path,
+        preserve_branch_id: str | None,
+        restore_id: str,
+        lsn: int | None,
+    ) -> None:
+        """Put the complete ``staged`` data in the branch's place; the old data, archive and base
+        states become the preserved branch's, or are removed. Each step is a rename done only
+        when its source is still there, so a retry after a crash finishes the swap."""
+        dirs = self.dirs(project_id, branch_id)
+        async with self._locks["history", dirs.branch_dir]:
+            for data_dir in (dirs.pgdata, temporary_pgdata(dirs.pgdata)):
+                async with self._locks["postmaster", data_dir]:
+                    await self._computes.stop_archived(data_dir)
+            old = (dirs.pgdata, dirs.wal, dirs.bases)
+            if preserve_branch_id is not None:
+                keep = self.dirs(project_id, preserve_branch_id)
+                await asyncio.to_thread(keep.branch_dir.mkdir, mode=0o711, exist_ok=True)
+                for src, dst in zip(old, (keep.pgdata, keep.wal, keep.bases), strict=True):
+                    if src.exists() and not dst.exists():
+                        os.replace(src, dst)
+                await asyncio.to_thread(fsync_dir, keep.branch_dir)
+            else:
+                for src in old:
+                    await remove_tree(src)
+            os.replace(staged, dirs.pgdata)
+            record = f"{restore_id} {'' if lsn is None else lsn}".encode()
+            await asyncio.to_thread(write_atomic, dirs.branch_dir / RESTORED_MARKER, record)
+
+    def restored(self, project_id: str, branch_id: str, restore_id: str) -> tuple[bool, int | None]:
+        """Whether restore ``restore_id`` swapped its data in already, and its LSN."""
+        path = self.layout.branch_dir(project_id, branch_id) / RESTORED_MARKER
+        try:
+            done_id, _, lsn = path.read_text().partition(" ")
+        except FileNotFoundError:
+            return False, None
+        if done_id != restore_id:
+            return False, None
+        return True, int(lsn) if lsn.strip() else None
+
+    async def bounds(self, project_id: str, branch_id: str, pg_version: int) -> HistoryBounds:
+        dirs = self.dirs(project_id, branch_id)
+        if not (dirs.pgdata / TIMELINE_MARKER).is_file():
+            return HistoryBounds()  # detached, or not built yet: nothing known
+        bases = await asyncio.to_thread(list_bases, dirs)
+        first = bases[0] if bases else None
+        return HistoryBounds(
+            start_lsn=first.end_lsn if first else None,
+            start_time_us=first.end_time if first else None,
+            head_lsn=await self._head(project_id, dirs, pg_version),
+        )
+
+    async def _head(self, project_id: str, dirs: HistoryDirs, pg_version: int) -> int | None:
+        running = self._postmasters.running(dirs.pgdata)
+        if running is not None and running.socket_dir and running.port:
+            info = conninfo(Path(running.socket_dir), running.port, user=MONITOR_USER)
+            try:
+                async with asyncio.timeout(_BOUNDS_TIMEOUT):
+                    conn = await connect(info)
+                    async with conn:
+                        cur = await conn.execute("SELECT pg_catalog.pg_current_wal_insert_lsn()")
+                        row = await cur.fetchone()
+            except (psycopg.Error, TimeoutError, OSError):
+                return None
+            return parse_lsn(str(row[0])) if row else None
+        if (dirs.pgdata / "backup_label").is_file():
+            return None  # a copy never started: its end is only known once replayed
+        install, run_as = await self._install(project_id, pg_version)
+        try:
+            control = await read_control_data(install, run_as, dirs.pgdata)
+        except ComputeError:
+            return None
+        return control.checkpoint
+
+    def soon(self, project_id: str, branch_id: str) -> None:
+        """Take the branch's first base state now, in the background (a new or restored branch
+        has none, and its history starts with it)."""
+        task = asyncio.create_task(self._keep_logged(project_id, branch_id))
+        self._soon.add(task)
+        task.add_done_callback(self._soon.discard)
+
+    async def close(self) -> None:
+        for task in list(self._soon):
+            task.cancel()
+        for task in list(self._soon):
+            with contextlib.suppress(BaseException):
+                await task
+
+    async def keep(self) -> None:
+        for project_id in ids(self.layout.projects):
+            if self._locks["tenant", project_id].locked():
+                continue  # being detached or reattached: its tree is moving
+            for branch_id in ids(self.layout.project_dir(project_id) / "branches"):
+                await self._keep_logged(project_id, branch_id)
+
+    async def _keep_logged(self, project_id: str, branch_id: str) -> None:
+        try:
+            await self._keep(project_id, branch_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # one branch's trouble must not stop the others'
+            log.warning("history of %s/%s: %s", project_id, branch_id, exc)
+
+    async def _keep(self, project_id: str, branch_id: str) -> None:
+        dirs = self.dirs(project_id, branch_id)
+        if not (dirs.pgdata / TIMELINE_MARKER).is_file():
+            return
+        retention = await asyncio.to_thread(read_retention, self.layout.storage_config(project_id))
+        async with self._locks["history", dirs.branch_dir]:
+            if not (dirs.pgdata / TIMELINE_MARKER).is_file():
+                return  # removed or swapped while we waited
+            if retention > 0:
+                major = int((dirs.pgdata / "PG_VERSION").read_text().strip())
+                install, run_as = await self._install(project_id, major)
+                await asyncio.to_thread(prepare_archive, dirs, run_as)
+                await asyncio.to_thread(catalog_wal, dirs)
+                bases = await asyncio.to_thread(list_bases, dirs)
+                due = not bases or await asyncio.to_thread(
+                    archived_bytes_since, dirs, bases[-1]
+                ) >= max(self._base_bytes, bases[-1].bytes)
+                if due:
+                    await self._take_base(install, run_as, dirs)
+            freed = await asyncio.to_thread(prune, dirs, retention, clock.now_us())
+            if freed:
+                log.info("history of %s/%s: %d bytes freed", project_id, branch_id, freed)
+
+    async def _take_base(self, install: PgInstall, run_as: RunAs, dirs: HistoryDirs) -> None:
+        if self._postmasters.running(dirs.pgdata) is None:
+            await take_offline_base(install, run_as, dirs)
+            return
+        # Online, under the postmaster lock: the compute must not stop during its backup.
+        async with self._locks["postmaster", dirs.pgdata]:
+            running = self._postmasters.running(dirs.pgdata)
+            if running is None:
+                return  # stopped meanwhile: the next round copies it as files
+            tmp = await asyncio.to_thread(new_base_dir, dirs)
+            try:
+                label = f"pgplane base {dirs.branch_dir.parent.parent.name}/{dirs.branch_dir.name}"
+                stats = await copy_online(running, dirs.pgdata, tmp / "pgdata", label, None)
+                await asyncio.to_thread(
+                    publish_base,
+                    dirs,
+                    tmp,
+                    start_lsn=stats.start_lsn,
+                    end_lsn=stats.end_lsn,
+                    end_time=clock.now_us(),
+                    segment_size=stats.segment_size,
+                )
+            except BaseException:
+                await asyncio.shield(asyncio.to_thread(shutil.rmtree, tmp, True))
+                raise
