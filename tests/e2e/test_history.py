@@ -126,3 +126,146 @@ def test_shrinking_the_retention_frees_old_history(hapi: Api, history_server: Se
         server=history_server,
     )
     assert after < before
+
+
+def _restore(api: Api, pid: str, branch_id: str, **body: object) -> dict[str, Any]:
+    r = api.http.post(f"/projects/{pid}/branches/{branch_id}/restore", json=body)
+    return api.settled(pid, r)
+
+
+def _branch_of(api: Api, pid: str, branch_id: str) -> dict[str, Any]:
+    r = api.http.get(f"/projects/{pid}/branches/{branch_id}")
+    assert r.status_code == 200, r.text
+    return dict(r.json()["branch"])
+
+
+def test_a_branch_restored_to_its_own_past_keeps_both_states_and_its_connection_string(
+    hapi: Api,
+) -> None:
+    project, pid, uri = _project_with_table(hapi, "undo")
+    main = project["branch"]["id"]
+    _commit(uri, 1)
+    before_migration, _ = _commit(uri, 2)
+    time.sleep(0.05)
+    with psycopg.connect(uri, autocommit=True) as conn:  # the bad migration, and a session
+        conn.execute("DELETE FROM t")
+        conn.execute("INSERT INTO t VALUES (99)")
+    held = psycopg.connect(uri, autocommit=True)
+    try:
+        body = _restore(
+            hapi,
+            pid,
+            main,
+            source_branch_id=main,
+            source_timestamp=before_migration,
+            preserve_under_name="main_old",
+        )
+        assert [o["action"] for o in body["operations"]] == ["create_timeline", "create_branch"]
+        # Its connection ended when the compute came back on the restored data.
+        with pytest.raises(psycopg.OperationalError):
+            held.execute("SELECT 1")
+    finally:
+        held.close()
+    assert _rows(uri) == [1, 2]  # the same connection string, the restored data
+    restored = _branch_of(hapi, pid, main)
+    assert restored["current_state"] == "ready"
+    assert restored["last_reset_at"] is not None
+    kept = _branch_of(hapi, pid, restored["parent_id"])
+    assert kept["name"] == "main_old"
+    assert kept["current_state"] == "ready"
+    # The state before the restore, on a compute of its own.
+    r = hapi.http.post(
+        f"/projects/{pid}/endpoints",
+        json={"endpoint": {"branch_id": kept["id"], "type": "read_write"}},
+    )
+    endpoint = hapi.settled(pid, r)["endpoint"]
+    r = hapi.http.get(
+        f"/projects/{pid}/connection_uri",
+        params={
+            "branch_id": kept["id"],
+            "endpoint_id": endpoint["id"],
+            "database_name": "neondb",
+            "role_name": "neondb_owner",
+        },
+    )
+    assert _rows(r.json()["uri"]) == [99]
+
+
+def test_a_child_reset_to_its_parent_keeps_its_connection_string(hapi: Api) -> None:
+    project, pid, uri = _project_with_table(hapi, "reset")
+    main = project["branch"]["id"]
+    _commit(uri, 1)
+    child = _branch(hapi, pid, name="preview", parent_id=main)
+    child_id = child["branch"]["id"]
+    child_uri = child["connection_uris"][0]["connection_uri"]
+    _commit(child_uri, 100)
+    _commit(uri, 2)
+    body = _restore(hapi, pid, child_id, source_branch_id=main)
+    assert body["branch"]["id"] == child_id
+    assert _rows(child_uri) == [1, 2]
+    shown = _branch_of(hapi, pid, child_id)
+    assert shown["parent_id"] == main
+    assert shown["parent_lsn"] is not None
+    assert len(hapi.http.get(f"/projects/{pid}/branches").json()["branches"]) == 2
+
+
+def _refused(r: Any, *words: str) -> None:
+    assert r.status_code == 400, r.text
+    message = r.json()["message"]
+    for word in words:
+        assert word in message, message
+
+
+def test_points_outside_the_history_are_refused_and_create_nothing(hapi: Api) -> None:
+    project, pid, uri = _project_with_table(hapi, "refusals")
+    main = project["branch"]["id"]
+    _commit(uri, 1)
+    created = datetime.datetime.fromisoformat(
+        project["branch"]["created_at"].replace("Z", "+00:00")
+    )
+
+    def branch(**point: object) -> Any:
+        return hapi.http.post(f"/projects/{pid}/branches", json={"branch": point})
+
+    future = (datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1)).isoformat()
+    _refused(branch(parent_timestamp=future), "in the future")
+    before = (created - datetime.timedelta(minutes=5)).isoformat()
+    _refused(branch(parent_timestamp=before), "before branch", "existed")
+    _refused(branch(parent_lsn="FF/0"), "never had")
+    _refused(branch(parent_lsn="0/0"), "no LSN")
+    _refused(branch(parent_lsn="0/1", parent_timestamp=future), "not both")
+    _refused(branch(parent_timestamp="yesterday"), "RFC 3339")
+    _refused(branch(parent_timestamp="2026-01-01T00:00:00"), "time zone")
+    r = branch(parent_lsn="nonsense")
+    assert r.status_code == 400, r.text
+    # A branch restored from its own past must name a point and keep its state.
+    r = hapi.http.post(f"/projects/{pid}/branches/{main}/restore", json={"source_branch_id": main})
+    _refused(r, "source_lsn or source_timestamp")
+    r = hapi.http.post(
+        f"/projects/{pid}/branches/{main}/restore",
+        json={"source_branch_id": main, "source_timestamp": future, "preserve_under_name": "x"},
+    )
+    _refused(r, "in the future")
+    r = hapi.http.post(
+        f"/projects/{pid}/branches/{main}/restore",
+        json={"source_branch_id": main, "source_lsn": "0/1"},
+    )
+    _refused(r, "preserve_under_name")
+    # Outside a window of 1 second (the project's, shrunk).
+    r = hapi.http.patch(f"/projects/{pid}", json={"project": {"history_retention_seconds": 1}})
+    hapi.settled(pid, r)
+    time.sleep(1.5)
+    past = (datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=1.2)).isoformat()
+    _refused(branch(parent_timestamp=past), "outside the project's history window of 1 seconds")
+    r = hapi.http.patch(f"/projects/{pid}", json={"project": {"history_retention_seconds": 0}})
+    hapi.settled(pid, r)
+    now = datetime.datetime.now(datetime.UTC).isoformat()
+    _refused(branch(parent_timestamp=now), "keeps no history")
+    branches = hapi.http.get(f"/projects/{pid}/branches").json()["branches"]
+    assert [b["id"] for b in branches] == [main]
+    ops = hapi.operations(pid)
+    assert {o["action"] for o in ops} <= {
+        "create_timeline",
+        "start_compute",
+        "apply_storage_config",
+    }

@@ -35,6 +35,12 @@ from pgplane.proxy.throttle import LoginThrottle
 
 log = logging.getLogger(__name__)
 
+POINT_IN_TIME_REFUSED = (
+    "connecting to a branch as it was at a point in time is not offered here: create a branch"
+    " at that point (neonctl branches create --parent <branch>@<time or LSN>, or the API's"
+    " parent_timestamp / parent_lsn) and connect to it"
+)
+
 _HANDSHAKE_TIMEOUT = 30.0
 _CONNECT_ATTEMPTS = 5
 
@@ -108,6 +114,8 @@ class Proxy:
                 if first is None:
                     return
                 startup, server_name, tls = first
+                if wire.asks_point_in_time(startup):
+                    raise RouteError(wire.FEATURE_NOT_SUPPORTED, POINT_IN_TIME_REFUSED)
                 endpoint_id = wire.endpoint_from_sni(server_name, self._proxy_host)
                 option_endpoint, startup = wire.take_endpoint_option(startup)
                 endpoint_id = self._require_endpoint(endpoint_id or option_endpoint)

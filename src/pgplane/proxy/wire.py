@@ -28,6 +28,7 @@ CRASH_SHUTDOWN = "57P02"
 CONNECTION_FAILURE = "08006"  # the compute could not be started or reached
 TOO_MANY_CONNECTIONS = "53300"  # past the proxy's connection caps (connlimits.py)
 INVALID_PASSWORD = "28P01"  # noqa: S105 - a SQLSTATE, not a password
+FEATURE_NOT_SUPPORTED = "0A000"
 
 # Authentication request codes (the Int32 after an 'R').
 AUTH_OK = 0
@@ -86,6 +87,16 @@ def endpoint_from_sni(server_name: str | None, proxy_host: str) -> str | None:
         return None
     label = label.removesuffix("-pooler")
     return label if _ENDPOINT_ID.fullmatch(label) else None
+
+
+# Neon's "time travel" connections: ``options=neon_lsn:…`` / ``neon_timestamp:…`` (neonctl's
+# ``connection-string <branch>@<point>`` also names the branch where the endpoint would be).
+_POINT_OPTION = re.compile(r"(?:^|\s)neon_(?:lsn|timestamp):\S*")
+
+
+def asks_point_in_time(startup: Startup) -> bool:
+    """Whether the client asks to connect to a branch as it was at a point in time."""
+    return _POINT_OPTION.search(startup.params.get("options", "")) is not None
 
 
 def take_endpoint_option(startup: Startup) -> tuple[str | None, Startup]:
