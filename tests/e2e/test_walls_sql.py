@@ -13,6 +13,7 @@ No trap may fire, the tenant stays a non-superuser, and every operation finishes
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Iterator
 from typing import Any
 
@@ -64,6 +65,14 @@ CREATE FUNCTION {s}.pg_backend_pid() RETURNS integer LANGUAGE sql
   AS $$ SELECT CASE WHEN public.fire('pg_backend_pid') THEN pg_catalog.pg_backend_pid() END $$;
 CREATE FUNCTION {s}.pg_get_userbyid(oid) RETURNS name LANGUAGE sql
   AS $$ SELECT CASE WHEN public.fire('pg_get_userbyid') THEN pg_catalog.pg_get_userbyid($1) END $$;
+CREATE FUNCTION {s}.pg_switch_wal() RETURNS pg_lsn LANGUAGE sql
+  AS $$ SELECT CASE WHEN public.fire('pg_switch_wal') THEN '0/0'::pg_lsn END $$;
+CREATE FUNCTION {s}.pg_walfile_name(pg_lsn) RETURNS text LANGUAGE sql
+  AS $$ SELECT CASE WHEN public.fire('pg_walfile_name') THEN 'x' END $$;
+CREATE FUNCTION {s}.pg_current_wal_lsn() RETURNS pg_lsn LANGUAGE sql
+  AS $$ SELECT CASE WHEN public.fire('pg_current_wal_lsn') THEN '0/0'::pg_lsn END $$;
+CREATE FUNCTION {s}.pg_current_wal_insert_lsn() RETURNS pg_lsn LANGUAGE sql
+  AS $$ SELECT CASE WHEN public.fire('pg_current_wal_insert_lsn') THEN '0/0'::pg_lsn END $$;
 CREATE FUNCTION {s}.pg_is_in_recovery() RETURNS boolean LANGUAGE sql
   AS $$ SELECT NOT public.fire('pg_is_in_recovery') $$;
 CREATE FUNCTION {s}.now() RETURNS timestamptz LANGUAGE sql
@@ -94,6 +103,7 @@ def walls() -> Iterator[Server]:
         PGPLANE_DETACH_AFTER_SECONDS="3",
         PGPLANE_SCHEDULER_SECONDS="0.2",
         PGPLANE_DEFAULT_SUSPEND_TIMEOUT_SECONDS="600",
+        PGPLANE_HISTORY_SECONDS="1",  # a restored branch's first base state at once
     ) as srv:
         yield srv
 
@@ -160,6 +170,28 @@ def _is_superuser(uri: str) -> bool:
     return bool(row[0])
 
 
+def _history_paths(api: Api, walls: Server, pid: str, bid: str, endpoint: str) -> None:
+    """A branch at a point in time (the compute's latest WAL switched and archived first, its
+    head asked for), a restore from its own past (the compute stopped, restarted on the
+    restored data, its roles applied), and the restored branch's first base state (an online
+    backup, as superuser). Settings that would point the archive or a replay elsewhere are
+    refused."""
+    now = datetime.datetime.now(datetime.UTC).isoformat()
+    r = api.http.post(f"/projects/{pid}/branches", json={"branch": {"parent_timestamp": now}})
+    api.settled(pid, r)
+    r = api.http.post(
+        f"/projects/{pid}/branches/{bid}/restore",
+        json={"source_branch_id": bid, "source_timestamp": now, "preserve_under_name": "old"},
+    )
+    api.settled(pid, r)
+    bases = walls.data_dir / "projects" / pid / "branches" / bid / "base"
+    wait_for("an online base state", lambda: list(bases.glob("*/base.json")), 90, server=walls)
+    for name in ("archive_command", "archive_library", "restore_command", "archive_mode"):
+        body = {"endpoint": {"settings": {"pg_settings": {name: "x"}}}}
+        r = api.http.patch(endpoint, json=body)
+        assert r.status_code == 400, (name, r.text)
+
+
 def test_no_admin_path_runs_a_tenants_trap(walls: Server) -> None:
     _, key = walls.create_key("walls@example.com")
     with Api(walls, key) as api:
@@ -186,7 +218,8 @@ def test_no_admin_path_runs_a_tenants_trap(walls: Server) -> None:
         api.settled(
             pid,
             api.http.patch(
-                endpoint, json={"endpoint": {"pg_settings": {"search_path": TRAP_PATH}}}
+                endpoint,
+                json={"endpoint": {"settings": {"pg_settings": {"search_path": TRAP_PATH}}}},
             ),
         )
         with psycopg.connect(_as(uri)) as conn:  # the tenant's own sessions do see the traps
@@ -198,6 +231,8 @@ def test_no_admin_path_runs_a_tenants_trap(walls: Server) -> None:
         # A branch of the running compute: its online backup runs as superuser there.
         r = api.http.post(f"/projects/{pid}/branches", json={"branch": {"name": "copy"}})
         api.settled(pid, r)
+
+        _history_paths(api, walls, pid, bid, endpoint)
 
         # Roles and databases changed and dropped, a password reset.
         api.settled(pid, api.http.post(f"{branch}/roles", json={"role": {"name": "vole"}}))

@@ -114,8 +114,7 @@ class Proxy:
                 if first is None:
                     return
                 startup, server_name, tls = first
-                if wire.asks_point_in_time(startup):
-                    raise RouteError(wire.FEATURE_NOT_SUPPORTED, POINT_IN_TIME_REFUSED)
+                _refuse_point_in_time(startup)
                 endpoint_id = wire.endpoint_from_sni(server_name, self._proxy_host)
                 option_endpoint, startup = wire.take_endpoint_option(startup)
                 endpoint_id = self._require_endpoint(endpoint_id or option_endpoint)
@@ -292,3 +291,8 @@ def _remember_sni(ssl_object: object, server_name: str | None, _ctx: ssl.SSLCont
     # handshake. SSLObject instances take attributes.
     with contextlib.suppress(AttributeError):
         ssl_object.pgplane_sni = server_name  # type: ignore[attr-defined]
+
+
+def _refuse_point_in_time(startup: wire.Startup) -> None:
+    if wire.asks_point_in_time(startup):
+        raise RouteError(wire.FEATURE_NOT_SUPPORTED, POINT_IN_TIME_REFUSED)

@@ -30,6 +30,7 @@ hazards, in ``archive_tree``.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import os
 import posixpath
@@ -79,6 +80,7 @@ __all__ = [
 
 # Smaller files are left to the final sync (as in datacopy).
 _WRITEBACK_FROM = 1 << 20
+_TAR_BUFFER = 64 << 10
 
 
 # -- pack ---------------------------------------------------------------------------------------
@@ -159,9 +161,13 @@ class _Restore:
         self.made_links: dict[str, int] = {}
 
     def run(self) -> None:
+        # gzip's own reader under an uncompressed tar stream: tarfile's "r|gz" keeps all it
+        # decompressed of one read in a buffer it slices at every header, quadratic in what a
+        # run of zeros (an archived WAL segment) inflates to; measured 17 s of 22 on 460 MB.
         with (
             (self.src / ARCHIVE_NAME).open("rb") as raw,
-            tarfile.open(fileobj=raw, mode="r|gz", bufsize=_CHUNK) as tar,
+            gzip.GzipFile(fileobj=raw, mode="rb") as unzipped,
+            tarfile.open(fileobj=unzipped, mode="r|", bufsize=_TAR_BUFFER) as tar,
         ):
             for member in tar:
                 self._place(tar, member)
