@@ -30,7 +30,10 @@ statement of a change),
 ``create_branch:copied`` (the copy is durable, not yet in place), ``delete_timeline:stopped``
 and ``delete_tenant:stopped`` (computes stopped, files still there), ``tenant_detach:packed``
 (the archive is verified, the hot copy still there), ``tenant_reattach:unpacked`` (the data is
-back in place, the archive not yet removed). The crash suites kill the server at each.
+back in place, the archive not yet removed), ``rebuild:replaying`` (a copy of a base state being
+replayed to a point of history by a temporary postmaster), ``restore_branch:built`` (a restore's
+new data complete beside the branch's) and ``restore_branch:moved`` (the branch's old data moved
+out of its place, the new data not yet in). The crash suites kill the server at each.
 """
 
 from __future__ import annotations

@@ -242,7 +242,9 @@ class LocalComputeDriver:
         self.installation(pg_version)
         async with self._locks["timeline", pgdata]:
             done, lsn = self._histories.restored(project_id, branch_id, restore_id)
-            if done:
+            if done:  # swapped, maybe but for the last rename
+                dirs = self._histories.dirs(project_id, branch_id)
+                await asyncio.to_thread(self._histories.finish_swap, dirs, staged)
                 return lsn
             if not completed(staged, pg_version):
                 # Built beside the branch's data, which serves on until the swap.

@@ -145,7 +145,8 @@ def read_retention(storage_config: Path) -> int:
 def prepare_archive(dirs: HistoryDirs, run_as: RunAs) -> None:
     """The archive directory, the compute user's (its postmasters write it)."""
     if not dirs.wal.is_dir():
-        dirs.wal.mkdir(mode=0o700)
+        with contextlib.suppress(FileExistsError):  # made meanwhile by the keeper, say
+            dirs.wal.mkdir(mode=0o700)
         run_as.chown(dirs.wal)
     ensure_dir(dirs.bases, 0o700)
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psycopg
 
+from pgplane import failpoints
 from pgplane.compute.driver import ComputeError, HistoryBounds, Point
 from pgplane.compute.local.binaries import PgInstall
 from pgplane.compute.local.branch import check_space, copy_online
@@ -151,7 +152,8 @@ class Histories:
     ) -> None:
         """Put the complete ``staged`` data in the branch's place; the old data, archive and base
         states become the preserved branch's, or are removed. Each step is a rename done only
-        when its source is still there, so a retry after a crash finishes the swap."""
+        when its source is still there, and the swap is recorded before its last rename, so a
+        retry after a crash finishes it (see ``restored``)."""
         dirs = self.dirs(project_id, branch_id)
         async with self._locks["history", dirs.branch_dir]:
             for data_dir in (dirs.pgdata, temporary_pgdata(dirs.pgdata)):
@@ -168,9 +170,17 @@ class Histories:
             else:
                 for src in old:
                     await remove_tree(src)
-            os.replace(staged, dirs.pgdata)
+            await failpoints.reached("restore_branch:moved")
+            # Recorded before the last rename: a retry that finds the record only finishes it.
             record = f"{restore_id} {'' if lsn is None else lsn}".encode()
             await asyncio.to_thread(write_atomic, dirs.branch_dir / RESTORED_MARKER, record)
+            await asyncio.to_thread(self.finish_swap, dirs, staged)
+
+    @staticmethod
+    def finish_swap(dirs: HistoryDirs, staged: Path) -> None:
+        if staged.exists():
+            os.replace(staged, dirs.pgdata)
+            fsync_dir(dirs.branch_dir)
 
     def restored(self, project_id: str, branch_id: str, restore_id: str) -> tuple[bool, int | None]:
         """Whether restore ``restore_id`` swapped its data in already, and its LSN."""

@@ -31,7 +31,6 @@ from pathlib import Path
 
 import psycopg
 
-from pgplane import failpoints
 from pgplane.compute.driver import ComputeError, Point
 from pgplane.compute.local.binaries import PgInstall
 from pgplane.compute.local.datacopy import copy_data_dir, copy_files
@@ -240,9 +239,9 @@ async def _replay(
                 socket_dir=socket_dir,
                 run_as=run_as,
                 log_path=log_path,
-                ready_timeout=_REPLAY_TIMEOUT,
+                spawned="rebuild:replaying",
+                ready_timeout=_REPLAY_TIMEOUT,  # it answers once promoted
             )
-            await failpoints.reached("rebuild:replaying")
             await _wait_promoted(socket_dir, postmasters, tmp)
         except ComputeError as exc:
             if _NOT_REACHED in str(exc) or _NOT_REACHED in _log_text(log_path):
