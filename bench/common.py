@@ -18,6 +18,7 @@ from tests.support import (  # noqa: E402
     client_has_tls,
     free_port,
     pg_binary,
+    plaintext,
     running_server,
 )
 
@@ -30,6 +31,7 @@ __all__ = [
     "median",
     "percentile",
     "pg_binary",
+    "plaintext",
     "running_server",
     "verdict",
     "wrk",

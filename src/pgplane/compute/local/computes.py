@@ -120,7 +120,7 @@ class Computes:
                 socket_dir=socket_dir,
                 listen="",
                 # What the platform writes is history too (roles it changes, say).
-                settings=await self.history_settings(project_id, branch_id, install, run_as),
+                settings=await self.history_settings(project_id, branch_id, run_as),
                 hba_file=self.layout.hba_file,
             )
             log_path = pgdata.parent / "apply_config.log"
@@ -152,7 +152,7 @@ class Computes:
             )
         check_data_version(pgdata, spec.pg_version)
         install, run_as = await self._install(spec.project_id, spec.pg_version)
-        settings |= await self.history_settings(spec.project_id, spec.branch_id, install, run_as)
+        settings |= await self.history_settings(spec.project_id, spec.branch_id, run_as)
         argv = postmaster_argv(
             install,
             pgdata,
@@ -165,7 +165,7 @@ class Computes:
         return argv, run_as
 
     async def history_settings(
-        self, project_id: str, branch_id: str, install: PgInstall, run_as: RunAs
+        self, project_id: str, branch_id: str, run_as: RunAs
     ) -> dict[str, str]:
         """Archiving into the branch's history, unless its project keeps none (see history.py)."""
         retention = await asyncio.to_thread(read_retention, self.layout.storage_config(project_id))
@@ -173,7 +173,7 @@ class Computes:
             return {}
         dirs = HistoryDirs(self.layout.branch_dir(project_id, branch_id))
         await asyncio.to_thread(prepare_archive, dirs, run_as)
-        return archive_settings(install.major, dirs.wal)
+        return archive_settings(dirs.wal)
 
     async def stop_archived(self, pgdata: Path, *, signalled: str | None = None) -> None:
         """Stop the postmaster on ``pgdata`` with nothing left unarchived: its current segment

@@ -149,9 +149,19 @@ async def rebuild(
         for _, segno, name in archived_segments(source, base.segment_size)
         if segno >= base.start_lsn // base.segment_size
     ]
-    await asyncio.to_thread(verify_base, base)
-    await asyncio.to_thread(verify_wal, source, segments)
-    await asyncio.to_thread(_copy_base, base, tmp)
+    # Checked while copied: the same files are read once from the disk, and the checksums
+    # take the other core (in sequence they added half again to the copy of 1 GB).
+    # All three end before anything is raised: no thread may still write into ``tmp`` while
+    # the caller removes it.
+    outcomes = await asyncio.gather(
+        asyncio.to_thread(verify_base, base),
+        asyncio.to_thread(verify_wal, source, segments),
+        asyncio.to_thread(_copy_base, base, tmp),
+        return_exceptions=True,
+    )
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
     await asyncio.to_thread(hand_over, tmp, {os.geteuid()}, run_as)
     try:
         switch = await _replay(
