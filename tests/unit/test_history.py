@@ -1,0 +1,132 @@
+"""History's logic without a server: points as clients write them, the checks against a
+branch's history, which base state a point replays from, and what a window frees."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from pgplane.compute.driver import HistoryBounds, Point
+from pgplane.compute.local.history import BASE_STATE, HistoryDirs, list_bases, prune
+from pgplane.compute.local.pitr import choose_base
+from pgplane.core.models import Branch, Project
+from pgplane.errors import BadRequest
+from pgplane.services import history
+
+_US = 1_000_000
+SEGMENT = 16 << 20
+
+
+def test_lsns_and_times_are_read_as_postgres_and_rfc_3339_write_them() -> None:
+    assert history.parse_lsn("16/B374D848", "parent_lsn") == (0x16 << 32) | 0xB374D848
+    assert history.format_lsn((0x16 << 32) | 0xB374D848) == "16/B374D848"
+    for bad in ("16/", "/1", "1/2/3", "G/1", "123456789/1", "0/0"):
+        with pytest.raises(BadRequest):
+            history.parse_lsn(bad, "parent_lsn")
+    assert history.parse_time("1970-01-01T00:00:01.000002Z", "t") == _US + 2
+    assert history.parse_time("1970-01-01T01:00:00+01:00", "t") == 0
+    for bad in ("yesterday", "2026-01-01T00:00:00", ""):
+        with pytest.raises(BadRequest):
+            history.parse_time(bad, "t")
+    with pytest.raises(BadRequest, match="not both"):
+        history.parse_point(
+            lsn="0/1", timestamp="1970-01-01T00:00:00Z", lsn_field="a", time_field="b"
+        )
+
+
+def _check(point: Point, *, retention: int = 3600, created_ago: int = 1800, **bounds: int) -> None:
+    now = time.time_ns() // 1000
+    project = Project(
+        id="p",
+        account_id="a",
+        name="p",
+        region_id="r",
+        pg_version=18,
+        provisioner="k8s-pod",
+        store_passwords=True,
+        history_retention_seconds=retention,
+        default_endpoint_settings={},
+        settings={},
+        created_at=now,
+        updated_at=now,
+    )
+    created = now - created_ago * _US
+    branch = Branch(
+        id="br-a",
+        project_id="p",
+        parent_id=None,
+        name="main",
+        default=True,
+        protected=False,
+        current_state="ready",
+        pending_state=None,
+        state_changed_at=created,
+        created_at=created,
+        updated_at=created,
+    )
+    named = history.NamedPoint(point, "parent_timestamp", "x")
+    history.check(named, project=project, branch=branch, bounds=HistoryBounds(**bounds))
+
+
+def test_each_point_outside_the_history_is_refused_saying_why() -> None:
+    now = time.time_ns() // 1000
+    _check(Point(time_us=now - 60 * _US))  # inside everything: taken
+    with pytest.raises(BadRequest, match="in the future"):
+        _check(Point(time_us=now + 60 * _US))
+    with pytest.raises(BadRequest, match="before branch br-a existed"):
+        _check(Point(time_us=now - 3000 * _US), created_ago=1800)
+    with pytest.raises(BadRequest, match="window of 3600 seconds"):
+        _check(Point(time_us=now - 4000 * _US), created_ago=9000)
+    with pytest.raises(BadRequest, match="keeps no history"):
+        _check(Point(time_us=now - 60 * _US), retention=0)
+    with pytest.raises(BadRequest, match="history of branch br-a starts"):
+        _check(Point(time_us=now - 600 * _US), start_time_us=now - 300 * _US)
+    with pytest.raises(BadRequest, match="never had this LSN"):
+        _check(Point(lsn=1000), start_lsn=10, head_lsn=999)
+    with pytest.raises(BadRequest, match="before the history"):
+        _check(Point(lsn=5), start_lsn=10, head_lsn=999)
+    with pytest.raises(BadRequest, match="no history yet"):
+        _check(Point(lsn=5), head_lsn=999)
+    _check(Point(lsn=500), start_lsn=10, head_lsn=999)
+    _check(Point(lsn=500))  # nothing known (a detached project): the operation decides
+
+
+def _base(dirs: HistoryDirs, start_segment: int, end_time_us: int) -> None:
+    end_lsn = start_segment * SEGMENT + 100
+    path = dirs.bases / f"{end_lsn:016X}"
+    (path / "pgdata").mkdir(parents=True)
+    state = {
+        "start_lsn": start_segment * SEGMENT,
+        "end_lsn": end_lsn,
+        "end_time": end_time_us,
+        "segment_size": SEGMENT,
+        "files": {},
+    }
+    (path / BASE_STATE).write_text(json.dumps(state))
+
+
+def test_a_window_keeps_the_base_before_it_and_what_follows(tmp_path: Path) -> None:
+    dirs = HistoryDirs(tmp_path)
+    dirs.wal.mkdir()
+    now = 10_000 * _US
+    _base(dirs, 1, now - 5000 * _US)
+    _base(dirs, 4, now - 2000 * _US)
+    _base(dirs, 7, now - 100 * _US)
+    for segno in range(1, 10):
+        (dirs.wal / f"00000001000000000000000{segno}").write_bytes(b"x" * 10)
+    assert choose_base(list_bases(dirs), Point(lsn=5 * SEGMENT)) == list_bases(dirs)[1]
+    assert choose_base(list_bases(dirs), Point(time_us=now - 6000 * _US)) is None
+    assert choose_base(list_bases(dirs), Point(time_us=now)) == list_bases(dirs)[2]
+
+    assert prune(dirs, 3000, now) == 0  # the window starts 3000 s back: the base 2000 s back...
+    kept = [b.start_lsn // SEGMENT for b in list_bases(dirs)]
+    assert kept == [1, 4, 7]  # ...is inside; the one 5000 s back is the one before the window
+    assert prune(dirs, 1000, now) > 0  # from 1000 s back: the base before it is the second
+    assert [b.start_lsn // SEGMENT for b in list_bases(dirs)] == [4, 7]
+    assert sorted(p.name[-1] for p in dirs.wal.iterdir()) == [str(s) for s in range(4, 10)]
+    prune(dirs, 0, now)  # no history kept at all
+    assert list_bases(dirs) == []
+    assert list(dirs.wal.iterdir()) == []
