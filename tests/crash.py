@@ -116,9 +116,14 @@ class Crash:
         )
 
     def checksums(self) -> dict[str, str]:
-        """Every file of the project's branches (its computes stopped)."""
+        """Every file of the project's branches' data (its computes stopped). Their history
+        beside it is left out: the keeper catalogues, takes and frees it on its own time."""
         branches = self.server.data_dir / "projects" / self.pid / "branches"
-        return dict(tree_checksums(branches))
+        return {
+            path: digest
+            for path, digest in tree_checksums(branches).items()
+            if path.split("/")[1:2] not in (["wal"], ["base"])
+        }
 
     def log(self) -> str:
         return self.server.log()[-4000:]

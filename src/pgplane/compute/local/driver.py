@@ -29,16 +29,16 @@ from pgplane.compute.driver import (
     RunningCompute,
 )
 from pgplane.compute.local.binaries import PgInstall
-from pgplane.compute.local.branch import build_branch
 from pgplane.compute.local.catalog import apply_change, check_change
 from pgplane.compute.local.computes import Computes
 from pgplane.compute.local.config import LocalDriverConfig
+from pgplane.compute.local.copies import Copies
 from pgplane.compute.local.files import remove_tree, sweep_trash, write_atomic
 from pgplane.compute.local.hba import write_hba
 from pgplane.compute.local.history import prune, read_retention, take_offline_base
 from pgplane.compute.local.history_ops import Histories
 from pgplane.compute.local.installs import Installs
-from pgplane.compute.local.layout import TIMELINE_MARKER, Layout, ensure_dir, ensure_private_dir
+from pgplane.compute.local.layout import Layout, ensure_dir, ensure_private_dir
 from pgplane.compute.local.monitor import check_readable, last_client_activity
 from pgplane.compute.local.postmaster import (
     Postmasters,
@@ -47,7 +47,6 @@ from pgplane.compute.local.spares import SparePool
 from pgplane.compute.local.tenants import Tenants, ids
 from pgplane.compute.local.timeline import (
     build_timeline,
-    check_data_version,
     completed,
     temporary_pgdata,
 )
@@ -94,7 +93,16 @@ class LocalComputeDriver:
         )
         self._prepared = False
         self._spares = SparePool(self.layout.spares)
-        self._refilling: asyncio.Task[None] | None = None
+        self._copies = Copies(
+            layout=self.layout,
+            postmasters=self._postmasters,
+            locks=self._locks,
+            tenants=self._tenants,
+            histories=self._histories,
+            spares=self._spares,
+            install=self._install,
+            disk_reserve_bytes=config.disk_reserve_bytes,
+        )
 
     @property
     def spares(self) -> SparePool:
@@ -178,53 +186,9 @@ class LocalComputeDriver:
         async with self._locks["timeline", pgdata]:
             if completed(pgdata, pg_version):
                 return None
-            lsn = await self._build_copy(project_id, parent_branch_id, pgdata, pg_version, point)
+            lsn = await self._copies.build(project_id, parent_branch_id, pgdata, pg_version, point)
         self._histories.soon(project_id, branch_id)
         return lsn
-
-    async def _build_copy(
-        self,
-        project_id: str,
-        source_id: str,
-        pgdata: Path,
-        pg_version: int,
-        point: Point | None,
-    ) -> int | None:
-        """Build ``pgdata`` as the source's data at its head or ``point``; under its lock."""
-        parent = self.layout.pgdata(project_id, source_id)
-        if not (parent / TIMELINE_MARKER).is_file():
-            raise ComputeError(f"branch {source_id} of project {project_id} has no data")
-        check_data_version(parent, pg_version)
-        install, run_as = await self._install(project_id, pg_version, make_dir=True)
-        await asyncio.to_thread(ensure_dir, pgdata.parent)
-        if point is not None:
-            return await self._histories.build_at(
-                project_id=project_id,
-                source_id=source_id,
-                pgdata=pgdata,
-                pg_version=pg_version,
-                point=point,
-            )
-        # Held for the whole copy: a stopped parent cannot start under it, nor a running one
-        # stop (its session holds the backup).
-        async with self._locks["postmaster", parent]:
-            if self._postmasters.running(parent) is None:
-                await self._tenants.claim(parent, run_as)  # pg_controldata reads it as run_as
-            stats = await build_branch(
-                install=install,
-                run_as=run_as,
-                postmasters=self._postmasters,
-                parent=parent,
-                pgdata=pgdata,
-                label=f"pgplane branch {project_id}/{pgdata.parent.name}",
-                spares=self._spares,
-                disk_reserve_bytes=self._config.disk_reserve_bytes,
-            )
-        # Spares for the next two branches of this parent (branches often come in a burst: a
-        # preview per pull request), made while nobody waits for them.
-        self._spares.want(2 * stats.files, 2 * stats.dirs)
-        self._refill_spares()
-        return stats.end_lsn or None
 
     async def restore_branch(
         self,
@@ -237,31 +201,16 @@ class LocalComputeDriver:
         preserve_branch_id: str | None,
         restore_id: str,
     ) -> int | None:
-        pgdata = self.layout.pgdata(project_id, branch_id)
-        staged = pgdata.with_name("pgdata.restored")
         self.installation(pg_version)
-        async with self._locks["timeline", pgdata]:
-            done, lsn = self._histories.restored(project_id, branch_id, restore_id)
-            if done:  # swapped, maybe but for the last rename
-                dirs = self._histories.dirs(project_id, branch_id)
-                await asyncio.to_thread(self._histories.finish_swap, dirs, staged)
-                return lsn
-            if not completed(staged, pg_version):
-                # Built beside the branch's data, which serves on until the swap.
-                lsn = await self._build_copy(
-                    project_id, source_branch_id, staged, pg_version, point
-                )
-            await failpoints.reached("restore_branch:built")
-            await self._histories.swap_in(
-                project_id=project_id,
-                branch_id=branch_id,
-                staged=staged,
-                preserve_branch_id=preserve_branch_id,
-                restore_id=restore_id,
-                lsn=lsn,
-            )
-        self._histories.soon(project_id, branch_id)
-        return lsn
+        return await self._copies.restore(
+            project_id=project_id,
+            branch_id=branch_id,
+            source_branch_id=source_branch_id,
+            pg_version=pg_version,
+            point=point,
+            preserve_branch_id=preserve_branch_id,
+            restore_id=restore_id,
+        )
 
     async def history_bounds(
         self, *, project_id: str, branch_id: str, pg_version: int
@@ -272,12 +221,6 @@ class LocalComputeDriver:
     async def keep_history(self) -> None:
         await self._prepare()
         await self._histories.keep()
-
-    def _refill_spares(self) -> None:
-        if self._refilling is not None and not self._refilling.done():
-            return  # the running fill keeps going while the pool is short
-        if self._spares.needs_filling():
-            self._refilling = asyncio.create_task(self._spares.fill_logged())
 
     async def delete_timeline(self, *, project_id: str, branch_id: str) -> None:
         pgdata = self.layout.pgdata(project_id, branch_id)
@@ -408,8 +351,7 @@ class LocalComputeDriver:
         await self._histories.close()
         self._postmasters.forget()
         self._spares.stop()
-        if self._refilling is not None:
-            await self._refilling
+        await self._copies.close()
         run_root = self.layout.run_root
         if not run_root.is_relative_to(self.layout.data_dir):
             # Tidy /tmp when no endpoint uses the fallback socket root any more.

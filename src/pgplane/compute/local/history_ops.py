@@ -1,10 +1,11 @@
 """The history half of the local driver: branches at a point, restores, bounds, and the keeper.
 
-Locks (the driver's, by key): ``("history", branch_dir)`` while a branch's base states or
-archive are read or changed (a rebuild from them, the keeper, a restore moving them);
-``("timeline", pgdata)`` while a branch's data is built or replaced; ``("postmaster", pgdata)``
-while a postmaster is started or stopped on it, or an online backup runs on it. The keeper skips
-a project whose ``("tenant", id)`` lock is held (a detach or reattach moves its whole tree).
+Locks (the driver's, by key), taken in this order: ``("tenant", project_id)`` while the keeper
+works on a project (a detach or reattach, which holds it, moves the whole tree);
+``("timeline", pgdata)`` while a branch's data is built or replaced; ``("history", branch_dir)``
+while a branch's base states or archive are read or changed (a rebuild from them, the keeper, a
+restore moving them); ``("postmaster", pgdata)`` while a postmaster is started or stopped on
+it, or an online backup runs on it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import contextlib
 import logging
 import os
 import shutil
+import threading
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -25,6 +27,7 @@ from pgplane.compute.driver import ComputeError, HistoryBounds, Point
 from pgplane.compute.local.binaries import PgInstall
 from pgplane.compute.local.branch import check_space, copy_online
 from pgplane.compute.local.computes import Computes
+from pgplane.compute.local.datacopy import copy_files
 from pgplane.compute.local.files import fsync_dir, remove_tree, write_atomic
 from pgplane.compute.local.history import (
     HistoryDirs,
@@ -45,7 +48,7 @@ from pgplane.compute.local.sessions import MONITOR_USER, connect, conninfo
 from pgplane.compute.local.tenants import ids
 from pgplane.compute.local.timeline import temporary_pgdata
 from pgplane.compute.local.user import RunAs
-from pgplane.compute.local.wal import parse_lsn, read_control_data
+from pgplane.compute.local.wal import parse_lsn, read_control_data, wal_files
 from pgplane.core import clock
 
 log = logging.getLogger(__name__)
@@ -89,8 +92,10 @@ class Histories:
         tmp = temporary_pgdata(pgdata)
         await self._postmasters.stop(tmp)
         await asyncio.to_thread(shutil.rmtree, tmp, True)
+        tail = pgdata.with_name(f"{pgdata.name}.tail")
+        await asyncio.to_thread(shutil.rmtree, tail, True)
         async with self._locks["history", source.branch_dir]:
-            await self._flush(source)
+            await self._flush(source, tail)
             base = choose_base(await asyncio.to_thread(list_bases, source), point)
             if base is None:
                 raise ComputeError(
@@ -111,10 +116,13 @@ class Histories:
                     socket_dir=socket_dir,
                     hba_file=self.layout.hba_file,
                     point=point,
+                    tail=tail,
                 )
             except BaseException:
                 await asyncio.shield(self._discard(tmp))
                 raise
+            finally:
+                await asyncio.to_thread(shutil.rmtree, tail, True)
         marker = tmp / TIMELINE_MARKER
         await asyncio.to_thread(write_atomic, marker, b"")
         run_as.chown(marker)
@@ -126,19 +134,19 @@ class Histories:
         await self._postmasters.stop(tmp)
         await asyncio.to_thread(shutil.rmtree, tmp, True)
 
-    async def _flush(self, dirs: HistoryDirs) -> None:
-        """Everything the branch wrote up to now in its archive."""
+    async def _flush(self, dirs: HistoryDirs, tail: Path) -> None:
+        """Everything the branch wrote up to now where a replay finds it: in its archive (a
+        running compute is asked to complete its segment), or, for what a stopped one left
+        unarchived (stopped by an earlier version, detached, or killed), copied into ``tail``
+        under its postmaster lock, so that it cannot change while copied."""
         running = self._postmasters.running(dirs.pgdata)
-        if running is not None:
-            await flush_archive(running, dirs)
-            return
-        status = dirs.pgdata / "pg_wal" / "archive_status"
-        pending = [n for n in os.listdir(status) if n.endswith(".ready")] if status.is_dir() else []
-        if pending:
-            raise ComputeError(
-                f"the stopped compute left {len(pending)} WAL segments unarchived; its log says"
-                " why (they are archived at its next start)"
-            )
+        if running is None:
+            async with self._locks["postmaster", dirs.pgdata]:
+                running = self._postmasters.running(dirs.pgdata)
+                if running is None:
+                    await asyncio.to_thread(_copy_unarchived, dirs, tail)
+                    return
+        await flush_archive(running, dirs)
 
     async def swap_in(
         self,
@@ -250,7 +258,9 @@ class Histories:
 
     async def _keep_logged(self, project_id: str, branch_id: str) -> None:
         try:
-            await self._keep(project_id, branch_id)
+            # Under the project's tenant lock: a detach must not pack what is being written.
+            async with self._locks["tenant", project_id]:
+                await self._keep(project_id, branch_id)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # one branch's trouble must not stop the others'
@@ -304,3 +314,13 @@ class Histories:
             except BaseException:
                 await asyncio.shield(asyncio.to_thread(shutil.rmtree, tmp, True))
                 raise
+
+
+def _copy_unarchived(dirs: HistoryDirs, tail: Path) -> None:
+    """The stopped branch's WAL files its archive lacks (its last, partial segment at least)."""
+    segments, histories = wal_files(dirs.pgdata / "pg_wal")
+    archived = set(os.listdir(dirs.wal)) if dirs.wal.is_dir() else set()
+    missing = [n for n in [*segments, *histories] if n not in archived]
+    tail.mkdir(mode=0o700)
+    if missing:
+        copy_files(dirs.pgdata / "pg_wal", tail, missing, cancel=threading.Event())

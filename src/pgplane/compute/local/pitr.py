@@ -142,8 +142,13 @@ async def rebuild(
     socket_dir: Path,
     hba_file: Path,
     point: Point,
+    tail: Path | None = None,
 ) -> int:
-    """Build ``tmp`` as the source's data at ``point``; the LSN its new timeline starts at."""
+    """Build ``tmp`` as the source's data at ``point``; the LSN its new timeline starts at.
+
+    ``tail``: WAL files of a stopped source that its archive lacks, put in the copy's pg_wal,
+    where a replay looks for a segment its restore_command does not find.
+    """
     segments = [
         name
         for _, segno, name in archived_segments(source, base.segment_size)
@@ -156,7 +161,7 @@ async def rebuild(
     outcomes = await asyncio.gather(
         asyncio.to_thread(verify_base, base),
         asyncio.to_thread(verify_wal, source, segments),
-        asyncio.to_thread(_copy_base, base, tmp),
+        asyncio.to_thread(_copy_base, base, tmp, tail),
         return_exceptions=True,
     )
     for outcome in outcomes:
@@ -172,7 +177,7 @@ async def rebuild(
         await postmasters.stop(tmp)
         # The first replay may have left restored files behind; start again from the base.
         await asyncio.to_thread(shutil.rmtree, tmp, True)
-        await asyncio.to_thread(_copy_base, base, tmp)
+        await asyncio.to_thread(_copy_base, base, tmp, tail)
         await asyncio.to_thread(hand_over, tmp, {os.geteuid()}, run_as)
         switch = await _replay(
             install, run_as, postmasters, source, tmp, socket_dir, hba_file, None
@@ -193,10 +198,15 @@ class _TargetNotReached(Exception):
     pass
 
 
-def _copy_base(base: Base, tmp: Path) -> None:
+def _copy_base(base: Base, tmp: Path, tail: Path | None) -> None:
     never = threading.Event()
     copy_data_dir(base.pgdata, tmp, online=False, keep_backup_label=True, cancel=never)
     segments, histories = wal_files(base.pgdata / "pg_wal")
+    if tail is not None and tail.is_dir():
+        newer = set(os.listdir(tail))  # a later version of a segment the base holds part of
+        segments = [n for n in segments if n not in newer]
+        histories = [n for n in histories if n not in newer]
+        copy_files(tail, tmp / "pg_wal", sorted(newer), cancel=never)
     copy_files(base.pgdata / "pg_wal", tmp / "pg_wal", [*segments, *histories], cancel=never)
     write_atomic(tmp / "recovery.signal", b"")
 
