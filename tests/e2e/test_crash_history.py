@@ -57,7 +57,7 @@ def test_kill_during_a_point_in_time_branch(crash: Crash, failpoint: str) -> Non
 @pytest.mark.parametrize(
     "failpoint",
     [
-        "restore_branch:built",
+        slow("restore_branch:built"),
         "restore_branch:moved",
         slow("rebuild:replaying"),
         slow("after:create_timeline"),
@@ -100,6 +100,7 @@ def test_kill_during_a_restore_from_the_branchs_own_past(crash: Crash, failpoint
     assert_consistent(crash.server, crash.api, crash.pid)
 
 
+@pytest.mark.slow
 def test_kill_during_a_reset_to_the_parent(crash: Crash) -> None:
     r = crash.api.http.post(
         f"/projects/{crash.pid}/branches",
