@@ -178,6 +178,7 @@ def _as_owner(argv: list[str], owner: os.stat_result, log: Path | None = None) -
     if os.geteuid() == 0:
         done = subprocess.run(
             argv,
+            check=False,
             capture_output=True,
             text=True,
             cwd="/",
@@ -187,7 +188,9 @@ def _as_owner(argv: list[str], owner: os.stat_result, log: Path | None = None) -
             extra_groups=[],
         )
     else:
-        done = subprocess.run(argv, capture_output=True, text=True, cwd="/", timeout=3600)
+        done = subprocess.run(
+            argv, check=False, capture_output=True, text=True, cwd="/", timeout=3600
+        )
     if done.returncode != 0:
         tail = log.read_text()[-2000:] if log is not None and log.exists() else ""
         raise RuntimeError(f"{argv[-1]} failed: {done.stdout}{done.stderr}{tail}")
