@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -102,13 +103,20 @@ def _wait_ops(api: Api, pid: str, op_ids: list[str]) -> None:
         time.sleep(0.005)
 
 
-def measure_pitr(api: Api, server: Server, parent: Parent, back: int) -> dict[str, float]:
+def _current_lsn(parent: Parent) -> int:
     with psycopg.connect(parent.uri, autocommit=True) as conn:
         row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
     assert row is not None
     high, _, low = row[0].partition("/")
+    return (int(high, 16) << 32) | int(low, 16)
+
+
+def measure_pitr(
+    api: Api, server: Server, parent: Parent, back: int, filled_at: int
+) -> dict[str, float]:
+    """``filled_at``: the parent's LSN once filled (the keeper's next base state comes after)."""
     print("waiting for the keeper's base state of the filled parent ...")
-    _wait_base_after(server, parent, (int(high, 16) << 32) | int(low, 16))
+    _wait_base_after(server, parent, filled_at)
     moment = datetime.datetime.now(datetime.UTC)
     print(f"a light writer commits for {back} s, then the parent is branched at that moment ...")
     with Writer(parent.uri):
@@ -229,6 +237,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # progress, live
     # A base state once 64 MB of WAL is archived: the filled parent gets one soon after.
     env = {"PGPLANE_HISTORY_SECONDS": "2", "PGPLANE_HISTORY_BASE_BYTES": str(64 << 20)}
     with running_server(**env) as server:
@@ -238,8 +247,9 @@ def main() -> int:
             archiving = measure_archiving(api, server, args.seconds, args.rounds)
             parent = make_parent(api, server, "big")
             fill(server, parent, args.gb)
+            filled_at = _current_lsn(parent)
             resets = measure_reset(api, parent, args.rounds)
-            pitr = measure_pitr(api, server, parent, args.back)
+            pitr = measure_pitr(api, server, parent, args.back, filled_at)
     return verdict(
         {
             "archiving >= 0.9x tps": archiving["ratio"] >= 0.9,
