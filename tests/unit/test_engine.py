@@ -245,6 +245,40 @@ async def test_same_branch_in_order_other_branches_in_parallel(store: SqliteStor
     ]
 
 
+async def test_long_actions_run_one_per_project_and_never_hold_up_short_ones(
+    store: SqliteStore,
+) -> None:
+    """Two copy slots: project A's first copy and B's take them; A's second copy waits for
+    A's first (though its branches differ), and B's short work runs meanwhile."""
+    a, b = await _project(store), await _project(store)
+    events: list[str] = []
+    gate = asyncio.Event()
+
+    async def handler(ctx: Context, op: Operation) -> OnFinish | None:
+        events.append(f"start {op.branch_id}")
+        if op.action is Action.CREATE_BRANCH:
+            await gate.wait()
+        events.append(f"end {op.branch_id}")
+        return None
+
+    await _settled_with(store, a)
+    await _settled_with(store, b)
+    await _start(store, a, operations.Start(Action.CREATE_BRANCH, branch_id="a1"))
+    await _start(store, a, operations.Start(Action.CREATE_BRANCH, branch_id="a2"))
+    await _start(store, b, operations.Start(Action.CREATE_BRANCH, branch_id="b1"))
+    await _start(store, b, operations.Start(Action.START_COMPUTE, branch_id="b2"))
+    await _start(store, b, operations.Start(Action.APPLY_CONFIG, branch_id="b3"))
+    async with engine(store, dict.fromkeys(Action, handler), workers=2):
+        while not {"start a1", "start b1", "end b2", "end b3"} <= set(events):
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)  # many dispatcher turns
+        assert "start a2" not in events
+        gate.set()
+        await _settled(store, a)
+        await _settled(store, b)
+    assert events.index("start a2") > events.index("end a1")
+
+
 async def _settled_with(store: SqliteStore, pid: str) -> None:
     """Settle the project's creation operations first, so only the test's own remain."""
     async with engine(store, ALL_NOOP):

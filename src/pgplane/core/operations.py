@@ -46,6 +46,15 @@ class Action(enum.StrEnum):
     TENANT_REATTACH = "tenant_reattach"
 
 
+# Actions whose attempts copy, replay or pack a branch's data: minutes on a large branch (a
+# point-in-time rebuild replays up to a day of WAL). The engine runs them in slots of their own,
+# at most one per project at a time, so that one project's copies never hold up another's wakes,
+# suspends or configuration changes, nor take every slot for copies.
+LONG_ACTIONS: frozenset[Action] = frozenset(
+    {Action.CREATE_BRANCH, Action.CREATE_TIMELINE, Action.TENANT_DETACH, Action.TENANT_REATTACH}
+)
+
+
 class IllegalTransition(Exception):
     """An operation was asked to move between states the machine does not connect."""
 

@@ -1,6 +1,9 @@
 """The dispatcher: finds claimable operations, claims them with a lease, runs their handlers.
 
-One dispatcher per process runs up to ``settings.workers`` attempts at once. Claims are
+One dispatcher per process runs up to ``settings.workers`` attempts at once, and as many of the
+long actions (copies, replays, packing: ``LONG_ACTIONS``) beside them, one per project at a time,
+so that a project's copies can neither delay other projects' short work (a wake waiting behind
+an hour of another tenant's replay) nor take every copy slot. Claims are
 compare-and-set in the store, so several processes (or replicas of the control plane later) can
 run dispatchers against one store without running an attempt twice. A worker that dies leaves a
 ``running`` operation whose lease expires; the next dispatcher to look claims it again and counts
@@ -24,7 +27,14 @@ from pgplane.compute.driver import ComputeDriver, ComputeError
 from pgplane.config import Settings
 from pgplane.core import aio, clock
 from pgplane.core.models import Operation
-from pgplane.core.operations import Action, RetryPolicy, Status, check_transition, claimable
+from pgplane.core.operations import (
+    LONG_ACTIONS,
+    Action,
+    RetryPolicy,
+    Status,
+    check_transition,
+    claimable,
+)
 from pgplane.engine.context import Context, Handler, PermanentError
 from pgplane.engine.handlers import GIVEN_UP, HANDLERS
 from pgplane.errors import PgplaneError, Unavailable
@@ -62,6 +72,8 @@ class Engine:
         self._wake = asyncio.Event()
         self._running: dict[str, asyncio.Task[None]] = {}
         self._slots = asyncio.Semaphore(settings.workers)
+        self._long_slots = asyncio.Semaphore(settings.workers)
+        self._long_projects: set[str] = set()  # projects with a long attempt running here
         # Operation id -> (event set when it settles here, number of waiters).
         self._watched: dict[str, tuple[asyncio.Event, int]] = {}
 
@@ -128,8 +140,12 @@ class Engine:
         for op in claimable(unsettled, now):
             if op.id in self._running:
                 continue
-            if self._slots.locked():
-                return
+            long = op.action in LONG_ACTIONS
+            if long and op.project_id in self._long_projects:
+                continue  # the project's next copy waits for its current one
+            slots = self._long_slots if long else self._slots
+            if slots.locked():
+                continue  # the other kind may still have room
             async with self._store.write() as tx:
                 claimed = await tx.claim_operation(
                     seen=op,
@@ -141,18 +157,24 @@ class Engine:
                 )
             if claimed is None:
                 continue
-            await self._slots.acquire()
-            task = asyncio.create_task(self._attempt(claimed), name=f"operation {claimed.id}")
+            await slots.acquire()
+            if long:
+                self._long_projects.add(claimed.project_id)
+            task = asyncio.create_task(
+                self._attempt(claimed, slots, long), name=f"operation {claimed.id}"
+            )
             self._running[claimed.id] = task
 
-    async def _attempt(self, op: Operation) -> None:
+    async def _attempt(self, op: Operation, slots: asyncio.Semaphore, long: bool) -> None:
         heartbeat = asyncio.create_task(self._heartbeat(op))
         try:
             await self._run_handler(op)
         finally:
             heartbeat.cancel()
             self._running.pop(op.id, None)
-            self._slots.release()
+            if long:
+                self._long_projects.discard(op.project_id)
+            slots.release()
             self._wake.set()  # what waited behind this operation may run now
 
     async def _run_handler(self, op: Operation) -> None:
