@@ -50,7 +50,9 @@ def _write_archive(src: Path, archive: Path) -> Manifest:
             for rel, st in _walk(src):
                 path = src / rel
                 info = tarfile.TarInfo(rel)
-                info.mtime = int(st.st_mtime)
+                # A float (PAX keeps its fraction): a stopped branch's history is dated by when
+                # its files were last written, to the microsecond.
+                info.mtime = st.st_mtime
                 info.mode = stat.S_IMODE(st.st_mode)
                 if stat.S_ISDIR(st.st_mode):
                     info.type = tarfile.DIRTYPE
