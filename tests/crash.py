@@ -222,6 +222,12 @@ def assert_consistent(server: Server, api: Api, pid: str, *, failed: Collection[
         assert on_disk == sorted(b["id"] for b in branches)
         for branch in branches:
             branch_dir = project_dir / "branches" / branch["id"]
+            # A reset's old data is removed in the background (or by the next start's sweep).
+            wait_for(
+                f"the old data of {branch['id']} removed",
+                lambda d=branch_dir: not list(d.glob(".trash-*")),
+                server=server,
+            )
             # No temporary copy left behind (a rebuild's, a restore's); its history beside it.
             data = {p.name for p in branch_dir.iterdir() if not p.name.endswith(".log")}
             assert data - {"wal", "base", "restored"} == {"pgdata"}, (branch_dir, data)

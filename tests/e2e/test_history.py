@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -273,3 +275,67 @@ def test_points_outside_the_history_are_refused_and_create_nothing(hapi: Api) ->
         "start_compute",
         "apply_storage_config",
     }
+
+
+def test_history_goes_with_a_detached_project_and_comes_back() -> None:
+    """A point before the detach, asked after it: the project is reattached (its archive and
+    base states unpacked with it) and the branch holds exactly what was committed by then."""
+    with running_server(
+        PGPLANE_DETACH_AFTER_SECONDS="2",
+        PGPLANE_SCHEDULER_SECONDS="0.2",
+        PGPLANE_HISTORY_SECONDS="1",
+    ) as server:
+        _, key = server.create_key("cold-history@example.com")
+        with Api(server, key) as api:
+            project, pid, uri = _project_with_table(api, "cold-history")
+            main = project["branch"]["id"]
+            _commit(uri, 1)
+            moment, _ = _commit(uri, 2)
+            time.sleep(0.05)
+            _commit(uri, 3)
+            api.suspend(pid, project["endpoints"][0]["id"])
+            wait_for(
+                "tenant_detach",
+                lambda: any(
+                    o["action"] == "tenant_detach" and o["status"] == "finished"
+                    for o in api.operations(pid)
+                ),
+                server=server,
+            )
+            assert not (server.data_dir / "projects" / pid).exists()
+
+            then = _branch(api, pid, name="before-detach", parent_id=main, parent_timestamp=moment)
+            assert _rows(then["connection_uris"][0]["connection_uri"]) == [1, 2]
+            actions = [o["action"] for o in api.operations(pid)]
+            assert "tenant_reattach" in actions, actions
+            assert _rows(uri) == [1, 2, 3]
+
+
+def test_a_branch_at_now_of_a_parent_whose_compute_died_holds_every_commit(
+    hapi: Api, history_server: Server
+) -> None:
+    """A parent killed mid-flight left no abort marker at the end of its WAL: a time after its
+    last commit is never "reached" by the replay, which then goes on to the end of the history
+    (every commit, none lost)."""
+    project, pid, uri = _project_with_table(hapi, "died")
+    main = project["branch"]["id"]
+    _commit(uri, 1)
+    _commit(uri, 2)
+    pgdata = history_server.data_dir / "projects" / pid / "branches" / main / "pgdata"
+    postmaster = int((pgdata / "postmaster.pid").read_text().split()[0])
+    os.kill(postmaster, signal.SIGKILL)
+    wait_for("the parent's postmaster gone", lambda: not _alive(postmaster))
+    now = datetime.datetime.now(datetime.UTC).isoformat()
+    then = _branch(hapi, pid, name="now", parent_id=main, parent_timestamp=now)
+    assert _rows(then["connection_uris"][0]["connection_uri"]) == [1, 2]
+    assert "after the last commit archived: replaying all of it" in history_server.log()
+    assert _rows(uri) == [1, 2]  # the parent, started again by the connection
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie its parent, serve, has not reaped yet is not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"

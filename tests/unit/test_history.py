@@ -4,13 +4,20 @@ branch's history, which base state a point replays from, and what a window frees
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
 import pytest
 
 from pgplane.compute.driver import HistoryBounds, Point
-from pgplane.compute.local.history import BASE_STATE, HistoryDirs, list_bases, prune
+from pgplane.compute.local.history import (
+    BASE_STATE,
+    HistoryDirs,
+    list_bases,
+    prune,
+    stopped_by,
+)
 from pgplane.compute.local.pitr import choose_base
 from pgplane.core.models import Branch, Project
 from pgplane.errors import BadRequest
@@ -130,3 +137,12 @@ def test_a_window_keeps_the_base_before_it_and_what_follows(tmp_path: Path) -> N
     prune(dirs, 0, now)  # no history kept at all
     assert list_bases(dirs) == []
     assert list(dirs.wal.iterdir()) == []
+
+
+def test_stopped_data_is_dated_no_earlier_than_its_last_write(tmp_path: Path) -> None:
+    """A state dated early would be taken to hold only what was committed by then."""
+    control = tmp_path / "global" / "pg_control"
+    control.parent.mkdir()
+    control.write_bytes(b"")
+    os.utime(control, ns=(1_700_000_041_900_000_001, 1_700_000_041_900_000_001))
+    assert stopped_by(tmp_path) == 1_700_000_041_900_002

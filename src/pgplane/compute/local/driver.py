@@ -35,7 +35,7 @@ from pgplane.compute.local.config import LocalDriverConfig
 from pgplane.compute.local.copies import Copies
 from pgplane.compute.local.files import remove_tree, sweep_trash, write_atomic
 from pgplane.compute.local.hba import write_hba
-from pgplane.compute.local.history import prune, read_retention, take_offline_base
+from pgplane.compute.local.history import read_retention
 from pgplane.compute.local.history_ops import Histories
 from pgplane.compute.local.installs import Installs
 from pgplane.compute.local.layout import Layout, ensure_dir, ensure_private_dir
@@ -53,7 +53,6 @@ from pgplane.compute.local.timeline import (
 from pgplane.compute.local.user import RunAs, open_traversal
 from pgplane.compute.local.users import ComputeUsers
 from pgplane.compute.local.verifiers import read_verifiers
-from pgplane.core import clock
 
 log = logging.getLogger(__name__)
 
@@ -165,9 +164,8 @@ class LocalComputeDriver:
             )
             # The root branch's history starts with it: its first base state is the fresh
             # cluster itself (small, and nothing runs on it yet).
-            dirs = self._histories.dirs(project_id, branch_id)
             if await asyncio.to_thread(read_retention, self.layout.storage_config(project_id)):
-                await take_offline_base(install, run_as, dirs)
+                await self._histories.take_stopped_base(project_id, branch_id, install, run_as)
 
     async def create_branch(
         self,
@@ -328,8 +326,7 @@ class LocalComputeDriver:
         # on or off (0) at each compute's next start.
         for branch_id in ids(self.layout.project_dir(project_id) / "branches"):
             dirs = self._histories.dirs(project_id, branch_id)
-            async with self._locks["history", dirs.branch_dir]:
-                await asyncio.to_thread(prune, dirs, history_retention_seconds, clock.now_us())
+            await self._histories.prune(dirs, history_retention_seconds)
 
     async def detach_tenant(self, *, project_id: str) -> None:
         await self._prepare()
@@ -367,6 +364,9 @@ class LocalComputeDriver:
                     await asyncio.to_thread(self._make_dirs, shared)
                     await sweep_trash(self.layout.projects)
                     await sweep_trash(self.layout.archives)
+                    for project_id in ids(self.layout.projects):  # a reset's old data
+                        for branch_id in ids(self.layout.project_dir(project_id) / "branches"):
+                            await sweep_trash(self.layout.branch_dir(project_id, branch_id))
                     self._prepared = True
         return shared
 

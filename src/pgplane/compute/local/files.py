@@ -144,12 +144,14 @@ async def remove_tree(path: Path) -> None:
     The rename to a trash name is atomic; the slow rmtree then only ever works on trash, which
     :func:`sweep_trash` finishes after a crash.
     """
-    trash = await asyncio.to_thread(_to_trash, path)
+    trash = await asyncio.to_thread(to_trash, path)
     if trash is not None:
         await asyncio.to_thread(shutil.rmtree, trash)
 
 
-def _to_trash(path: Path) -> Path | None:
+def to_trash(path: Path) -> Path | None:
+    """Rename ``path`` to a trash name beside it (atomic and durable); the trash, if it existed.
+    Whoever removes the trash may do it later: :func:`sweep_trash` finishes it after a crash."""
     if not path.exists():
         return None
     trash = path.with_name(f"{TRASH_PREFIX}{path.name}-{secrets.token_hex(4)}")

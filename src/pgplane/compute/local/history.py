@@ -220,7 +220,7 @@ async def take_offline_base(
     before = await read_control_data(install, run_as, pgdata)
     if not before.shut_down or read_pid_file(pgdata) is not None:
         return None
-    shut_down_at = (await asyncio.to_thread(os.stat, pgdata / "global" / "pg_control")).st_mtime
+    shut_down_at = await asyncio.to_thread(stopped_by, pgdata)
     tmp = _fresh_tmp(dirs)
     try:
         segments, histories = await asyncio.to_thread(wal_files, pgdata / "pg_wal")
@@ -237,12 +237,18 @@ async def take_offline_base(
             tmp,
             start_lsn=before.redo,
             end_lsn=before.checkpoint,
-            end_time=int(shut_down_at * 1_000_000),
+            end_time=shut_down_at,
             segment_size=before.segment_size,
         )
     except BaseException:
         await asyncio.shield(asyncio.to_thread(shutil.rmtree, tmp, True))
         raise
+
+
+def stopped_by(pgdata: Path) -> int:
+    """A time (epoch us) no earlier than the stopped data's last write: its control file's mtime,
+    rounded up, and a microsecond more for what the cold archive's float mtimes may lose."""
+    return -(-(pgdata / "global" / "pg_control").stat().st_mtime_ns // 1000) + 1
 
 
 def _copy_stopped(pgdata: Path, dst: Path, wal: list[str]) -> None:
@@ -347,6 +353,14 @@ def catalog_wal(dirs: HistoryDirs) -> dict[str, str]:
     return sums
 
 
+def sweep_unfinished_bases(dirs: HistoryDirs) -> None:
+    """Remove base states a crash left half copied (none may be being taken meanwhile)."""
+    if dirs.bases.is_dir():
+        for entry in dirs.bases.iterdir():
+            if entry.name.startswith(".tmp-"):
+                shutil.rmtree(entry, ignore_errors=True)
+
+
 def _prune_wal(dirs: HistoryDirs, keep: list[Base]) -> None:
     """The archived WAL before the oldest base state kept (all of it when none is)."""
     if not dirs.wal.is_dir():
@@ -393,9 +407,5 @@ def prune(dirs: HistoryDirs, retention_seconds: int, now_us: int) -> int:
     for b in bases:
         if b.path not in kept:
             shutil.rmtree(b.path, ignore_errors=True)
-    if dirs.bases.is_dir():
-        for entry in dirs.bases.iterdir():  # copies a crash left unfinished
-            if entry.name.startswith(".tmp-"):
-                shutil.rmtree(entry, ignore_errors=True)
     _prune_wal(dirs, keep)
     return max(0, before - history_bytes(dirs))

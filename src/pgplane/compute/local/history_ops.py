@@ -2,10 +2,12 @@
 
 Locks (the driver's, by key), taken in this order: ``("tenant", project_id)`` while the keeper
 works on a project (a detach or reattach, which holds it, moves the whole tree);
-``("timeline", pgdata)`` while a branch's data is built or replaced; ``("history", branch_dir)``
-while a branch's base states or archive are read or changed (a rebuild from them, the keeper, a
-restore moving them); ``("postmaster", pgdata)`` while a postmaster is started or stopped on
-it, or an online backup runs on it.
+``("timeline", pgdata)`` while a branch's data is built or replaced; ``("base", branch_dir)``
+while a base state of the branch is copied (the keeper) or its history moved (a restore);
+``("history", branch_dir)`` while a branch's base states or archive are read or changed (a
+rebuild from them, the keeper's choices and pruning, a restore moving them), never for the
+length of a base state's copy; ``("postmaster", pgdata)`` while a postmaster is started or
+stopped on it, or an online backup runs on it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import os
 import shutil
 import threading
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 
 import psycopg
@@ -28,7 +30,7 @@ from pgplane.compute.local.binaries import PgInstall
 from pgplane.compute.local.branch import check_space, copy_online
 from pgplane.compute.local.computes import Computes
 from pgplane.compute.local.datacopy import copy_files
-from pgplane.compute.local.files import fsync_dir, remove_tree, write_atomic
+from pgplane.compute.local.files import fsync_dir, to_trash, write_atomic
 from pgplane.compute.local.history import (
     HistoryDirs,
     archived_bytes_since,
@@ -39,9 +41,12 @@ from pgplane.compute.local.history import (
     prune,
     publish_base,
     read_retention,
+    stopped_by,
+    sweep_unfinished_bases,
     take_offline_base,
 )
 from pgplane.compute.local.layout import TIMELINE_MARKER, Layout
+from pgplane.compute.local.pidfile import read_pid_file
 from pgplane.compute.local.pitr import choose_base, describe, flush_archive, rebuild
 from pgplane.compute.local.postmaster import Postmasters
 from pgplane.compute.local.sessions import MONITOR_USER, connect, conninfo
@@ -77,7 +82,8 @@ class Histories:
         self._install = install
         self._base_bytes = base_bytes
         self._reserve = disk_reserve_bytes
-        self._soon: set[asyncio.Task[None]] = set()
+        self._soon: set[asyncio.Task[object]] = set()
+        self._swept: set[Path] = set()  # branches whose unfinished base states were removed
 
     def dirs(self, project_id: str, branch_id: str) -> HistoryDirs:
         return HistoryDirs(self.layout.branch_dir(project_id, branch_id))
@@ -95,7 +101,12 @@ class Histories:
         tail = pgdata.with_name(f"{pgdata.name}.tail")
         await asyncio.to_thread(shutil.rmtree, tail, True)
         async with self._locks["history", source.branch_dir]:
-            await self._flush(source, tail)
+            stopped_at = await self._flush(source, tail)
+            # A time after a stopped source shut down holds all of its history: replayed to its
+            # end (a target time after the last commit is never "reached", costing a replay).
+            after_all = (
+                stopped_at is not None and point.time_us is not None and point.time_us >= stopped_at
+            )
             base = choose_base(await asyncio.to_thread(list_bases, source), point)
             if base is None:
                 raise ComputeError(
@@ -115,7 +126,7 @@ class Histories:
                     tmp=tmp,
                     socket_dir=socket_dir,
                     hba_file=self.layout.hba_file,
-                    point=point,
+                    point=None if after_all else point,
                     tail=tail,
                 )
             except BaseException:
@@ -134,19 +145,21 @@ class Histories:
         await self._postmasters.stop(tmp)
         await asyncio.to_thread(shutil.rmtree, tmp, True)
 
-    async def _flush(self, dirs: HistoryDirs, tail: Path) -> None:
+    async def _flush(self, dirs: HistoryDirs, tail: Path) -> int | None:
         """Everything the branch wrote up to now where a replay finds it: in its archive (a
         running compute is asked to complete its segment), or, for what a stopped one left
-        unarchived (stopped by an earlier version, detached, or killed), copied into ``tail``
-        under its postmaster lock, so that it cannot change while copied."""
+        unarchived (its last segment, or more if stopped by an earlier version or killed),
+        copied into ``tail`` under its postmaster lock, so that it cannot change while copied.
+        When it was shut down cleanly (epoch us), for a stopped one."""
         running = self._postmasters.running(dirs.pgdata)
         if running is None:
             async with self._locks["postmaster", dirs.pgdata]:
                 running = self._postmasters.running(dirs.pgdata)
                 if running is None:
                     await asyncio.to_thread(_copy_unarchived, dirs, tail)
-                    return
+                    return await asyncio.to_thread(_shut_down_at, dirs.pgdata)
         await flush_archive(running, dirs)
+        return None
 
     async def swap_in(
         self,
@@ -163,7 +176,7 @@ class Histories:
         when its source is still there, and the swap is recorded before its last rename, so a
         retry after a crash finishes it (see ``restored``)."""
         dirs = self.dirs(project_id, branch_id)
-        async with self._locks["history", dirs.branch_dir]:
+        async with self._locks["base", dirs.branch_dir], self._locks["history", dirs.branch_dir]:
             for data_dir in (dirs.pgdata, temporary_pgdata(dirs.pgdata)):
                 async with self._locks["postmaster", data_dir]:
                     await self._computes.stop_archived(data_dir)
@@ -176,8 +189,11 @@ class Histories:
                         os.replace(src, dst)
                 await asyncio.to_thread(fsync_dir, keep.branch_dir)
             else:
+                # Out of the way at once, removed once the branch serves again: a reset's
+                # duration is not that of deleting the old data (gigabytes, with its history).
                 for src in old:
-                    await remove_tree(src)
+                    if (trash := await asyncio.to_thread(to_trash, src)) is not None:
+                        self._in_background(asyncio.to_thread(shutil.rmtree, trash, True))
             await failpoints.reached("restore_branch:moved")
             # Recorded before the last rename: a retry that finds the record only finishes it.
             record = f"{restore_id} {'' if lsn is None else lsn}".encode()
@@ -238,7 +254,10 @@ class Histories:
     def soon(self, project_id: str, branch_id: str) -> None:
         """Take the branch's first base state now, in the background (a new or restored branch
         has none, and its history starts with it)."""
-        task = asyncio.create_task(self._keep_logged(project_id, branch_id))
+        self._in_background(self._keep_logged(project_id, branch_id))
+
+    def _in_background(self, work: Coroutine[object, object, object]) -> None:
+        task = asyncio.create_task(work)
         self._soon.add(task)
         task.add_done_callback(self._soon.discard)
 
@@ -271,23 +290,45 @@ class Histories:
         if not (dirs.pgdata / TIMELINE_MARKER).is_file():
             return
         retention = await asyncio.to_thread(read_retention, self.layout.storage_config(project_id))
+        # A base state is copied under the branch's base lock only (one at a time; a restore's
+        # swap waits for it), not its history lock: a rebuild from the history, which holds
+        # that, never waits for a copy of the whole branch.
+        async with self._locks["base", dirs.branch_dir]:
+            if dirs.branch_dir not in self._swept:  # base states a crash left half copied
+                await asyncio.to_thread(sweep_unfinished_bases, dirs)
+                self._swept.add(dirs.branch_dir)
+            async with self._locks["history", dirs.branch_dir]:
+                if not (dirs.pgdata / TIMELINE_MARKER).is_file():
+                    return  # removed or swapped while we waited
+                due = None
+                if retention > 0:
+                    major = int((dirs.pgdata / "PG_VERSION").read_text().strip())
+                    install, run_as = await self._install(project_id, major)
+                    await asyncio.to_thread(prepare_archive, dirs, run_as)
+                    await asyncio.to_thread(catalog_wal, dirs)
+                    bases = await asyncio.to_thread(list_bases, dirs)
+                    if not bases or await asyncio.to_thread(
+                        archived_bytes_since, dirs, bases[-1]
+                    ) >= max(self._base_bytes, bases[-1].bytes):
+                        due = install, run_as
+            if due is not None:
+                await self._take_base(*due, dirs)
+        await self.prune(dirs, retention)
+
+    async def take_stopped_base(
+        self, project_id: str, branch_id: str, install: PgInstall, run_as: RunAs
+    ) -> None:
+        """A base state of the branch's stopped data (a new root branch's first)."""
+        dirs = self.dirs(project_id, branch_id)
+        async with self._locks["base", dirs.branch_dir]:
+            await take_offline_base(install, run_as, dirs)
+
+    async def prune(self, dirs: HistoryDirs, retention: int) -> None:
+        """Free what the window of ``retention`` seconds no longer needs."""
         async with self._locks["history", dirs.branch_dir]:
-            if not (dirs.pgdata / TIMELINE_MARKER).is_file():
-                return  # removed or swapped while we waited
-            if retention > 0:
-                major = int((dirs.pgdata / "PG_VERSION").read_text().strip())
-                install, run_as = await self._install(project_id, major)
-                await asyncio.to_thread(prepare_archive, dirs, run_as)
-                await asyncio.to_thread(catalog_wal, dirs)
-                bases = await asyncio.to_thread(list_bases, dirs)
-                due = not bases or await asyncio.to_thread(
-                    archived_bytes_since, dirs, bases[-1]
-                ) >= max(self._base_bytes, bases[-1].bytes)
-                if due:
-                    await self._take_base(install, run_as, dirs)
             freed = await asyncio.to_thread(prune, dirs, retention, clock.now_us())
-            if freed:
-                log.info("history of %s/%s: %d bytes freed", project_id, branch_id, freed)
+        if freed:
+            log.info("history of %s: %d bytes freed", dirs.branch_dir.name, freed)
 
     async def _take_base(self, install: PgInstall, run_as: RunAs, dirs: HistoryDirs) -> None:
         if self._postmasters.running(dirs.pgdata) is None:
@@ -314,6 +355,17 @@ class Histories:
             except BaseException:
                 await asyncio.shield(asyncio.to_thread(shutil.rmtree, tmp, True))
                 raise
+
+
+def _shut_down_at(pgdata: Path) -> int | None:
+    """A time no earlier than the stopped data's clean shutdown (see ``stopped_by``), else None:
+    a postmaster that died leaves its pid file, a copy never started its backup label."""
+    if read_pid_file(pgdata) is not None or (pgdata / "backup_label").exists():
+        return None
+    try:
+        return stopped_by(pgdata)
+    except FileNotFoundError:
+        return None
 
 
 def _copy_unarchived(dirs: HistoryDirs, tail: Path) -> None:

@@ -27,7 +27,10 @@ import logging
 import os
 import shutil
 import threading
+import time
+from collections.abc import Awaitable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import psycopg
 
@@ -53,6 +56,7 @@ from pgplane.compute.local.wal import parse_lsn, parse_segment, wal_files
 
 log = logging.getLogger(__name__)
 
+_T = TypeVar("_T")
 _NOT_REACHED = "recovery ended before configured recovery target was reached"
 _REPLAY_TIMEOUT = 3600.0
 _ARCHIVE_TIMEOUT = 60.0
@@ -102,6 +106,10 @@ async def switch_wal(running: PidFile) -> str | None:
                 row = await cur.fetchone()
                 if row is None or row[0]:
                     return None
+                # A transaction's abort record, stamped now, at the end of the history: a replay
+                # to any earlier time stops at it (no later commit, it would never be "reached").
+                async with conn.transaction(force_rollback=True):
+                    await conn.execute("SELECT pg_catalog.pg_current_xact_id()")
                 # The segment holding the position just before the one returned: a switch with
                 # nothing new to complete returns the start of the current segment.
                 cur = await conn.execute(
@@ -141,10 +149,11 @@ async def rebuild(
     tmp: Path,
     socket_dir: Path,
     hba_file: Path,
-    point: Point,
+    point: Point | None,
     tail: Path | None = None,
 ) -> int:
-    """Build ``tmp`` as the source's data at ``point``; the LSN its new timeline starts at.
+    """Build ``tmp`` as the source's data at ``point`` (None: all of its history); the LSN its
+    new timeline starts at.
 
     ``tail``: WAL files of a stopped source that its archive lacks, put in the copy's pg_wal,
     where a replay looks for a segment its restore_command does not find.
@@ -154,44 +163,88 @@ async def rebuild(
         for _, segno, name in archived_segments(source, base.segment_size)
         if segno >= base.start_lsn // base.segment_size
     ]
-    # Checked while copied: the same files are read once from the disk, and the checksums
-    # take the other core (in sequence they added half again to the copy of 1 GB).
-    # All three end before anything is raised: no thread may still write into ``tmp`` while
-    # the caller removes it.
-    outcomes = await asyncio.gather(
-        asyncio.to_thread(verify_base, base),
-        asyncio.to_thread(verify_wal, source, segments),
-        asyncio.to_thread(_copy_base, base, tmp, tail),
-        return_exceptions=True,
+    t0 = time.perf_counter()
+    # The checksums are checked beside the copy and the replay (the other core), not before
+    # them: in sequence they added half again to a rebuild of 1 GB. Nothing is published
+    # before they pass, and a replay is stopped as soon as one fails.
+    checks: asyncio.Future[tuple[None, None]] = asyncio.ensure_future(
+        asyncio.gather(
+            asyncio.to_thread(verify_base, base),
+            asyncio.to_thread(verify_wal, source, segments),
+        )
     )
-    for outcome in outcomes:
-        if isinstance(outcome, BaseException):
-            raise outcome
-    await asyncio.to_thread(hand_over, tmp, {os.geteuid()}, run_as)
+    try:
+        await asyncio.to_thread(_copy_base, base, tmp, tail)
+        await asyncio.to_thread(hand_over, tmp, {os.geteuid()}, run_as)
+        t1 = time.perf_counter()
+        replay = _replay_to(install, run_as, postmasters, source, tmp, socket_dir, hba_file, point)
+        switch, to_end = await _unless_failed(checks, replay)
+        await checks
+    finally:
+        await asyncio.gather(checks, return_exceptions=True)
+    last = segments[-1] if segments else None
+    if to_end and last is not None:
+        _, last_segno = parse_segment(last, base.segment_size)
+        if switch // base.segment_size < last_segno:
+            raise ComputeError(
+                f"the replay stopped at {format_lsn(switch)}, before the end of the archive"
+                f" ({last}): a segment is unreadable"
+            )
+    t2 = time.perf_counter()
+    await asyncio.to_thread(sync_tree, tmp)
+    log.info(
+        "%s rebuilt from base state %s: copied in %.0f ms, replayed in %.0f ms, synced in %.0f ms",
+        "the end of the history" if point is None else describe(point),
+        base.path.name,
+        (t1 - t0) * 1000,
+        (t2 - t1) * 1000,
+        (time.perf_counter() - t2) * 1000,
+    )
+    return switch
+
+
+async def _unless_failed(checks: asyncio.Future[Any], work: Awaitable[_T]) -> _T:
+    """``work``'s result, unless ``checks`` fail first (then ``work`` is cancelled)."""
+    task = asyncio.ensure_future(work)
+    both: set[asyncio.Future[Any]] = {task, checks}
+    try:
+        await asyncio.wait(both, return_when=asyncio.FIRST_EXCEPTION)
+        if checks.done() and not checks.cancelled() and checks.exception() is not None:
+            await checks  # raises it
+        return await task
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+async def _replay_to(
+    install: PgInstall,
+    run_as: RunAs,
+    postmasters: Postmasters,
+    source: HistoryDirs,
+    tmp: Path,
+    socket_dir: Path,
+    hba_file: Path,
+    point: Point | None,
+) -> tuple[int, bool]:
+    """Replay to ``point`` (None: to the end of the history); where the new timeline starts,
+    and whether the replay went to the end of the history."""
     try:
         switch = await _replay(
             install, run_as, postmasters, source, tmp, socket_dir, hba_file, point
         )
     except _TargetNotReached:
+        if point is None:
+            raise ComputeError("the replay ended before the end of the history") from None
         log.info("%s is after the last commit archived: replaying all of it", describe(point))
-        await postmasters.stop(tmp)
-        # The first replay may have left restored files behind; start again from the base.
-        await asyncio.to_thread(shutil.rmtree, tmp, True)
-        await asyncio.to_thread(_copy_base, base, tmp, tail)
-        await asyncio.to_thread(hand_over, tmp, {os.geteuid()}, run_as)
-        switch = await _replay(
-            install, run_as, postmasters, source, tmp, socket_dir, hba_file, None
-        )
-        last = segments[-1] if segments else None
-        if last is not None:
-            _, last_segno = parse_segment(last, base.segment_size)
-            if switch // base.segment_size < last_segno:
-                raise ComputeError(
-                    f"the replay stopped at {format_lsn(switch)}, before the end of the archive"
-                    f" ({last}): a segment is unreadable"
-                ) from None
-    await asyncio.to_thread(sync_tree, tmp)
-    return switch
+    else:
+        return switch, point is None
+    # The copy stopped in archive recovery at the end of the history: started again without a
+    # target, it goes on from its last restartpoint (a standby restarted), to the end.
+    await postmasters.stop(tmp)
+    switch = await _replay(install, run_as, postmasters, source, tmp, socket_dir, hba_file, None)
+    return switch, True
 
 
 class _TargetNotReached(Exception):
