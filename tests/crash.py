@@ -120,9 +120,10 @@ class Crash:
         beside it is left out: the keeper catalogues, takes and frees it on its own time."""
         branches = self.server.data_dir / "projects" / self.pid / "branches"
         return {
-            path: digest
-            for path, digest in tree_checksums(branches).items()
-            if path.split("/")[1:2] not in (["wal"], ["base"])
+            f"{branch.name}/pgdata/{path}": digest
+            for branch in sorted(branches.iterdir())
+            if (branch / "pgdata").is_dir()
+            for path, digest in tree_checksums(branch / "pgdata").items()
         }
 
     def log(self) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import os
 import signal
 import time
@@ -339,3 +340,64 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def _flip_a_byte(path: Path) -> None:
+    with path.open("r+b") as f:
+        f.seek(path.stat().st_size // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_a_damaged_history_fails_the_branch_and_says_why() -> None:
+    """A byte changed in a base state, then in the archived segment holding the point: the
+    branch at that point fails with the damage named, and nothing of its replay is published.
+    (The archive shares its segments' blocks with pg_wal: the damage is done once the parent
+    no longer needs the segment, its compute suspended.)"""
+    with running_server(PGPLANE_HISTORY_SECONDS="1", PGPLANE_MAX_ATTEMPTS="1") as server:
+        _, key = server.create_key("damage@example.com")
+        with Api(server, key) as api:
+            project, pid, uri = _project_with_table(api, "damage")
+            main = project["branch"]["id"]
+            _commit(uri, 1)
+            moment, _ = _commit(uri, 2)
+            time.sleep(0.05)
+            _commit(uri, 3)
+            with psycopg.connect(uri) as conn:
+                row = conn.execute("SELECT pg_walfile_name(pg_current_wal_lsn())").fetchone()
+            assert row is not None
+            segment = row[0]
+            branch_dir = server.data_dir / "projects" / pid / "branches" / main
+
+            def fails_with(words: str) -> None:
+                r = api.http.post(
+                    f"/projects/{pid}/branches",
+                    json={"branch": {"parent_id": main, "parent_timestamp": moment}},
+                )
+                assert r.status_code == 201, r.text
+                op = next(o for o in r.json()["operations"] if o["action"] == "create_branch")
+                (done,) = api.wait_operations(pid, [op["id"]])
+                assert done["status"] == "failed", done
+                assert words in done["error"], done["error"]
+
+            bases = sorted(p for p in (branch_dir / "base").iterdir() if p.name[0] != ".")
+            base = next(p for p in bases if (p / "base.json").is_file())
+            files = [p for p in (base / "pgdata" / "base").rglob("*") if p.is_file()]
+            biggest = max(files, key=lambda p: p.stat().st_size)
+            original = biggest.read_bytes()
+            _flip_a_byte(biggest)
+            fails_with("does not match its checksum")
+            biggest.write_bytes(original)
+
+            # The segment holding the point, archived by the suspend and catalogued by the
+            # keeper (its checksum taken as first seen), then damaged.
+            api.suspend(pid, project["endpoints"][0]["id"])
+            sums = branch_dir / "base" / "wal.json"
+            wait_for(
+                "the point's segment catalogued",
+                lambda: sums.is_file() and segment in json.loads(sums.read_bytes()),
+                server=server,
+            )
+            _flip_a_byte(branch_dir / "wal" / segment)
+            fails_with(f"archived WAL segment {segment} does not match its checksum")

@@ -69,6 +69,8 @@ CREATE FUNCTION {s}.pg_switch_wal() RETURNS pg_lsn LANGUAGE sql
   AS $$ SELECT CASE WHEN public.fire('pg_switch_wal') THEN '0/0'::pg_lsn END $$;
 CREATE FUNCTION {s}.pg_walfile_name(pg_lsn) RETURNS text LANGUAGE sql
   AS $$ SELECT CASE WHEN public.fire('pg_walfile_name') THEN 'x' END $$;
+CREATE FUNCTION {s}.pg_current_xact_id() RETURNS xid8 LANGUAGE sql
+  AS $$ SELECT CASE WHEN public.fire('pg_current_xact_id') THEN '0'::xid8 END $$;
 CREATE FUNCTION {s}.pg_current_wal_lsn() RETURNS pg_lsn LANGUAGE sql
   AS $$ SELECT CASE WHEN public.fire('pg_current_wal_lsn') THEN '0/0'::pg_lsn END $$;
 CREATE FUNCTION {s}.pg_current_wal_insert_lsn() RETURNS pg_lsn LANGUAGE sql

@@ -18,7 +18,7 @@ from pgplane.compute.local.history import (
     prune,
     stopped_by,
 )
-from pgplane.compute.local.pitr import choose_base
+from pgplane.compute.local.pitr import _RESTORED, _likely_read, choose_base
 from pgplane.core.models import Branch, Project
 from pgplane.errors import BadRequest
 from pgplane.services import history
@@ -146,3 +146,26 @@ def test_stopped_data_is_dated_no_earlier_than_its_last_write(tmp_path: Path) ->
     control.write_bytes(b"")
     os.utime(control, ns=(1_700_000_041_900_000_001, 1_700_000_041_900_000_001))
     assert stopped_by(tmp_path) == 1_700_000_041_900_002
+
+
+def test_the_segments_a_replay_reads_are_told_beforehand_or_read_from_its_log(
+    tmp_path: Path,
+) -> None:
+    dirs = HistoryDirs(tmp_path)
+    dirs.wal.mkdir()
+    names = [f"00000001000000000000000{n}" for n in range(1, 6)]
+    for n, name in enumerate(names, start=1):
+        (dirs.wal / name).write_bytes(b"")
+        os.utime(dirs.wal / name, ns=(n * 10 * 1000, n * 10 * 1000))  # written at n*10 us
+    # A time: up to the first segment written at or after it (the stop may lie in any later
+    # one, which the log then names).
+    assert _likely_read(dirs, names, SEGMENT, Point(time_us=25)) == names[:3]
+    assert _likely_read(dirs, names, SEGMENT, Point(time_us=30)) == names[:3]
+    assert _likely_read(dirs, names, SEGMENT, Point(lsn=3 * SEGMENT + 5)) == names[:3]
+    assert _likely_read(dirs, names, SEGMENT, None) == names
+    log = (
+        '2026-11-24 LOG:  restored log file "000000010000000000000004" from archive\n'
+        '2026-11-24 LOG:  restored log file "00000002.history" from archive\n'
+        "2026-11-24 LOG:  redo done at 0/4000028\n"
+    )
+    assert _RESTORED.findall(log) == ["000000010000000000000004", "00000002.history"]

@@ -69,13 +69,15 @@ class Copies:
         install, run_as = await self._install(project_id, pg_version, make_dir=True)
         await asyncio.to_thread(ensure_dir, pgdata.parent)
         if point is not None:
-            return await self._histories.build_at(
+            lsn = await self._histories.build_at(
                 project_id=project_id,
                 source_id=source_id,
                 pgdata=pgdata,
                 pg_version=pg_version,
                 point=point,
             )
+            self._refill_spares()
+            return lsn
         async with self._locks["postmaster", parent]:
             if self._postmasters.running(parent) is None:
                 await self._tenants.claim(parent, run_as)  # pg_controldata reads it as run_as

@@ -81,17 +81,18 @@ class LocalComputeDriver:
             tenants=self._tenants,
             install=self._install,
         )
+        self._spares = SparePool(self.layout.spares)
         self._histories = Histories(
             layout=self.layout,
             postmasters=self._postmasters,
             locks=self._locks,
             computes=self._computes,
             install=self._install,
+            spares=self._spares,
             base_bytes=config.history_base_bytes,
             disk_reserve_bytes=config.disk_reserve_bytes,
         )
         self._prepared = False
-        self._spares = SparePool(self.layout.spares)
         self._copies = Copies(
             layout=self.layout,
             postmasters=self._postmasters,

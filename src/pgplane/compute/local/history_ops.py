@@ -50,6 +50,7 @@ from pgplane.compute.local.pidfile import read_pid_file
 from pgplane.compute.local.pitr import choose_base, describe, flush_archive, rebuild
 from pgplane.compute.local.postmaster import Postmasters
 from pgplane.compute.local.sessions import MONITOR_USER, connect, conninfo
+from pgplane.compute.local.spares import SparePool
 from pgplane.compute.local.tenants import ids
 from pgplane.compute.local.timeline import temporary_pgdata
 from pgplane.compute.local.user import RunAs
@@ -72,6 +73,7 @@ class Histories:
         locks: defaultdict[tuple[object, ...], asyncio.Lock],
         computes: Computes,
         install: InstallFor,
+        spares: SparePool,
         base_bytes: int,
         disk_reserve_bytes: int | None,
     ) -> None:
@@ -80,6 +82,7 @@ class Histories:
         self._locks = locks
         self._computes = computes
         self._install = install
+        self._spares = spares
         self._base_bytes = base_bytes
         self._reserve = disk_reserve_bytes
         self._soon: set[asyncio.Task[object]] = set()
@@ -128,6 +131,7 @@ class Histories:
                     hba_file=self.layout.hba_file,
                     point=None if after_all else point,
                     tail=tail,
+                    spares=self._spares,
                 )
             except BaseException:
                 await asyncio.shield(self._discard(tmp))

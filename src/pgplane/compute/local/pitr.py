@@ -25,6 +25,7 @@ import asyncio
 import datetime
 import logging
 import os
+import re
 import shutil
 import threading
 import time
@@ -36,7 +37,7 @@ import psycopg
 
 from pgplane.compute.driver import ComputeError, Point
 from pgplane.compute.local.binaries import PgInstall
-from pgplane.compute.local.datacopy import copy_data_dir, copy_files
+from pgplane.compute.local.datacopy import CopyStats, copy_data_dir, copy_files
 from pgplane.compute.local.files import sync_tree, write_atomic
 from pgplane.compute.local.history import (
     Base,
@@ -50,6 +51,7 @@ from pgplane.compute.local.ownership import hand_over
 from pgplane.compute.local.pidfile import PidFile
 from pgplane.compute.local.postmaster import Postmasters, postmaster_argv
 from pgplane.compute.local.sessions import ADMIN_USER, connect, conninfo
+from pgplane.compute.local.spares import SparePool
 from pgplane.compute.local.timeline import INIT_PORT, fresh_socket_dir
 from pgplane.compute.local.user import RunAs
 from pgplane.compute.local.wal import parse_lsn, parse_segment, wal_files
@@ -58,6 +60,7 @@ log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 _NOT_REACHED = "recovery ended before configured recovery target was reached"
+_RESTORED = re.compile(r'restored log file "([0-9A-F]{8}(?:[0-9A-F]{16}|\.history))" from archive')
 _REPLAY_TIMEOUT = 3600.0
 _ARCHIVE_TIMEOUT = 60.0
 _SWITCH_TIMEOUT = 10.0
@@ -151,37 +154,47 @@ async def rebuild(
     hba_file: Path,
     point: Point | None,
     tail: Path | None = None,
+    spares: SparePool | None = None,
 ) -> int:
     """Build ``tmp`` as the source's data at ``point`` (None: all of its history); the LSN its
     new timeline starts at.
 
     ``tail``: WAL files of a stopped source that its archive lacks, put in the copy's pg_wal,
-    where a replay looks for a segment its restore_command does not find.
+    where a replay looks for a segment its restore_command does not find. ``spares``: files
+    made ahead (creating ~1,300 of them is most of the copy of a small cluster).
     """
     segments = [
         name
         for _, segno, name in archived_segments(source, base.segment_size)
         if segno >= base.start_lsn // base.segment_size
     ]
+    likely = _likely_read(source, segments, base.segment_size, point)
     t0 = time.perf_counter()
     # The checksums are checked beside the copy and the replay (the other core), not before
     # them: in sequence they added half again to a rebuild of 1 GB. Nothing is published
-    # before they pass, and a replay is stopped as soon as one fails.
+    # before they pass, and a replay is stopped as soon as one fails. Of the archive, the
+    # segments up to the point are checked meanwhile, any other the replay read after it.
     checks: asyncio.Future[tuple[None, None]] = asyncio.ensure_future(
         asyncio.gather(
             asyncio.to_thread(verify_base, base),
-            asyncio.to_thread(verify_wal, source, segments),
+            asyncio.to_thread(verify_wal, source, likely),
         )
     )
+    restored: set[str] = set()
     try:
-        await asyncio.to_thread(_copy_base, base, tmp, tail)
+        stats = await asyncio.to_thread(_copy_base, base, tmp, tail, spares)
+        if spares is not None:  # as many for the next two (the caller refills the pool)
+            spares.want(2 * stats.files, 2 * stats.dirs)
         await asyncio.to_thread(hand_over, tmp, {os.geteuid()}, run_as)
         t1 = time.perf_counter()
-        replay = _replay_to(install, run_as, postmasters, source, tmp, socket_dir, hba_file, point)
+        replay = _replay_to(
+            install, run_as, postmasters, source, tmp, socket_dir, hba_file, point, restored
+        )
         switch, to_end = await _unless_failed(checks, replay)
         await checks
     finally:
         await asyncio.gather(checks, return_exceptions=True)
+    await asyncio.to_thread(verify_wal, source, sorted(restored - set(likely)))
     last = segments[-1] if segments else None
     if to_end and last is not None:
         _, last_segno = parse_segment(last, base.segment_size)
@@ -201,6 +214,28 @@ async def rebuild(
         (time.perf_counter() - t2) * 1000,
     )
     return switch
+
+
+def _likely_read(
+    source: HistoryDirs, segments: list[str], segment_size: int, point: Point | None
+) -> list[str]:
+    """The archived segments a replay to ``point`` reads, as far as can be told beforehand: up
+    to the point's LSN, or to the first segment last written at or after the point's time."""
+    if point is None:
+        return segments
+    if point.lsn is not None:
+        last = point.lsn // segment_size
+        return [n for n in segments if parse_segment(n, segment_size)[1] <= last]
+    likely = []
+    for name in segments:
+        likely.append(name)
+        try:
+            written = (source.wal / name).stat().st_mtime_ns // 1000
+        except FileNotFoundError:
+            continue  # freed meanwhile: the replay will say so
+        if written >= (point.time_us or 0):
+            break
+    return likely
 
 
 async def _unless_failed(checks: asyncio.Future[Any], work: Awaitable[_T]) -> _T:
@@ -227,12 +262,14 @@ async def _replay_to(
     socket_dir: Path,
     hba_file: Path,
     point: Point | None,
+    restored: set[str],
 ) -> tuple[int, bool]:
     """Replay to ``point`` (None: to the end of the history); where the new timeline starts,
-    and whether the replay went to the end of the history."""
+    and whether the replay went to the end of the history. ``restored`` gets the name of each
+    file the replay fetched from the archive."""
     try:
         switch = await _replay(
-            install, run_as, postmasters, source, tmp, socket_dir, hba_file, point
+            install, run_as, postmasters, source, tmp, socket_dir, hba_file, point, restored
         )
     except _TargetNotReached:
         if point is None:
@@ -243,7 +280,9 @@ async def _replay_to(
     # The copy stopped in archive recovery at the end of the history: started again without a
     # target, it goes on from its last restartpoint (a standby restarted), to the end.
     await postmasters.stop(tmp)
-    switch = await _replay(install, run_as, postmasters, source, tmp, socket_dir, hba_file, None)
+    switch = await _replay(
+        install, run_as, postmasters, source, tmp, socket_dir, hba_file, None, restored
+    )
     return switch, True
 
 
@@ -251,9 +290,11 @@ class _TargetNotReached(Exception):
     pass
 
 
-def _copy_base(base: Base, tmp: Path, tail: Path | None) -> None:
+def _copy_base(base: Base, tmp: Path, tail: Path | None, spares: SparePool | None) -> CopyStats:
     never = threading.Event()
-    copy_data_dir(base.pgdata, tmp, online=False, keep_backup_label=True, cancel=never)
+    stats = copy_data_dir(
+        base.pgdata, tmp, online=False, keep_backup_label=True, cancel=never, spares=spares
+    )
     segments, histories = wal_files(base.pgdata / "pg_wal")
     if tail is not None and tail.is_dir():
         newer = set(os.listdir(tail))  # a later version of a segment the base holds part of
@@ -262,6 +303,7 @@ def _copy_base(base: Base, tmp: Path, tail: Path | None) -> None:
         copy_files(tail, tmp / "pg_wal", sorted(newer), cancel=never)
     copy_files(base.pgdata / "pg_wal", tmp / "pg_wal", [*segments, *histories], cancel=never)
     write_atomic(tmp / "recovery.signal", b"")
+    return stats
 
 
 async def _replay(
@@ -273,9 +315,13 @@ async def _replay(
     socket_dir: Path,
     hba_file: Path,
     point: Point | None,
+    restored: set[str],
 ) -> int:
     settings = {
         "restore_command": restore_command(source.wal),
+        # Its log names each file fetched from the archive (at LOG), whatever the copy's own
+        # configuration says: those are checked against their checksums before publishing.
+        "log_min_messages": "warning",
         "recovery_target_timeline": "latest",
         "recovery_target_action": "promote",
         "archive_mode": "off",
@@ -323,6 +369,7 @@ async def _replay(
     finally:
         await postmasters.stop(tmp)
         await asyncio.to_thread(shutil.rmtree, socket_dir, True)
+        restored.update(_RESTORED.findall(_log_text(log_path)))
     return _switch_point(tmp)
 
 
