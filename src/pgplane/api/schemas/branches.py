@@ -1,0 +1,135 @@
+"""Branches: pages of them, and what creating, restoring or changing one takes."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from msgspec import Meta, Struct
+
+from pgplane.api.schemas.common import (
+    CU,
+    EndpointType,
+    Name256,
+    PgSettings,
+    SuspendTimeout,
+    documented,
+)
+from pgplane.api.schemas.objects import (
+    BranchOut,
+    ConnectionDetails,
+    DatabaseOut,
+    EndpointOut,
+    RoleOut,
+)
+from pgplane.api.schemas.operations import OperationOut
+
+
+class BranchPagination(Struct, kw_only=True, omit_defaults=True):
+    sort_by: str
+    sort_order: str
+    next: str | None = None
+
+
+class BranchesPage(Struct, kw_only=True, omit_defaults=True):
+    branches: list[BranchOut]
+    # Neon's annotations by branch id; always present (neonctl's table output reads it).
+    annotations: dict[str, Any]
+    pagination: BranchPagination | None = None
+
+
+class BranchCount(Struct, kw_only=True):
+    count: int
+
+
+class BranchResponse(Struct, kw_only=True):
+    branch: BranchOut
+
+
+class BranchOperations(Struct, kw_only=True):
+    branch: BranchOut
+    operations: list[OperationOut]
+
+
+class BranchCreated(Struct, kw_only=True, omit_defaults=True):
+    branch: BranchOut
+    endpoints: list[EndpointOut]
+    operations: list[OperationOut]
+    roles: list[RoleOut]
+    databases: list[DatabaseOut]
+    connection_uris: list[ConnectionDetails] | None = None
+
+
+class EndpointSettingsIn(Struct, kw_only=True):
+    pg_settings: PgSettings | None = None
+
+
+# A point of a branch's history: an LSN as Postgres prints it, or an RFC 3339 time.
+Lsn = Annotated[
+    str,
+    Meta(
+        max_length=17,
+        pattern=r"^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$",
+        description="an LSN of the branch's history, such as 0/1A2B3C4D",
+    ),
+]
+Timestamp = Annotated[
+    str,
+    Meta(
+        max_length=40,
+        description="an RFC 3339 time within the project's history window",
+        extra_json_schema={"format": "date-time"},
+    ),
+]
+
+
+class BranchEndpointSpec(Struct, kw_only=True):
+    type: EndpointType
+    settings: EndpointSettingsIn | None = None
+    autoscaling_limit_min_cu: CU | None = None
+    autoscaling_limit_max_cu: CU | None = None
+    provisioner: Annotated[str, Meta(max_length=64)] | None = None
+    suspend_timeout_seconds: SuspendTimeout | None = None
+
+
+class BranchCreateSpec(Struct, kw_only=True):
+    parent_id: Annotated[str, Meta(max_length=60)] | None = None
+    name: Name256 | None = None
+    # A point of the parent's history rather than its head (one of the two).
+    parent_lsn: Lsn | None = None
+    parent_timestamp: Timestamp | None = None
+    protected: bool | None = None
+    archived: (
+        Annotated[
+            bool,
+            Meta(
+                description="archiving branches is not supported: false or null",
+                extra_json_schema=documented(enum=[False, None]),
+            ),
+        ]
+        | None
+    ) = None
+    init_source: Literal["parent-data"] | None = None
+    expires_at: Annotated[None, Meta(description="expiring branches are not supported yet")] = None
+
+
+class BranchCreateRequest(Struct, kw_only=True):
+    branch: BranchCreateSpec | None = None
+    endpoints: Annotated[list[BranchEndpointSpec], Meta(max_length=10)] | None = None
+    annotation_value: Annotated[dict[str, str], Meta(max_length=50)] | None = None
+
+
+class BranchRestoreRequest(Struct, kw_only=True):
+    source_branch_id: Annotated[str, Meta(min_length=1, max_length=60)]
+    source_lsn: Lsn | None = None
+    source_timestamp: Timestamp | None = None
+    preserve_under_name: Name256 | None = None
+
+
+class BranchUpdateSpec(Struct, kw_only=True):
+    name: Name256 | None = None
+    protected: bool | None = None
+    expires_at: Annotated[None, Meta(description="expiring branches are not supported yet")] = None
+
+
+class BranchUpdateRequest(Struct, kw_only=True):
+    branch: BranchUpdateSpec

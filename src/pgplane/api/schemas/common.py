@@ -1,0 +1,81 @@
+"""Types the shapes share: names, settings, compute units, and the error body."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from msgspec import Meta, Struct
+
+from pgplane.services import compute_settings, names
+
+
+def documented(**rules: Any) -> dict[str, Any]:
+    """JSON Schema rules for the document only: the services enforce them, in their own words
+    (see services/names.py); msgspec's constraints would refuse first, in its words."""
+    return {"extra": rules}
+
+
+def _not(pattern: str) -> dict[str, str]:
+    return {"type": "string", "pattern": pattern}
+
+
+Name256 = Annotated[
+    str,
+    Meta(min_length=1, max_length=256, extra_json_schema=documented(pattern=names.NAME_PATTERN)),
+]
+# Role and database names: at most 63 bytes too (Postgres' limit), which JSON Schema cannot say.
+Identifier = Annotated[
+    str,
+    Meta(
+        min_length=1,
+        max_length=63,
+        extra_json_schema=documented(pattern=names.IDENTIFIER_PATTERN),
+    ),
+]
+
+
+def _identifier_but(reserved: str) -> Meta:
+    """An Identifier that is not one of the names the platform keeps for itself."""
+    return Meta(
+        min_length=1,
+        max_length=63,
+        extra_json_schema=documented(pattern=names.IDENTIFIER_PATTERN, schema_not=_not(reserved)),
+    )
+
+
+RoleName = Annotated[str, _identifier_but(names.RESERVED_ROLE_PATTERN)]
+DatabaseName = Annotated[str, _identifier_but(names.RESERVED_DATABASE_PATTERN)]
+# Postgres settings a compute takes (services/compute_settings.py decides which).
+PgSettings = Annotated[
+    dict[str, str],
+    Meta(
+        description=(
+            "Postgres settings of the compute, as Postgres spells them. Each value is read by"
+            " the compute's Postgres version before it is accepted (type, unit, range,"
+            " choices); one it does not accept is a 400 and changes nothing."
+        ),
+        extra_json_schema=documented(
+            property_names={"pattern": compute_settings.SETTING_NAME_PATTERN},
+            additional_properties={
+                "type": "string",
+                "maxLength": compute_settings.MAX_SETTING_VALUE,
+                "pattern": compute_settings.SETTING_VALUE_PATTERN,
+            },
+        ),
+    ),
+]
+# Compute units: quarters from 0.25 to 16.
+CU = Annotated[float, Meta(ge=0.25, le=16, multiple_of=0.25)]
+SuspendTimeout = Annotated[int, Meta(ge=-1, le=604800)]
+# Litestar leaves a bound of 0 out of the document (it tests the bound for truth): restated.
+HistoryRetention = Annotated[int, Meta(ge=0, le=2592000, extra_json_schema=documented(minimum=0))]
+EndpointType = Annotated[
+    Literal["read_write"],
+    Meta(description="read_only computes need replicas, which this platform does not run yet"),
+]
+
+
+class ErrorBody(Struct, kw_only=True):
+    code: str
+    message: str
+    request_id: str

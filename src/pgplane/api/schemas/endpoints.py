@@ -1,0 +1,63 @@
+"""Computes (endpoints): what creating or changing one takes."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from msgspec import Meta, Struct
+
+from pgplane.api.schemas.branches import EndpointSettingsIn
+from pgplane.api.schemas.common import CU, EndpointType, SuspendTimeout
+from pgplane.api.schemas.objects import EndpointOut
+from pgplane.api.schemas.operations import OperationOut
+
+
+class EndpointsResponse(Struct, kw_only=True):
+    endpoints: list[EndpointOut]
+
+
+class EndpointResponse(Struct, kw_only=True):
+    endpoint: EndpointOut
+
+
+class EndpointOperations(Struct, kw_only=True):
+    endpoint: EndpointOut
+    operations: list[OperationOut]
+
+
+class EndpointCreateSpec(Struct, kw_only=True):
+    branch_id: Annotated[str, Meta(min_length=1, max_length=60)]
+    type: EndpointType
+    region_id: Annotated[str, Meta(max_length=64)] | None = None
+    settings: EndpointSettingsIn | None = None
+    autoscaling_limit_min_cu: CU | None = None
+    autoscaling_limit_max_cu: CU | None = None
+    provisioner: Annotated[str, Meta(max_length=64)] | None = None
+    pooler_enabled: bool | None = None
+    pooler_mode: Annotated[str, Meta(max_length=16)] | None = None
+    disabled: bool | None = None
+    passwordless_access: bool | None = None
+    suspend_timeout_seconds: SuspendTimeout | None = None
+    name: Annotated[str, Meta(min_length=1, max_length=64)] | None = None
+
+
+class EndpointCreateRequest(Struct, kw_only=True):
+    endpoint: EndpointCreateSpec
+
+
+class EndpointUpdateSpec(Struct, kw_only=True):
+    branch_id: Annotated[str, Meta(min_length=1, max_length=60)] | None = None
+    settings: EndpointSettingsIn | None = None
+    autoscaling_limit_min_cu: CU | None = None
+    autoscaling_limit_max_cu: CU | None = None
+    provisioner: Annotated[str, Meta(max_length=64)] | None = None
+    pooler_enabled: bool | None = None
+    pooler_mode: Annotated[str, Meta(max_length=16)] | None = None
+    disabled: bool | None = None
+    passwordless_access: bool | None = None
+    suspend_timeout_seconds: SuspendTimeout | None = None
+    name: Annotated[str, Meta(min_length=1, max_length=64)] | None = None
+
+
+class EndpointUpdateRequest(Struct, kw_only=True):
+    endpoint: EndpointUpdateSpec

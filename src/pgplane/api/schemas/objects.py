@@ -1,0 +1,91 @@
+"""A project's objects as responses show them: branches, computes, roles, databases, URIs."""
+
+from __future__ import annotations
+
+from msgspec import Struct
+
+
+class BranchOut(Struct, kw_only=True, omit_defaults=True):
+    id: str
+    project_id: str
+    name: str
+    current_state: str
+    state_changed_at: str
+    creation_source: str
+    primary: bool
+    default: bool
+    protected: bool
+    cpu_used_sec: int
+    compute_time_seconds: int
+    active_time_seconds: int
+    written_data_bytes: int
+    data_transfer_bytes: int
+    created_at: str
+    updated_at: str
+    parent_id: str | None = None
+    parent_lsn: str | None = None
+    parent_timestamp: str | None = None
+    pending_state: str | None = None
+    last_reset_at: str | None = None
+
+
+class EndpointSettings(Struct, kw_only=True):
+    pg_settings: dict[str, str]
+
+
+class EndpointOut(Struct, kw_only=True, omit_defaults=True):
+    host: str
+    id: str
+    project_id: str
+    branch_id: str
+    autoscaling_limit_min_cu: float
+    autoscaling_limit_max_cu: float
+    region_id: str
+    type: str
+    current_state: str
+    settings: EndpointSettings
+    pooler_enabled: bool
+    pooler_mode: str
+    disabled: bool
+    passwordless_access: bool
+    creation_source: str
+    created_at: str
+    updated_at: str
+    proxy_host: str
+    suspend_timeout_seconds: int
+    provisioner: str
+    pending_state: str | None = None
+    last_active: str | None = None
+    started_at: str | None = None
+    suspended_at: str | None = None
+
+
+class RoleOut(Struct, kw_only=True, omit_defaults=True):
+    branch_id: str
+    name: str
+    protected: bool
+    created_at: str
+    updated_at: str
+    password: str | None = None
+
+
+class DatabaseOut(Struct, kw_only=True):
+    id: int
+    branch_id: str
+    name: str
+    owner_name: str
+    created_at: str
+    updated_at: str
+
+
+class ConnectionParameters(Struct, kw_only=True):
+    database: str
+    password: str
+    role: str
+    host: str
+    pooler_host: str
+
+
+class ConnectionDetails(Struct, kw_only=True):
+    connection_uri: str
+    connection_parameters: ConnectionParameters
