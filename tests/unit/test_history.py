@@ -11,14 +11,15 @@ from pathlib import Path
 import pytest
 
 from pgplane.compute.driver import HistoryBounds, Point
+from pgplane.compute.local.bases import stopped_by
 from pgplane.compute.local.history import (
     BASE_STATE,
     HistoryDirs,
     list_bases,
     prune,
-    stopped_by,
 )
-from pgplane.compute.local.pitr import _RESTORED, _likely_read, choose_base
+from pgplane.compute.local.pitr import _likely_read, choose_base
+from pgplane.compute.local.replay import RESTORED
 from pgplane.core.models import Branch, Project
 from pgplane.errors import BadRequest
 from pgplane.services import history
@@ -168,4 +169,4 @@ def test_the_segments_a_replay_reads_are_told_beforehand_or_read_from_its_log(
         '2026-11-24 LOG:  restored log file "00000002.history" from archive\n'
         "2026-11-24 LOG:  redo done at 0/4000028\n"
     )
-    assert _RESTORED.findall(log) == ["000000010000000000000004", "00000002.history"]
+    assert RESTORED.findall(log) == ["000000010000000000000004", "00000002.history"]

@@ -26,6 +26,13 @@ import psycopg
 
 from pgplane import failpoints
 from pgplane.compute.driver import ComputeError, HistoryBounds, Point
+from pgplane.compute.local.bases import (
+    new_base_dir,
+    publish_base,
+    stopped_by,
+    sweep_unfinished_bases,
+    take_offline_base,
+)
 from pgplane.compute.local.binaries import PgInstall
 from pgplane.compute.local.branch import check_space, copy_online
 from pgplane.compute.local.computes import Computes
@@ -36,14 +43,9 @@ from pgplane.compute.local.history import (
     archived_bytes_since,
     catalog_wal,
     list_bases,
-    new_base_dir,
     prepare_archive,
     prune,
-    publish_base,
     read_retention,
-    stopped_by,
-    sweep_unfinished_bases,
-    take_offline_base,
 )
 from pgplane.compute.local.layout import TIMELINE_MARKER, Layout
 from pgplane.compute.local.pidfile import read_pid_file

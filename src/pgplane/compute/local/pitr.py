@@ -11,22 +11,21 @@ stopped cleanly, flushed and handed to the caller, which publishes it. The point
 - a time: every transaction committed at or before it (``recovery_target_time``, inclusive).
 
 A time after the last commit in the archive is never "reached" (no later commit record to stop
-at): Postgres stops with "recovery ended before configured recovery target was reached". The
-archive then holds the whole history up to the caller's flush, so the state at that time is
-all of it: replayed again without a target, and checked to have read the archive to its end.
+at). The platform avoids it: every switch of a compute's segment (a flush for a request, a stop)
+first writes an abort record stamped then, and a time after a stopped source's clean shutdown is
+replayed to the end at once. Where it still happens (a source that died), the archive holds the
+whole history up to the caller's flush, so the state at that time is all of it: the replay is
+restarted in place without a target, and checked to have read the archive to its end.
 
 Platform sessions here follow :mod:`.sessions` (pinned, qualified, superuser only to switch
-segments, which needs it).
+segments, which needs it). The temporary postmaster is :mod:`.replay`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
 import os
-import re
-import shutil
 import threading
 import time
 from collections.abc import Awaitable
@@ -38,48 +37,34 @@ import psycopg
 from pgplane.compute.driver import ComputeError, Point
 from pgplane.compute.local.binaries import PgInstall
 from pgplane.compute.local.datacopy import CopyStats, copy_data_dir, copy_files
-from pgplane.compute.local.files import sync_tree, write_atomic
+from pgplane.compute.local.files import sync_tree
 from pgplane.compute.local.history import (
     Base,
     HistoryDirs,
     archived_segments,
-    restore_command,
     verify_base,
     verify_wal,
 )
 from pgplane.compute.local.ownership import hand_over
 from pgplane.compute.local.pidfile import PidFile
-from pgplane.compute.local.postmaster import Postmasters, postmaster_argv
+from pgplane.compute.local.postmaster import Postmasters
+from pgplane.compute.local.replay import POLL, TargetNotReached, format_lsn, pg_time, replay
 from pgplane.compute.local.sessions import ADMIN_USER, connect, conninfo
 from pgplane.compute.local.spares import SparePool
-from pgplane.compute.local.timeline import INIT_PORT, fresh_socket_dir
 from pgplane.compute.local.user import RunAs
-from pgplane.compute.local.wal import parse_lsn, parse_segment, wal_files
+from pgplane.compute.local.wal import parse_segment, wal_files
 
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
-_NOT_REACHED = "recovery ended before configured recovery target was reached"
-_RESTORED = re.compile(r'restored log file "([0-9A-F]{8}(?:[0-9A-F]{16}|\.history))" from archive')
-_REPLAY_TIMEOUT = 3600.0
 _ARCHIVE_TIMEOUT = 60.0
 _SWITCH_TIMEOUT = 10.0
-_POLL = 0.05
 
 
 def describe(point: Point) -> str:
     if point.lsn is not None:
         return f"LSN {format_lsn(point.lsn)}"
-    return f"time {_timestamp(point.time_us or 0)}"
-
-
-def format_lsn(lsn: int) -> str:
-    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
-
-
-def _timestamp(time_us: int) -> str:
-    moment = datetime.datetime.fromtimestamp(time_us / 1_000_000, tz=datetime.UTC)
-    return moment.strftime("%Y-%m-%d %H:%M:%S.%f+00")
+    return f"time {pg_time(point.time_us or 0)}"
 
 
 def choose_base(bases: list[Base], point: Point) -> Base | None:
@@ -139,7 +124,7 @@ async def flush_archive(running: PidFile, dirs: HistoryDirs) -> None:
                 f"WAL segment {segment} was not archived within {_ARCHIVE_TIMEOUT:.0f} s;"
                 " the compute's log says why"
             )
-        await asyncio.sleep(_POLL)
+        await asyncio.sleep(POLL)
 
 
 async def rebuild(
@@ -268,10 +253,10 @@ async def _replay_to(
     and whether the replay went to the end of the history. ``restored`` gets the name of each
     file the replay fetched from the archive."""
     try:
-        switch = await _replay(
+        switch = await replay(
             install, run_as, postmasters, source, tmp, socket_dir, hba_file, point, restored
         )
-    except _TargetNotReached:
+    except TargetNotReached:
         if point is None:
             raise ComputeError("the replay ended before the end of the history") from None
         log.info("%s is after the last commit archived: replaying all of it", describe(point))
@@ -280,14 +265,10 @@ async def _replay_to(
     # The copy stopped in archive recovery at the end of the history: started again without a
     # target, it goes on from its last restartpoint (a standby restarted), to the end.
     await postmasters.stop(tmp)
-    switch = await _replay(
+    switch = await replay(
         install, run_as, postmasters, source, tmp, socket_dir, hba_file, None, restored
     )
     return switch, True
-
-
-class _TargetNotReached(Exception):
-    pass
 
 
 def _copy_base(base: Base, tmp: Path, tail: Path | None, spares: SparePool | None) -> CopyStats:
@@ -302,118 +283,9 @@ def _copy_base(base: Base, tmp: Path, tail: Path | None, spares: SparePool | Non
         histories = [n for n in histories if n not in newer]
         copy_files(tail, tmp / "pg_wal", sorted(newer), cancel=never)
     copy_files(base.pgdata / "pg_wal", tmp / "pg_wal", [*segments, *histories], cancel=never)
-    write_atomic(tmp / "recovery.signal", b"")
+    # Not made durable: the copy is published only once synced whole, and a crash discards it.
+    # An fsync here would force the whole copy to disk first (ext4 commits the data written
+    # with the transaction that holds the new file), before a replay that could overlap it.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    os.close(os.open(tmp / "recovery.signal", flags, 0o600))
     return stats
-
-
-async def _replay(
-    install: PgInstall,
-    run_as: RunAs,
-    postmasters: Postmasters,
-    source: HistoryDirs,
-    tmp: Path,
-    socket_dir: Path,
-    hba_file: Path,
-    point: Point | None,
-    restored: set[str],
-) -> int:
-    settings = {
-        "restore_command": restore_command(source.wal),
-        # Its log names each file fetched from the archive (at LOG), whatever the copy's own
-        # configuration says: those are checked against their checksums before publishing.
-        "log_min_messages": "warning",
-        "recovery_target_timeline": "latest",
-        "recovery_target_action": "promote",
-        "archive_mode": "off",
-        # No read-only sessions while it replays (it answers once promoted): hot standby would
-        # also pause the replay when this postmaster's limits are below the source compute's.
-        "hot_standby": "off",
-        # Safe: the caller flushes every file before publishing, and a crash discards the copy.
-        "fsync": "off",
-    }
-    if point is not None and point.lsn is not None:
-        settings["recovery_target_lsn"] = format_lsn(point.lsn)
-        settings["recovery_target_inclusive"] = "off"
-    elif point is not None and point.time_us is not None:
-        settings["recovery_target_time"] = _timestamp(point.time_us)
-    run_as.chown(tmp / "recovery.signal")
-    await asyncio.to_thread(fresh_socket_dir, socket_dir, run_as)
-    argv = postmaster_argv(
-        install,
-        tmp,
-        port=INIT_PORT,
-        socket_dir=socket_dir,
-        listen="",  # nobody but us reaches a copy being rebuilt
-        settings=settings,
-        hba_file=hba_file,
-    )
-    log_path = tmp.parent / "rebuild.log"
-    log_path.unlink(missing_ok=True)
-    try:
-        try:
-            await postmasters.start(
-                argv,
-                pgdata=tmp,
-                port=INIT_PORT,
-                socket_dir=socket_dir,
-                run_as=run_as,
-                log_path=log_path,
-                spawned="rebuild:replaying",
-                ready_timeout=_REPLAY_TIMEOUT,  # it answers once promoted
-            )
-            await _wait_promoted(socket_dir, postmasters, tmp)
-        except ComputeError as exc:
-            if _NOT_REACHED in str(exc) or _NOT_REACHED in _log_text(log_path):
-                raise _TargetNotReached from exc
-            raise
-    finally:
-        await postmasters.stop(tmp)
-        await asyncio.to_thread(shutil.rmtree, socket_dir, True)
-        restored.update(_RESTORED.findall(_log_text(log_path)))
-    return _switch_point(tmp)
-
-
-async def _wait_promoted(socket_dir: Path, postmasters: Postmasters, tmp: Path) -> None:
-    info = conninfo(socket_dir, INIT_PORT, user=ADMIN_USER)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + _REPLAY_TIMEOUT
-    while True:
-        if postmasters.running(tmp) is None:
-            raise ComputeError("the rebuilding postmaster exited during the replay")
-        try:
-            async with asyncio.timeout(10.0):
-                conn = await connect(info)
-                async with conn:
-                    cur = await conn.execute("SELECT pg_catalog.pg_is_in_recovery()")
-                    row = await cur.fetchone()
-        except (psycopg.Error, TimeoutError) as exc:
-            row = None
-            log.debug("rebuild: %s", exc)
-        if row is not None and not row[0]:
-            return
-        if loop.time() >= deadline:
-            raise ComputeError(f"the replay did not end within {_REPLAY_TIMEOUT:.0f} s")
-        await asyncio.sleep(_POLL)
-
-
-def _log_text(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return ""
-
-
-def _switch_point(pgdata: Path) -> int:
-    """Where the promoted copy's timeline branched off: the last line of its history file."""
-    _, histories = wal_files(pgdata / "pg_wal")
-    if not histories:
-        raise ComputeError("the rebuilt copy has no timeline history: it was not promoted")
-    newest = max(histories, key=lambda n: int(n[:8], 16))
-    lines = [
-        line.split()
-        for line in (pgdata / "pg_wal" / newest).read_text().splitlines()
-        if line.strip() and not line.startswith("#")
-    ]
-    if not lines or len(lines[-1]) < 2:
-        raise ComputeError(f"timeline history {newest} of the rebuilt copy is empty")
-    return parse_lsn(lines[-1][1])
