@@ -19,6 +19,18 @@ from pgplane.core import clock
 from pgplane.core.models import Branch, Project
 from pgplane.errors import BadRequest
 
+__all__ = [  # HistoryBounds too: the routes name what a lookup answers through this module
+    "HistoryBounds",
+    "HistoryLookup",
+    "NamedPoint",
+    "check",
+    "format_lsn",
+    "parse_lsn",
+    "parse_point",
+    "parse_time",
+    "unknown_history",
+]
+
 _LSN = re.compile(r"([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})")
 _US = 1_000_000
 

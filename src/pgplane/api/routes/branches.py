@@ -1,14 +1,16 @@
-"""``/projects/{project_id}/branches``: list, count, create, get, update, delete, set default."""
+"""``/projects/{project_id}/branches``: list, count, create (at a point too), get, update,
+delete, set default, restore."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Literal
 
 from litestar import Controller, delete, get, patch, post
 from litestar.params import FromPath, JSONBody, Parameter
 
 from pgplane.api import presenters
-from pgplane.api.auth import AnyRequest, authorized
+from pgplane.api.auth import AnyRequest, Authorized, authorized
 from pgplane.api.responses import OptionalBody, error_responses
 from pgplane.api.schemas import (
     BranchCount,
@@ -23,9 +25,11 @@ from pgplane.api.schemas import (
     BranchUpdateRequest,
     EndpointsResponse,
 )
+from pgplane.core.models import Branch
 from pgplane.errors import BadRequest
 from pgplane.services import access, branches, endpoints, history, names, restores
 from pgplane.services.connections import connection
+from pgplane.store import Tx
 
 
 def _endpoint_spec(e: BranchEndpointSpec) -> endpoints.EndpointSpec:
@@ -132,16 +136,11 @@ class Branches(Controller):
             point=point,
         )
         bounds = None
-        if point is not None:  # asked of the data plane outside any store transaction
-            async with ctx.store.read() as tx:
-                project = await access.live_project(
-                    tx, account_id=ctx.account_id, project_id=project_id
-                )
-                parent = await branches.parent_of(
-                    tx, project_id=project_id, parent_id=spec.parent_id
-                )
-            bounds = await ctx.history(
-                project_id=project_id, branch_id=parent.id, pg_version=project.pg_version
+        if point is not None:
+            bounds = await _bounds(
+                ctx,
+                project_id,
+                lambda tx: branches.parent_of(tx, project_id=project_id, parent_id=spec.parent_id),
             )
         async with ctx.store.write() as tx:
             created = await branches.create(
@@ -233,20 +232,17 @@ class Branches(Controller):
             preserve_under_name=data.preserve_under_name,
         )
         bounds = None
-        if point is not None:  # asked of the data plane outside any store transaction
-            async with ctx.store.read() as tx:
-                source = await restores.source_of(
+        if point is not None:
+            bounds = await _bounds(
+                ctx,
+                project_id,
+                lambda tx: restores.source_of(
                     tx,
                     account_id=ctx.account_id,
                     project_id=project_id,
                     branch_id=branch_id,
                     source_branch_id=data.source_branch_id,
-                )
-                project = await access.live_project(
-                    tx, account_id=ctx.account_id, project_id=project_id
-                )
-            bounds = await ctx.history(
-                project_id=project_id, branch_id=source.id, pg_version=project.pg_version
+                ),
             )
         async with ctx.store.write() as tx:
             branch, ops = await restores.restore(
@@ -330,3 +326,16 @@ class Branches(Controller):
                 tx, account_id=ctx.account_id, project_id=project_id, branch_id=branch_id
             )
         return EndpointsResponse(endpoints=[presenters.endpoint(e, ctx.settings) for e in found])
+
+
+async def _bounds(
+    ctx: Authorized, project_id: str, find: Callable[[Tx], Awaitable[Branch]]
+) -> history.HistoryBounds:
+    """What the history of the branch ``find`` names holds now: asked of the data plane
+    outside any store transaction (it may ask the branch's compute)."""
+    async with ctx.store.read() as tx:
+        project = await access.live_project(tx, account_id=ctx.account_id, project_id=project_id)
+        branch = await find(tx)
+    return await ctx.history(
+        project_id=project.id, branch_id=branch.id, pg_version=project.pg_version
+    )
