@@ -305,6 +305,19 @@ def test_history_goes_with_a_detached_project_and_comes_back() -> None:
             )
             assert not (server.data_dir / "projects" / pid).exists()
 
+            # Detached, its history's bounds are not known when asked: an LSN it never had is
+            # accepted, and its branch fails at once (no retry can help), saying why.
+            r = api.http.post(
+                f"/projects/{pid}/branches",
+                json={"branch": {"name": "never", "parent_id": main, "parent_lsn": "FF/0"}},
+            )
+            assert r.status_code == 201, r.text
+            op = next(o for o in r.json()["operations"] if o["action"] == "create_branch")
+            (failed,) = api.wait_operations(pid, [op["id"]])
+            assert failed["status"] == "failed", failed
+            assert failed["failures_count"] == 1, failed
+            assert "past the end of the branch's history" in failed["error"], failed
+
             then = _branch(api, pid, name="before-detach", parent_id=main, parent_timestamp=moment)
             assert _rows(then["connection_uris"][0]["connection_uri"]) == [1, 2]
             actions = [o["action"] for o in api.operations(pid)]

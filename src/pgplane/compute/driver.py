@@ -9,11 +9,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 
 class ComputeError(Exception):
     """The data plane could not do what was asked; the message says why, for the operation."""
+
+    # Retrying cannot help: the engine fails the operation at once.
+    permanent: ClassVar[bool] = False
+
+
+class PointNotInHistory(ComputeError):
+    """The point asked of a branch's history is not in it (past its end, or freed)."""
+
+    permanent = True
 
 
 class InvalidSettings(ComputeError):

@@ -243,7 +243,10 @@ class Engine:
             log.exception("operation %s %s failed unexpectedly", op.id, op.action)
         now = clock.now_us()
         failures = op.failures_count + 1
-        final = isinstance(exc, PermanentError) or self._policy.exhausted(failures)
+        permanent = isinstance(exc, PermanentError) or (
+            isinstance(exc, ComputeError) and exc.permanent
+        )
+        final = permanent or self._policy.exhausted(failures)
         retry_at = None if final else now + int(self._policy.backoff_seconds(failures) * _US)
         failed = msgspec.structs.replace(
             op,

@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from pgplane.compute.driver import ComputeError
 from pgplane.compute.local.binaries import PgInstall
 from pgplane.compute.local.datacopy import copy_data_dir, copy_files
 from pgplane.compute.local.files import fsync_dir, sync_tree, write_atomic
@@ -28,6 +29,7 @@ from pgplane.compute.local.layout import ensure_dir
 from pgplane.compute.local.pidfile import read_pid_file
 from pgplane.compute.local.user import RunAs
 from pgplane.compute.local.wal import (
+    ControlData,
     needed_segments,
     read_control_data,
     wal_files,
@@ -39,7 +41,11 @@ _FORMAT = 1
 
 
 async def take_offline_base(
-    install: PgInstall, run_as: RunAs, dirs: HistoryDirs, *, source: Path | None = None
+    install: PgInstall,
+    run_as: RunAs,
+    dirs: HistoryDirs,
+    *,
+    source: Path | None = None,
 ) -> Base | None:
     """A base state copied from the stopped data at ``source`` (the branch's own by default).
 
@@ -74,6 +80,38 @@ async def take_offline_base(
     except BaseException:
         await asyncio.shield(asyncio.to_thread(shutil.rmtree, tmp, True))
         raise
+
+
+async def link_stopped_base(dirs: HistoryDirs, source: Path, control: ControlData) -> Base:
+    """A base state of stopped data nothing writes again (a version's template, of which every
+    new cluster starts as a copy) as hard links to its files: nothing copied, the files shared.
+    OSError where they cannot be linked (another filesystem): the caller copies instead."""
+    tmp = fresh_tmp(dirs)
+    try:
+        await asyncio.to_thread(_link_tree, source, tmp / "pgdata")
+        return await asyncio.to_thread(
+            publish_base,
+            dirs,
+            tmp,
+            start_lsn=control.redo,
+            end_lsn=control.checkpoint,
+            end_time=stopped_by(source),
+            segment_size=control.segment_size,
+        )
+    except BaseException:
+        await asyncio.shield(asyncio.to_thread(shutil.rmtree, tmp, True))
+        raise
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    for dirpath, _, names in os.walk(src):
+        target = dst / os.path.relpath(dirpath, src)
+        target.mkdir(mode=0o700)
+        for name in names:
+            path = os.path.join(dirpath, name)
+            if not os.path.isfile(path) or os.path.islink(path):
+                raise ComputeError(f"{path} is not a regular file")
+            os.link(path, target / name, follow_symlinks=False)
 
 
 def stopped_by(pgdata: Path) -> int:

@@ -133,7 +133,9 @@ def default_reserve(disk_bytes: int) -> int:
     return min(disk_bytes // 20, _MAX_RESERVE)
 
 
-def check_space(parent: Path, target_dir: Path, reserve: int | None) -> None:
+def check_space(
+    parent: Path, target_dir: Path, reserve: int | None, *, purpose: str = "branch"
+) -> None:
     """Refuse a copy that would fill the disk, before writing anything.
 
     The parent's computes share the disk: filled by a copy, a running parent could not write its
@@ -153,7 +155,7 @@ def check_space(parent: Path, target_dir: Path, reserve: int | None) -> None:
         reserve = default_reserve(fs.f_blocks * fs.f_frsize)
     if needed + reserve > free:
         raise ComputeError(
-            f"not enough free disk space to branch: the copy needs about {needed / 1e6:.0f} MB"
+            f"not enough free disk space to {purpose}: the copy needs about {needed / 1e6:.0f} MB"
             f" and {reserve / 1e6:.0f} MB must stay free, {free / 1e6:.0f} MB are free"
             f" (No space left on device)"
         )

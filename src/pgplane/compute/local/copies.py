@@ -76,7 +76,7 @@ class Copies:
                 pg_version=pg_version,
                 point=point,
             )
-            self._refill_spares()
+            self.refill_spares()
             return lsn
         async with self._locks["postmaster", parent]:
             if self._postmasters.running(parent) is None:
@@ -94,7 +94,7 @@ class Copies:
         # Spares for the next two branches of this parent (branches often come in a burst: a
         # preview per pull request), made while nobody waits for them.
         self._spares.want(2 * stats.files, 2 * stats.dirs)
-        self._refill_spares()
+        self.refill_spares()
         return stats.end_lsn or None
 
     async def restore(
@@ -131,7 +131,8 @@ class Copies:
         self._histories.soon(project_id, branch_id)
         return lsn
 
-    def _refill_spares(self) -> None:
+    def refill_spares(self) -> None:
+        """Refill the spare pool in the background, unless a fill runs."""
         if self._refilling is not None and not self._refilling.done():
             return  # the running fill keeps going while the pool is short
         if self._spares.needs_filling():

@@ -35,7 +35,6 @@ from pgplane.compute.local.config import LocalDriverConfig
 from pgplane.compute.local.copies import Copies
 from pgplane.compute.local.files import remove_tree, sweep_trash, write_atomic
 from pgplane.compute.local.hba import write_hba
-from pgplane.compute.local.history import read_retention
 from pgplane.compute.local.history_ops import Histories
 from pgplane.compute.local.installs import Installs
 from pgplane.compute.local.layout import Layout, ensure_dir, ensure_private_dir
@@ -152,21 +151,25 @@ class LocalComputeDriver:
                 return
             install, run_as = await self._install(project_id, pg_version, make_dir=True)
             await asyncio.to_thread(ensure_dir, pgdata.parent)
+            template = self._installs.template(pg_version)
+            # Archived from its first write: its history starts with the template it copies.
+            archiving = await self._computes.history_settings(project_id, branch_id, run_as)
             await build_timeline(
                 install=install,
                 run_as=run_as,
                 postmasters=self._postmasters,
-                template=self._installs.template(pg_version),
+                template=template,
                 pgdata=pgdata,
                 socket_dir=socket_dir,
                 hba_file=self.layout.hba_file,
                 roles=roles,
                 databases=databases,
+                settings=archiving,
             )
-            # The root branch's history starts with it: its first base state is the fresh
-            # cluster itself (small, and nothing runs on it yet).
-            if await asyncio.to_thread(read_retention, self.layout.storage_config(project_id)):
-                await self._histories.take_stopped_base(project_id, branch_id, install, run_as)
+            if archiving:
+                await self._histories.take_first_base(
+                    project_id, branch_id, install, template, await self.users.shared()
+                )
 
     async def create_branch(
         self,

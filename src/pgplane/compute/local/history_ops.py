@@ -20,13 +20,15 @@ import shutil
 import threading
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Coroutine
+from functools import partial
 from pathlib import Path
 
 import psycopg
 
 from pgplane import failpoints
-from pgplane.compute.driver import ComputeError, HistoryBounds, Point
+from pgplane.compute.driver import ComputeError, HistoryBounds, Point, PointNotInHistory
 from pgplane.compute.local.bases import (
+    link_stopped_base,
     new_base_dir,
     publish_base,
     stopped_by,
@@ -114,7 +116,7 @@ class Histories:
             )
             base = choose_base(await asyncio.to_thread(list_bases, source), point)
             if base is None:
-                raise ComputeError(
+                raise PointNotInHistory(
                     f"branch {source_id} has no history at {describe(point)}: its history starts"
                     " later, or was freed"
                 )
@@ -321,13 +323,26 @@ class Histories:
                 await self._take_base(*due, dirs)
         await self.prune(dirs, retention)
 
-    async def take_stopped_base(
-        self, project_id: str, branch_id: str, install: PgInstall, run_as: RunAs
+    async def take_first_base(
+        self,
+        project_id: str,
+        branch_id: str,
+        install: PgInstall,
+        template: Path,
+        template_owner: RunAs,
     ) -> None:
-        """A base state of the branch's stopped data (a new root branch's first)."""
+        """A new root branch's first base state: the template its data was copied from (it was
+        built archiving, so its history goes on from there), linked, not copied (a copy doubled
+        a project's creation); where links cannot be made, a copy of the branch's data."""
         dirs = self.dirs(project_id, branch_id)
         async with self._locks["base", dirs.branch_dir]:
-            await take_offline_base(install, run_as, dirs)
+            control = await read_control_data(install, template_owner, template)
+            try:
+                await link_stopped_base(dirs, template, control)
+            except OSError as exc:
+                log.info("the template of %s cannot be linked (%s): copied", dirs.pgdata, exc)
+                _, run_as = await self._install(project_id, install.major)
+                await take_offline_base(install, run_as, dirs)
 
     async def prune(self, dirs: HistoryDirs, retention: int) -> None:
         """Free what the window of ``retention`` seconds no longer needs."""
@@ -337,6 +352,15 @@ class Histories:
             log.info("history of %s: %d bytes freed", dirs.branch_dir.name, freed)
 
     async def _take_base(self, install: PgInstall, run_as: RunAs, dirs: HistoryDirs) -> None:
+        # Never at the cost of the branch's own computes: a base state that would leave less
+        # than the reserve free is not taken (the keeper says so, and tries again next round).
+        if self._reserve is None or self._reserve >= 0:
+            await asyncio.to_thread(
+                partial(check_space, purpose="take a base state"),
+                dirs.pgdata,
+                dirs.branch_dir,
+                self._reserve,
+            )
         if self._postmasters.running(dirs.pgdata) is None:
             await take_offline_base(install, run_as, dirs)
             return

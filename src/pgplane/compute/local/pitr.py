@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from pgplane.compute.driver import ComputeError, Point
+from pgplane.compute.driver import ComputeError, Point, PointNotInHistory
 from pgplane.compute.local.binaries import PgInstall
 from pgplane.compute.local.datacopy import CopyStats, copy_data_dir, copy_files
 from pgplane.compute.local.files import sync_tree
@@ -259,6 +259,10 @@ async def _replay_to(
     except TargetNotReached:
         if point is None:
             raise ComputeError("the replay ended before the end of the history") from None
+        if point.lsn is not None:  # the caller flushed the whole history into the archive
+            raise PointNotInHistory(
+                f"{describe(point)} is past the end of the branch's history"
+            ) from None
         log.info("%s is after the last commit archived: replaying all of it", describe(point))
     else:
         return switch, point is None

@@ -11,7 +11,7 @@ import asyncio
 import os
 import shutil
 import stat
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pgplane import failpoints
@@ -49,8 +49,10 @@ async def build_timeline(
     hba_file: Path,
     roles: Sequence[RoleSpec],
     databases: Sequence[DatabaseSpec],
+    settings: Mapping[str, str] | None = None,
 ) -> None:
-    """Create ``pgdata`` as a copy of ``template`` holding ``roles`` and ``databases``."""
+    """Create ``pgdata`` as a copy of ``template`` holding ``roles`` and ``databases``;
+    ``settings``: more for the postmaster that creates them (archiving, say)."""
     tmp = temporary_pgdata(pgdata)
     await postmasters.stop(tmp)
     await asyncio.to_thread(shutil.rmtree, tmp, True)
@@ -69,7 +71,7 @@ async def build_timeline(
         listen="",  # no TCP: nobody but us may reach a cluster that is still being built
         # fsync=off is safe here: sync_tree below flushes every file before the directory is
         # published, and a crash before that throws the whole directory away.
-        settings={"fsync": "off"},
+        settings={**(settings or {}), "fsync": "off"},
         hba_file=hba_file,
     )
     log_path = pgdata.parent / "create_timeline.log"
