@@ -36,6 +36,19 @@ OUTSIDE_JSON_SCHEMA = (
     "moving a compute to another branch is not supported",
     # A setting's value as Postgres reads it: each setting's own type, unit, range or choices.
     compute_settings.SETTING_REFUSED,
+    # Two fields of which one at most may be given (a null counts as not given).
+    ", not both",
+    # A point of history against the clock, the project's window and what the branch holds.
+    "is in the future",
+    "existed (it was created at",
+    "outside the project's history window",
+    "the project keeps no history",
+    "never had this LSN",
+    "is before the history of branch",
+    "has no history yet",
+    # What a restore needs depends on its source and on the branch's children.
+    "is required to restore a branch from its own history",
+    "preserve_under_name is required",
 )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import datetime
 import itertools
 import re
 import secrets
@@ -81,9 +82,19 @@ def _body(operation: str, values: dict[str, Any]) -> dict[str, Any] | None:
             "database": {"name": "hijackdb", "owner_name": "neondb_owner"}
         },
         "updateProjectBranchDatabase": lambda: {"database": {"name": "hijacked"}},
+        "restoreProjectBranch": lambda: {
+            "source_branch_id": values["branch_id"],
+            "source_timestamp": _a_second_ago(),
+            "preserve_under_name": "hijacked-old",
+        },
     }
     make = bodies.get(operation)
     return make() if make else None
+
+
+def _a_second_ago() -> str:
+    moment = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=1)
+    return moment.isoformat()
 
 
 def _query(operation: str, values: dict[str, Any]) -> dict[str, Any]:
@@ -102,6 +113,7 @@ REFERENCES = {
     "createProjectBranch": {"branch_id"},
     "createProjectEndpoint": {"branch_id"},
     "getConnectionURI": {"branch_id", "endpoint_id"},
+    "restoreProjectBranch": {"branch_id"},
 }
 
 
@@ -554,3 +566,21 @@ def test_routes_outside_the_document_do_not_exist(server: Server, api: Api, tmp_
     undocumented -= console
     assert undocumented == set()
     api.wait_operations(pid, [o["id"] for o in project["operations"]])
+
+
+def test_a_restore_takes_no_source_but_its_own_projects(server: Server, world: World) -> None:
+    """A's own branch restored from B's branch, or from a branch of A's other project: the same
+    404 as from a branch that does not exist, and no operation."""
+    w = world
+    pid = w.p1_ids["project_id"]
+    url = f"/projects/{pid}/branches/{w.p1_ids['branch_id']}/restore"
+    before = len(w.a.operations(pid))
+
+    def restore(source: str) -> tuple[int, str, Any]:
+        return _comparable(w.a.http.post(url, json={"source_branch_id": source}))
+
+    missing = restore("br-nothing-here-00000000")
+    assert missing[0] == 404, missing
+    assert restore(w.b_ids["branch_id"]) == missing
+    assert restore(w.p2_ids["branch_id"]) == missing
+    assert len(w.a.operations(pid)) == before

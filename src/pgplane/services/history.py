@@ -20,6 +20,8 @@ from pgplane.core.models import Branch, Project
 from pgplane.errors import BadRequest
 
 __all__ = [  # HistoryBounds too: the routes name what a lookup answers through this module
+    "LSN_PATTERN",
+    "TIME_PATTERN",
     "HistoryBounds",
     "HistoryLookup",
     "NamedPoint",
@@ -31,6 +33,12 @@ __all__ = [  # HistoryBounds too: the routes name what a lookup answers through 
     "unknown_history",
 ]
 
+# What the document says of points (the checks below say the same in their own words).
+LSN_PATTERN = r"^(?!0{1,8}/0{1,8}$)[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$"
+TIME_PATTERN = (
+    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?"
+    r"([Zz]|[+-][0-9]{2}:[0-9]{2})$"
+)
 _LSN = re.compile(r"([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})")
 _US = 1_000_000
 
@@ -85,7 +93,7 @@ def format_lsn(lsn: int) -> str:
 
 def parse_time(text: str, field: str) -> int:
     try:
-        moment = datetime.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+        moment = datetime.datetime.fromisoformat(text.strip().upper().replace("Z", "+00:00"))
     except ValueError:
         raise BadRequest(
             f"{field} must be an RFC 3339 time such as 2024-02-26T12:00:00Z, not {text!r}"

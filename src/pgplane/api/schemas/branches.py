@@ -22,6 +22,7 @@ from pgplane.api.schemas.objects import (
     RoleOut,
 )
 from pgplane.api.schemas.operations import OperationOut
+from pgplane.services import history
 
 
 class BranchPagination(Struct, kw_only=True, omit_defaults=True):
@@ -68,8 +69,8 @@ Lsn = Annotated[
     str,
     Meta(
         max_length=17,
-        pattern=r"^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$",
         description="an LSN of the branch's history, such as 0/1A2B3C4D",
+        extra_json_schema=documented(pattern=history.LSN_PATTERN),
     ),
 ]
 Timestamp = Annotated[
@@ -77,7 +78,7 @@ Timestamp = Annotated[
     Meta(
         max_length=40,
         description="an RFC 3339 time within the project's history window",
-        extra_json_schema={"format": "date-time"},
+        extra_json_schema=documented(format="date-time", pattern=history.TIME_PATTERN),
     ),
 ]
 
