@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import schemathesis
 
-from pgplane.services import compute_settings, names
+from pgplane.services import compute_settings, history, names
 
 _SEEDS: dict[str, Any] = json.loads(os.environ.get("PGPLANE_FUZZ_SEEDS", "{}"))
 _BARE_BRANCHES = itertools.cycle(_SEEDS.get("bare_branches") or [None])
@@ -154,6 +154,8 @@ def _seed_body(operation_id: str | None, body: dict[str, Any], parameters: dict[
             else:
                 endpoint["branch_id"] = _SEEDS.get("parameters", {}).get("branch_id", branch)
         _order_cu(endpoint)
+    if operation_id == "restoreProjectBranch":
+        _restore_from_the_seeded_branch(body)
     endpoints = body.get("endpoints")
     for each in endpoints if isinstance(endpoints, list) else []:
         _order_cu(each)
@@ -161,6 +163,22 @@ def _seed_body(operation_id: str | None, body: dict[str, Any], parameters: dict[
     if isinstance(project, dict):
         _order_cu(project)
         _order_cu(project.get("default_endpoint_settings"))
+
+
+def _restore_from_the_seeded_branch(body: dict[str, Any]) -> None:
+    """A restore (of the victim branch) from the seeded branch at its head: a source and a point
+    the document allows are replaced by ones the platform holds (any other would be a 404, or
+    outside the history, on every case)."""
+    source = body.get("source_branch_id")
+    if isinstance(source, str) and 1 <= len(source) <= 60:
+        body["source_branch_id"] = _SEEDS.get("parameters", {}).get("branch_id", source)
+        for point, pattern in (
+            ("source_lsn", history.LSN_PATTERN),
+            ("source_timestamp", history.TIME_PATTERN),
+        ):
+            value = body.get(point)
+            if value is None or (isinstance(value, str) and re.fullmatch(pattern, value)):
+                body.pop(point, None)
 
 
 @schemathesis.hook

@@ -61,6 +61,8 @@ def seed(fuzzed: Server) -> dict[str, Any]:
         branch = f"/projects/{pid}/branches/{bid}"
         doomed = api.create_ready_project(name="doomed")
         doomed_branch = api.settled(pid, api.http.post(f"/projects/{pid}/branches", json={}))
+        # Reset from the seeded branch, again and again, instead of it.
+        reset_branch = api.settled(pid, api.http.post(f"/projects/{pid}/branches", json={}))
         with_compute = api.settled(
             pid,
             api.http.post(
@@ -103,6 +105,9 @@ def seed(fuzzed: Server) -> dict[str, Any]:
             },
             f"PATCH {base}/branches/{{branch_id}}/databases/{{database_name}}": {
                 "database_name": "renamed_db"
+            },
+            f"POST {base}/branches/{{branch_id}}/restore": {
+                "branch_id": reset_branch["branch"]["id"]
             },
         },
     }

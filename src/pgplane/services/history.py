@@ -92,14 +92,18 @@ def format_lsn(lsn: int) -> str:
 
 
 def parse_time(text: str, field: str) -> int:
+    """An RFC 3339 time (``TIME_PATTERN``: the document says the same), in epoch us."""
+    refused = BadRequest(
+        f"{field} must be an RFC 3339 time such as 2024-02-26T12:00:00Z, not {text!r}"
+    )
     try:
         moment = datetime.datetime.fromisoformat(text.strip().upper().replace("Z", "+00:00"))
     except ValueError:
-        raise BadRequest(
-            f"{field} must be an RFC 3339 time such as 2024-02-26T12:00:00Z, not {text!r}"
-        ) from None
+        raise refused from None
     if moment.tzinfo is None:
         raise BadRequest(f"{field} must say its time zone (such as Z), not {text!r}")
+    if re.fullmatch(TIME_PATTERN, text.strip()) is None:
+        raise refused
     return _exact_us(moment)
 
 
