@@ -166,12 +166,12 @@ def _seed_body(operation_id: str | None, body: dict[str, Any], parameters: dict[
 
 
 def _restore_from_the_seeded_branch(body: dict[str, Any]) -> None:
-    """A restore (of the victim branch) from the seeded branch at its head: a source and a point
+    """A restore (of the victim branch) from a seeded branch at its head: a source and a point
     the document allows are replaced by ones the platform holds (any other would be a 404, or
     outside the history, on every case)."""
     source = body.get("source_branch_id")
     if isinstance(source, str) and 1 <= len(source) <= 60:
-        body["source_branch_id"] = _SEEDS.get("parameters", {}).get("branch_id", source)
+        body["source_branch_id"] = _SEEDS.get("restore_source", source)
         for point, pattern in (
             ("source_lsn", history.LSN_PATTERN),
             ("source_timestamp", history.TIME_PATTERN),

@@ -31,7 +31,7 @@ from tests.support import Api, Server, path_parameters, running_server
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMATHESIS = str(Path(sys.executable).parent / "schemathesis")
 SEED = 20261121
-EXAMPLES = int(os.environ.get("PGPLANE_FUZZ_EXAMPLES", "15"))
+EXAMPLES = int(os.environ.get("PGPLANE_FUZZ_EXAMPLES", "10"))
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +61,10 @@ def seed(fuzzed: Server) -> dict[str, Any]:
         branch = f"/projects/{pid}/branches/{bid}"
         doomed = api.create_ready_project(name="doomed")
         doomed_branch = api.settled(pid, api.http.post(f"/projects/{pid}/branches", json={}))
-        # Reset from the seeded branch, again and again, instead of it.
+        # Restored again and again from a branch without a compute (a plain copy of its data):
+        # from the seeded branch, whose compute runs, each would be an online copy.
         reset_branch = api.settled(pid, api.http.post(f"/projects/{pid}/branches", json={}))
+        restore_source = api.settled(pid, api.http.post(f"/projects/{pid}/branches", json={}))
         with_compute = api.settled(
             pid,
             api.http.post(
@@ -91,6 +93,7 @@ def seed(fuzzed: Server) -> dict[str, Any]:
         "key": key,
         "own_key_id": key_id,
         "bare_branches": bare,
+        "restore_source": restore_source["branch"]["id"],
         # The key id is never the key the run authenticates with.
         "parameters": path_parameters(project, key_id=doomed_key),
         "victims": {
