@@ -35,10 +35,8 @@ __all__ = [  # HistoryBounds too: the routes name what a lookup answers through 
 
 # What the document says of points (the checks below say the same in their own words).
 LSN_PATTERN = r"^(?!0{1,8}/0{1,8}$)[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$"
-TIME_PATTERN = (
-    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?"
-    r"([Zz]|[+-][0-9]{2}:[0-9]{2})$"
-)
+_DATE_TIME = r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?"
+TIME_PATTERN = rf"^{_DATE_TIME}([Zz]|[+-][0-9]{{2}}:[0-9]{{2}})$"
 _LSN = re.compile(r"([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})")
 _US = 1_000_000
 
@@ -93,17 +91,18 @@ def format_lsn(lsn: int) -> str:
 
 def parse_time(text: str, field: str) -> int:
     """An RFC 3339 time (``TIME_PATTERN``: the document says the same), in epoch us."""
+    stripped = text.strip()
+    if re.fullmatch(_DATE_TIME, stripped):
+        raise BadRequest(f"{field} must say its time zone (such as Z), not {text!r}")
     refused = BadRequest(
         f"{field} must be an RFC 3339 time such as 2024-02-26T12:00:00Z, not {text!r}"
     )
-    try:
-        moment = datetime.datetime.fromisoformat(text.strip().upper().replace("Z", "+00:00"))
+    if re.fullmatch(TIME_PATTERN, stripped) is None:
+        raise refused
+    try:  # a date or time out of range (month 13, hour 25) matches the pattern
+        moment = datetime.datetime.fromisoformat(stripped.upper().replace("Z", "+00:00"))
     except ValueError:
         raise refused from None
-    if moment.tzinfo is None:
-        raise BadRequest(f"{field} must say its time zone (such as Z), not {text!r}")
-    if re.fullmatch(TIME_PATTERN, text.strip()) is None:
-        raise refused
     return _exact_us(moment)
 
 
