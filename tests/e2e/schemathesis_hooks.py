@@ -155,7 +155,7 @@ def _seed_body(operation_id: str | None, body: dict[str, Any], parameters: dict[
                 endpoint["branch_id"] = _SEEDS.get("parameters", {}).get("branch_id", branch)
         _order_cu(endpoint)
     if operation_id == "restoreProjectBranch":
-        _restore_from_the_seeded_branch(body)
+        _restore_from_a_seeded_branch(body)
     endpoints = body.get("endpoints")
     for each in endpoints if isinstance(endpoints, list) else []:
         _order_cu(each)
@@ -165,7 +165,7 @@ def _seed_body(operation_id: str | None, body: dict[str, Any], parameters: dict[
         _order_cu(project.get("default_endpoint_settings"))
 
 
-def _restore_from_the_seeded_branch(body: dict[str, Any]) -> None:
+def _restore_from_a_seeded_branch(body: dict[str, Any]) -> None:
     """A restore (of the victim branch) from a seeded branch at its head: a source and a point
     the document allows are replaced by ones the platform holds (any other would be a 404, or
     outside the history, on every case)."""
