@@ -30,21 +30,6 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["PGPLANE_COMPUTE_PORTS"] = f"{low}-{low + 399}"
 
 
-# The suites by how long a file of them takes, longest first: pytest-xdist hands out whole files
-# in the order collected, so the long ones start first and the quick ones fill the gaps at the end.
-_LONGEST_FIRST = ("tests/e2e/test_schemathesis.py", "tests/e2e/", "tests/compute/", "tests/")
-
-
-def _rank(item: pytest.Item) -> int:
-    path = item.nodeid.partition("::")[0]
-    return next(i for i, prefix in enumerate(_LONGEST_FIRST) if path.startswith(prefix))
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        items.sort(key=_rank)  # stable: each file's tests keep their order
-
-
 @pytest.fixture(scope="session")
 def server() -> Iterator[Server]:
     with running_server() as srv:
