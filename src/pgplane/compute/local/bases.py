@@ -5,7 +5,9 @@ A base state is copied into a temporary directory under ``base/`` (its files che
 sees complete ones; what a crash leaves half copied is swept before the next is taken. Online
 copies are the branch copy's (:mod:`.branch`); here are those of stopped data, taken without a
 lock, so that a wake never waits for one: the control file is read before and after, and a copy
-during which a postmaster ran on the data is thrown away and taken again later.
+during which a postmaster ran on the data is thrown away and taken again later. Also here:
+what a rebuild takes of a stopped branch beside its base states (when it shut down, and the
+WAL its archive lacks).
 """
 
 from __future__ import annotations
@@ -187,3 +189,24 @@ def sweep_unfinished_bases(dirs: HistoryDirs) -> None:
         for entry in dirs.bases.iterdir():
             if entry.name.startswith(".tmp-"):
                 shutil.rmtree(entry, ignore_errors=True)
+
+
+def shut_down_at(pgdata: Path) -> int | None:
+    """A time no earlier than the stopped data's clean shutdown (see ``stopped_by``), else None:
+    a postmaster that died leaves its pid file, a copy never started its backup label."""
+    if read_pid_file(pgdata) is not None or (pgdata / "backup_label").exists():
+        return None
+    try:
+        return stopped_by(pgdata)
+    except FileNotFoundError:
+        return None
+
+
+def copy_unarchived(dirs: HistoryDirs, tail: Path) -> None:
+    """The stopped branch's WAL files its archive lacks (its last, partial segment at least)."""
+    segments, histories = wal_files(dirs.pgdata / "pg_wal")
+    archived = set(os.listdir(dirs.wal)) if dirs.wal.is_dir() else set()
+    missing = [n for n in [*segments, *histories] if n not in archived]
+    tail.mkdir(mode=0o700)
+    if missing:
+        copy_files(dirs.pgdata / "pg_wal", tail, missing, cancel=threading.Event())

@@ -17,7 +17,6 @@ import contextlib
 import logging
 import os
 import shutil
-import threading
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
@@ -28,17 +27,17 @@ import psycopg
 from pgplane import failpoints
 from pgplane.compute.driver import ComputeError, HistoryBounds, Point, PointNotInHistory
 from pgplane.compute.local.bases import (
+    copy_unarchived,
     link_stopped_base,
     new_base_dir,
     publish_base,
-    stopped_by,
+    shut_down_at,
     sweep_unfinished_bases,
     take_offline_base,
 )
 from pgplane.compute.local.binaries import PgInstall
 from pgplane.compute.local.branch import check_space, copy_online
 from pgplane.compute.local.computes import Computes
-from pgplane.compute.local.datacopy import copy_files
 from pgplane.compute.local.files import fsync_dir, to_trash, write_atomic
 from pgplane.compute.local.history import (
     HistoryDirs,
@@ -50,7 +49,6 @@ from pgplane.compute.local.history import (
     read_retention,
 )
 from pgplane.compute.local.layout import TIMELINE_MARKER, Layout
-from pgplane.compute.local.pidfile import read_pid_file
 from pgplane.compute.local.pitr import choose_base, describe, flush_archive, rebuild
 from pgplane.compute.local.postmaster import Postmasters
 from pgplane.compute.local.sessions import MONITOR_USER, connect, conninfo
@@ -58,7 +56,7 @@ from pgplane.compute.local.spares import SparePool
 from pgplane.compute.local.tenants import ids
 from pgplane.compute.local.timeline import temporary_pgdata
 from pgplane.compute.local.user import RunAs
-from pgplane.compute.local.wal import parse_lsn, read_control_data, wal_files
+from pgplane.compute.local.wal import parse_lsn, read_control_data
 from pgplane.core import clock
 
 log = logging.getLogger(__name__)
@@ -164,8 +162,8 @@ class Histories:
             async with self._locks["postmaster", dirs.pgdata]:
                 running = self._postmasters.running(dirs.pgdata)
                 if running is None:
-                    await asyncio.to_thread(_copy_unarchived, dirs, tail)
-                    return await asyncio.to_thread(_shut_down_at, dirs.pgdata)
+                    await asyncio.to_thread(copy_unarchived, dirs, tail)
+                    return await asyncio.to_thread(shut_down_at, dirs.pgdata)
         await flush_archive(running, dirs)
         return None
 
@@ -385,24 +383,3 @@ class Histories:
             except BaseException:
                 await asyncio.shield(asyncio.to_thread(shutil.rmtree, tmp, True))
                 raise
-
-
-def _shut_down_at(pgdata: Path) -> int | None:
-    """A time no earlier than the stopped data's clean shutdown (see ``stopped_by``), else None:
-    a postmaster that died leaves its pid file, a copy never started its backup label."""
-    if read_pid_file(pgdata) is not None or (pgdata / "backup_label").exists():
-        return None
-    try:
-        return stopped_by(pgdata)
-    except FileNotFoundError:
-        return None
-
-
-def _copy_unarchived(dirs: HistoryDirs, tail: Path) -> None:
-    """The stopped branch's WAL files its archive lacks (its last, partial segment at least)."""
-    segments, histories = wal_files(dirs.pgdata / "pg_wal")
-    archived = set(os.listdir(dirs.wal)) if dirs.wal.is_dir() else set()
-    missing = [n for n in [*segments, *histories] if n not in archived]
-    tail.mkdir(mode=0o700)
-    if missing:
-        copy_files(dirs.pgdata / "pg_wal", tail, missing, cancel=threading.Event())
