@@ -45,7 +45,7 @@ def _wrong_checksum() -> str:
         keys.generate().replace("pgp_", "pgq_"),
         keys.generate()[:10] + "é" + keys.generate()[11:],
     ],
-    # Named by position: the generated values differ in every process that collects them.
+    # Named by length: the generated values differ in every process that collects them.
     ids=lambda value: f"{len(value)}-chars",
 )
 async def test_malformed_keys_never_reach_the_store(value: str) -> None:
