@@ -8,7 +8,7 @@ Three measurements on a real ``pgplane serve``:
 - the same branch while a writer commits on the parent in a loop through its URI: the longest
   gap between two of its commits while the branch is made. Target: under 1 s;
 - a branch of a fresh (small) parent. Target: under 300 ms. Its files are spares made ahead
-  (see ``compute/local/spares.py``); the first branch since start-up, made without them, is
+  (see ``compute/local/copies/spares.py``); the first branch since start-up, made without them, is
   reported beside it.
 
 The branch writes its copy durably (one syncfs), which the bare ``cp -a`` does not; the line
@@ -34,8 +34,8 @@ import psycopg
 
 from bench.common import Api, Server, median, running_server, verdict
 from pgplane.compute.local.layout import Layout
-from pgplane.compute.local.pidfile import read_pid_file
-from pgplane.compute.local.sessions import admin_conninfo
+from pgplane.compute.local.postgres.pidfile import read_pid_file
+from pgplane.compute.local.postgres.sessions import admin_conninfo
 
 ROWS_PER_GB = 1_900_000  # rows of (int, 500 x 'x'): ~1 GB of table
 
@@ -181,7 +181,7 @@ def line(what: str, values: list[float], note: str = "", stat: str = "median") -
 def measure_small(api: Api, server: Server, scratch: Path, runs: int) -> dict[str, list[float]]:
     """A fresh parent: the copy of a new cluster (~1,300 small files).
 
-    The first branch since start-up finds no spare files (``compute/local/spares.py``) and
+    The first branch since start-up finds no spare files (``compute/local/copies/spares.py``) and
     creates every inode; the platform then makes spares in the background. Each later round
     waits until they are made, as branches a few seconds apart find them.
     """

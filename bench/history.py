@@ -34,7 +34,7 @@ import psycopg
 
 from bench.branch_create import Parent, Writer, create_branch, delete_branch, fill, make_parent
 from bench.common import Api, Server, median, pg_binary, plaintext, running_server, verdict
-from pgplane.compute.local.history import HistoryDirs, list_bases
+from pgplane.compute.local.history.archiving import HistoryDirs, list_bases
 
 
 def _pgbench(uri: str, *args: str, seconds: int | None = None) -> str:

@@ -19,7 +19,7 @@ import subprocess
 
 from bench.common import Api, client_has_tls, median, pg_binary, running_server, verdict
 from pgplane.compute.local.layout import Layout
-from pgplane.compute.local.pidfile import read_pid_file
+from pgplane.compute.local.postgres.pidfile import read_pid_file
 
 
 def pgbench(conninfo: str, password: str, *args: str) -> str:

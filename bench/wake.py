@@ -29,7 +29,7 @@ import psycopg
 
 from bench.common import Api, Server, median, percentile, running_server, verdict
 from pgplane.compute.local.layout import Layout
-from pgplane.compute.local.pidfile import command_line, read_pid_file
+from pgplane.compute.local.postgres.pidfile import command_line, read_pid_file
 
 
 def _suspend(api: Api, pid: str, eid: str) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgplane.compute.local.archive import tree_checksums
+from pgplane.compute.local.cold.archive import tree_checksums
 from tests.support import Api, Server, running_server, wait_for
 
 

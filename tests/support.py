@@ -25,8 +25,8 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import httpx
 
-from pgplane.compute.local.binaries import PgInstall, discover
-from pgplane.compute.local.users import remove_project_users
+from pgplane.compute.local.postgres.binaries import PgInstall, discover
+from pgplane.compute.local.tenants.users import remove_project_users
 from pgplane.core import ids
 from pgplane.core.models import Operation
 from pgplane.core.operations import Action, Status

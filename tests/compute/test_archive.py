@@ -15,7 +15,7 @@ import msgspec
 import pytest
 
 from pgplane.compute.driver import ComputeError
-from pgplane.compute.local.archive import (
+from pgplane.compute.local.cold.archive import (
     ARCHIVE_NAME,
     MANIFEST_NAME,
     DirEntry,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pgplane.compute.local.binaries import discover, read_version, wheel_bin_dir
+from pgplane.compute.local.postgres.binaries import discover, read_version, wheel_bin_dir
 
 
 def test_the_bundled_wheel_ships_a_current_postgres_and_its_clients() -> None:
@@ -75,7 +75,7 @@ def test_a_left_over_pgserver_wheel_still_serves_its_major_with_a_warning(
         (bin_dir / name).chmod(0o700)
     monkeypatch.syspath_prepend(str(tmp_path))
 
-    with caplog.at_level(logging.WARNING, logger="pgplane.compute.local.binaries"):
+    with caplog.at_level(logging.WARNING, logger="pgplane.compute.local.postgres.binaries"):
         found = discover([], bundled_only=True)
 
     assert found[16].bin_dir == bin_dir

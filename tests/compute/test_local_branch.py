@@ -24,8 +24,8 @@ from compute_helpers import (
 
 from pgplane.compute.driver import ComputeError, ComputeSpec
 from pgplane.compute.local import LocalComputeDriver
-from pgplane.compute.local.binaries import discover
-from pgplane.compute.local.pidfile import is_postmaster_of, read_pid_file
+from pgplane.compute.local.postgres.binaries import discover
+from pgplane.compute.local.postgres.pidfile import is_postmaster_of, read_pid_file
 
 
 def newest(driver: LocalComputeDriver) -> int:

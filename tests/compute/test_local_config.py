@@ -14,8 +14,8 @@ from pgplane.compute.driver import (
     RoleSpec,
 )
 from pgplane.compute.local import LocalComputeDriver
-from pgplane.compute.local.pidfile import read_pid_file
-from pgplane.compute.local.sessions import admin_conninfo
+from pgplane.compute.local.postgres.pidfile import read_pid_file
+from pgplane.compute.local.postgres.sessions import admin_conninfo
 
 
 def newest(driver: LocalComputeDriver) -> int:

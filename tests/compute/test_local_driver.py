@@ -18,9 +18,9 @@ from compute_helpers import DATABASE, ROLE, Computes, crashed_build, free_port, 
 
 from pgplane.compute.driver import ComputeError, ComputeSpec, InvalidSettings, PortInUse
 from pgplane.compute.local import LocalComputeDriver, LocalDriverConfig
-from pgplane.compute.local.binaries import discover
-from pgplane.compute.local.pidfile import is_postmaster_of, read_pid_file
-from pgplane.compute.local.sessions import admin_conninfo
+from pgplane.compute.local.postgres.binaries import discover
+from pgplane.compute.local.postgres.pidfile import is_postmaster_of, read_pid_file
+from pgplane.compute.local.postgres.sessions import admin_conninfo
 
 
 def newest(driver: LocalComputeDriver) -> int:

@@ -11,15 +11,15 @@ from compute_helpers import DATABASE, ROLE, Computes, connect, free_port, query
 
 from pgplane.compute.driver import ComputeError, ComputeSpec
 from pgplane.compute.local import LocalComputeDriver
-from pgplane.compute.local.binaries import discover
-from pgplane.compute.local.monitor import check_readable, last_client_activity
-from pgplane.compute.local.sessions import (
+from pgplane.compute.local.postgres.binaries import discover
+from pgplane.compute.local.postgres.monitor import check_readable, last_client_activity
+from pgplane.compute.local.postgres.sessions import (
     ADMIN_USER,
     MONITOR_USER,
     admin_conninfo,
     conninfo,
 )
-from pgplane.compute.local.sessions import (
+from pgplane.compute.local.postgres.sessions import (
     connect as pinned,
 )
 

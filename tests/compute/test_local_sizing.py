@@ -10,8 +10,8 @@ from compute_helpers import DATABASE, ROLE, Computes, free_port, query
 
 from pgplane.compute.driver import ComputeError, ComputeSpec
 from pgplane.compute.local import LocalComputeDriver
-from pgplane.compute.local.pidfile import read_pid_file
-from pgplane.compute.local.sizing import compute_settings, cu_settings
+from pgplane.compute.local.postgres.pidfile import read_pid_file
+from pgplane.compute.local.postgres.sizing import compute_settings, cu_settings
 
 # Neon's published max_connections by compute size.
 NEON_MAX_CONNECTIONS = {

@@ -16,8 +16,8 @@ from compute_helpers import DATABASE, ROLE, clean_up, free_port, lifecycle
 
 from pgplane.compute.driver import ComputeSpec
 from pgplane.compute.local import LocalComputeDriver, LocalDriverConfig
-from pgplane.compute.local.binaries import wheel_bin_dir
-from pgplane.compute.local.user import RunAs, open_traversal, resolve_run_as
+from pgplane.compute.local.postgres.binaries import wheel_bin_dir
+from pgplane.compute.local.tenants.user import RunAs, open_traversal, resolve_run_as
 
 NOBODY = RunAs(name="nobody", uid=65534, gid=65534, switch=True)
 
@@ -45,7 +45,7 @@ def test_open_traversal_adds_only_the_search_bit(
     inner.chmod(0o750)
     target.chmod(0o700)
 
-    with caplog.at_level(logging.WARNING, logger="pgplane.compute.local.user"):
+    with caplog.at_level(logging.WARNING, logger="pgplane.compute.local.tenants.user"):
         changed = open_traversal(target, NOBODY)
 
     assert {outer, inner, target} <= set(changed)

@@ -16,12 +16,12 @@ from compute_helpers import free_port, lifecycle, query
 
 from pgplane.compute.driver import ComputeError, ComputeSpec
 from pgplane.compute.local import LocalComputeDriver
-from pgplane.compute.local.datacopy import copy_data_dir
-from pgplane.compute.local.ownership import hand_over
-from pgplane.compute.local.pidfile import read_pid_file
-from pgplane.compute.local.timeline import check_data_version
-from pgplane.compute.local.user import RunAs
-from pgplane.compute.local.users import (
+from pgplane.compute.local.copies.datacopy import copy_data_dir
+from pgplane.compute.local.copies.timeline import check_data_version
+from pgplane.compute.local.postgres.pidfile import read_pid_file
+from pgplane.compute.local.tenants.ownership import hand_over
+from pgplane.compute.local.tenants.user import RunAs
+from pgplane.compute.local.tenants.users import (
     ComputeUsers,
     end_processes,
     processes_of,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pgplane.compute.local import spares
-from pgplane.compute.local.spares import SparePool
+from pgplane.compute.local.copies import spares
+from pgplane.compute.local.copies.spares import SparePool
 
 
 def test_fills_to_what_is_wanted_and_places_by_rename(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ import psycopg
 from psycopg import sql
 
 from pgplane.compute.local.layout import Layout
-from pgplane.compute.local.sessions import admin_conninfo
+from pgplane.compute.local.postgres.sessions import admin_conninfo
 from tests.e2e.test_branches import _ready_branch
 from tests.e2e.test_faults import _endpoint_port, _postmaster_pid
 from tests.e2e.test_scale_to_zero import _endpoint, _ops

@@ -12,8 +12,8 @@ from typing import Any
 
 import psycopg
 
-from pgplane.compute.local import archive
-from pgplane.compute.local.archive import tree_checksums
+from pgplane.compute.local.cold import archive
+from pgplane.compute.local.cold.archive import tree_checksums
 from tests.support import Api, running_server
 
 

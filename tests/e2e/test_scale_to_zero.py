@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from psycopg import errors
 
-from pgplane.compute.local.archive import tree_checksums
+from pgplane.compute.local.cold.archive import tree_checksums
 from tests import pgclient
 from tests.support import Api, Server, pg_binary, plaintext, running_server, wait_for
 

@@ -26,8 +26,8 @@ import pytest
 from psycopg import sql
 
 from pgplane.compute.local.layout import Layout
-from pgplane.compute.local.pidfile import command_line
-from pgplane.compute.local.users import project_user_name
+from pgplane.compute.local.postgres.pidfile import command_line
+from pgplane.compute.local.tenants.users import project_user_name
 from tests.support import Api, Server, running_server
 
 pytestmark = pytest.mark.skipif(

@@ -22,7 +22,7 @@ import pytest
 from psycopg import errors
 from psycopg.conninfo import make_conninfo
 
-from pgplane.compute.local.binaries import discover
+from pgplane.compute.local.postgres.binaries import discover
 from tests.support import Api, Server, running_server, wait_for
 
 TRAP_PATH = "trap, public, pg_catalog"  # pg_catalog last: tenant objects come first

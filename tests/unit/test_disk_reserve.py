@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pgplane.compute.driver import ComputeError
-from pgplane.compute.local.branch import check_space, default_reserve
+from pgplane.compute.local.copies.branch import check_space, default_reserve
 
 MB = 1 << 20
 GIB = 1 << 30

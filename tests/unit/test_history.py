@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 
 from pgplane.compute.driver import HistoryBounds, Point
-from pgplane.compute.local.bases import stopped_by
-from pgplane.compute.local.history import (
+from pgplane.compute.local.history.archiving import (
     BASE_STATE,
     HistoryDirs,
     list_bases,
     prune,
 )
-from pgplane.compute.local.pitr import _likely_read, choose_base
-from pgplane.compute.local.replay import RESTORED
+from pgplane.compute.local.history.bases import stopped_by
+from pgplane.compute.local.history.pitr import _likely_read, choose_base
+from pgplane.compute.local.history.replay import RESTORED
 from pgplane.core.models import Branch, Project
 from pgplane.errors import BadRequest
 from pgplane.services import history

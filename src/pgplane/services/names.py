@@ -11,7 +11,8 @@ MAX_API_KEY_NAME = 64
 MAX_PG_IDENTIFIER_BYTES = 63  # NAMEDATALEN - 1: Postgres would silently truncate longer names
 
 # Names Postgres or the platform keep for themselves (role names compare in any case): the
-# platform's superuser and its read-only monitor exist on every compute (compute/local/sessions.py).
+# platform's superuser and its read-only monitor exist on every compute
+# (compute/local/postgres/sessions.py).
 _RESERVED_ROLES = frozenset(
     {
         "cloud_admin",

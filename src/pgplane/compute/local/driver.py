@@ -28,30 +28,30 @@ from pgplane.compute.driver import (
     RoleSpec,
     RunningCompute,
 )
-from pgplane.compute.local.binaries import PgInstall
-from pgplane.compute.local.catalog import apply_change, check_change
-from pgplane.compute.local.computes import Computes
 from pgplane.compute.local.config import LocalDriverConfig
-from pgplane.compute.local.copies import Copies
-from pgplane.compute.local.files import remove_tree, sweep_trash, write_atomic
-from pgplane.compute.local.hba import write_hba
-from pgplane.compute.local.history_ops import Histories
-from pgplane.compute.local.installs import Installs
-from pgplane.compute.local.layout import Layout, ensure_dir, ensure_private_dir
-from pgplane.compute.local.monitor import check_readable, last_client_activity
-from pgplane.compute.local.postmaster import (
-    Postmasters,
-)
-from pgplane.compute.local.spares import SparePool
-from pgplane.compute.local.tenants import Tenants, ids
-from pgplane.compute.local.timeline import (
+from pgplane.compute.local.copies.copies import Copies
+from pgplane.compute.local.copies.spares import SparePool
+from pgplane.compute.local.copies.timeline import (
     build_timeline,
     completed,
     temporary_pgdata,
 )
-from pgplane.compute.local.user import RunAs, open_traversal
-from pgplane.compute.local.users import ComputeUsers
-from pgplane.compute.local.verifiers import read_verifiers
+from pgplane.compute.local.files import remove_tree, sweep_trash, write_atomic
+from pgplane.compute.local.history.histories import Histories
+from pgplane.compute.local.layout import Layout, ensure_dir, ensure_private_dir
+from pgplane.compute.local.postgres.binaries import PgInstall
+from pgplane.compute.local.postgres.catalog import apply_change, check_change
+from pgplane.compute.local.postgres.computes import Computes
+from pgplane.compute.local.postgres.hba import write_hba
+from pgplane.compute.local.postgres.installs import Installs
+from pgplane.compute.local.postgres.monitor import check_readable, last_client_activity
+from pgplane.compute.local.postgres.postmaster import (
+    Postmasters,
+)
+from pgplane.compute.local.postgres.verifiers import read_verifiers
+from pgplane.compute.local.tenants.projects import Tenants, ids
+from pgplane.compute.local.tenants.user import RunAs, open_traversal
+from pgplane.compute.local.tenants.users import ComputeUsers
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pgplane.compute.driver import ComputeError
-from pgplane.compute.local.user import RunAs
+from pgplane.compute.local.tenants.user import RunAs
 
 _COPY_TIMEOUT = 600.0
 TRASH_PREFIX = ".trash-"

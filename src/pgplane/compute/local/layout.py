@@ -10,7 +10,7 @@
       templates/<major>/                             initdb output, copied for every new cluster
       spare/                                         empty files made ahead for copies (spares.py)
       pg/<major>/                                    binaries copied out of reach of root-only dirs
-      conf/pg_hba.conf                               who may log in to computes (hba.py)
+      conf/pg_hba.conf                               who may log in to computes (postgres/hba.py)
       logs/<endpoint_id>.log                         postmaster stderr
       run/<endpoint_id>/                             unix socket directory of the postmaster
 
@@ -19,7 +19,7 @@ data directory is 0711 (passed through, never listed); ``pgplane.db`` (with -wal
 ``logs/``, ``archive/`` and ``spare/`` 0700, root's; ``projects/<id>/`` root's with the project
 user's group, 0710, so no other project's user gets in; each ``pgdata`` and socket directory the
 project user's, 0700; templates the shared compute user's (``templates/<major>/pgdata`` 0700);
-``pg/`` readable by all (binaries). tenants.py and users.py say more.
+``pg/`` readable by all (binaries). tenants/projects.py and tenants/users.py say more.
 
 Unix socket paths are limited to 107 bytes, so when ``<data_dir>/run/<id>/.s.PGSQL.<port>`` could
 exceed it the socket root moves to ``/tmp/pgplane-<hash of data_dir>/`` (one per data directory,

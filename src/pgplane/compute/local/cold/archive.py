@@ -24,7 +24,7 @@ leading out of the tree) are refused by checks of our own on every Python versio
 by tarfile's extraction filters (3.11.4+), whose "data" filter would also alter the modes.
 
 The manifest and its checks are in ``archive_manifest``; reading the tenant's tree, and its
-hazards, in ``archive_tree``.
+hazards, in :mod:`.tree`.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from typing import IO
 import msgspec
 
 from pgplane.compute.driver import ComputeError
-from pgplane.compute.local.archive_manifest import (
+from pgplane.compute.local.cold.manifest import (
     ARCHIVE_NAME,
     FORMAT,
     MANIFEST_NAME,
@@ -58,7 +58,7 @@ from pgplane.compute.local.archive_manifest import (
     _is_safe_path,
     verify,
 )
-from pgplane.compute.local.archive_tree import _CHUNK, _write_archive, tree_checksums
+from pgplane.compute.local.cold.tree import _CHUNK, _write_archive, tree_checksums
 from pgplane.compute.local.files import fsync_dir, start_writeback, sync_tree, write_atomic
 
 __all__ = [

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pgplane.compute.driver import ComputeError
-from pgplane.compute.local.binaries import PgInstall
-from pgplane.compute.local.user import C_LOCALE, RunAs
+from pgplane.compute.local.postgres.binaries import PgInstall
+from pgplane.compute.local.tenants.user import C_LOCALE, RunAs
 
 _SEGMENT = re.compile(r"[0-9A-F]{24}")
 _HISTORY = re.compile(r"[0-9A-F]{8}\.history")

@@ -13,7 +13,7 @@ can start on it meanwhile.
 As for a new timeline, everything is built in ``pgdata.tmp``, made durable, marked complete and
 renamed into place, so a crash at any point leaves only a temporary directory that the next
 attempt removes; the parent's backup ends with the session that made it. That session is a
-platform session on a tenant's compute: pinned and qualified (:mod:`.sessions`).
+platform session on a tenant's compute: pinned and qualified (:mod:`..postgres.sessions`).
 """
 
 from __future__ import annotations
@@ -35,29 +35,29 @@ import psycopg
 
 from pgplane import failpoints
 from pgplane.compute.driver import ComputeError
-from pgplane.compute.local.binaries import PgInstall
-from pgplane.compute.local.datacopy import (
+from pgplane.compute.local.copies.datacopy import (
     BACKUP_FILES,
     CopyStats,
     copy_data_dir,
     copy_files,
 )
+from pgplane.compute.local.copies.spares import SparePool
+from pgplane.compute.local.copies.timeline import temporary_pgdata
 from pgplane.compute.local.files import fsync_dir, sync_tree, write_atomic
-from pgplane.compute.local.layout import TIMELINE_MARKER
-from pgplane.compute.local.ownership import hand_over
-from pgplane.compute.local.pidfile import PidFile
-from pgplane.compute.local.postmaster import Postmasters
-from pgplane.compute.local.sessions import ADMIN_USER, connect, conninfo
-from pgplane.compute.local.spares import SparePool
-from pgplane.compute.local.timeline import temporary_pgdata
-from pgplane.compute.local.user import RunAs
-from pgplane.compute.local.wal import (
+from pgplane.compute.local.history.wal import (
     needed_segments,
     parse_lsn,
     read_control_data,
     segment_range,
     wal_files,
 )
+from pgplane.compute.local.layout import TIMELINE_MARKER
+from pgplane.compute.local.postgres.binaries import PgInstall
+from pgplane.compute.local.postgres.pidfile import PidFile
+from pgplane.compute.local.postgres.postmaster import Postmasters
+from pgplane.compute.local.postgres.sessions import ADMIN_USER, connect, conninfo
+from pgplane.compute.local.tenants.ownership import hand_over
+from pgplane.compute.local.tenants.user import RunAs
 
 log = logging.getLogger(__name__)
 

@@ -26,20 +26,11 @@ import psycopg
 
 from pgplane import failpoints
 from pgplane.compute.driver import ComputeError, HistoryBounds, Point, PointNotInHistory
-from pgplane.compute.local.bases import (
-    copy_unarchived,
-    link_stopped_base,
-    new_base_dir,
-    publish_base,
-    shut_down_at,
-    sweep_unfinished_bases,
-    take_offline_base,
-)
-from pgplane.compute.local.binaries import PgInstall
-from pgplane.compute.local.branch import check_space, copy_online
-from pgplane.compute.local.computes import Computes
+from pgplane.compute.local.copies.branch import check_space, copy_online
+from pgplane.compute.local.copies.spares import SparePool
+from pgplane.compute.local.copies.timeline import temporary_pgdata
 from pgplane.compute.local.files import fsync_dir, to_trash, write_atomic
-from pgplane.compute.local.history import (
+from pgplane.compute.local.history.archiving import (
     HistoryDirs,
     archived_bytes_since,
     catalog_wal,
@@ -48,15 +39,24 @@ from pgplane.compute.local.history import (
     prune,
     read_retention,
 )
+from pgplane.compute.local.history.bases import (
+    copy_unarchived,
+    link_stopped_base,
+    new_base_dir,
+    publish_base,
+    shut_down_at,
+    sweep_unfinished_bases,
+    take_offline_base,
+)
+from pgplane.compute.local.history.pitr import choose_base, describe, flush_archive, rebuild
+from pgplane.compute.local.history.wal import parse_lsn, read_control_data
 from pgplane.compute.local.layout import TIMELINE_MARKER, Layout
-from pgplane.compute.local.pitr import choose_base, describe, flush_archive, rebuild
-from pgplane.compute.local.postmaster import Postmasters
-from pgplane.compute.local.sessions import MONITOR_USER, connect, conninfo
-from pgplane.compute.local.spares import SparePool
-from pgplane.compute.local.tenants import ids
-from pgplane.compute.local.timeline import temporary_pgdata
-from pgplane.compute.local.user import RunAs
-from pgplane.compute.local.wal import parse_lsn, read_control_data
+from pgplane.compute.local.postgres.binaries import PgInstall
+from pgplane.compute.local.postgres.computes import Computes
+from pgplane.compute.local.postgres.postmaster import Postmasters
+from pgplane.compute.local.postgres.sessions import MONITOR_USER, connect, conninfo
+from pgplane.compute.local.tenants.projects import ids
+from pgplane.compute.local.tenants.user import RunAs
 from pgplane.core import clock
 
 log = logging.getLogger(__name__)

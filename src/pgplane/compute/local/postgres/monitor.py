@@ -25,7 +25,7 @@ import psycopg
 from psycopg import errors, sql
 
 from pgplane.compute.driver import ComputeError
-from pgplane.compute.local.sessions import (
+from pgplane.compute.local.postgres.sessions import (
     ADMIN_USER,
     MONITOR_USER,
     Conn,

@@ -32,7 +32,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from pgplane.compute.driver import ComputeError
-from pgplane.compute.local.user import RunAs, create_system_user, resolve_run_as
+from pgplane.compute.local.tenants.user import RunAs, create_system_user, resolve_run_as
 
 log = logging.getLogger(__name__)
 

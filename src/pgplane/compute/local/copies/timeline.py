@@ -16,13 +16,13 @@ from pathlib import Path
 
 from pgplane import failpoints
 from pgplane.compute.driver import ComputeError, DatabaseSpec, RoleSpec
-from pgplane.compute.local.binaries import PgInstall
-from pgplane.compute.local.cluster import create_roles_and_databases
 from pgplane.compute.local.files import copy_tree, fsync_dir, sync_tree, write_atomic
 from pgplane.compute.local.layout import TIMELINE_MARKER
-from pgplane.compute.local.ownership import hand_over
-from pgplane.compute.local.postmaster import Postmasters, postmaster_argv
-from pgplane.compute.local.user import RunAs
+from pgplane.compute.local.postgres.binaries import PgInstall
+from pgplane.compute.local.postgres.cluster import create_roles_and_databases
+from pgplane.compute.local.postgres.postmaster import Postmasters, postmaster_argv
+from pgplane.compute.local.tenants.ownership import hand_over
+from pgplane.compute.local.tenants.user import RunAs
 
 # Only a unix socket in a directory of its own, so any port number will do.
 INIT_PORT = 5432

@@ -14,12 +14,12 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
 from pgplane.compute.driver import ComputeError
-from pgplane.compute.local.binaries import PgInstall, discover
-from pgplane.compute.local.cluster import ensure_template, template_pgdata
 from pgplane.compute.local.layout import Layout
-from pgplane.compute.local.postmaster import validate_settings
-from pgplane.compute.local.relocate import runnable_install
-from pgplane.compute.local.user import RunAs
+from pgplane.compute.local.postgres.binaries import PgInstall, discover
+from pgplane.compute.local.postgres.cluster import ensure_template, template_pgdata
+from pgplane.compute.local.postgres.postmaster import validate_settings
+from pgplane.compute.local.postgres.relocate import runnable_install
+from pgplane.compute.local.tenants.user import RunAs
 
 _ACCEPTED_MAX = 10_000
 

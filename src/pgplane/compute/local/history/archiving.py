@@ -22,8 +22,8 @@ project's ``history_retention_seconds`` decides what is freed: every base older 
 one at or before the window's start, and the WAL before it. Base states are root's, out of the
 tenant's reach (the archive is the compute user's: its postmasters write it).
 
-A base is taken online from a running compute (the branch copy's online backup, :mod:`.branch`)
-or, when none runs, as files (:mod:`.bases`).
+A base is taken online from a running compute (the branch copy's online backup,
+:mod:`..copies.branch`) or, when none runs, as files (:mod:`.bases`).
 """
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ from pathlib import Path
 
 from pgplane.compute.driver import ComputeError
 from pgplane.compute.local.files import write_atomic
-from pgplane.compute.local.layout import ensure_dir
-from pgplane.compute.local.user import RunAs
-from pgplane.compute.local.wal import (
+from pgplane.compute.local.history.wal import (
     parse_segment,
     wal_files,
 )
+from pgplane.compute.local.layout import ensure_dir
+from pgplane.compute.local.tenants.user import RunAs
 
 log = logging.getLogger(__name__)
 

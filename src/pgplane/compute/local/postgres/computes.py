@@ -16,31 +16,31 @@ from pathlib import Path
 
 from pgplane import failpoints
 from pgplane.compute.driver import ComputeError, ComputeSpec, PortInUse, RunningCompute
-from pgplane.compute.local.binaries import PgInstall
-from pgplane.compute.local.history import (
-    HistoryDirs,
-    archive_settings,
-    prepare_archive,
-    read_retention,
-)
-from pgplane.compute.local.layout import TIMELINE_MARKER, Layout, ensure_dir
-from pgplane.compute.local.pidfile import PidFile, command_line, is_postmaster_of
-from pgplane.compute.local.pitr import switch_wal
-from pgplane.compute.local.postmaster import (
-    Postmasters,
-    check_settings,
-    postmaster_argv,
-    wait_ready,
-)
-from pgplane.compute.local.sizing import compute_settings
-from pgplane.compute.local.tenants import Tenants, ids
-from pgplane.compute.local.timeline import (
+from pgplane.compute.local.copies.timeline import (
     INIT_PORT,
     check_data_version,
     fresh_socket_dir,
     temporary_pgdata,
 )
-from pgplane.compute.local.user import RunAs
+from pgplane.compute.local.history.archiving import (
+    HistoryDirs,
+    archive_settings,
+    prepare_archive,
+    read_retention,
+)
+from pgplane.compute.local.history.pitr import switch_wal
+from pgplane.compute.local.layout import TIMELINE_MARKER, Layout, ensure_dir
+from pgplane.compute.local.postgres.binaries import PgInstall
+from pgplane.compute.local.postgres.pidfile import PidFile, command_line, is_postmaster_of
+from pgplane.compute.local.postgres.postmaster import (
+    Postmasters,
+    check_settings,
+    postmaster_argv,
+    wait_ready,
+)
+from pgplane.compute.local.postgres.sizing import compute_settings
+from pgplane.compute.local.tenants.projects import Tenants, ids
+from pgplane.compute.local.tenants.user import RunAs
 from pgplane.core import ports
 
 log = logging.getLogger(__name__)

@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pgplane.compute.driver import ComputeError
+from pgplane.compute.local.copies.spares import SparePool
 from pgplane.compute.local.files import start_writeback
 from pgplane.compute.local.layout import TIMELINE_MARKER
-from pgplane.compute.local.spares import SparePool
 
 # linux/fs.h: _IOW(0x94, 9, int)
 _FICLONE = 0x40049409

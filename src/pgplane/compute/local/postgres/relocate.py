@@ -20,9 +20,9 @@ import stat
 from pathlib import Path
 
 from pgplane.compute.driver import ComputeError
-from pgplane.compute.local.binaries import PgInstall
 from pgplane.compute.local.files import copy_tree, fsync_dir, remove_tree, sync_tree
-from pgplane.compute.local.user import RunAs
+from pgplane.compute.local.postgres.binaries import PgInstall
+from pgplane.compute.local.tenants.user import RunAs
 
 log = logging.getLogger(__name__)
 

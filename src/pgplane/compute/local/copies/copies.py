@@ -4,7 +4,7 @@ history), and a restore's, built beside the branch's data and then swapped in.
 The caller holds the timeline lock of the data directory being built. A head copy holds the
 source's postmaster lock for its whole length (a stopped source cannot start under it, nor a
 running one stop: its session holds the backup); a point is rebuilt from the source's history
-alone (:mod:`.history_ops`), never touching the source's data.
+alone (:mod:`..history.histories`), never touching the source's data.
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ from pathlib import Path
 
 from pgplane import failpoints
 from pgplane.compute.driver import ComputeError, Point
-from pgplane.compute.local.binaries import PgInstall
-from pgplane.compute.local.branch import build_branch
-from pgplane.compute.local.history_ops import Histories
+from pgplane.compute.local.copies.branch import build_branch
+from pgplane.compute.local.copies.spares import SparePool
+from pgplane.compute.local.copies.timeline import check_data_version, completed
+from pgplane.compute.local.history.histories import Histories
 from pgplane.compute.local.layout import TIMELINE_MARKER, Layout, ensure_dir
-from pgplane.compute.local.postmaster import Postmasters
-from pgplane.compute.local.spares import SparePool
-from pgplane.compute.local.tenants import Tenants
-from pgplane.compute.local.timeline import check_data_version, completed
-from pgplane.compute.local.user import RunAs
+from pgplane.compute.local.postgres.binaries import PgInstall
+from pgplane.compute.local.postgres.postmaster import Postmasters
+from pgplane.compute.local.tenants.projects import Tenants
+from pgplane.compute.local.tenants.user import RunAs
 
 InstallFor = Callable[..., Awaitable[tuple[PgInstall, RunAs]]]
 

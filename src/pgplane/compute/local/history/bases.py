@@ -3,11 +3,11 @@
 A base state is copied into a temporary directory under ``base/`` (its files checksummed, then
 ``base.json`` written last and the directory renamed into place), so that a reader only ever
 sees complete ones; what a crash leaves half copied is swept before the next is taken. Online
-copies are the branch copy's (:mod:`.branch`); here are those of stopped data, taken without a
-lock, so that a wake never waits for one: the control file is read before and after, and a copy
-during which a postmaster ran on the data is thrown away and taken again later. Also here:
-what a rebuild takes of a stopped branch beside its base states (when it shut down, and the
-WAL its archive lacks).
+copies are the branch copy's (:mod:`..copies.branch`); here are those of stopped data, taken
+without a lock, so that a wake never waits for one: the control file is read before and after,
+and a copy during which a postmaster ran on the data is thrown away and taken again later. Also
+here: what a rebuild takes of a stopped branch beside its base states (when it shut down, and
+the WAL its archive lacks).
 """
 
 from __future__ import annotations
@@ -23,19 +23,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from pgplane.compute.driver import ComputeError
-from pgplane.compute.local.binaries import PgInstall
-from pgplane.compute.local.datacopy import copy_data_dir, copy_files
+from pgplane.compute.local.copies.datacopy import copy_data_dir, copy_files
 from pgplane.compute.local.files import fsync_dir, sync_tree, write_atomic
-from pgplane.compute.local.history import BASE_STATE, Base, HistoryDirs, file_sha256
-from pgplane.compute.local.layout import ensure_dir
-from pgplane.compute.local.pidfile import read_pid_file
-from pgplane.compute.local.user import RunAs
-from pgplane.compute.local.wal import (
+from pgplane.compute.local.history.archiving import BASE_STATE, Base, HistoryDirs, file_sha256
+from pgplane.compute.local.history.wal import (
     ControlData,
     needed_segments,
     read_control_data,
     wal_files,
 )
+from pgplane.compute.local.layout import ensure_dir
+from pgplane.compute.local.postgres.binaries import PgInstall
+from pgplane.compute.local.postgres.pidfile import read_pid_file
+from pgplane.compute.local.tenants.user import RunAs
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ names a role it has not seen, so the proxy authenticates every login itself and 
 compute is never woken for a password nobody can prove.
 
 ``pg_authid`` is readable by superusers only, so this is one of the few superuser sessions; like
-every platform session it is pinned (:mod:`pgplane.compute.local.sessions`) and names only
+every platform session it is pinned (:mod:`pgplane.compute.local.postgres.sessions`) and names only
 pg_catalog objects.
 """
 
@@ -19,7 +19,12 @@ from pathlib import Path
 import psycopg
 
 from pgplane.compute.driver import ComputeError
-from pgplane.compute.local.sessions import ADMIN_USER, MONITOR_USER, admin_conninfo, connect
+from pgplane.compute.local.postgres.sessions import (
+    ADMIN_USER,
+    MONITOR_USER,
+    admin_conninfo,
+    connect,
+)
 
 _SQL_TIMEOUT = 10.0
 # Roles of the platform's own, never offered to the proxy whatever they hold.

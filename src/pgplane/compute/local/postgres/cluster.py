@@ -19,12 +19,12 @@ import psycopg
 from psycopg import sql
 
 from pgplane.compute.driver import ComputeError, DatabaseSpec, RoleSpec
-from pgplane.compute.local.binaries import PgInstall
 from pgplane.compute.local.files import fsync_dir, remove_tree, sync_tree, write_atomic
-from pgplane.compute.local.hba import PG_HBA
-from pgplane.compute.local.monitor import create_monitor
-from pgplane.compute.local.sessions import ADMIN_USER, Conn, admin_conninfo, connect
-from pgplane.compute.local.user import RunAs
+from pgplane.compute.local.postgres.binaries import PgInstall
+from pgplane.compute.local.postgres.hba import PG_HBA
+from pgplane.compute.local.postgres.monitor import create_monitor
+from pgplane.compute.local.postgres.sessions import ADMIN_USER, Conn, admin_conninfo, connect
+from pgplane.compute.local.tenants.user import RunAs
 
 log = logging.getLogger(__name__)
 

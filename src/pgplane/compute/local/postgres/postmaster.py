@@ -22,16 +22,16 @@ import psycopg
 
 from pgplane import failpoints
 from pgplane.compute.driver import ComputeError, InvalidSettings
-from pgplane.compute.local.binaries import PgInstall
-from pgplane.compute.local.pidfile import (
+from pgplane.compute.local.postgres.binaries import PgInstall
+from pgplane.compute.local.postgres.pidfile import (
     PidFile,
     alive,
     is_postmaster_of,
     processes_in,
     read_pid_file,
 )
-from pgplane.compute.local.sessions import admin_conninfo
-from pgplane.compute.local.user import C_LOCALE, RunAs, postgres_env
+from pgplane.compute.local.postgres.sessions import admin_conninfo
+from pgplane.compute.local.tenants.user import C_LOCALE, RunAs, postgres_env
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def postmaster_argv(
     hba_file: Path,
 ) -> list[str]:
     """The command line; what routing and security depend on comes last, so no setting can
-    override it (``hba_file`` too: see :mod:`pgplane.compute.local.hba`)."""
+    override it (``hba_file`` too: see :mod:`pgplane.compute.local.postgres.hba`)."""
     argv = [str(install.postgres), "-D", str(pgdata)]
     for name, value in settings.items():
         argv += ["-c", f"{name}={value}"]

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from pgplane.compute.driver import ComputeError
-from pgplane.compute.local.archive_manifest import (
+from pgplane.compute.local.cold.manifest import (
     _SET_ID,
     FORMAT,
     DirEntry,

@@ -27,7 +27,7 @@ import stat
 from collections.abc import Collection
 from pathlib import Path
 
-from pgplane.compute.local.user import RunAs
+from pgplane.compute.local.tenants.user import RunAs
 
 log = logging.getLogger(__name__)
 

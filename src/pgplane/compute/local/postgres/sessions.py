@@ -20,7 +20,7 @@ some as superuser. So every platform session follows these rules (DESIGN §6):
 3. **Superuser only where the work needs it.** ``cloud_admin`` (:data:`ADMIN_USER`) creates and
    drops roles and databases and takes online backups; checks that only read (availability,
    activity) log in as :data:`MONITOR_USER`, a member of ``pg_monitor`` and nothing more
-   (:mod:`pgplane.compute.local.monitor`).
+   (:mod:`pgplane.compute.local.postgres.monitor`).
 4. **Nothing a tenant chose becomes SQL text** but through ``psycopg.sql`` (Identifier, Literal)
    or query parameters.
 

@@ -20,16 +20,16 @@ from pathlib import Path
 import psycopg
 
 from pgplane.compute.driver import ComputeError, Point
-from pgplane.compute.local.binaries import PgInstall
-from pgplane.compute.local.history import (
+from pgplane.compute.local.copies.timeline import INIT_PORT, fresh_socket_dir
+from pgplane.compute.local.history.archiving import (
     HistoryDirs,
     restore_command,
 )
-from pgplane.compute.local.postmaster import Postmasters, postmaster_argv
-from pgplane.compute.local.sessions import ADMIN_USER, connect, conninfo
-from pgplane.compute.local.timeline import INIT_PORT, fresh_socket_dir
-from pgplane.compute.local.user import RunAs
-from pgplane.compute.local.wal import parse_lsn, wal_files
+from pgplane.compute.local.history.wal import parse_lsn, wal_files
+from pgplane.compute.local.postgres.binaries import PgInstall
+from pgplane.compute.local.postgres.postmaster import Postmasters, postmaster_argv
+from pgplane.compute.local.postgres.sessions import ADMIN_USER, connect, conninfo
+from pgplane.compute.local.tenants.user import RunAs
 
 log = logging.getLogger(__name__)
 

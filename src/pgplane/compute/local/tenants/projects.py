@@ -25,14 +25,14 @@ from pathlib import Path
 
 from pgplane import failpoints
 from pgplane.compute.driver import ComputeError
-from pgplane.compute.local import archive
+from pgplane.compute.local.cold import archive
+from pgplane.compute.local.copies.timeline import temporary_pgdata
 from pgplane.compute.local.files import remove_tree
 from pgplane.compute.local.layout import Layout, check_id, ensure_dir
-from pgplane.compute.local.ownership import hand_over, owned_by
-from pgplane.compute.local.postmaster import Postmasters
-from pgplane.compute.local.timeline import temporary_pgdata
-from pgplane.compute.local.user import RunAs, open_traversal
-from pgplane.compute.local.users import ComputeUsers, end_processes
+from pgplane.compute.local.postgres.postmaster import Postmasters
+from pgplane.compute.local.tenants.ownership import hand_over, owned_by
+from pgplane.compute.local.tenants.user import RunAs, open_traversal
+from pgplane.compute.local.tenants.users import ComputeUsers, end_processes
 
 PROJECT_DIR_MODE = 0o710
 

@@ -1,6 +1,6 @@
 """Roles and databases of a running cluster, converged with SQL as cloud_admin.
 
-Every session is pinned and every name qualified, as :mod:`pgplane.compute.local.sessions` says.
+Every session is pinned and every name qualified, as :mod:`.sessions` says.
 
 Every step reads the catalog before it acts, so a retry after a crash half-way through skips
 what is done and finishes the rest. Identifiers and literals only ever reach SQL through
@@ -21,7 +21,7 @@ from psycopg import errors, sql
 
 from pgplane import failpoints
 from pgplane.compute.driver import ComputeError, ConfigChange
-from pgplane.compute.local.sessions import (
+from pgplane.compute.local.postgres.sessions import (
     ADMIN_USER,
     PLATFORM_ROLES,
     Conn,

@@ -17,8 +17,8 @@ replayed to the end at once. Where it still happens (a source that died), the ar
 whole history up to the caller's flush, so the state at that time is all of it: the replay is
 restarted in place without a target, and checked to have read the archive to its end.
 
-Platform sessions here follow :mod:`.sessions` (pinned, qualified, superuser only to switch
-segments, which needs it). The temporary postmaster is :mod:`.replay`'s.
+Platform sessions here follow :mod:`..postgres.sessions` (pinned, qualified, superuser only to
+switch segments, which needs it). The temporary postmaster is :mod:`.replay`'s.
 """
 
 from __future__ import annotations
@@ -35,24 +35,24 @@ from typing import Any, TypeVar
 import psycopg
 
 from pgplane.compute.driver import ComputeError, Point, PointNotInHistory
-from pgplane.compute.local.binaries import PgInstall
-from pgplane.compute.local.datacopy import CopyStats, copy_data_dir, copy_files
+from pgplane.compute.local.copies.datacopy import CopyStats, copy_data_dir, copy_files
+from pgplane.compute.local.copies.spares import SparePool
 from pgplane.compute.local.files import sync_tree
-from pgplane.compute.local.history import (
+from pgplane.compute.local.history.archiving import (
     Base,
     HistoryDirs,
     archived_segments,
     verify_base,
     verify_wal,
 )
-from pgplane.compute.local.ownership import hand_over
-from pgplane.compute.local.pidfile import PidFile
-from pgplane.compute.local.postmaster import Postmasters
-from pgplane.compute.local.replay import POLL, TargetNotReached, format_lsn, pg_time, replay
-from pgplane.compute.local.sessions import ADMIN_USER, connect, conninfo
-from pgplane.compute.local.spares import SparePool
-from pgplane.compute.local.user import RunAs
-from pgplane.compute.local.wal import parse_segment, wal_files
+from pgplane.compute.local.history.replay import POLL, TargetNotReached, format_lsn, pg_time, replay
+from pgplane.compute.local.history.wal import parse_segment, wal_files
+from pgplane.compute.local.postgres.binaries import PgInstall
+from pgplane.compute.local.postgres.pidfile import PidFile
+from pgplane.compute.local.postgres.postmaster import Postmasters
+from pgplane.compute.local.postgres.sessions import ADMIN_USER, connect, conninfo
+from pgplane.compute.local.tenants.ownership import hand_over
+from pgplane.compute.local.tenants.user import RunAs
 
 log = logging.getLogger(__name__)
 

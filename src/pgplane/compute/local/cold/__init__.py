@@ -1,0 +1,1 @@
+"""The cold archive: a detached project's whole tree as one checksummed file."""

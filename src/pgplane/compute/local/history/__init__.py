@@ -1,0 +1,1 @@
+"""Each branch's history: its archived WAL, base states, rebuilds at a point, the keeper."""
