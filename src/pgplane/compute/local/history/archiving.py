@@ -44,6 +44,7 @@ from pgplane.compute.local.history.wal import (
     wal_files,
 )
 from pgplane.compute.local.layout import ensure_dir
+from pgplane.compute.local.tenants import untrusted
 from pgplane.compute.local.tenants.user import RunAs
 
 log = logging.getLogger(__name__)
@@ -196,8 +197,9 @@ def history_bytes(dirs: HistoryDirs) -> int:
 
 
 def file_sha256(path: str | Path) -> str:
+    """The sha256 of a file of a base state (root's, out of the tenant's reach)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open(path, "rb") as f:  # root's: base states
         while chunk := f.read(_HASH_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
@@ -219,14 +221,18 @@ def catalog_wal(dirs: HistoryDirs) -> dict[str, str]:
     """The sha256 of every archived segment: recorded when first seen, kept in ``wal.json``."""
     path = dirs.bases / WAL_SUMS
     try:
-        sums: dict[str, str] = json.loads(path.read_bytes())
+        sums: dict[str, str] = json.loads(path.read_bytes())  # root's: base/
     except FileNotFoundError:
         sums = {}
     present = set(os.listdir(dirs.wal)) if dirs.wal.is_dir() else set()
     fresh = {n for n in present - sums.keys() if not n.startswith(".")}
     for name in sorted(fresh):
-        with contextlib.suppress(FileNotFoundError):
-            sums[name] = file_sha256(dirs.wal / name)
+        try:
+            sums[name] = untrusted.sha256(untrusted.under(dirs.wal, name))
+        except FileNotFoundError:
+            continue
+        except OSError as exc:  # a link, a FIFO: never catalogued, so never replayed
+            log.warning("archived WAL %s of %s is not a plain file: %s", name, dirs.wal, exc)
     gone = sums.keys() - present
     for name in gone:
         del sums[name]
@@ -258,7 +264,11 @@ def verify_wal(dirs: HistoryDirs, names: list[str]) -> None:
         expected = sums.get(name)
         if expected is None:
             raise ComputeError(f"archived WAL segment {name} is missing")
-        if file_sha256(dirs.wal / name) != expected:
+        try:
+            actual = untrusted.sha256(untrusted.under(dirs.wal, name))
+        except OSError as exc:
+            raise ComputeError(f"archived WAL segment {name} is unreadable: {exc}") from None
+        if actual != expected:
             raise ComputeError(f"archived WAL segment {name} does not match its checksum")
 
 

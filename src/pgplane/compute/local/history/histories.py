@@ -55,6 +55,7 @@ from pgplane.compute.local.postgres.binaries import PgInstall
 from pgplane.compute.local.postgres.computes import Computes
 from pgplane.compute.local.postgres.postmaster import Postmasters
 from pgplane.compute.local.postgres.sessions import MONITOR_USER, connect, conninfo
+from pgplane.compute.local.tenants import untrusted
 from pgplane.compute.local.tenants.projects import ids
 from pgplane.compute.local.tenants.user import RunAs
 from pgplane.core import clock
@@ -237,8 +238,8 @@ class Histories:
 
     async def _head(self, project_id: str, dirs: HistoryDirs, pg_version: int) -> int | None:
         running = self._postmasters.running(dirs.pgdata)
-        if running is not None and running.socket_dir and running.port:
-            info = conninfo(Path(running.socket_dir), running.port, user=MONITOR_USER)
+        if running is not None:
+            info = conninfo(running.socket_dir, running.port, user=MONITOR_USER)
             try:
                 async with asyncio.timeout(_BOUNDS_TIMEOUT):
                     conn = await connect(info)
@@ -308,7 +309,9 @@ class Histories:
                     return  # removed or swapped while we waited
                 due = None
                 if retention > 0:
-                    major = int((dirs.pgdata / "PG_VERSION").read_text().strip())
+                    major = await _data_major(dirs)
+                    if major is None:
+                        return
                     install, run_as = await self._install(project_id, major)
                     await asyncio.to_thread(prepare_archive, dirs, run_as)
                     await asyncio.to_thread(catalog_wal, dirs)
@@ -383,3 +386,13 @@ class Histories:
             except BaseException:
                 await asyncio.shield(asyncio.to_thread(shutil.rmtree, tmp, True))
                 raise
+
+
+async def _data_major(dirs: HistoryDirs) -> int | None:
+    """The major version the branch's data says it is (the tenant's file: read safely)."""
+    try:
+        text = await untrusted.aread_text(untrusted.under(dirs.pgdata, "PG_VERSION"), 16)
+        return int(text.strip())
+    except (OSError, ValueError) as exc:
+        log.warning("history of %s: no readable PG_VERSION (%s)", dirs.branch_dir, exc)
+        return None

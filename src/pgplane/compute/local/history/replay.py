@@ -29,6 +29,7 @@ from pgplane.compute.local.history.wal import parse_lsn, wal_files
 from pgplane.compute.local.postgres.binaries import PgInstall
 from pgplane.compute.local.postgres.postmaster import Postmasters, postmaster_argv
 from pgplane.compute.local.postgres.sessions import ADMIN_USER, connect, conninfo
+from pgplane.compute.local.tenants import untrusted
 from pgplane.compute.local.tenants.user import RunAs
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,8 @@ RESTORED = re.compile(r'restored log file "([0-9A-F]{8}(?:[0-9A-F]{16}|\.history
 
 
 _REPLAY_TIMEOUT = 3600.0
+_LOG_LIMIT = 8 << 20  # the "restored log file" lines of a long replay fit many times over
+_HISTORY_LIMIT = 1 << 20  # a timeline history file: a line per switch
 
 
 POLL = 0.05
@@ -115,14 +118,14 @@ async def replay(
             )
             await _wait_promoted(socket_dir, postmasters, tmp)
         except ComputeError as exc:
-            if _NOT_REACHED in str(exc) or _NOT_REACHED in _log_text(log_path):
+            if _NOT_REACHED in str(exc) or _NOT_REACHED in await _log_text(log_path):
                 raise TargetNotReached from exc
             raise
     finally:
         await postmasters.stop(tmp)
         await asyncio.to_thread(shutil.rmtree, socket_dir, True)
-        restored.update(RESTORED.findall(_log_text(log_path)))
-    return _switch_point(tmp)
+        restored.update(RESTORED.findall(await _log_text(log_path)))
+    return await asyncio.to_thread(_switch_point, tmp)
 
 
 async def _wait_promoted(socket_dir: Path, postmasters: Postmasters, tmp: Path) -> None:
@@ -148,11 +151,9 @@ async def _wait_promoted(socket_dir: Path, postmasters: Postmasters, tmp: Path) 
         await asyncio.sleep(POLL)
 
 
-def _log_text(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return ""
+async def _log_text(path: Path) -> str:
+    """The replay's log: root's file, but its postmaster (the tenant's user) writes all of it."""
+    return await untrusted.atext_or_empty(untrusted.under(path.parent, path.name), _LOG_LIMIT)
 
 
 def _switch_point(pgdata: Path) -> int:
@@ -161,10 +162,13 @@ def _switch_point(pgdata: Path) -> int:
     if not histories:
         raise ComputeError("the rebuilt copy has no timeline history: it was not promoted")
     newest = max(histories, key=lambda n: int(n[:8], 16))
+    # The copy is the tenant's while its postmaster runs: the file may be anything by now.
+    try:
+        text = untrusted.read_text(untrusted.under(pgdata, f"pg_wal/{newest}"), _HISTORY_LIMIT)
+    except OSError as exc:
+        raise ComputeError(f"timeline history {newest} of the rebuilt copy: {exc}") from None
     lines = [
-        line.split()
-        for line in (pgdata / "pg_wal" / newest).read_text().splitlines()
-        if line.strip() and not line.startswith("#")
+        line.split() for line in text.splitlines() if line.strip() and not line.startswith("#")
     ]
     if not lines or len(lines[-1]) < 2:
         raise ComputeError(f"timeline history {newest} of the rebuilt copy is empty")
