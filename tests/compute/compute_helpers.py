@@ -177,7 +177,7 @@ async def crashed_build(
             run_as.chown(path)
 
     await asyncio.to_thread(copy)
-    crashed = Postmasters()  # the pgplane process that crashed
+    crashed = Postmasters(driver.layout.postmaster_records)  # the pgplane process that crashed
     socket_dir = driver.layout.run_root / socket_name
     socket_dir.mkdir(mode=0o700)
     run_as.chown(socket_dir)

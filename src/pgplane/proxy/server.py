@@ -20,8 +20,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import ssl
 import struct
+from pathlib import Path
+from socket import SO_PEERCRED, SOL_SOCKET
 
 from pgplane.connlimits import ConnectionGate
 from pgplane.core import clock
@@ -271,7 +274,10 @@ class Proxy:
     async def _dial(self, target: Target) -> Side:
         loop = asyncio.get_running_loop()
         if target.unix_socket is not None:
-            _, side = await loop.create_unix_connection(Side, str(target.unix_socket))
+            transport, side = await loop.create_unix_connection(Side, str(target.unix_socket))
+            if not _served_by_its_owner(transport, target.unix_socket):
+                transport.close()
+                raise ConnectionError("the compute's socket is not its own postmaster's")
         else:
             _, side = await loop.create_connection(Side, target.host, target.port)
         return side
@@ -284,6 +290,25 @@ class Proxy:
             compute = await self._dial(target)
             compute.write(wire.cancel_request(pid, key))
             compute.close()
+
+
+def _served_by_its_owner(transport: asyncio.BaseTransport, socket_path: Path) -> bool:
+    """Whether the process listening at ``socket_path`` runs as the owner of its directory.
+
+    The directory is the project's user's (the platform made it, in a directory of root's, so
+    its owner is known); the socket in it is whatever that user put there. A tenant holding its
+    compute's OS user could make it a link to another account's socket: the kernel tells who
+    listens at the other end (SO_PEERCRED), and another account's postmaster is another user.
+    """
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return False
+    try:
+        _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(SOL_SOCKET, SO_PEERCRED, 12))
+        owner: int = os.stat(socket_path.parent).st_uid
+    except OSError:
+        return False
+    return bool(uid == owner)
 
 
 def _remember_sni(ssl_object: object, server_name: str | None, _ctx: ssl.SSLContext) -> None:

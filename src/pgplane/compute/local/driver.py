@@ -62,7 +62,7 @@ class LocalComputeDriver:
     def __init__(self, config: LocalDriverConfig) -> None:
         self._config = config
         self.layout = Layout(config.data_dir.resolve())
-        self._postmasters = Postmasters()
+        self._postmasters = Postmasters(self.layout.postmaster_records)
         self._locks: defaultdict[tuple[object, ...], asyncio.Lock] = defaultdict(asyncio.Lock)
         self.users = ComputeUsers(config.compute_user)
         self._installs = Installs(
@@ -232,10 +232,10 @@ class LocalComputeDriver:
                 async with self._locks["postmaster", data_dir]:
                     current = self._postmasters.running(data_dir)
                     await self._postmasters.stop(data_dir)
-                if current is not None and current.socket_dir is not None:
-                    socket_dir = Path(current.socket_dir)
-                    if socket_dir.parent == self.layout.run_root:
-                        await asyncio.to_thread(shutil.rmtree, socket_dir, True)
+                # Where the platform started it (its record, root's): an endpoint's socket
+                # directory, which only that branch's postmaster used.
+                if current is not None and current.socket_dir.parent == self.layout.run_root:
+                    await asyncio.to_thread(shutil.rmtree, current.socket_dir, True)
             init_sockets = self.layout.init_socket_dir(project_id, branch_id)
             await asyncio.to_thread(shutil.rmtree, init_sockets, True)
             await failpoints.reached("delete_timeline:stopped")
@@ -313,7 +313,7 @@ class LocalComputeDriver:
         pgdata = self.layout.pgdata(project_id, branch_id)
         socket_dir = self.layout.socket_dir(endpoint_id)
         current = self._postmasters.running(pgdata)
-        return current is not None and current.socket_dir == str(socket_dir)
+        return current is not None and current.socket_dir == socket_dir
 
     async def running_computes(self) -> Sequence[RunningCompute]:
         return await asyncio.to_thread(self._computes.running_computes)

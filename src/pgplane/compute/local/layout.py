@@ -9,6 +9,7 @@
       archive/<project_id>/                          cold archive of a detached project
       templates/<major>/                             initdb output, copied for every new cluster
       spare/                                         empty files made ahead for copies (spares.py)
+      postmasters/                                   the platform's records of its postmasters
       pg/<major>/                                    binaries copied out of reach of root-only dirs
       conf/pg_hba.conf                               who may log in to computes (postgres/hba.py)
       logs/<endpoint_id>.log                         postmaster stderr
@@ -88,6 +89,11 @@ class Layout:
             return local
         digest = hashlib.sha256(os.fsencode(self.data_dir)).hexdigest()[:12]
         return Path("/tmp") / f"pgplane-{digest}"  # noqa: S108 - checked by ensure_private_dir
+
+    @property
+    def postmaster_records(self) -> Path:
+        """Root's alone: which postmaster the platform started on which data, where it listens."""
+        return self.data_dir / "postmasters"
 
     @property
     def spares(self) -> Path:

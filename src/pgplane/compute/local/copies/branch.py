@@ -53,8 +53,8 @@ from pgplane.compute.local.history.wal import (
 )
 from pgplane.compute.local.layout import TIMELINE_MARKER
 from pgplane.compute.local.postgres.binaries import PgInstall
-from pgplane.compute.local.postgres.pidfile import PidFile
 from pgplane.compute.local.postgres.postmaster import Postmasters
+from pgplane.compute.local.postgres.records import Running
 from pgplane.compute.local.postgres.sessions import ADMIN_USER, connect, conninfo
 from pgplane.compute.local.tenants.ownership import hand_over
 from pgplane.compute.local.tenants.user import RunAs
@@ -162,13 +162,11 @@ def check_space(
 
 
 async def copy_online(
-    running: PidFile, parent: Path, tmp: Path, label: str, spares: SparePool | None
+    running: Running, parent: Path, tmp: Path, label: str, spares: SparePool | None
 ) -> CopyStats:
-    if running.socket_dir is None or running.port is None:
-        raise ComputeError(f"the postmaster of {parent} is still starting; try again")
     # Superuser (pg_backup_start and replication slots need it), pinned, names qualified.
     info = conninfo(
-        Path(running.socket_dir), running.port, user=ADMIN_USER, statement_timeout=_SQL_TIMEOUT
+        running.socket_dir, running.port, user=ADMIN_USER, statement_timeout=_SQL_TIMEOUT
     )
     try:
         async with asyncio.timeout(_SQL_TIMEOUT):

@@ -48,8 +48,8 @@ from pgplane.compute.local.history.archiving import (
 from pgplane.compute.local.history.replay import POLL, TargetNotReached, format_lsn, pg_time, replay
 from pgplane.compute.local.history.wal import parse_segment, wal_files
 from pgplane.compute.local.postgres.binaries import PgInstall
-from pgplane.compute.local.postgres.pidfile import PidFile
 from pgplane.compute.local.postgres.postmaster import Postmasters
+from pgplane.compute.local.postgres.records import Running
 from pgplane.compute.local.postgres.sessions import ADMIN_USER, connect, conninfo
 from pgplane.compute.local.tenants.ownership import hand_over
 from pgplane.compute.local.tenants.user import RunAs
@@ -77,12 +77,10 @@ def choose_base(bases: list[Base], point: Point) -> Base | None:
     return usable[-1] if usable else None
 
 
-async def switch_wal(running: PidFile) -> str | None:
+async def switch_wal(running: Running) -> str | None:
     """Complete the compute's current segment (so it is archived); the segment's name, or None
     when nothing was written since the last switch. Best effort: None when it cannot be asked."""
-    if running.socket_dir is None or running.port is None:
-        return None
-    info = conninfo(Path(running.socket_dir), running.port, user=ADMIN_USER)
+    info = conninfo(running.socket_dir, running.port, user=ADMIN_USER)
     try:
         async with asyncio.timeout(_SWITCH_TIMEOUT):
             conn = await connect(info)
@@ -111,7 +109,7 @@ async def switch_wal(running: PidFile) -> str | None:
     return str(switched[0]) if switched else None
 
 
-async def flush_archive(running: PidFile, dirs: HistoryDirs) -> None:
+async def flush_archive(running: Running, dirs: HistoryDirs) -> None:
     """Have everything the running compute wrote so far in the archive (a request needs it)."""
     segment = await switch_wal(running)
     if segment is None:

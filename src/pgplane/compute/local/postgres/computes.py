@@ -31,13 +31,13 @@ from pgplane.compute.local.history.archiving import (
 from pgplane.compute.local.history.pitr import switch_wal
 from pgplane.compute.local.layout import TIMELINE_MARKER, Layout, ensure_dir
 from pgplane.compute.local.postgres.binaries import PgInstall
-from pgplane.compute.local.postgres.pidfile import PidFile, command_line, is_postmaster_of
 from pgplane.compute.local.postgres.postmaster import (
     Postmasters,
     check_settings,
     postmaster_argv,
     wait_ready,
 )
+from pgplane.compute.local.postgres.records import Running, is_alive
 from pgplane.compute.local.postgres.sizing import compute_settings
 from pgplane.compute.local.tenants.projects import Tenants, ids
 from pgplane.compute.local.tenants.user import RunAs
@@ -101,13 +101,9 @@ class Computes:
         socket_dir = self.layout.init_socket_dir(project_id, branch_id)
         async with self._locks["postmaster", pgdata]:
             current = self._postmasters.running(pgdata)
-            if (
-                current is not None
-                and current.socket_dir not in (None, str(socket_dir))
-                and current.port is not None
-            ):
-                # An endpoint serves the branch: act there.
-                await action(Path(current.socket_dir), current.port)
+            if current is not None and current.socket_dir != socket_dir:
+                # An endpoint serves the branch: act there (where the platform started it).
+                await action(current.socket_dir, current.port)
                 return
             # Nothing serves the branch (or only the temporary postmaster of a crashed attempt).
             await self._postmasters.stop(pgdata)
@@ -194,7 +190,7 @@ class Computes:
                 await wait_ready(
                     socket_dir,
                     spec.port,
-                    alive=lambda: is_postmaster_of(current.pid, pgdata),
+                    alive=lambda: is_alive(current),
                     log_path=log_path,
                 )
                 return
@@ -213,6 +209,7 @@ class Computes:
             run_as=run_as,
             log_path=log_path,
             spawned="start_compute:spawned",
+            endpoint_id=spec.endpoint_id,
         )
 
     def running_computes(self) -> list[RunningCompute]:
@@ -224,15 +221,7 @@ class Computes:
                     current = self._postmasters.running(data_dir)
                     if current is None:
                         continue
-                    socket_dir = Path(current.socket_dir) if current.socket_dir else None
-                    endpoint_id = None
-                    if (
-                        data_dir == pgdata
-                        and socket_dir is not None
-                        and socket_dir.parent == self.layout.run_root
-                        and not socket_dir.name.startswith("init-")
-                    ):
-                        endpoint_id = socket_dir.name
+                    endpoint_id = current.endpoint_id if data_dir == pgdata else None
                     found.append(RunningCompute(project_id, branch_id, endpoint_id))
         return found
 
@@ -246,12 +235,9 @@ class Computes:
         run_as.chown(socket_dir)
 
 
-def _serves(current: PidFile, argv: Sequence[str], port: int, socket_dir: Path) -> bool:
-    """Whether the running postmaster is the one we would start (same port, socket, settings)."""
-    if current.port != port or current.socket_dir != str(socket_dir):
+def _serves(current: Running, argv: Sequence[str], port: int, socket_dir: Path) -> bool:
+    """Whether the running postmaster is the one we would start (same port, socket, settings),
+    as the platform recorded its command line (the binary's path may differ: a relocated copy)."""
+    if current.port != port or current.socket_dir != socket_dir:
         return False
-    running_argv = command_line(current.pid)
-    if running_argv is None or "-D" not in running_argv:
-        return True  # no /proc, or a process title rewritten: the port and socket must do
-    # Only the arguments: the binary's path may differ (a relocated copy) without mattering.
-    return running_argv[1:] == list(argv[1:])
+    return list(current.argv[1:]) == list(argv[1:])

@@ -1,20 +1,22 @@
-"""Postmaster identity, read from the data directory: ``postmaster.pid`` checked against /proc.
+"""What ``postmaster.pid`` says, read safely: only ever a hint, never where a compute is.
 
-The pid file alone is not proof: after a crash or a reboot it may name a dead pid, or a pid the
-kernel has since given to another process. A pid counts only if it is alive and, where /proc
-exists, is a postgres binary whose working directory is that data directory.
+The file is the tenant's (DESIGN §6): the platform reads it for one thing, whether a postmaster
+ended uncleanly (a clean stop removes it), and then only ends processes of the data's own user
+working in that directory. Which process serves a data directory, on which port and socket, is
+the platform's own record (:mod:`.records`). ``is_postmaster_of`` and ``command_line`` remain
+for tests and benchmarks, which look at what runs from outside.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from pgplane.compute.local.tenants import untrusted
+
 _HAS_PROC = Path("/proc/self").is_dir()
-_PID_FILE_MAX = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +31,7 @@ class PidFile:
 
 def read_pid_file(pgdata: Path) -> PidFile | None:
     try:
-        lines = _read_small(pgdata / "postmaster.pid").splitlines()
+        lines = untrusted.read_text(untrusted.under(pgdata, "postmaster.pid"), 4096).splitlines()
         pid = abs(int(lines[0]))  # a standalone backend writes -pid
     except (OSError, ValueError, IndexError):
         return None
@@ -44,18 +46,6 @@ def read_pid_file(pgdata: Path) -> PidFile | None:
         socket_dir=line(4),
         status=line(7),
     )
-
-
-def _read_small(path: Path) -> str:
-    """A small regular file's text. The data directory is a tenant's: a link or a FIFO put in
-    place of the pid file must neither lead root's read elsewhere nor block it."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(f"{path} is not a regular file")
-        return os.read(fd, _PID_FILE_MAX).decode(errors="replace")
-    finally:
-        os.close(fd)
 
 
 def alive(pid: int) -> bool:
@@ -88,7 +78,7 @@ def is_postmaster_of(pid: int, pgdata: Path) -> bool:
     return cwd == os.path.realpath(pgdata) and Path(exe).name.startswith("postgres")
 
 
-def processes_in(pgdata: Path) -> list[int]:
+def processes_in(pgdata: Path, uid: int | None = None) -> list[int]:
     """Every live postgres process working in ``pgdata``: its postmaster and all it forked.
 
     A postmaster chdirs into its data directory and its children inherit that; the working
@@ -108,6 +98,8 @@ def processes_in(pgdata: Path) -> list[int]:
             exe = os.readlink(proc / "exe").removesuffix(" (deleted)")
         except OSError:
             continue  # exited meanwhile, or not ours to read
+        if uid is not None and proc.stat().st_uid != uid:
+            continue  # only the data's own user's: never another account's process
         if Path(exe).name.startswith("postgres") and alive(int(proc.name)):
             found.append(int(proc.name))
     return found

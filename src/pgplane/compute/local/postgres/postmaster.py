@@ -1,9 +1,10 @@
-"""The postmaster: spawn, readiness, stop, and its identity read from ``postmaster.pid``.
+"""The postmaster: spawn, readiness, stop.
 
-A compute's truth is its data directory: the pid file says which process serves it, and
-``/proc`` confirms that process still is a postgres in that directory (pids get reused).
-Postmasters run in their own session so they outlive pgplane; one started by an earlier pgplane
-process is adopted through its pid file, one we spawned is also reaped through its Popen.
+Which process serves a data directory is what the platform recorded when it started it
+(:mod:`.records`), checked against ``/proc`` (pids get reused); never what the tenant's
+``postmaster.pid`` says. Postmasters run in their own session so they outlive pgplane; one
+started by an earlier pgplane process is adopted through its record, one we spawned is also
+reaped through its Popen.
 """
 
 from __future__ import annotations
@@ -23,13 +24,8 @@ import psycopg
 from pgplane import failpoints
 from pgplane.compute.driver import ComputeError, InvalidSettings
 from pgplane.compute.local.postgres.binaries import PgInstall
-from pgplane.compute.local.postgres.pidfile import (
-    PidFile,
-    alive,
-    is_postmaster_of,
-    processes_in,
-    read_pid_file,
-)
+from pgplane.compute.local.postgres.pidfile import alive, processes_in, read_pid_file
+from pgplane.compute.local.postgres.records import Records, Running, is_alive, start_time
 from pgplane.compute.local.postgres.sessions import admin_conninfo
 from pgplane.compute.local.tenants.user import C_LOCALE, RunAs, postgres_env
 
@@ -132,7 +128,7 @@ def postmaster_argv(
 
 def log_tail(path: Path, size: int = 2000) -> str:
     try:
-        with path.open("rb") as f:
+        with path.open("rb") as f:  # root's: logs/ and branch directories are root's
             f.seek(max(0, f.seek(0, os.SEEK_END) - size))
             return f.read().decode(errors="replace").strip()
     except OSError as exc:
@@ -150,18 +146,20 @@ class _Child(subprocess.Popen[bytes]):
 
 
 class Postmasters:
-    """The postmasters of this driver, keyed by data directory."""
+    """The postmasters of this driver, keyed by data directory, known by the platform's own
+    records (:mod:`.records`), never by the tenant's ``postmaster.pid``."""
 
-    def __init__(self) -> None:
+    def __init__(self, records: Path) -> None:
         self._children: dict[Path, _Child] = {}
+        self._records = Records(records)
 
-    def running(self, pgdata: Path) -> PidFile | None:
-        """The pid file of the live postmaster serving ``pgdata``, or None."""
+    def running(self, pgdata: Path) -> Running | None:
+        """The live postmaster the platform started on ``pgdata``, or None."""
         self._reap(pgdata)
-        pid_file = read_pid_file(pgdata)
-        if pid_file is None or not is_postmaster_of(pid_file.pid, pgdata):
+        record = self._records.get(pgdata)
+        if record is None or not is_alive(record):
             return None
-        return pid_file
+        return record
 
     def _reap(self, pgdata: Path) -> bool:
         """Collect our child's exit status if it has exited; True when it has."""
@@ -182,26 +180,38 @@ class Postmasters:
         log_path: Path,
         spawned: str | None = None,
         ready_timeout: float = READY_TIMEOUT,
+        endpoint_id: str | None = None,
     ) -> None:
-        """Spawn the postmaster and return once it accepts a real client startup.
+        """Spawn the postmaster, record it, and return once it accepts a real client startup.
 
         ``spawned``: the failpoint reached once the process exists, before it is ready.
         ``ready_timeout``: how long it may take (a recovery replays WAL first).
+        ``endpoint_id``: the endpoint it serves (None for the platform's own postmasters).
         """
         env = postgres_env()
         stale = read_pid_file(pgdata)
-        if stale is not None and not is_postmaster_of(stale.pid, pgdata):
-            # A stale pid file whose pid now belongs to another process of the compute user (a
-            # backend of another compute, say) makes Postgres refuse to start. As patroni does,
-            # tell it that pid is safe to ignore rather than unlink the file (unlink races).
-            env["PG_GRANDPARENT_PID"] = str(stale.pid)
         if stale is not None:
             # A postmaster that died uncleanly left its pid file (a clean stop removes it): only
             # then can backends outlive it, so only then is /proc scanned (on the wake path).
-            await self._end_leftovers(pgdata)
+            # As patroni does, tell Postgres the pid in it is safe to ignore rather than unlink
+            # the file (unlink races): it may now belong to another process of the same user.
+            env["PG_GRANDPARENT_PID"] = str(stale.pid)
+            await self._end_leftovers(pgdata, run_as)
         child = await asyncio.to_thread(_spawn, argv, run_as, log_path, env)
         self._children[pgdata] = child
         try:
+            record = Running(
+                leader=child.pid,
+                # None only if it exited at once: then nothing runs, and wait_ready says why.
+                started=start_time(child.pid) or 0,
+                sandboxed=False,
+                port=port,
+                socket_dir=socket_dir,
+                argv=tuple(argv),
+                endpoint_id=endpoint_id,
+                cgroup=None,
+            )
+            await asyncio.to_thread(self._records.put, pgdata, record)
             if spawned is not None:
                 await failpoints.reached(spawned)
             await wait_ready(
@@ -219,31 +229,35 @@ class Postmasters:
     async def _abort(self, pgdata: Path, child: _Child) -> None:
         if self.running(pgdata) is not None:
             await self.stop(pgdata)
-        elif child.poll() is None:  # alive but no pid file yet
+        elif child.poll() is None:  # alive but not recorded yet
             _signal(child.pid, signal.SIGKILL)
-            await self._wait_gone(pgdata, child.pid, _STOP_STEPS[-1][1])
+            await asyncio.to_thread(child.wait, _STOP_STEPS[-1][1])
 
     async def stop(self, pgdata: Path, *, signalled: str | None = None) -> bool:
         """Fast shutdown, escalating to immediate then kill; False when nothing was running.
 
         ``signalled``: the failpoint reached once the first signal is sent, before it is gone.
         """
-        pid_file = self.running(pgdata)
-        if pid_file is None:
+        record = self.running(pgdata)
+        if record is None:
             return False
-        pid = pid_file.pid
         for sig, time_limit in _STOP_STEPS:
-            _signal(pid, sig)
+            postmaster = record.postmaster()
+            if postmaster is not None:
+                _signal(postmaster, sig)
             if signalled is not None and sig == _STOP_STEPS[0][0]:
                 await failpoints.reached(signalled)
-            if await self._wait_gone(pgdata, pid, time_limit):
+            if await self._wait_gone(pgdata, record, time_limit):
                 if sig == signal.SIGKILL:  # it could not tell its backends to go
-                    await self._end_leftovers(pgdata)
+                    await self._end_leftovers(pgdata, None)
+                await asyncio.to_thread(self._records.drop, pgdata)
                 return True
-            log.warning("postmaster %d on %s still running after %s", pid, pgdata, sig.name)
-        raise ComputeError(f"postmaster {pid} on {pgdata} survived SIGKILL")
+            log.warning(
+                "postmaster %d on %s still running after %s", record.leader, pgdata, sig.name
+            )
+        raise ComputeError(f"postmaster {record.leader} on {pgdata} survived SIGKILL")
 
-    async def _end_leftovers(self, pgdata: Path) -> None:
+    async def _end_leftovers(self, pgdata: Path, run_as: RunAs | None) -> None:
         """SIGKILL what a dead postmaster left running in ``pgdata``; no postmaster serves it.
 
         A backend notices its postmaster died only when it waits (for its client, a lock): one
@@ -252,7 +266,8 @@ class Postmasters:
         that query ends. Postgres itself ends every backend once one dies uncleanly; these are
         past saving too, and their open transactions are rolled back by the recovery.
         """
-        leftovers = await asyncio.to_thread(processes_in, pgdata)
+        uid = run_as.uid if run_as is not None else None
+        leftovers = await asyncio.to_thread(processes_in, pgdata, uid)
         if not leftovers:
             return
         log.warning("ending processes %s left on %s by a dead postmaster", leftovers, pgdata)
@@ -265,12 +280,12 @@ class Postmasters:
                 raise ComputeError(f"processes {leftovers} on {pgdata} survived SIGKILL")
             await asyncio.sleep(_POLL)
 
-    async def _wait_gone(self, pgdata: Path, pid: int, time_limit: float) -> bool:
+    async def _wait_gone(self, pgdata: Path, record: Running, time_limit: float) -> bool:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + time_limit
-        ours = pgdata in self._children and self._children[pgdata].pid == pid
+        ours = pgdata in self._children and self._children[pgdata].pid == record.leader
         while True:
-            if self._reap(pgdata) if ours else not alive(pid):
+            if self._reap(pgdata) if ours else not is_alive(record):
                 return True
             if loop.time() >= deadline:
                 return False
@@ -279,10 +294,11 @@ class Postmasters:
     def forget(self) -> None:
         """Drop our children without stopping them (they outlive the driver)."""
         self._children.clear()
+        self._records.forget()
 
 
 def _spawn(argv: Sequence[str], run_as: RunAs, log_path: Path, env: dict[str, str]) -> _Child:
-    with log_path.open("ab") as log_file:
+    with log_path.open("ab") as log_file:  # root's: logs/ and branch directories are root's
         return _Child(
             argv,
             stdin=subprocess.DEVNULL,

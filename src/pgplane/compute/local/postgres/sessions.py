@@ -30,6 +30,8 @@ and owned by the compute's OS user, so only the platform and that OS user reach 
 
 from __future__ import annotations
 
+import os
+import pwd
 from pathlib import Path
 from typing import Any
 
@@ -116,9 +118,16 @@ def conninfo(
     dbname: str = "postgres",
     statement_timeout: float = SESSION_TIMEOUT,
 ) -> str:
-    """A pinned session over the unix socket; explicit so PG* variables cannot interfere."""
+    """A pinned session over the unix socket; explicit so PG* variables cannot interfere.
+
+    ``requirepeer``: libpq checks who listens on the socket before it sends a byte. The socket
+    directory is the project's user's, made by the platform in a directory of root's; the
+    socket in it is whatever that user put there, a link to another account's compute
+    included. Only a postmaster running as the directory's owner is spoken to.
+    """
     return make_conninfo(
         host=str(socket_dir),
+        requirepeer=_owner(socket_dir),
         port=port,
         user=user,
         dbname=dbname,
@@ -128,6 +137,14 @@ def conninfo(
         application_name="pgplane",
         options=options(statement_timeout),
     )
+
+
+def _owner(directory: Path) -> str:
+    try:
+        return pwd.getpwuid(os.stat(directory).st_uid).pw_name
+    except (OSError, KeyError):
+        # No such directory (nothing listens there) or a user without a name: connect to no one.
+        return "\u2205nobody"
 
 
 def admin_conninfo(socket_dir: Path, port: int, dbname: str = "postgres") -> str:
