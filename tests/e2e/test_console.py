@@ -1,7 +1,7 @@
 """The web console over HTTP, as a browser speaks to it: the first account from the link ``serve``
-prints, API keys, and the console's security (CSRF, session fixation, sign-out, throttled
-sign-in, one account never reaching another's objects). The browser-driven first hour is
-test_console_browser.py.
+prints, API keys, and the console's security (CSRF, framing and caching headers, session fixation,
+sign-out, throttled sign-in, one account never reaching another's objects). The browser-driven
+first hour is test_console_browser.py.
 """
 
 from __future__ import annotations
@@ -105,6 +105,31 @@ def test_a_form_without_the_session_csrf_token_changes_nothing(server: Server) -
         with Browser(server) as fresh:
             r = fresh.post("/console/signin", csrf="", email="csrf@example.com", password=PASSWORD)
             assert r.status_code == 403 and fresh.session is None
+
+
+def test_no_console_response_can_be_framed_and_pages_are_not_stored(server: Server) -> None:
+    _account(server, "frames@example.com")
+    with Browser(server) as anonymous, _signed_in(server, "frames@example.com") as browser:
+        signed_out = [
+            anonymous.get("/console/signin"),
+            anonymous.get("/console/signup?token=x"),
+            anonymous.post("/console/signin", email="frames@example.com", password="wrong"),
+            anonymous.get("/console/projects/"),  # a redirect to the sign-in form
+            anonymous.get("/console/static/console.css"),
+            anonymous.get("/console/no-such-page"),
+        ]
+        signed_in = [
+            browser.get("/console/projects/"),
+            browser.get("/console/settings/api-keys/"),
+            browser.get("/console/projects/no-such-project"),  # the error page
+        ]
+        for r in [*signed_out, *signed_in]:
+            policy = r.headers.get("content-security-policy", "")
+            assert "frame-ancestors 'none'" in policy, (r.url, r.headers)
+            assert r.headers.get("x-frame-options") == "DENY", r.url
+        assert signed_out[2].status_code == 401 and 'name="csrf_token"' in signed_out[2].text
+        for r in [*signed_out[:3], *signed_in]:  # every page that holds a token or an account's
+            assert r.headers.get("cache-control") == "no-store", (r.url, r.headers)
 
 
 def test_sign_in_gives_a_new_session_and_a_planted_one_is_worthless(server: Server) -> None:
