@@ -1,7 +1,7 @@
 """The web console over HTTP, as a browser speaks to it: the first account from the link ``serve``
-prints, API keys, and the console's security (CSRF, framing and caching headers, session fixation,
-sign-out, throttled sign-in, one account never reaching another's objects). The browser-driven
-first hour is test_console_browser.py.
+prints, API keys, and the console's security (CSRF, login CSRF, framing and caching headers,
+session fixation, sign-out, throttled sign-in, one account never reaching another's objects). The
+browser-driven first hour is test_console_browser.py.
 """
 
 from __future__ import annotations
@@ -100,11 +100,46 @@ def test_a_form_without_the_session_csrf_token_changes_nothing(server: Server) -
         assert "planted" not in page
         assert "planted" not in victim.get("/console/projects/").text
         assert victim.get("/console/projects/").status_code == 200  # still signed in
-        # The sign-in form has a token of its own (a double-submit cookie): a form posted from
+        # The sign-in form has a token of its own (its pre-session's): a form posted from
         # elsewhere cannot sign a victim in to the attacker's account.
         with Browser(server) as fresh:
             r = fresh.post("/console/signin", csrf="", email="csrf@example.com", password=PASSWORD)
             assert r.status_code == 403 and fresh.session is None
+
+
+def _set_form_cookie(browser: Browser, value: str) -> None:
+    browser.http.cookies.set("pgplane_form", value, domain="127.0.0.1", path="/console")
+
+
+def test_the_sign_in_forms_take_only_the_token_the_server_issued_to_that_browser(
+    server: Server,
+) -> None:
+    """Login CSRF: a sibling origin that can set this host's cookies could make a double-submit
+    cookie and its form agree, and sign a victim's browser in to the attacker's account."""
+    _account(server, "login-csrf@example.com")
+    sign_in = {"email": "login-csrf@example.com", "password": PASSWORD}
+    with Browser(server) as victim:  # a cookie and token the server never issued
+        _set_form_cookie(victim, "chosen-by-the-attacker")
+        r = victim.post("/console/signin", csrf="chosen-by-the-attacker", **sign_in)
+        assert r.status_code == 403 and victim.session is None, r.text
+        r = victim.post(
+            "/console/signup", csrf="chosen-by-the-attacker", token="x", email="x@example.com"
+        )
+        assert r.status_code == 403 and "did not come from this console" in r.text
+    with Browser(server) as attacker, Browser(server) as victim:
+        attacker.get("/console/signin")
+        victim.get("/console/signin")
+        assert attacker.csrf and victim.csrf and attacker.csrf != victim.csrf
+        # One pre-session's token under another's cookie.
+        r = victim.post("/console/signin", csrf=attacker.csrf, **sign_in)
+        assert r.status_code == 403 and victim.session is None
+        spent_cookie, spent_token = victim.http.cookies["pgplane_form"], victim.csrf
+        assert victim.post("/console/signin", **sign_in).status_code == 303  # its own works
+        assert victim.session is not None
+    with Browser(server) as replay:  # a signed-in pre-session's token is spent
+        _set_form_cookie(replay, spent_cookie)
+        r = replay.post("/console/signin", csrf=spent_token, **sign_in)
+        assert r.status_code == 403 and replay.session is None
 
 
 def test_no_console_response_can_be_framed_and_pages_are_not_stored(server: Server) -> None:
