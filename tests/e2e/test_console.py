@@ -1,7 +1,7 @@
 """The web console over HTTP, as a browser speaks to it: the first account from the link ``serve``
-prints, API keys, and the console's security (CSRF, login CSRF, framing and caching headers,
-session fixation, sign-out, throttled sign-in, one account never reaching another's objects). The
-browser-driven first hour is test_console_browser.py.
+prints, API keys, and the console's security (CSRF, login CSRF, forms posted from other origins,
+framing and caching headers, session fixation, sign-out, throttled sign-in, one account never
+reaching another's objects). The browser-driven first hour is test_console_browser.py.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.console import PASSWORD, Browser, signup_link
+from tests.console import PASSWORD, Browser, root, signup_link
 from tests.support import Api, Server, run_cli, running_server, wait_for
 
 
@@ -140,6 +140,36 @@ def test_the_sign_in_forms_take_only_the_token_the_server_issued_to_that_browser
         _set_form_cookie(replay, spent_cookie)
         r = replay.post("/console/signin", csrf=spent_token, **sign_in)
         assert r.status_code == 403 and replay.session is None
+
+
+def test_a_form_posted_from_another_origin_changes_nothing(server: Server) -> None:
+    _account(server, "origin@example.com")
+    sign_in = {"email": "origin@example.com", "password": PASSWORD}
+    foreign = [
+        {"Origin": "http://evil.localhost"},
+        {"Origin": "null"},
+        {"Origin": "http://127.0.0.1:1"},  # a sibling: another port of the same host
+        {"Origin": f"http://localhost:{server.port}"},
+        {"Sec-Fetch-Site": "same-site"},
+        {"Sec-Fetch-Site": "cross-site"},
+    ]
+    with _signed_in(server, "origin@example.com") as browser, Browser(server) as fresh:
+        browser.get("/console/settings/api-keys/")
+        for headers in foreign:
+            r = browser.post("/console/settings/api-keys/", headers=headers, name="planted")
+            assert r.status_code == 403, (headers, r.status_code)
+            assert "did not come from this console" in r.text  # the console's error page
+            assert r.headers["content-type"].startswith("text/html")
+            fresh.get("/console/signin")
+            r = fresh.post("/console/signin", headers=headers, **sign_in)
+            assert r.status_code == 403 and fresh.session is None, headers
+        assert "planted" not in browser.get("/console/settings/api-keys/").text
+        # The console's own origin, as a browser sends it, is not refused.
+        own = {"Origin": root(server), "Sec-Fetch-Site": "same-origin"}
+        r = browser.post("/console/settings/api-keys/", headers=own, name="mine")
+        assert r.status_code == 201, r.text
+        fresh.get("/console/signin")
+        assert fresh.post("/console/signin", headers=own, **sign_in).status_code == 303
 
 
 def test_no_console_response_can_be_framed_and_pages_are_not_stored(server: Server) -> None:

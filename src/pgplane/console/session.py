@@ -2,10 +2,13 @@
 
 A router-wide ``before_request`` hook (as the API's key hook, and for the same reasons: no
 dependency injection, no guards) reads the session cookie, and for every request that changes
-something (any method but GET and HEAD) checks the CSRF token: the session's for a signed-in
-page, and for the sign-in and sign-up forms the one the server issued to the browser's
-pre-session (``console.presession``), so nobody can sign a victim in to the attacker's account
-either. A request that fails is refused before it reads anything.
+something (any method but GET and HEAD) checks where it came from and its CSRF token: a form
+posted by another site, or by a sibling origin (another port or subdomain of this site, which
+could also set this host's cookies), is refused by its ``Origin`` and ``Sec-Fetch-Site``
+headers; the token must be the session's for a signed-in page, and for the sign-in and sign-up
+forms the one the server issued to the browser's pre-session (``console.presession``), so
+nobody can sign a victim in to the attacker's account either. A request that fails is refused
+before it reads anything.
 
 Cookies are HttpOnly, SameSite=Lax, scoped to ``/console``, and Secure when the console is
 served over TLS.
@@ -38,6 +41,10 @@ FORM_COOKIE = "pgplane_form"  # the pre-session id of the pages before sign-in
 CSRF_FIELD = "csrf_token"
 CSRF_HEADER = "x-csrf-token"
 _SAFE = frozenset({"GET", "HEAD"})
+# What a browser's Sec-Fetch-Site says of a request another site, or a sibling origin of this
+# one, made it send; "same-origin" and "none" (typed, bookmarked) are the console's own.
+_FOREIGN_SITES = frozenset({"cross-site", "same-site"})
+_DEFAULT_PORTS = {"http": ":80", "https": ":443"}
 # Pages open to anyone; every other page needs a session.
 _PUBLIC = frozenset({f"{PREFIX}/signin", f"{PREFIX}/signup"})
 _SECOND = 1_000_000_000
@@ -107,6 +114,8 @@ def client_address(request: AnyRequest) -> str:
 def session_hook(console: Console) -> Callable[[AnyRequest], Awaitable[None]]:
     async def check(request: AnyRequest) -> None:
         scope = cast("dict[str, Any]", request.scope)
+        if request.method not in _SAFE:
+            _check_origin(request)  # before anything is read: it needs nothing but the headers
         token = request.cookies.get(SESSION_COOKIE, "")
         current = None
         email = ""
@@ -133,6 +142,37 @@ def session_hook(console: Console) -> Callable[[AnyRequest], Awaitable[None]]:
             )
 
     return check
+
+
+def _check_origin(request: AnyRequest) -> None:
+    """Refuse a request another site or a sibling origin made the browser send.
+
+    Browsers send ``Origin`` with every POST and ``Sec-Fetch-Site`` with every request; a client
+    that sends neither (curl, an old browser) is left to the CSRF token alone.
+    """
+    site = request.headers.get("sec-fetch-site", "").strip().lower()
+    origin = request.headers.get("origin")
+    if site in _FOREIGN_SITES or (origin is not None and not _own_origin(request, origin)):
+        raise Forbidden(
+            "the form did not come from this console: open the console and use it there"
+        )
+
+
+def _own_origin(request: AnyRequest, origin: str) -> bool:
+    """Whether ``origin`` is the console's: the host and port the request was sent to, over the
+    same scheme, or over https when the console hears http (``serve`` speaks plain HTTP, so a
+    TLS-terminating proxy in front of it is the usual way to serve it over https). ``null`` (a
+    sandboxed frame, a redirect from elsewhere) is no origin of ours."""
+    scheme, sep, host = origin.strip().lower().partition("://")
+    own_scheme = request.url.scheme
+    if not sep or scheme not in _DEFAULT_PORTS:
+        return False
+    if scheme != own_scheme and not (scheme == "https" and own_scheme == "http"):
+        return False
+    own_host = request.url.netloc.lower()
+    return host.removesuffix(_DEFAULT_PORTS[scheme]) == own_host.removesuffix(
+        _DEFAULT_PORTS.get(own_scheme, "")
+    )
 
 
 async def _sent_token(request: AnyRequest) -> str:
