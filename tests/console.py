@@ -44,11 +44,18 @@ class Browser:
             self.csrf = found.group(1)
         return r
 
-    def post(self, path: str, csrf: str | None = None, **fields: str) -> httpx.Response:
+    def post(
+        self,
+        path: str,
+        csrf: str | None = None,
+        *,
+        headers: dict[str, str] | None = None,
+        **fields: str,
+    ) -> httpx.Response:
         """Post a form with the page's CSRF token (or ``csrf``: "" sends none)."""
         token = self.csrf if csrf is None else csrf
         data = {**fields, **({"csrf_token": token} if token else {})}
-        r = self.http.post(path, data=data)
+        r = self.http.post(path, data=data, headers=headers)
         found = _CSRF.search(r.text)
         if found:
             self.csrf = found.group(1)

@@ -1,7 +1,7 @@
 """The web console over HTTP, as a browser speaks to it: the first account from the link ``serve``
-prints, API keys, and the console's security (CSRF, session fixation, sign-out, throttled
-sign-in, one account never reaching another's objects). The browser-driven first hour is
-test_console_browser.py.
+prints, API keys, and the console's security (CSRF, login CSRF, forms posted from other origins,
+framing and caching headers, session fixation, sign-out, throttled sign-in, one account never
+reaching another's objects). The browser-driven first hour is test_console_browser.py.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.console import PASSWORD, Browser, signup_link
+from tests.console import PASSWORD, Browser, root, signup_link
 from tests.support import Api, Server, run_cli, running_server, wait_for
 
 
@@ -100,11 +100,101 @@ def test_a_form_without_the_session_csrf_token_changes_nothing(server: Server) -
         assert "planted" not in page
         assert "planted" not in victim.get("/console/projects/").text
         assert victim.get("/console/projects/").status_code == 200  # still signed in
-        # The sign-in form has a token of its own (a double-submit cookie): a form posted from
+        # The sign-in form has a token of its own (its pre-session's): a form posted from
         # elsewhere cannot sign a victim in to the attacker's account.
         with Browser(server) as fresh:
             r = fresh.post("/console/signin", csrf="", email="csrf@example.com", password=PASSWORD)
             assert r.status_code == 403 and fresh.session is None
+
+
+def _set_form_cookie(browser: Browser, value: str) -> None:
+    browser.http.cookies.set("pgplane_form", value, domain="127.0.0.1", path="/console")
+
+
+def test_the_sign_in_forms_take_only_the_token_the_server_issued_to_that_browser(
+    server: Server,
+) -> None:
+    """Login CSRF: a sibling origin that can set this host's cookies could make a double-submit
+    cookie and its form agree, and sign a victim's browser in to the attacker's account."""
+    _account(server, "login-csrf@example.com")
+    sign_in = {"email": "login-csrf@example.com", "password": PASSWORD}
+    with Browser(server) as victim:  # a cookie and token the server never issued
+        _set_form_cookie(victim, "chosen-by-the-attacker")
+        r = victim.post("/console/signin", csrf="chosen-by-the-attacker", **sign_in)
+        assert r.status_code == 403 and victim.session is None, r.text
+        r = victim.post(
+            "/console/signup", csrf="chosen-by-the-attacker", token="x", email="x@example.com"
+        )
+        assert r.status_code == 403 and "did not come from this console" in r.text
+    with Browser(server) as attacker, Browser(server) as victim:
+        attacker.get("/console/signin")
+        victim.get("/console/signin")
+        assert attacker.csrf and victim.csrf and attacker.csrf != victim.csrf
+        # One pre-session's token under another's cookie.
+        r = victim.post("/console/signin", csrf=attacker.csrf, **sign_in)
+        assert r.status_code == 403 and victim.session is None
+        spent_cookie, spent_token = victim.http.cookies["pgplane_form"], victim.csrf
+        assert victim.post("/console/signin", **sign_in).status_code == 303  # its own works
+        assert victim.session is not None
+    with Browser(server) as replay:  # a signed-in pre-session's token is spent
+        _set_form_cookie(replay, spent_cookie)
+        r = replay.post("/console/signin", csrf=spent_token, **sign_in)
+        assert r.status_code == 403 and replay.session is None
+
+
+def test_a_form_posted_from_another_origin_changes_nothing(server: Server) -> None:
+    _account(server, "origin@example.com")
+    sign_in = {"email": "origin@example.com", "password": PASSWORD}
+    foreign = [
+        {"Origin": "http://evil.localhost"},
+        {"Origin": "null"},
+        {"Origin": "http://127.0.0.1:1"},  # a sibling: another port of the same host
+        {"Origin": f"http://localhost:{server.port}"},
+        {"Sec-Fetch-Site": "same-site"},
+        {"Sec-Fetch-Site": "cross-site"},
+    ]
+    with _signed_in(server, "origin@example.com") as browser, Browser(server) as fresh:
+        browser.get("/console/settings/api-keys/")
+        for headers in foreign:
+            r = browser.post("/console/settings/api-keys/", headers=headers, name="planted")
+            assert r.status_code == 403, (headers, r.status_code)
+            assert "did not come from this console" in r.text  # the console's error page
+            assert r.headers["content-type"].startswith("text/html")
+            fresh.get("/console/signin")
+            r = fresh.post("/console/signin", headers=headers, **sign_in)
+            assert r.status_code == 403 and fresh.session is None, headers
+        assert "planted" not in browser.get("/console/settings/api-keys/").text
+        # The console's own origin, as a browser sends it, is not refused.
+        own = {"Origin": root(server), "Sec-Fetch-Site": "same-origin"}
+        r = browser.post("/console/settings/api-keys/", headers=own, name="mine")
+        assert r.status_code == 201, r.text
+        fresh.get("/console/signin")
+        assert fresh.post("/console/signin", headers=own, **sign_in).status_code == 303
+
+
+def test_no_console_response_can_be_framed_and_pages_are_not_stored(server: Server) -> None:
+    _account(server, "frames@example.com")
+    with Browser(server) as anonymous, _signed_in(server, "frames@example.com") as browser:
+        signed_out = [
+            anonymous.get("/console/signin"),
+            anonymous.get("/console/signup?token=x"),
+            anonymous.post("/console/signin", email="frames@example.com", password="wrong"),
+            anonymous.get("/console/projects/"),  # a redirect to the sign-in form
+            anonymous.get("/console/static/console.css"),
+            anonymous.get("/console/no-such-page"),
+        ]
+        signed_in = [
+            browser.get("/console/projects/"),
+            browser.get("/console/settings/api-keys/"),
+            browser.get("/console/projects/no-such-project"),  # the error page
+        ]
+        for r in [*signed_out, *signed_in]:
+            policy = r.headers.get("content-security-policy", "")
+            assert "frame-ancestors 'none'" in policy, (r.url, r.headers)
+            assert r.headers.get("x-frame-options") == "DENY", r.url
+        assert signed_out[2].status_code == 401 and 'name="csrf_token"' in signed_out[2].text
+        for r in [*signed_out[:3], *signed_in]:  # every page that holds a token or an account's
+            assert r.headers.get("cache-control") == "no-store", (r.url, r.headers)
 
 
 def test_sign_in_gives_a_new_session_and_a_planted_one_is_worthless(server: Server) -> None:

@@ -30,6 +30,7 @@ from pgplane.api.routes.projects import Projects
 from pgplane.api.routes.roles import Databases, Roles
 from pgplane.config import Settings
 from pgplane.console.app import console
+from pgplane.console.headers import console_headers
 from pgplane.console.pages import templates
 from pgplane.errors import NotFound, PgplaneError, Unavailable
 from pgplane.services import api_keys
@@ -162,6 +163,7 @@ def create_app(
         route_handlers=[api, openapi_document, health.live, health.ready, *console_handlers],
         state=State({"readiness": readiness or health.Readiness(store), "console": console_state}),
         template_config=templates(),
+        before_send=[console_headers],
         exception_handlers={
             PgplaneError: on_platform_error,
             HTTPException: on_http_error,

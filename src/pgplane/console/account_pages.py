@@ -32,6 +32,8 @@ def _console(request: AnyRequest) -> Console:
 
 
 def _signed_in_response(request: AnyRequest, token: str) -> Redirect:
+    # The pre-session's token is spent: a form of it posted again is refused.
+    _console(request).pre_sessions.end(request.cookies.get(FORM_COOKIE, ""))
     response = Redirect(path=f"{PREFIX}/projects", status_code=303)
     response.set_cookie(cookie(request, SESSION_COOKIE, token, max_age=signin.SESSION_SECONDS))
     response.delete_cookie(FORM_COOKIE, path=PREFIX)
@@ -39,7 +41,7 @@ def _signed_in_response(request: AnyRequest, token: str) -> Redirect:
 
 
 def _public_form(request: AnyRequest, name: str, status: int = 200, **context: Any) -> Template:
-    token, fresh = form_token(request)
+    token, fresh = form_token(request, _console(request).pre_sessions)
     response = page(request, name, status_code=status, csrf=token, **context)
     with_cookies(response, [fresh])
     return response

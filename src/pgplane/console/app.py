@@ -20,6 +20,7 @@ from pgplane.console.account_pages import ApiKeysPage, Auth
 from pgplane.console.branch_pages import BranchObjectsPage
 from pgplane.console.operation_pages import OperationsPage
 from pgplane.console.pages import HERE, error_page, sign_in_first
+from pgplane.console.presession import PreSessions
 from pgplane.console.project_pages import ProjectsPage
 from pgplane.console.session import PREFIX, Console, SignInRequired, SignInThrottle, session_hook
 from pgplane.errors import PgplaneError
@@ -46,6 +47,7 @@ def console(
         notify=notify,
         check_settings=check_settings,
         throttle=SignInThrottle(),
+        pre_sessions=PreSessions(),
     )
     handlers: dict[Any, Any] = {SignInRequired: sign_in_first, PgplaneError: error_page}
     pages = Router(

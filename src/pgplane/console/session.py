@@ -2,9 +2,13 @@
 
 A router-wide ``before_request`` hook (as the API's key hook, and for the same reasons: no
 dependency injection, no guards) reads the session cookie, and for every request that changes
-something (any method but GET and HEAD) checks the CSRF token: the session's for a signed-in
-page, a double-submit cookie's for the sign-in and sign-up forms (so nobody can sign a victim in
-to the attacker's account either). A request that fails is refused before it reads anything.
+something (any method but GET and HEAD) checks where it came from and its CSRF token: a form
+posted by another site, or by a sibling origin (another port or subdomain of this site, which
+could also set this host's cookies), is refused by its ``Origin`` and ``Sec-Fetch-Site``
+headers; the token must be the session's for a signed-in page, and for the sign-in and sign-up
+forms the one the server issued to the browser's pre-session (``console.presession``), so
+nobody can sign a victim in to the attacker's account either. A request that fails is refused
+before it reads anything.
 
 Cookies are HttpOnly, SameSite=Lax, scoped to ``/console``, and Secure when the console is
 served over TLS.
@@ -12,7 +16,6 @@ served over TLS.
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -22,6 +25,7 @@ from litestar import Request, Response
 from litestar.datastructures import Cookie, State
 
 from pgplane.config import Settings
+from pgplane.console.presession import PreSessions
 from pgplane.core.gcra import Limit, address_key
 from pgplane.core.models import ConsoleSession
 from pgplane.errors import Forbidden, TooManyRequests
@@ -33,10 +37,14 @@ AnyRequest = Request[Any, Any, State]
 
 PREFIX = "/console"
 SESSION_COOKIE = "pgplane_session"
-FORM_COOKIE = "pgplane_form"  # the double-submit CSRF token of the pages before sign-in
+FORM_COOKIE = "pgplane_form"  # the pre-session id of the pages before sign-in
 CSRF_FIELD = "csrf_token"
 CSRF_HEADER = "x-csrf-token"
 _SAFE = frozenset({"GET", "HEAD"})
+# What a browser's Sec-Fetch-Site says of a request another site, or a sibling origin of this
+# one, made it send; "same-origin" and "none" (typed, bookmarked) are the console's own.
+_FOREIGN_SITES = frozenset({"cross-site", "same-site"})
+_DEFAULT_PORTS = {"http": ":80", "https": ":443"}
 # Pages open to anyone; every other page needs a session.
 _PUBLIC = frozenset({f"{PREFIX}/signin", f"{PREFIX}/signup"})
 _SECOND = 1_000_000_000
@@ -56,6 +64,7 @@ class Console:
     notify: Callable[[], None]
     check_settings: SettingsCheck
     throttle: SignInThrottle
+    pre_sessions: PreSessions
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +114,8 @@ def client_address(request: AnyRequest) -> str:
 def session_hook(console: Console) -> Callable[[AnyRequest], Awaitable[None]]:
     async def check(request: AnyRequest) -> None:
         scope = cast("dict[str, Any]", request.scope)
+        if request.method not in _SAFE:
+            _check_origin(request)  # before anything is read: it needs nothing but the headers
         token = request.cookies.get(SESSION_COOKIE, "")
         current = None
         email = ""
@@ -117,11 +128,14 @@ def session_hook(console: Console) -> Callable[[AnyRequest], Awaitable[None]]:
         if current is None and not public:
             raise SignInRequired()
         if request.method not in _SAFE:
+            sent = await _sent_token(request)
             if current is not None:
-                expected = current.csrf_token
+                ok = bool(sent) and signin.same(sent, current.csrf_token)
             else:
-                expected = request.cookies.get(FORM_COOKIE, "")
-            await _check_csrf(request, expected)
+                pre_session = request.cookies.get(FORM_COOKIE, "")
+                ok = console.pre_sessions.accepts(pre_session, sent)
+            if not ok:
+                raise Forbidden("the form has expired or did not come from this console: reload it")
         if current is not None:
             scope[_SCOPE_KEY] = SignedIn(
                 account_id=current.account_id, email=email, session=current, console=console
@@ -130,15 +144,45 @@ def session_hook(console: Console) -> Callable[[AnyRequest], Awaitable[None]]:
     return check
 
 
-async def _check_csrf(request: AnyRequest, expected: str) -> None:
+def _check_origin(request: AnyRequest) -> None:
+    """Refuse a request another site or a sibling origin made the browser send.
+
+    Browsers send ``Origin`` with every POST and ``Sec-Fetch-Site`` with every request; a client
+    that sends neither (curl, an old browser) is left to the CSRF token alone.
+    """
+    site = request.headers.get("sec-fetch-site", "").strip().lower()
+    origin = request.headers.get("origin")
+    if site in _FOREIGN_SITES or (origin is not None and not _own_origin(request, origin)):
+        raise Forbidden(
+            "the form did not come from this console: open the console and use it there"
+        )
+
+
+def _own_origin(request: AnyRequest, origin: str) -> bool:
+    """Whether ``origin`` is the console's: the host and port the request was sent to, over the
+    same scheme, or over https when the console hears http (``serve`` speaks plain HTTP, so a
+    TLS-terminating proxy in front of it is the usual way to serve it over https). ``null`` (a
+    sandboxed frame, a redirect from elsewhere) is no origin of ours."""
+    scheme, sep, host = origin.strip().lower().partition("://")
+    own_scheme = request.url.scheme
+    if not sep or scheme not in _DEFAULT_PORTS:
+        return False
+    if scheme != own_scheme and not (scheme == "https" and own_scheme == "http"):
+        return False
+    own_host = request.url.netloc.lower()
+    return host.removesuffix(_DEFAULT_PORTS[scheme]) == own_host.removesuffix(
+        _DEFAULT_PORTS.get(own_scheme, "")
+    )
+
+
+async def _sent_token(request: AnyRequest) -> str:
     sent = request.headers.get(CSRF_HEADER, "")
     if not sent and request.headers.get("content-type", "").startswith(
         "application/x-www-form-urlencoded"
     ):
         form = await request.form()
         sent = str(form.get(CSRF_FIELD, ""))
-    if not expected or not sent or not signin.same(sent, expected):
-        raise Forbidden("the form has expired or did not come from this console: reload it")
+    return sent
 
 
 def signed_in(request: AnyRequest) -> SignedIn:
@@ -163,13 +207,12 @@ def cookie(request: AnyRequest, name: str, value: str, *, max_age: int | None) -
     )
 
 
-def form_token(request: AnyRequest) -> tuple[str, Cookie | None]:
-    """The double-submit token for a form shown before sign-in: the cookie's, or a new one."""
-    current = request.cookies.get(FORM_COOKIE, "")
-    if current and len(current) <= 128:
-        return current, None
-    fresh = secrets.token_urlsafe(32)
-    return fresh, cookie(request, FORM_COOKIE, fresh, max_age=None)
+def form_token(request: AnyRequest, pre_sessions: PreSessions) -> tuple[str, Cookie | None]:
+    """The token for a form shown before sign-in, and the cookie naming its pre-session when
+    the browser had none the server still holds."""
+    issued = pre_sessions.issue(request.cookies.get(FORM_COOKIE, ""))
+    new = cookie(request, FORM_COOKIE, issued.id, max_age=None) if issued.fresh else None
+    return issued.token, new
 
 
 def with_cookies(response: Response[Any], cookies: list[Cookie | None]) -> Response[Any]:
