@@ -2,7 +2,9 @@
 
 A route says who may log in (the role's password, or the verifier synced from the compute for a
 role made with SQL) and whether the compute runs; it never wakes, starts or reattaches anything,
-so only a client that proved its password reaches :meth:`ComputeWaker.wake`. Many clients
+so only a client that proved its password reaches :meth:`ComputeWaker.wake`. A client whose
+address the project's IP allow-list does not take is refused as the endpoint is found, in the
+same read: before its role is looked up, or the compute asked about it. Many clients
 connecting to a suspended compute at once share one ``start_compute``: in this process they
 share one wake, and in the store :func:`endpoints.wake` reuses a pending start.
 
@@ -17,14 +19,15 @@ import logging
 from pathlib import Path
 
 from pgplane.compute.driver import ComputeDriver, ComputeError
+from pgplane.core.ipallow import AllowList
 from pgplane.core.models import Endpoint, Project
 from pgplane.core.operations import Status
 from pgplane.engine.context import compute_spec
 from pgplane.engine.engine import Engine
 from pgplane.errors import Conflict, NotFound, Unavailable
 from pgplane.proxy import scram, wire
-from pgplane.proxy.seam import Known, Password, Route, RouteError, Secret, Target
-from pgplane.services import endpoints, names
+from pgplane.proxy.seam import Known, Password, Route, RouteError, Secret, Target, admit
+from pgplane.services import endpoints, names, project_settings
 from pgplane.store import Store, Tx
 
 log = logging.getLogger(__name__)
@@ -40,15 +43,17 @@ class ComputeWaker:
         self._driver = driver
         self._waking: dict[str, asyncio.Task[Target]] = {}
 
-    async def route(self, endpoint_id: str, role: str) -> Route:
+    async def route(self, endpoint_id: str, role: str, *, client: str) -> Route:
         if names.is_reserved_role(role):
             # The platform's own roles (cloud_admin, pgplane_monitor) log in only over the
             # compute's private socket; through the proxy they are refused as unknown roles are.
             async with self._store.read() as tx:
-                _, _, target = await self._lookup(tx, endpoint_id)
-            return Route(secret=None, target=target)
+                endpoint, project, target = await self._lookup(tx, endpoint_id)
+                allowed = await self._admit(tx, endpoint, project, client)
+            return Route(secret=None, target=target, allowed=allowed)
         async with self._store.read() as tx:
             endpoint, project, target = await self._lookup(tx, endpoint_id)
+            allowed = await self._admit(tx, endpoint, project, client)
             found = await tx.get_role(branch_id=endpoint.branch_id, name=role)
             synced = None
             if found is None:
@@ -59,15 +64,30 @@ class ComputeWaker:
             secret: Secret | None = None
             if found.login and found.password:
                 secret = Password(found.password)
-            return Route(secret=secret, target=target)
+            return Route(secret=secret, target=target, allowed=allowed)
         if target is not None:
             # Made with SQL, on a compute that runs: its word now, not the last sync's, so a
             # password changed (or a role dropped) with SQL holds from the next login on.
             answered, secret = await self._ask_compute(project, endpoint, role)
             if answered:
-                return Route(secret=secret, target=target)
+                return Route(secret=secret, target=target, allowed=allowed)
         verifier = None if synced is None else scram.parse_verifier(synced)
-        return Route(secret=None if verifier is None else Known(verifier), target=target)
+        secret = None if verifier is None else Known(verifier)
+        return Route(secret=secret, target=target, allowed=allowed)
+
+    async def _admit(self, tx: Tx, endpoint: Endpoint, project: Project, client: str) -> AllowList:
+        """The allow-list that applies to the endpoint, once the client's address is on it.
+
+        The list comes with the project the route reads anyway; only a list that applies to
+        protected branches alone costs a read more (the endpoint's branch), in the same read.
+        """
+        protected = True
+        if project_settings.protected_only(project.settings):
+            branch = await tx.get_branch(project_id=project.id, branch_id=endpoint.branch_id)
+            protected = branch is None or branch.protected  # none found: fail closed
+        allowed = project_settings.allow_list(project.settings, protected_branch=protected)
+        admit(client, allowed)
+        return allowed
 
     async def _ask_compute(
         self, project: Project, endpoint: Endpoint, role: str

@@ -64,7 +64,7 @@ class Computes:
         self.wakes: list[bool] = []
         self.routes = 0
 
-    async def route(self, endpoint_id: str, role: str) -> Route:
+    async def route(self, endpoint_id: str, role: str, *, client: str) -> Route:
         self.routes += 1
         return Route(secret=self.secret, target=self.target)
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from pgplane.core.ipallow import ALLOW_ALL, AllowList, client_address
+from pgplane.proxy import wire
 from pgplane.proxy.scram import Verifier
 
 
@@ -49,10 +51,15 @@ class Route:
 
     secret: Secret | None  # None: no such role may log in; refused as a wrong password is
     target: Target | None  # the compute, when the store says it runs; None: wake it
+    # The project's IP allow-list as it applies to this endpoint; the route was given only if
+    # the client's address is on it. Kept for what the client does later (a cancel request).
+    allowed: AllowList = ALLOW_ALL
 
 
 class RouteError(Exception):
     """The endpoint cannot be served; reaches the client as an ErrorResponse (SQLSTATE code)."""
+
+    severity = "FATAL"
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -60,12 +67,42 @@ class RouteError(Exception):
         self.message = message
 
 
+class AddressNotAllowed(RouteError):
+    """The client's address is not on the project's IP allow-list (``settings.allowed_ips``).
+
+    Neon's words, SQLSTATE and severity (proxy/src/auth/mod.rs, ``IpAddressNotAllowed``), but
+    for where the list is kept: Neon's console there, the project's settings here.
+    """
+
+    severity = "ERROR"
+
+    def __init__(self, client: str) -> None:
+        address = client_address(client)
+        super().__init__(
+            wire.INTERNAL_ERROR,
+            f"This IP address {address or client} is not allowed to connect to this endpoint."
+            " Please add it to the allowed list in the project's settings"
+            " (settings.allowed_ips; neonctl ip-allow add)."
+            " Make sure to check for IPv4 or IPv6 addresses.",
+        )
+
+
+def admit(client: str, allowed: AllowList) -> None:
+    """The allow-list check, one for every door (Postgres today; HTTP and WebSocket to come):
+    each door hands its client's address to :meth:`Computes.route`, which calls this as soon as
+    it has the endpoint's list. AddressNotAllowed unless ``client`` is on ``allowed``."""
+    if not allowed.allows(client):
+        raise AddressNotAllowed(client)
+
+
 class Computes(Protocol):
     """What the proxy asks of the platform."""
 
-    async def route(self, endpoint_id: str, role: str) -> Route:
+    async def route(self, endpoint_id: str, role: str, *, client: str) -> Route:
         """The role's secret and the running compute, if any; RouteError for an unknown or
-        disabled endpoint. Never wakes, starts or reattaches anything."""
+        disabled endpoint, AddressNotAllowed (see :func:`admit`) for a ``client`` address the
+        project's allow-list does not take, found with the endpoint and before anything of the
+        role is looked up. Never wakes, starts or reattaches anything."""
         ...
 
     async def wake(self, endpoint_id: str, *, force: bool) -> Target:

@@ -8,7 +8,9 @@ without parsing them (:mod:`pgplane.proxy.pipe`).
 
 Before a client is authenticated it can make the proxy do little: its bytes are bounded, its
 handshake has a deadline, its wrong passwords are throttled per endpoint and address, and it
-never causes a wake, a reattach or a key derivation at a cost someone else chose.
+never causes a wake, a reattach or a key derivation at a cost someone else chose. A client whose
+address the project's IP allow-list does not take gets no further than the route: it is refused
+before it is asked for a password, and nothing counts it (no throttle, no activity).
 
 A compute that answers "starting up" / "shutting down", ends the login because it is going down,
 or cannot be reached at all, is woken and tried again: a client arriving while its compute
@@ -28,6 +30,7 @@ from socket import SO_PEERCRED, SOL_SOCKET
 
 from pgplane.connlimits import ConnectionGate
 from pgplane.core import clock
+from pgplane.core.ipallow import AllowList
 from pgplane.proxy import scram, wire
 from pgplane.proxy.activity import Activity
 from pgplane.proxy.framing import FrameError, KeySniffer
@@ -69,7 +72,8 @@ class Proxy:
         self._server_tls = server_tls
         self._cert_hash = cert_hash
         self._throttle = throttle or LoginThrottle()
-        self._cancel_keys: dict[tuple[int, bytes], Target] = {}
+        # A session's cancel key: its compute, and the allow-list its login passed.
+        self._cancel_keys: dict[tuple[int, bytes], tuple[Target, AllowList]] = {}
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         if server_tls is not None:
@@ -122,14 +126,14 @@ class Proxy:
                 option_endpoint, startup = wire.take_endpoint_option(startup)
                 endpoint_id = self._require_endpoint(endpoint_id or option_endpoint)
                 user = startup.params["user"]
-                route = await self._computes.route(endpoint_id, user)
+                route = await self._computes.route(endpoint_id, user, client=client.peer_address())
                 await self._authenticate(client, endpoint_id, user, route, tls)
             # Not under the handshake's time limit: a wake (or a reattach before it) takes as
             # long as it takes, and ends in a compute or an error the client is told.
             compute, target, reply = await self._open_compute(endpoint_id, startup, route)
-            await self._pipe(client, compute, target, endpoint_id, reply)
+            await self._pipe(client, compute, (target, route.allowed), endpoint_id, reply)
         except RouteError as exc:
-            client.write(wire.error_response(exc.code, exc.message))
+            client.write(wire.error_response(exc.code, exc.message, severity=exc.severity))
         except scram.ScramError as exc:
             client.write(wire.error_response(wire.INVALID_PASSWORD, str(exc)))
         except wire.ProtocolViolation as exc:
@@ -163,7 +167,12 @@ class Proxy:
             raise
 
     async def _pipe(
-        self, client: Side, compute: Side, target: Target, endpoint_id: str, reply: bytes
+        self,
+        client: Side,
+        compute: Side,
+        cancel_to: tuple[Target, AllowList],
+        endpoint_id: str,
+        reply: bytes,
     ) -> None:
         session = self._activity.open(endpoint_id, clock.now_us())
         keys: list[tuple[int, bytes]] = []
@@ -172,7 +181,7 @@ class Proxy:
 
             def found(pid: int, key: bytes) -> None:
                 keys.append((pid, key))
-                self._cancel_keys[pid, key] = target
+                self._cancel_keys[pid, key] = cancel_to
 
             # The reply holds the cancel key already (the proxy logged in up to ReadyForQuery);
             # the sniffer reads it from there.
@@ -215,7 +224,8 @@ class Proxy:
                 client.write(b"N")
                 continue
             if code == wire.CANCEL_REQUEST and length >= 12:
-                await self._cancel(struct.unpack("!I", payload[:4])[0], payload[4:])
+                pid = struct.unpack("!I", payload[:4])[0]
+                await self._cancel(pid, payload[4:], client.peer_address())
                 return None
             return wire.parse_startup(code, payload), server_name, tls
 
@@ -282,10 +292,13 @@ class Proxy:
             _, side = await loop.create_connection(Side, target.host, target.port)
         return side
 
-    async def _cancel(self, pid: int, key: bytes) -> None:
-        target = self._cancel_keys.get((pid, key))
-        if target is None:
-            return  # as Postgres: no answer either way
+    async def _cancel(self, pid: int, key: bytes, client: str) -> None:
+        found = self._cancel_keys.get((pid, key))
+        # As Neon's proxy, a cancel request from an address off the session's allow-list is
+        # dropped; as Postgres, there is no answer either way.
+        if found is None or not found[1].allows(client):
+            return
+        target = found[0]
         with contextlib.suppress(OSError):
             compute = await self._dial(target)
             compute.write(wire.cancel_request(pid, key))

@@ -29,6 +29,10 @@ CONNECTION_FAILURE = "08006"  # the compute could not be started or reached
 TOO_MANY_CONNECTIONS = "53300"  # past the proxy's connection caps (connlimits.py)
 INVALID_PASSWORD = "28P01"  # noqa: S105 - a SQLSTATE, not a password
 FEATURE_NOT_SUPPORTED = "0A000"
+# Neon's proxy sends every refusal of its own, an address off the allow-list too, as XX000 with
+# severity ERROR (proxy/src/stream.rs, SQLSTATE_INTERNAL_ERROR); that refusal is sent as Neon
+# sends it, so clients that look for it find it.
+INTERNAL_ERROR = "XX000"
 
 # Authentication request codes (the Int32 after an 'R').
 AUTH_OK = 0

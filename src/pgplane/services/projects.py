@@ -17,7 +17,14 @@ from pgplane.core import clock, ids
 from pgplane.core.models import Branch, Database, Endpoint, Operation, Project, Role
 from pgplane.core.operations import Action
 from pgplane.errors import BadRequest, LimitExceeded, Unavailable
-from pgplane.services import access, compute_settings, endpoints, names, operations
+from pgplane.services import (
+    access,
+    compute_settings,
+    endpoints,
+    names,
+    operations,
+    project_settings,
+)
 from pgplane.store import Tx
 
 DEFAULT_LIMIT = 10
@@ -113,7 +120,7 @@ async def create(
         store_passwords=True if spec.store_passwords is None else spec.store_passwords,
         history_retention_seconds=_retention(spec.history_retention_seconds),
         default_endpoint_settings=endpoint_settings,
-        settings=dict(spec.settings),
+        settings=project_settings.new(spec.settings),
         created_at=now,
         updated_at=now,
     )
@@ -214,7 +221,9 @@ async def update(
             ),
         )
     if changes.settings is not None:
-        updated = msgspec.structs.replace(updated, settings=changes.settings)
+        updated = msgspec.structs.replace(
+            updated, settings=project_settings.updated(project.settings, changes.settings)
+        )
     starts = []
     if (
         changes.history_retention_seconds is not None

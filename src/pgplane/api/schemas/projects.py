@@ -116,13 +116,29 @@ class DefaultEndpointSettings(Struct, kw_only=True, omit_defaults=True):
     suspend_timeout_seconds: SuspendTimeout | None = None
 
 
+# Neon's free-form settings, kept as sent; allowed_ips is enforced, so it is checked
+# (services/project_settings.py).
+ProjectSettings = Annotated[
+    dict[str, Any],
+    Meta(
+        description=(
+            "Project settings, kept as sent, key by key (an update changes the keys it names)."
+            " allowed_ips {ips, protected_branches_only} is enforced by the proxy: each entry is"
+            " an IP address, a CIDR block or a range a-b, and one that is none is a 400 naming"
+            " it; an empty list allows every address; protected_branches_only applies the list"
+            " to the computes of protected branches only; allowed_ips null removes the list."
+        )
+    ),
+]
+
+
 class ProjectCreateSpec(Struct, kw_only=True):
     name: Name256 | None = None
     region_id: Annotated[str, Meta(max_length=64)] | None = None
     pg_version: Annotated[int, Meta(ge=14, le=18)] | None = None
     branch: BranchSpec | None = None
     default_endpoint_settings: DefaultEndpointSettings | None = None
-    settings: dict[str, Any] | None = None
+    settings: ProjectSettings | None = None
     history_retention_seconds: HistoryRetention | None = None
     store_passwords: bool | None = None
     provisioner: Annotated[str, Meta(max_length=64)] | None = None
@@ -137,7 +153,7 @@ class ProjectCreateRequest(Struct, kw_only=True):
 class ProjectUpdateSpec(Struct, kw_only=True):
     name: Name256 | None = None
     default_endpoint_settings: DefaultEndpointSettings | None = None
-    settings: dict[str, Any] | None = None
+    settings: ProjectSettings | None = None
     history_retention_seconds: HistoryRetention | None = None
 
 
