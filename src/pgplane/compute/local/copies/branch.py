@@ -282,6 +282,7 @@ def _write_label(tmp: Path, labelfile: str, spcmapfile: str) -> None:
         if not content:
             continue  # no tablespaces: pg_basebackup writes no tablespace_map either
         path = tmp / name
+        # safe: O_EXCL makes a new file, never opens one that stood there
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
             os.write(fd, content.encode())

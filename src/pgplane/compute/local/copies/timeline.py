@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from pgplane.compute.local.layout import TIMELINE_MARKER
 from pgplane.compute.local.postgres.binaries import PgInstall
 from pgplane.compute.local.postgres.cluster import create_roles_and_databases
 from pgplane.compute.local.postgres.postmaster import Postmasters, postmaster_argv
+from pgplane.compute.local.tenants import untrusted
 from pgplane.compute.local.tenants.ownership import hand_over
 from pgplane.compute.local.tenants.user import RunAs
 
@@ -112,14 +112,11 @@ def check_data_version(pgdata: Path, pg_version: int) -> None:
     following a link or blocking on a FIFO, and named in the error only when it is a version
     (its bytes could be another's file, and the error reaches the account)."""
     try:
-        fd = os.open(pgdata / "PG_VERSION", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as exc:
+        data_version = untrusted.read_text(untrusted.under(pgdata, "PG_VERSION"), 16).strip()
+    except FileNotFoundError as exc:
         raise ComputeError(f"{pgdata} has no readable PG_VERSION: {exc.strerror}") from None
-    try:
-        regular = stat.S_ISREG(os.fstat(fd).st_mode)
-        data_version = os.read(fd, 16).decode(errors="replace").strip() if regular else ""
-    finally:
-        os.close(fd)
+    except OSError:
+        data_version = ""  # a link, a FIFO, a large file: "unreadable" below
     if data_version != str(pg_version):
         shown = data_version if data_version.isdigit() else "unreadable"
         raise ComputeError(f"{pgdata} holds Postgres {shown} data, not {pg_version}")

@@ -126,7 +126,7 @@ def _percent_escaped(path: str) -> str:
 def read_retention(storage_config: Path) -> int:
     """The project's history window (seconds), as ``apply_storage_config`` recorded it."""
     try:
-        data = json.loads(storage_config.read_bytes())
+        data = json.loads(storage_config.read_bytes())  # root's: projects/<id>/
         return int(data["history_retention_seconds"])
     except FileNotFoundError:
         return DEFAULT_RETENTION
@@ -152,7 +152,7 @@ def list_bases(dirs: HistoryDirs) -> list[Base]:
         state = entry / BASE_STATE
         if not entry.is_dir() or not state.is_file():
             continue
-        data = json.loads(state.read_bytes())
+        data = json.loads(state.read_bytes())  # root's: base/
         found.append(
             Base(
                 path=entry,

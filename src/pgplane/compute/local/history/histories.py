@@ -217,7 +217,7 @@ class Histories:
         """Whether restore ``restore_id`` swapped its data in already, and its LSN."""
         path = self.layout.branch_dir(project_id, branch_id) / RESTORED_MARKER
         try:
-            done_id, _, lsn = path.read_text().partition(" ")
+            done_id, _, lsn = path.read_text().partition(" ")  # root's: branch dir
         except FileNotFoundError:
             return False, None
         if done_id != restore_id:

@@ -289,5 +289,5 @@ def _copy_base(base: Base, tmp: Path, tail: Path | None, spares: SparePool | Non
     # An fsync here would force the whole copy to disk first (ext4 commits the data written
     # with the transaction that holds the new file), before a replay that could overlap it.
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    os.close(os.open(tmp / "recovery.signal", flags, 0o600))
+    os.close(os.open(tmp / "recovery.signal", flags, 0o600))  # safe: O_EXCL
     return stats

@@ -94,13 +94,13 @@ def _configure(pgdata: Path, run_as: RunAs) -> None:
     hba = pgdata / "pg_hba.conf"
     write_atomic(hba, PG_HBA.encode())
     run_as.chown(hba)
-    with (pgdata / "postgresql.conf").open("a") as conf:
+    with (pgdata / "postgresql.conf").open("a") as conf:  # root's: unpublished
         conf.write(_CONF_APPEND)
 
 
 def _read_stamp(template_dir: Path) -> object:
     try:
-        return json.loads((template_dir / _STAMP).read_text())
+        return json.loads((template_dir / _STAMP).read_text())  # root's
     except (OSError, ValueError):
         return None
 

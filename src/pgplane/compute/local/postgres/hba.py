@@ -36,7 +36,7 @@ def write_hba(path: Path) -> Path:
     """Make ``path`` hold :data:`PG_HBA`, readable by every compute user, writable by us alone."""
     ensure_dir(path.parent, 0o755)
     try:
-        current = path.read_bytes()
+        current = path.read_bytes()  # root's: conf/
     except FileNotFoundError:
         current = None
     if current != PG_HBA.encode() or (path.stat().st_mode & 0o777) != 0o644:

@@ -58,7 +58,7 @@ def alive(pid: int) -> bool:
     if _HAS_PROC:
         with contextlib.suppress(OSError):
             # A zombie answers signal 0 but is gone for our purposes.
-            stat = Path(f"/proc/{pid}/stat").read_text()
+            stat = Path(f"/proc/{pid}/stat").read_text()  # root's: the kernel's
             return stat.rsplit(")", 1)[1].split()[0] != "Z"
     return True
 
@@ -108,7 +108,7 @@ def processes_in(pgdata: Path, uid: int | None = None) -> list[int]:
 def command_line(pid: int) -> list[str] | None:
     """The postmaster's arguments (it never rewrites its own process title), if readable."""
     try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()  # root's: the kernel's
     except OSError:
         return None
     return [os.fsdecode(a) for a in raw.split(b"\0")[:-1]]

@@ -84,7 +84,7 @@ async def _copy(install: PgInstall, run_as: RunAs, dest: Path) -> PgInstall:
 
 def _read_stamp(dest: Path) -> dict[str, str] | None:
     try:
-        data = json.loads((dest / _STAMP).read_text())
+        data = json.loads((dest / _STAMP).read_text())  # root's: pg/
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

@@ -251,7 +251,7 @@ def _wait_dead(pids: list[int], time_limit: float = 2.0) -> None:
 
 def _running(pid: int) -> bool:
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]  # root's
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
@@ -266,7 +266,7 @@ def processes_of(uid: int) -> list[int]:
         try:
             if proc.stat().st_uid != uid:
                 continue
-            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]  # root's
         except (OSError, IndexError):
             continue  # exited meanwhile
         if state not in ("Z", "X"):
