@@ -16,7 +16,7 @@ from pgplane.config import Settings
 from pgplane.core import clock, ids
 from pgplane.core.models import Branch, Database, Endpoint, Operation, Project, Role
 from pgplane.core.operations import Action
-from pgplane.errors import BadRequest, LimitExceeded, Unavailable
+from pgplane.errors import BadRequest, Unavailable
 from pgplane.services import (
     access,
     compute_settings,
@@ -24,6 +24,7 @@ from pgplane.services import (
     names,
     operations,
     project_settings,
+    quotas,
 )
 from pgplane.store import Tx
 
@@ -104,9 +105,7 @@ async def create(
         raise BadRequest(
             f"region_id {spec.region_id!r} is not served here; use {settings.region_id!r}"
         )
-    quota = settings.projects_per_account
-    if quota and await tx.count_projects(account_id) >= quota:
-        raise LimitExceeded(f"the account has reached its limit of {quota} projects")
+    await quotas.check_projects(tx, account_id=account_id, settings=settings)
     database_name = names.database(spec.database_name or "neondb")
     role_name = names.role(spec.role_name or f"{database_name}_owner")
     endpoint_settings = dict(spec.default_endpoint_settings)

@@ -137,6 +137,15 @@ class Tx(AccountsTx):
         """Every live endpoint of every live project (for the scheduler)."""
 
     @abc.abstractmethod
+    async def list_running_endpoints(self, account_id: str) -> list[Endpoint]:
+        """The account's computes that run or are due to, for its quotas: live, enabled endpoints
+        of its live projects that are ``active`` with nothing pending, pending ``active``, or
+        have a ``start_compute`` not yet settled (a start queued behind a suspend).
+
+        Read in the transaction that starts another, so two concurrent starts see each other.
+        """
+
+    @abc.abstractmethod
     async def record_endpoint_activity(self, activity: Sequence[tuple[str, int]]) -> None:
         """Move each endpoint's ``last_active`` forward to the given time (never back)."""
 
