@@ -93,6 +93,10 @@ class Settings:
     # may run at once. 32 CU: twice the largest compute (16 CU), so any size can still start.
     running_computes_per_account: int = 20
     compute_units_per_account: float = 32.0
+    # The oldest Postgres major new projects may have (0: any available; the default, with a
+    # warning for 15 and older, which hand any role with CREATEROLE the OS user of its compute).
+    # Projects made before keep their major: branches and wakes work whatever this says.
+    min_pg_version: int = 0
 
     # Connection hygiene (api/http.py, connlimits.py, fdlimit.py). A request's headers must arrive
     # within http_header_timeout_seconds of the connection (or of its first byte after the last
@@ -166,6 +170,7 @@ def settings_from_env(**overrides: object) -> Settings:
         ("branches_per_project", int),
         ("running_computes_per_account", int),
         ("compute_units_per_account", float),
+        ("min_pg_version", int),
         ("http_header_timeout_seconds", float),
         ("http_body_timeout_seconds", float),
         ("http_idle_timeout_seconds", int),

@@ -111,6 +111,13 @@ def serve(
         float | None,
         typer.Option(help="Sum of the max CU of an account's running computes; 0: no limit [32]"),
     ] = None,
+    min_pg_version: Annotated[
+        int | None,
+        typer.Option(
+            help="Oldest Postgres major for new projects (15 and older hand CREATEROLE the"
+            " compute's OS user); existing projects keep theirs; 0: any [0]"
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
 ) -> None:
     """Run the API, the operations engine and the computes' supervisor in one process."""
@@ -136,6 +143,7 @@ def serve(
         branches_per_project=branches_per_project,
         running_computes_per_account=running_computes_per_account,
         compute_units_per_account=compute_units_per_account,
+        min_pg_version=min_pg_version,
     )
     if (settings.tls_cert is None) != (settings.tls_key is None):
         typer.echo("error: --tls-cert and --tls-key go together", err=True)

@@ -199,7 +199,11 @@ async def _projects_page(request: AnyRequest, status: int = 200, **context: Any)
         "projects.html",
         status_code=status,
         projects=found,
-        pg_versions=sorted(settings.pg_versions, reverse=True),
+        pg_versions=sorted(projects.offered_pg_versions(settings), reverse=True),
+        # Majors that hand CREATEROLE the compute's OS user are offered with the reason to avoid.
+        last_risky_major=projects.LAST_CREATEROLE_OS_MAJOR,
+        risky_major_hint=f"{projects.CREATEROLE_OS_ACCESS}: choose 16 or newer unless the"
+        " project needs an older one.",
         region=settings.region_id,
         **context,
     )
