@@ -9,6 +9,10 @@ Atomicity:
 - Everything done through one ``Tx`` from :meth:`Store.write` commits together or not at all.
   Services never commit: the caller that opened the transaction owns it, so "project + branch +
   endpoint + roles + operations" is one atomic change.
+- Write transactions are serializable: one sees every write committed before it began, and
+  none commits a decision made on counts another changed meanwhile. Quotas rely on it
+  (services/quotas.py counts, then writes); SQLite runs one writer at a time, a PostgreSQL
+  backend would take SERIALIZABLE or lock the account's row.
 - ``Tx`` from :meth:`Store.read` sees committed data only; each call is atomic on its own, but
   two calls may see different snapshots. Read-modify-write belongs in :meth:`Store.write`.
 - Unique names are enforced by the store, not by a read-then-insert in a service: inserting a
