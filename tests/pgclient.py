@@ -85,3 +85,18 @@ def refusal(port: int, *, source: str = "127.0.0.1", **credentials: str) -> str 
     """The server's refusal of a login, or None when the password was taken; closes after."""
     with connect(port, source=source) as sock:
         return authenticate(sock, **credentials).error
+
+
+def after_login(port: int, **credentials: str) -> Login:
+    """A login, and when its password is taken what the server says next: a refusal (the
+    compute cannot be had: ``error`` and ``code``) or, ``error`` None, the compute letting it in.
+    Closes after."""
+    with connect(port) as sock:
+        login = authenticate(sock, **credentials)
+        if login.error is not None:
+            return login
+        kind, payload = _read_message(sock)
+        if kind == b"E":
+            fields = wire.error_fields(payload)
+            return Login(sock, fields.get("M", "error"), fields.get("C"))
+        return Login(sock, None)

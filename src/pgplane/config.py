@@ -83,10 +83,20 @@ class Settings:
     rate_limit_per_minute: int = 700  # per account, sustained
     rate_limit_burst_per_second: int = 40  # per account and route
     auth_failures_per_minute: int = 50  # per client address (IPv6: per /64)
-    # Quotas, so one key cannot fill the machine: live projects per account (0: no limit) and
-    # live branches per project (Neon's branches_limit). Shown in /users/me and project owners.
-    projects_per_account: int = 0
+    # Quotas, so one key cannot fill a shared machine (services/quotas.py); 0 turns one off.
+    # Live projects per account: each is a cluster on disk with a day of history by default.
+    # Live branches per project: Neon's branches_limit. Shown in /users/me and project owners.
+    projects_per_account: int = 20
     branches_per_project: int = 5000
+    # Computes of an account running (or due to start) at once, and the sum of their
+    # autoscaling_limit_max_cu. As many computes as projects: every project's default compute
+    # may run at once. 32 CU: twice the largest compute (16 CU), so any size can still start.
+    running_computes_per_account: int = 20
+    compute_units_per_account: float = 32.0
+    # The oldest Postgres major new projects may have (0: any available; the default, with a
+    # warning for 15 and older, which hand any role with CREATEROLE the OS user of its compute).
+    # Projects made before keep their major: branches and wakes work whatever this says.
+    min_pg_version: int = 0
 
     # Connection hygiene (api/http.py, connlimits.py, fdlimit.py). A request's headers must arrive
     # within http_header_timeout_seconds of the connection (or of its first byte after the last
@@ -158,6 +168,9 @@ def settings_from_env(**overrides: object) -> Settings:
         ("auth_failures_per_minute", int),
         ("projects_per_account", int),
         ("branches_per_project", int),
+        ("running_computes_per_account", int),
+        ("compute_units_per_account", float),
+        ("min_pg_version", int),
         ("http_header_timeout_seconds", float),
         ("http_body_timeout_seconds", float),
         ("http_idle_timeout_seconds", int),

@@ -13,6 +13,8 @@
      ├── PreconditionFailed (412 PRECONDITION_FAILED)
      ├── PayloadTooLarge (413 PAYLOAD_TOO_LARGE)
      ├── UnsupportedMediaType (415 UNSUPPORTED_MEDIA_TYPE)
+     ├── LimitExceeded (422 PROJECTS_LIMIT_EXCEEDED, BRANCHES_..., ACTIVE_ENDPOINTS_...,
+     │                  COMPUTE_UNITS_...)
      ├── Locked (423 LOCKED)
      ├── TooManyRequests (429 TOO_MANY_REQUESTS)
      └── Unavailable (503 SERVICE_UNAVAILABLE)
@@ -97,10 +99,19 @@ class UnsupportedMediaType(PgplaneError):
 
 
 class LimitExceeded(PgplaneError):
-    """A quota of the account or project (how many projects, branches) is reached."""
+    """A quota of the account or project is reached (services/quotas.py).
+
+    The code names which, as Neon's do (``PROJECTS_LIMIT_EXCEEDED``, ``BRANCHES_LIMIT_EXCEEDED``,
+    ``ACTIVE_ENDPOINTS_LIMIT_EXCEEDED``), so clients that act on Neon's codes (the branch
+    actions prune branches on ``BRANCHES_LIMIT_EXCEEDED``) act on ours.
+    """
 
     status = 422
     code = "LIMIT_EXCEEDED"
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.code = f"{kind.upper()}_LIMIT_EXCEEDED"
 
 
 class Locked(PgplaneError):

@@ -19,12 +19,13 @@ import logging
 from pathlib import Path
 
 from pgplane.compute.driver import ComputeDriver, ComputeError
+from pgplane.config import Settings
 from pgplane.core.ipallow import AllowList
 from pgplane.core.models import Endpoint, Project
 from pgplane.core.operations import Status
 from pgplane.engine.context import compute_spec
 from pgplane.engine.engine import Engine
-from pgplane.errors import Conflict, NotFound, Unavailable
+from pgplane.errors import Conflict, LimitExceeded, NotFound, Unavailable
 from pgplane.proxy import scram, wire
 from pgplane.proxy.seam import Known, Password, Route, RouteError, Secret, Target, admit
 from pgplane.services import endpoints, names, project_settings
@@ -37,10 +38,13 @@ _START_TIME_LIMIT = 600.0
 
 
 class ComputeWaker:
-    def __init__(self, *, store: Store, engine: Engine, driver: ComputeDriver) -> None:
+    def __init__(
+        self, *, store: Store, engine: Engine, driver: ComputeDriver, settings: Settings
+    ) -> None:
         self._store = store
         self._engine = engine
         self._driver = driver
+        self._settings = settings  # the account quotas a wake is checked against
         self._waking: dict[str, asyncio.Task[Target]] = {}
 
     async def route(self, endpoint_id: str, role: str, *, client: str) -> Route:
@@ -138,11 +142,16 @@ class ComputeWaker:
     async def _wake(self, endpoint_id: str) -> Target:
         try:
             async with self._store.write() as tx:
-                op = await endpoints.wake(tx, endpoint_id=endpoint_id)
+                op = await endpoints.wake(tx, endpoint_id=endpoint_id, settings=self._settings)
         except NotFound:
             raise _unknown(endpoint_id) from None
         except Conflict:
             raise _disabled(endpoint_id) from None
+        except LimitExceeded as exc:  # the account runs its most: nothing was queued
+            raise RouteError(
+                wire.CONFIGURATION_LIMIT_EXCEEDED,
+                f"compute of endpoint {endpoint_id} cannot be started: {exc.message}",
+            ) from None
         except Unavailable as exc:  # the store cannot take the start: say so, as the API does
             raise RouteError(
                 wire.CONNECTION_FAILURE,

@@ -161,7 +161,7 @@ async def serve(settings: Settings) -> None:
     engine = Engine(store=store, driver=driver, settings=settings)
     activity = Activity()
     proxy = Proxy(
-        computes=ComputeWaker(store=store, engine=engine, driver=driver),
+        computes=ComputeWaker(store=store, engine=engine, driver=driver, settings=settings),
         activity=activity,
         proxy_host=settings.proxy_host,
         server_tls=server_context(tls),

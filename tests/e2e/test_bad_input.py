@@ -454,8 +454,8 @@ def test_hostile_path_ids_stay_inside_the_data_directory(
 
 
 def test_quotas_refuse_with_422_and_change_nothing() -> None:
-    """B3: past the account's project quota or the project's branch quota, a 422 with a stable
-    code; nothing is created, another account is unaffected, and freeing one makes room."""
+    """B3: past the account's project quota or the project's branch quota, a 422 with Neon's
+    code for it; nothing is created, another account is unaffected, and freeing one makes room."""
     with (
         running_server(PGPLANE_PROJECTS_PER_ACCOUNT="2", PGPLANE_BRANCHES_PER_PROJECT="2") as srv,
         Api(srv, srv.create_key("acct-quota")[1]) as api,
@@ -468,7 +468,7 @@ def test_quotas_refuse_with_422_and_change_nothing() -> None:
         assert first["project"]["owner"]["branches_limit"] == 2
         before = _state(api)
         r = api.http.post("/projects", json={"project": {"name": "q3"}})
-        assert _error(r, 422)["code"] == "LIMIT_EXCEEDED"
+        assert _error(r, 422)["code"] == "PROJECTS_LIMIT_EXCEEDED"
         assert "limit of 2 projects" in r.json()["message"]
         assert _state(api) == before
         other.create_project(name="theirs")  # a quota is per account
@@ -477,7 +477,7 @@ def test_quotas_refuse_with_422_and_change_nothing() -> None:
         api.settled(pid, api.http.post(f"/projects/{pid}/branches", json={}))
         ops = api.http.get(f"/projects/{pid}/operations").json()["operations"]
         r = api.http.post(f"/projects/{pid}/branches", json={"endpoints": [{"type": "read_write"}]})
-        assert _error(r, 422)["code"] == "LIMIT_EXCEEDED"
+        assert _error(r, 422)["code"] == "BRANCHES_LIMIT_EXCEEDED"
         assert len(api.http.get(f"/projects/{pid}/branches").json()["branches"]) == 2
         assert api.http.get(f"/projects/{pid}/operations").json()["operations"] == ops
 

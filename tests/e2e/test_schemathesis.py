@@ -38,7 +38,14 @@ EXAMPLES = int(os.environ.get("PGPLANE_FUZZ_EXAMPLES", "10"))
 def fuzzed() -> Iterator[Server]:
     """A server of the fuzzer's own, which it creates, changes and deletes on at will; its
     computes take ports of their own range."""
-    with running_server(PGPLANE_COMPUTE_PORTS="22100-22499") as srv:
+    # The account quotas are off: the fuzzer creates projects and computes as fast as it likes, in
+    # one account, and each quota's refusals are tested on their own (tests/e2e/test_quotas.py).
+    with running_server(
+        PGPLANE_COMPUTE_PORTS="22100-22499",
+        PGPLANE_PROJECTS_PER_ACCOUNT="0",
+        PGPLANE_RUNNING_COMPUTES_PER_ACCOUNT="0",
+        PGPLANE_COMPUTE_UNITS_PER_ACCOUNT="0",
+    ) as srv:
         yield srv
         # Whatever the runs started settles, and nothing they were allowed to start failed.
         assert_operations_settled(srv, timeout=300)

@@ -98,10 +98,25 @@ def serve(
         typer.Option(help="Failed authentications a minute per client address; 0: no limit [50]"),
     ] = None,
     projects_per_account: Annotated[
-        int | None, typer.Option(help="Live projects an account may have; 0: no limit [0]")
+        int | None, typer.Option(help="Live projects an account may have; 0: no limit [20]")
     ] = None,
     branches_per_project: Annotated[
         int | None, typer.Option(help="Live branches a project may have; 0: no limit [5000]")
+    ] = None,
+    running_computes_per_account: Annotated[
+        int | None,
+        typer.Option(help="Computes an account may run at once; 0: no limit [20]"),
+    ] = None,
+    compute_units_per_account: Annotated[
+        float | None,
+        typer.Option(help="Sum of the max CU of an account's running computes; 0: no limit [32]"),
+    ] = None,
+    min_pg_version: Annotated[
+        int | None,
+        typer.Option(
+            help="Oldest Postgres major for new projects (15 and older hand CREATEROLE the"
+            " compute's OS user); existing projects keep theirs; 0: any [0]"
+        ),
     ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
 ) -> None:
@@ -126,6 +141,9 @@ def serve(
         auth_failures_per_minute=auth_failures_per_minute,
         projects_per_account=projects_per_account,
         branches_per_project=branches_per_project,
+        running_computes_per_account=running_computes_per_account,
+        compute_units_per_account=compute_units_per_account,
+        min_pg_version=min_pg_version,
     )
     if (settings.tls_cert is None) != (settings.tls_key is None):
         typer.echo("error: --tls-cert and --tls-key go together", err=True)

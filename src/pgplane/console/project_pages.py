@@ -7,6 +7,7 @@ and then tells the engine; the page it redirects to shows the operations it star
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,12 +18,12 @@ from litestar.response import Redirect, Template
 from pgplane.console.pages import form, page, unsettled
 from pgplane.console.session import PREFIX, AnyRequest, SignedIn, signed_in
 from pgplane.core.models import Branch, Endpoint, Operation, Project
-from pgplane.errors import BadRequest, NotFound, PgplaneError
+from pgplane.errors import BadRequest, LimitExceeded, NotFound, PgplaneError
 from pgplane.services import branches, endpoints, operations, projects, roles
 from pgplane.services.connections import find as find_connection
 
 RECENT_OPERATIONS = 10
-_ENDPOINT_ACTIONS = {
+_ENDPOINT_ACTIONS: dict[str, Callable[..., Awaitable[tuple[Endpoint, list[Operation]]]]] = {
     "start": endpoints.start,
     "suspend": endpoints.suspend,
     "restart": endpoints.restart,
@@ -88,8 +89,8 @@ class ProjectsPage(Controller):
                     settings=console.settings,
                     check_settings=console.check_settings,
                 )
-        except BadRequest as exc:
-            return await _projects_page(request, 400, error=exc.message)
+        except (BadRequest, LimitExceeded) as exc:  # shown beside the form, to try again
+            return await _projects_page(request, exc.status, error=exc.message)
         console.notify()
         return Redirect(path=_project_path(created.project.id), status_code=303)
 
@@ -167,9 +168,15 @@ class ProjectsPage(Controller):
         change = _ENDPOINT_ACTIONS.get(action)
         if change is None:
             raise NotFound("not found")
+        # A start is checked against the account's quotas, which the settings hold.
+        quota = {} if action == "suspend" else {"settings": me.console.settings}
         async with me.console.store.write() as tx:
             endpoint, _ = await change(
-                tx, account_id=me.account_id, project_id=project_id, endpoint_id=endpoint_id
+                tx,
+                account_id=me.account_id,
+                project_id=project_id,
+                endpoint_id=endpoint_id,
+                **quota,
             )
         me.console.notify()
         return Redirect(
@@ -192,7 +199,11 @@ async def _projects_page(request: AnyRequest, status: int = 200, **context: Any)
         "projects.html",
         status_code=status,
         projects=found,
-        pg_versions=sorted(settings.pg_versions, reverse=True),
+        pg_versions=sorted(projects.offered_pg_versions(settings), reverse=True),
+        # Majors that hand CREATEROLE the compute's OS user are offered with the reason to avoid.
+        last_risky_major=projects.LAST_CREATEROLE_OS_MAJOR,
+        risky_major_hint=f"{projects.CREATEROLE_OS_ACCESS}: choose 16 or newer unless the"
+        " project needs an older one.",
         region=settings.region_id,
         **context,
     )

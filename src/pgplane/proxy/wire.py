@@ -27,6 +27,7 @@ ADMIN_SHUTDOWN = "57P01"
 CRASH_SHUTDOWN = "57P02"
 CONNECTION_FAILURE = "08006"  # the compute could not be started or reached
 TOO_MANY_CONNECTIONS = "53300"  # past the proxy's connection caps (connlimits.py)
+CONFIGURATION_LIMIT_EXCEEDED = "53400"  # a wake past the account's compute quotas
 INVALID_PASSWORD = "28P01"  # noqa: S105 - a SQLSTATE, not a password
 FEATURE_NOT_SUPPORTED = "0A000"
 # Neon's proxy sends every refusal of its own, an address off the allow-list too, as XX000 with

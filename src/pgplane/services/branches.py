@@ -20,8 +20,16 @@ from pgplane.config import Settings
 from pgplane.core import clock, ids
 from pgplane.core.models import Branch, Database, Endpoint, Operation, Role
 from pgplane.core.operations import Action
-from pgplane.errors import BadRequest, Conflict, LimitExceeded
-from pgplane.services import access, compute_settings, endpoints, history, names, operations
+from pgplane.errors import BadRequest, Conflict
+from pgplane.services import (
+    access,
+    compute_settings,
+    endpoints,
+    history,
+    names,
+    operations,
+    quotas,
+)
 from pgplane.store import Tx
 
 MAX_LIMIT = 10_000
@@ -164,9 +172,7 @@ async def create(
 ) -> CreatedBranch:
     """``bounds``: what the parent's history holds (looked up beforehand, for a point)."""
     project = await access.live_project(tx, account_id=account_id, project_id=project_id)
-    quota = settings.branches_per_project
-    if quota and await tx.count_branches(project.id) >= quota:
-        raise LimitExceeded(f"the project has reached its limit of {quota} branches")
+    await quotas.check_branches(tx, project_id=project.id, settings=settings)
     parent = await parent_of(tx, project_id=project.id, parent_id=spec.parent_id)
     point = spec.point.point if spec.point else Point()
     if spec.point is not None:

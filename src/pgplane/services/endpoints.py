@@ -16,7 +16,7 @@ from pgplane.core import clock, ids, ports
 from pgplane.core.models import Endpoint, Operation, Project
 from pgplane.core.operations import Action
 from pgplane.errors import BadRequest, Conflict, NotFound, Unavailable
-from pgplane.services import access, compute_settings, operations
+from pgplane.services import access, compute_settings, operations, quotas
 from pgplane.store import Tx
 
 log = logging.getLogger(__name__)
@@ -116,6 +116,11 @@ async def new_endpoint(
         created_at=now,
         updated_at=now,
     )
+    if not endpoint.disabled:
+        # Before the insert: once stored, the new compute would count as running already.
+        await quotas.check_computes(
+            tx, account_id=project.account_id, settings=settings, starting=[endpoint]
+        )
     await tx.insert_endpoint(endpoint)
     return endpoint
 
@@ -180,9 +185,11 @@ async def update(
     project_id: str,
     endpoint_id: str,
     changes: EndpointChanges,
+    settings: Settings,
     check_settings: compute_settings.SettingsCheck,
 ) -> tuple[Endpoint, list[Operation]]:
-    """Resize, retune or disable; a running compute is restarted with its new settings."""
+    """Resize, retune or disable; a running compute is restarted with its new settings (a
+    larger one only within the account's compute units)."""
     project = await access.live_project(tx, account_id=account_id, project_id=project_id)
     endpoint = await access.endpoint(tx, project_id=project.id, endpoint_id=endpoint_id)
     if changes.branch_id is not None and changes.branch_id != endpoint.branch_id:
@@ -215,6 +222,10 @@ async def update(
         disabled=endpoint.disabled if changes.disabled is None else changes.disabled,
         updated_at=clock.now_us(),
     )
+    if high > endpoint.autoscaling_limit_max_cu and not updated.disabled:
+        await quotas.check_computes(
+            tx, account_id=project.account_id, settings=settings, resized=updated
+        )
     starts = []
     if updated.disabled and not endpoint.disabled:
         starts.append(_suspend_op(updated))
@@ -246,11 +257,12 @@ async def delete(
 
 
 async def start(
-    tx: Tx, *, account_id: str, project_id: str, endpoint_id: str
+    tx: Tx, *, account_id: str, project_id: str, endpoint_id: str, settings: Settings
 ) -> tuple[Endpoint, list[Operation]]:
     endpoint = await get(tx, account_id=account_id, project_id=project_id, endpoint_id=endpoint_id)
     if endpoint.disabled:
         raise Conflict("endpoint is disabled; enable it before starting it")
+    await quotas.check_computes(tx, account_id=account_id, settings=settings, starting=[endpoint])
     return await _transition(tx, endpoint, "active", [start_op(endpoint)])
 
 
@@ -262,11 +274,13 @@ async def suspend(
 
 
 async def restart(
-    tx: Tx, *, account_id: str, project_id: str, endpoint_id: str
+    tx: Tx, *, account_id: str, project_id: str, endpoint_id: str, settings: Settings
 ) -> tuple[Endpoint, list[Operation]]:
     endpoint = await get(tx, account_id=account_id, project_id=project_id, endpoint_id=endpoint_id)
     if endpoint.disabled:
         raise Conflict("endpoint is disabled; enable it before restarting it")
+    # A suspended compute restarted is a start: it counts against the quotas as one.
+    await quotas.check_computes(tx, account_id=account_id, settings=settings, starting=[endpoint])
     return await _transition(tx, endpoint, "active", [_suspend_op(endpoint), start_op(endpoint)])
 
 
@@ -279,9 +293,10 @@ async def _transition(
     return updated, ops
 
 
-async def wake(tx: Tx, *, endpoint_id: str) -> Operation:
+async def wake(tx: Tx, *, endpoint_id: str, settings: Settings) -> Operation:
     """The ``start_compute`` a connection waits for: the pending one if it is the endpoint's last
-    operation, else a new one (which a detached project's ``tenant_reattach`` precedes).
+    operation, else a new one (which a detached project's ``tenant_reattach`` precedes), unless
+    it would pass the account's quotas (LimitExceeded: nothing is queued).
 
     Not scoped to an account: the proxy knows only the endpoint (it has authenticated the role
     before asking).
@@ -305,6 +320,9 @@ async def wake(tx: Tx, *, endpoint_id: str) -> Operation:
         )
     if pending and pending[-1].action is Action.START_COMPUTE:
         return pending[-1]  # nothing after it can stop the compute again
+    await quotas.check_computes(
+        tx, account_id=project.account_id, settings=settings, starting=[endpoint]
+    )
     if endpoint.pending_state is None:
         await tx.update_endpoint(
             msgspec.structs.replace(endpoint, pending_state="active", updated_at=clock.now_us())

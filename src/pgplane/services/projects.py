@@ -16,7 +16,7 @@ from pgplane.config import Settings
 from pgplane.core import clock, ids
 from pgplane.core.models import Branch, Database, Endpoint, Operation, Project, Role
 from pgplane.core.operations import Action
-from pgplane.errors import BadRequest, LimitExceeded, Unavailable
+from pgplane.errors import BadRequest, Unavailable
 from pgplane.services import (
     access,
     compute_settings,
@@ -24,6 +24,7 @@ from pgplane.services import (
     names,
     operations,
     project_settings,
+    quotas,
 )
 from pgplane.store import Tx
 
@@ -32,6 +33,22 @@ MAX_LIMIT = 400
 MAX_HISTORY_RETENTION_SECONDS = 2_592_000
 DEFAULT_HISTORY_RETENTION_SECONDS = 86_400
 PROVISIONER = "k8s-pod"
+# Up to Postgres 15 a role with CREATEROLE may grant itself any role but a superuser, among them
+# pg_execute_server_program, whose COPY ... PROGRAM runs commands as the compute's OS user; 16
+# took that away (CREATEROLE grants only roles it holds with ADMIN OPTION).
+LAST_CREATEROLE_OS_MAJOR = 15
+CREATEROLE_OS_ACCESS = (
+    "Postgres 15 and older hand any role with CREATEROLE the OS user of its compute"
+    " (pg_execute_server_program)"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """Something a client should know of what it asked for, though it was done."""
+
+    code: str
+    message: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +83,7 @@ class CreatedProject:
     roles: list[Role]
     databases: list[Database]
     operations: list[Operation]
+    warnings: list[Notice] = field(default_factory=list)
 
 
 def _retention(value: int | None) -> int:
@@ -78,16 +96,46 @@ def _retention(value: int | None) -> int:
     return value
 
 
+def offered_pg_versions(settings: Settings) -> list[int]:
+    """The majors a new project may have: those installed, from the operator's minimum on."""
+    return sorted(v for v in settings.pg_versions if v >= settings.min_pg_version)
+
+
 def _pg_version(requested: int | None, settings: Settings) -> int:
-    available = settings.pg_versions
+    """The major of a new project (existing ones keep theirs, whatever the minimum says)."""
+    available = offered_pg_versions(settings)
     if not available:
-        raise Unavailable("no PostgreSQL binaries are available to this platform")
+        installed = ", ".join(str(v) for v in settings.pg_versions) or "none"
+        raise Unavailable(
+            f"no PostgreSQL version is offered for new projects: installed {installed}, the"
+            f" minimum is {settings.min_pg_version} (PGPLANE_MIN_PG_VERSION)"
+        )
+    offered = ", ".join(str(v) for v in available)
     if requested is None:
         return max(available)
+    if requested in settings.pg_versions and requested < settings.min_pg_version:
+        why = f": {CREATEROLE_OS_ACCESS}" if requested <= LAST_CREATEROLE_OS_MAJOR else ""
+        raise BadRequest(
+            f"pg_version {requested} is not offered for new projects here, only"
+            f" {settings.min_pg_version} and newer{why}; available: {offered}"
+        )
     if requested not in available:
-        offered = ", ".join(str(v) for v in available)
         raise BadRequest(f"pg_version {requested} is not available here; available: {offered}")
     return requested
+
+
+def version_warnings(pg_version: int) -> list[Notice]:
+    """What a new project of this major should be told: the OS user CREATEROLE reaches."""
+    if pg_version > LAST_CREATEROLE_OS_MAJOR:
+        return []
+    return [
+        Notice(
+            code="PG_VERSION_CREATEROLE_OS_ACCESS",
+            message=f"{CREATEROLE_OS_ACCESS}: a role of this project that has CREATEROLE can"
+            " run programs as its compute's operating-system user. Choose pg_version 16 or"
+            " newer unless the project needs this one.",
+        )
+    ]
 
 
 async def create(
@@ -104,9 +152,7 @@ async def create(
         raise BadRequest(
             f"region_id {spec.region_id!r} is not served here; use {settings.region_id!r}"
         )
-    quota = settings.projects_per_account
-    if quota and await tx.count_projects(account_id) >= quota:
-        raise LimitExceeded(f"the account has reached its limit of {quota} projects")
+    await quotas.check_projects(tx, account_id=account_id, settings=settings)
     database_name = names.database(spec.database_name or "neondb")
     role_name = names.role(spec.role_name or f"{database_name}_owner")
     endpoint_settings = dict(spec.default_endpoint_settings)
@@ -180,6 +226,7 @@ async def create(
         roles=[role],
         databases=[database],
         operations=ops,
+        warnings=version_warnings(project.pg_version),
     )
 
 

@@ -17,11 +17,12 @@ from dataclasses import dataclass
 import msgspec
 
 from pgplane.compute.driver import HistoryBounds, Point
+from pgplane.config import Settings
 from pgplane.core import clock, ids
 from pgplane.core.models import Branch, Operation, Role
 from pgplane.core.operations import Action
 from pgplane.errors import BadRequest
-from pgplane.services import access, history, names, operations
+from pgplane.services import access, history, names, operations, quotas
 from pgplane.store import Tx
 
 
@@ -48,6 +49,7 @@ async def restore(
     project_id: str,
     branch_id: str,
     spec: RestoreSpec,
+    settings: Settings,
     bounds: HistoryBounds | None = None,
 ) -> tuple[Branch, list[Operation]]:
     """``bounds``: what the source's history holds (looked up beforehand, for a point)."""
@@ -73,6 +75,8 @@ async def restore(
     now = clock.now_us()
     keeper = None
     if spec.preserve_under_name:
+        # The branch that keeps the old state is a new branch of the project: it counts.
+        await quotas.check_branches(tx, project_id=project.id, settings=settings)
         keeper = await _preserve(tx, branch, names.branch(spec.preserve_under_name), now)
         for child in children:
             await tx.update_branch(

@@ -9,6 +9,10 @@ Atomicity:
 - Everything done through one ``Tx`` from :meth:`Store.write` commits together or not at all.
   Services never commit: the caller that opened the transaction owns it, so "project + branch +
   endpoint + roles + operations" is one atomic change.
+- Write transactions are serializable: one sees every write committed before it began, and
+  none commits a decision made on counts another changed meanwhile. Quotas rely on it
+  (services/quotas.py counts, then writes); SQLite runs one writer at a time, a PostgreSQL
+  backend would take SERIALIZABLE or lock the account's row.
 - ``Tx`` from :meth:`Store.read` sees committed data only; each call is atomic on its own, but
   two calls may see different snapshots. Read-modify-write belongs in :meth:`Store.write`.
 - Unique names are enforced by the store, not by a read-then-insert in a service: inserting a
@@ -31,90 +35,16 @@ import abc
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 
-from pgplane.core.models import (
-    Account,
-    ApiKey,
-    Branch,
-    ConsoleSession,
-    Database,
-    Endpoint,
-    Operation,
-    Project,
-    Role,
-    SignupToken,
-)
+from pgplane.core.models import Branch, Database, Endpoint, Operation, Project, Role
 from pgplane.core.operations import Action
+from pgplane.store.accounts import AccountsTx
 
 
-class Tx(abc.ABC):
-    """One unit of work against the store. Methods never commit."""
+class Tx(AccountsTx):
+    """One unit of work against the store. Methods never commit.
 
-    # -- accounts -------------------------------------------------------------------------------
-
-    @abc.abstractmethod
-    async def get_account(self, account_id: str) -> Account | None: ...
-
-    @abc.abstractmethod
-    async def get_account_by_email(self, email: str) -> Account | None: ...
-
-    @abc.abstractmethod
-    async def insert_account(self, account: Account) -> None:
-        """Insert; a duplicate email raises Conflict."""
-
-    # -- API keys -------------------------------------------------------------------------------
-
-    @abc.abstractmethod
-    async def insert_api_key(
-        self, *, account_id: str, name: str, digest: str, created_at: int, created_by: str
-    ) -> ApiKey:
-        """Insert a key; the store assigns its integer id."""
-
-    @abc.abstractmethod
-    async def get_api_key_by_digest(self, digest: str) -> ApiKey | None:
-        """The key with this digest, revoked or not (the caller decides)."""
-
-    @abc.abstractmethod
-    async def list_api_keys(self, account_id: str) -> list[ApiKey]:
-        """The account's keys that are not revoked, newest first."""
-
-    @abc.abstractmethod
-    async def revoke_api_key(self, *, account_id: str, key_id: int, now: int) -> ApiKey | None:
-        """Revoke atomically; None if no such unrevoked key belongs to the account."""
-
-    @abc.abstractmethod
-    async def record_api_key_use(self, uses: Sequence[tuple[int, int, str]]) -> None:
-        """Record ``(key_id, used_at, address)`` for each key, keeping the latest use."""
-
-    # -- the console's sign-in ------------------------------------------------------------------
-
-    @abc.abstractmethod
-    async def get_password_hash(self, account_id: str) -> str | None:
-        """The account's password hash; None if it has none (keys only, from the CLI)."""
-
-    @abc.abstractmethod
-    async def set_password_hash(self, *, account_id: str, password_hash: str) -> None: ...
-
-    @abc.abstractmethod
-    async def count_accounts_with_password(self) -> int: ...
-
-    @abc.abstractmethod
-    async def insert_console_session(self, session: ConsoleSession) -> None: ...
-
-    @abc.abstractmethod
-    async def get_console_session(self, digest: str, *, now: int) -> ConsoleSession | None:
-        """The session with this digest unless it has expired."""
-
-    @abc.abstractmethod
-    async def delete_console_sessions(self, *, account_id: str, digest: str | None = None) -> None:
-        """End one session of the account (``digest``), or all of them (None)."""
-
-    @abc.abstractmethod
-    async def insert_signup_token(self, token: SignupToken) -> None: ...
-
-    @abc.abstractmethod
-    async def use_signup_token(self, digest: str, *, now: int) -> SignupToken | None:
-        """Mark the token used and return it, if it exists, is unused and has not expired;
-        else None. Atomic: of two uses of one token, one gets it."""
+    The account side (accounts, API keys, the console's sign-in) is :class:`AccountsTx`.
+    """
 
     # -- projects -------------------------------------------------------------------------------
 
@@ -209,6 +139,15 @@ class Tx(abc.ABC):
     @abc.abstractmethod
     async def list_live_endpoints(self) -> list[Endpoint]:
         """Every live endpoint of every live project (for the scheduler)."""
+
+    @abc.abstractmethod
+    async def list_running_endpoints(self, account_id: str) -> list[Endpoint]:
+        """The account's computes that run or are due to, for its quotas: live, enabled endpoints
+        of its live projects that are ``active`` with nothing pending, pending ``active``, or
+        have a ``start_compute`` not yet settled (a start queued behind a suspend).
+
+        Read in the transaction that starts another, so two concurrent starts see each other.
+        """
 
     @abc.abstractmethod
     async def record_endpoint_activity(self, activity: Sequence[tuple[str, int]]) -> None:

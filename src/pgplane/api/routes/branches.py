@@ -106,7 +106,7 @@ class Branches(Controller):
     @post(
         status_code=201,
         operation_id="createProjectBranch",
-        responses=error_responses(409, 422, body=True),  # 422: the project's branch quota
+        responses=error_responses(409, 422, body=True),  # 422: the branch and compute quotas
         operation_class=OptionalBody,  # no body: a branch of the default branch, no compute
     )
     async def create(
@@ -209,7 +209,7 @@ class Branches(Controller):
         "/{branch_id:str}/restore",
         status_code=200,
         operation_id="restoreProjectBranch",
-        responses=error_responses(409, body=True),
+        responses=error_responses(409, 422, body=True),  # 422: preserve_under_name's branch
     )
     async def restore(
         self,
@@ -251,6 +251,7 @@ class Branches(Controller):
                 project_id=project_id,
                 branch_id=branch_id,
                 spec=spec,
+                settings=ctx.settings,
                 bounds=bounds,
             )
         ctx.notify()

@@ -35,13 +35,20 @@ EndpointAction = Callable[..., Awaitable[tuple[Endpoint, list[Operation]]]]
 
 
 async def _act(
-    request: AnyRequest, project_id: str, endpoint_id: str, action: EndpointAction
+    request: AnyRequest,
+    project_id: str,
+    endpoint_id: str,
+    action: EndpointAction,
+    *,
+    starts: bool = False,
 ) -> EndpointOperations:
-    """Delete, start, suspend or restart: one service call in a write transaction."""
+    """Delete, start, suspend or restart: one service call in a write transaction. An action
+    that ``starts`` a compute gets the settings holding the account's quotas."""
     ctx = authorized(request)
+    quota = {"settings": ctx.settings} if starts else {}
     async with ctx.store.write() as tx:
         endpoint, ops = await action(
-            tx, account_id=ctx.account_id, project_id=project_id, endpoint_id=endpoint_id
+            tx, account_id=ctx.account_id, project_id=project_id, endpoint_id=endpoint_id, **quota
         )
     return _answer(ctx, endpoint, ops)
 
@@ -60,7 +67,7 @@ class Endpoints(Controller):
     @post(
         status_code=201,
         operation_id="createProjectEndpoint",
-        responses=error_responses(409, body=True),
+        responses=error_responses(409, 422, body=True),  # 422: the account's compute quotas
     )
     async def create(
         self, request: AnyRequest, project_id: FromPath[str], data: JSONBody[EndpointCreateRequest]
@@ -104,7 +111,7 @@ class Endpoints(Controller):
     @patch(
         "/{endpoint_id:str}",
         operation_id="updateProjectEndpoint",
-        responses=error_responses(body=True),
+        responses=error_responses(422, body=True),  # 422: a running compute grown past them
     )
     async def update(
         self,
@@ -131,6 +138,7 @@ class Endpoints(Controller):
                 project_id=project_id,
                 endpoint_id=endpoint_id,
                 changes=changes,
+                settings=ctx.settings,
                 check_settings=ctx.check_settings,
             )
         return _answer(ctx, endpoint, ops)
@@ -150,12 +158,12 @@ class Endpoints(Controller):
         "/{endpoint_id:str}/start",
         status_code=200,
         operation_id="startProjectEndpoint",
-        responses=error_responses(409),  # a disabled endpoint
+        responses=error_responses(409, 422),  # a disabled endpoint; the account's quotas
     )
     async def start(
         self, request: AnyRequest, project_id: FromPath[str], endpoint_id: FromPath[str]
     ) -> EndpointOperations:
-        return await _act(request, project_id, endpoint_id, endpoints.start)
+        return await _act(request, project_id, endpoint_id, endpoints.start, starts=True)
 
     @post(
         "/{endpoint_id:str}/suspend",
@@ -172,9 +180,9 @@ class Endpoints(Controller):
         "/{endpoint_id:str}/restart",
         status_code=200,
         operation_id="restartProjectEndpoint",
-        responses=error_responses(409),  # a disabled endpoint
+        responses=error_responses(409, 422),  # a disabled endpoint; the account's quotas
     )
     async def restart(
         self, request: AnyRequest, project_id: FromPath[str], endpoint_id: FromPath[str]
     ) -> EndpointOperations:
-        return await _act(request, project_id, endpoint_id, endpoints.restart)
+        return await _act(request, project_id, endpoint_id, endpoints.restart, starts=True)

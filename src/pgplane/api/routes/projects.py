@@ -16,6 +16,7 @@ from pgplane.api.schemas import (
     ProjectResponse,
     ProjectsPage,
     ProjectUpdateRequest,
+    ProjectWarning,
     to_builtins,
 )
 from pgplane.services import projects
@@ -65,7 +66,11 @@ class Projects(Controller):
     async def create(
         self, request: AnyRequest, data: JSONBody[ProjectCreateRequest]
     ) -> ProjectCreated:
-        """Create a project with its default branch, compute, role and database."""
+        """Create a project with its default branch, compute, role and database.
+
+        Postgres 15 and older come with ``warnings`` (CREATEROLE reaches the compute's OS user);
+        an operator may offer only newer majors (``PGPLANE_MIN_PG_VERSION``): a 400 naming
+        ``pg_version``."""
         ctx = authorized(request)
         store, settings = ctx.store, ctx.settings
         req = data.project
@@ -114,6 +119,8 @@ class Projects(Controller):
             operations=presenters.operations(created.operations),
             branch=presenters.branch(created.branch),
             endpoints=[presenters.endpoint(created.endpoint, settings)],
+            warnings=[ProjectWarning(code=w.code, message=w.message) for w in created.warnings]
+            or None,
         )
 
     @get("/{project_id:str}", operation_id="getProject", responses=error_responses())

@@ -93,6 +93,7 @@ from pgplane.api.schemas.projects import (
     ProjectsPage,
     ProjectUpdateRequest,
     ProjectUpdateSpec,
+    ProjectWarning,
     to_builtins,
 )
 from pgplane.api.schemas.roles import (
@@ -184,6 +185,7 @@ __all__ = [
     "ProjectResponse",
     "ProjectUpdateRequest",
     "ProjectUpdateSpec",
+    "ProjectWarning",
     "ProjectsPage",
     "Region",
     "Regions",

@@ -90,7 +90,12 @@ class ProjectOperations(Struct, kw_only=True):
     operations: list[OperationOut]
 
 
-class ProjectCreated(Struct, kw_only=True):
+class ProjectWarning(Struct, kw_only=True):
+    code: str
+    message: str
+
+
+class ProjectCreated(Struct, kw_only=True, omit_defaults=True):
     project: ProjectOut
     connection_uris: list[ConnectionDetails]
     roles: list[RoleOut]
@@ -98,6 +103,10 @@ class ProjectCreated(Struct, kw_only=True):
     operations: list[OperationOut]
     branch: BranchOut
     endpoints: list[EndpointOut]
+    # Not Neon's: what the project should know of what it got (an old Postgres major's risk).
+    # Absent when there is nothing to say; clients that do not know it ignore an extra field
+    # (pydantic, Go's encoding/json, neonctl's reads by name).
+    warnings: list[ProjectWarning] | None = None
 
 
 # -- project requests -------------------------------------------------------------------------

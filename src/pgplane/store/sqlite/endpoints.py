@@ -108,6 +108,21 @@ class EndpointsMixin(Statements):
         ).fetchall()
         return [_endpoint(r) for r in rows]
 
+    async def list_running_endpoints(self, account_id: str) -> list[Endpoint]:
+        rows = self._c.execute(
+            f"SELECT {_ENDPOINT_COLUMNS} FROM endpoints WHERE deleted_at IS NULL AND disabled = 0"
+            " AND project_id IN (SELECT id FROM projects WHERE account_id = ?"
+            "                    AND deleted_at IS NULL)"
+            " AND (pending_state = 'active'"
+            "      OR (current_state = 'active' AND pending_state IS NULL)"
+            "      OR EXISTS (SELECT 1 FROM operations o WHERE o.project_id = endpoints.project_id"
+            "                 AND o.status IN ('scheduling', 'running')"
+            "                 AND o.endpoint_id = endpoints.id AND o.action = 'start_compute'))"
+            " ORDER BY created_at, id",
+            (account_id,),
+        ).fetchall()
+        return [_endpoint(r) for r in rows]
+
     async def record_endpoint_activity(self, activity: Sequence[tuple[str, int]]) -> None:
         self._c.executemany(
             "UPDATE endpoints SET last_active = MAX(COALESCE(last_active, 0), ?) WHERE id = ?",
