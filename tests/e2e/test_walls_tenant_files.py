@@ -11,6 +11,7 @@ platform acts on A alone or refuses, and ``/livez`` and B's API and queries answ
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ import pytest
 
 from pgplane.compute.local.layout import Layout
 from tests.e2e.test_walls_os import Project, allowed, make_superuser, run_program
-from tests.support import Api, Server, running_server
+from tests.support import Api, Server, running_server, wait_for
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="one OS user per project needs root (as anyone else, none exists)"
@@ -178,26 +179,41 @@ def test_a_socket_made_a_link_to_another_accounts_reaches_nothing(
     api.http.delete(f"/projects/{a.id}")
 
 
-def test_fifos_as_pg_version_and_archived_wal_freeze_nothing(
+def test_a_fifo_or_a_link_as_pg_version_freezes_nothing(
     api: Api, server: Server, victim: tuple[Api, Project]
 ) -> None:
+    """The keeper reads each branch's PG_VERSION every second: opened without O_NONBLOCK, a
+    FIFO there held the event loop (the API, the proxy, /livez) until a writer came."""
     b_api, b = victim
-    a = Project(server, api.create_ready_project(name="fifos"))
+    a = Project(server, api.create_ready_project(name="fifo-version"))
     make_superuser(a)
-    wal = a.pgdata.parent / "wal"
-    # A FIFO among the archived segments (hashed by the keeper), then as PG_VERSION (read by
-    # the keeper every second): opening either without O_NONBLOCK blocks until a writer comes.
-    allowed(a, f"mkfifo {wal}/000000010000000000000099")
-    _keeps_answering(server, b_api, b, seconds=4)
     pg_version = f"{a.pgdata}/PG_VERSION"
     allowed(a, f"mv {pg_version} {pg_version}.real && mkfifo {pg_version}")
     _keeps_answering(server, b_api, b, seconds=4)
-    # B's branches are still made (its copies are not stuck behind A's FIFOs).
-    b_api.settled(
-        b.id, b_api.http.post(f"/projects/{b.id}/branches", json={"branch": {"name": "after"}})
-    )
-    # A link as PG_VERSION to another account's file leads nowhere either.
-    allowed(a, f"rm {a.pgdata}/PG_VERSION && ln -s {b.pgdata}/PG_VERSION {a.pgdata}/PG_VERSION")
-    time.sleep(2)
+    # A link to another account's file leads nowhere either.
+    allowed(a, f"rm {pg_version} && ln -s {b.pgdata}/PG_VERSION {pg_version}")
+    _keeps_answering(server, b_api, b, seconds=2)
+    api.http.delete(f"/projects/{a.id}")
+
+
+def test_a_fifo_in_the_archive_stalls_no_other_history(
+    api: Api, server: Server, victim: tuple[Api, Project]
+) -> None:
+    """The keeper hashes each archived segment: opened plainly, a FIFO among A's held the
+    keeper (and a thread) for good, and no other account's history was kept any more."""
+    b_api, b = victim
+    a = Project(server, api.create_ready_project(name="fifo-wal"))
+    make_superuser(a)
+    allowed(a, f"mkfifo {a.pgdata.parent}/wal/000000010000000000000099")
+    time.sleep(2.5)  # the keeper has met it
     _answers_quickly(server, b_api, b)
+    ((segment,),) = b.query("SELECT pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn())")
+    b_api.suspend(b.id, b.endpoint_id)  # archives B's current segment
+    sums = b.pgdata.parent / "base" / "wal.json"
+    wait_for(
+        "B's newest segment catalogued",
+        lambda: sums.is_file() and segment in json.loads(sums.read_bytes()),
+        timeout=30,
+        server=server,
+    )
     api.http.delete(f"/projects/{a.id}")
