@@ -62,6 +62,9 @@ class Settings:
     # much WAL a branch archives before its next base state (or its data's size, if more).
     history_seconds: float = 60.0
     history_base_bytes: int = 1 << 30
+    # As root: each compute in a sandbox (bubblewrap) and a cgroup of its size. Off only to
+    # compare (bench/wake.py) or where the kernel refuses namespaces; the log says which.
+    walls: bool = True
 
     # Operations engine.
     workers: int = 4
@@ -187,6 +190,11 @@ def settings_from_env(**overrides: object) -> Settings:
     if ports:  # "low-high": two platforms on one machine need ranges of their own
         low, _, high = ports.partition("-")
         env["compute_ports"] = (int(low), int(high))
+    walls = os.environ.get("PGPLANE_WALLS")
+    if walls:
+        if walls not in ("on", "off"):
+            raise ValueError(f"PGPLANE_WALLS={walls!r}: expected on or off")
+        env["walls"] = walls == "on"
     bins = os.environ.get("PGPLANE_PG_BIN_DIRS")
     if bins:
         env["pg_bin_dirs"] = tuple(Path(p) for p in bins.split(os.pathsep) if p)

@@ -152,6 +152,7 @@ async def serve(settings: Settings) -> None:
             listen_host=settings.compute_host,
             disk_reserve_bytes=settings.disk_reserve_bytes,
             history_base_bytes=settings.history_base_bytes,
+            walls=settings.walls,
         )
     )
     settings = dataclasses.replace(settings, pg_versions=tuple(driver.pg_versions()))

@@ -26,7 +26,9 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 async def driver(data_dir: Path) -> AsyncIterator[LocalComputeDriver]:
-    drv = LocalComputeDriver(LocalDriverConfig(data_dir=data_dir))
+    # No sandbox: these tests reach computes over TCP with SCRAM, which a sandboxed compute (its
+    # network its own) does not offer; the walls are the e2e tenant-walls suites' (as root).
+    drv = LocalComputeDriver(LocalDriverConfig(data_dir=data_dir, walls=False))
     yield drv
     await drv.close()
 

@@ -242,7 +242,7 @@ async def test_a_restarted_platform_adopts_running_computes(
     pid_file = read_pid_file(driver.pgdata("proj-adopt", "br-main"))
     assert pid_file is not None
 
-    restarted = LocalComputeDriver(LocalDriverConfig(data_dir=data_dir))
+    restarted = LocalComputeDriver(LocalDriverConfig(data_dir=data_dir, walls=False))
     ids = {"project_id": "proj-adopt", "branch_id": "br-main", "endpoint_id": "ep-adopt"}
     assert await restarted.is_compute_running(**ids)
     await restarted.start_compute(compute)  # converges on the running one

@@ -68,7 +68,9 @@ async def test_bundled_postgres_runs_the_whole_cycle(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     data_dir = tmp_path_factory.mktemp("bundled-only")
-    driver = LocalComputeDriver(LocalDriverConfig(data_dir=data_dir, bundled_only=True))
+    driver = LocalComputeDriver(
+        LocalDriverConfig(data_dir=data_dir, bundled_only=True, walls=False)
+    )
     bundled = wheel_bin_dir()
     assert bundled is not None
     assert driver.installation(driver.pg_versions()[-1]).bin_dir == bundled.resolve()
@@ -85,7 +87,7 @@ async def test_a_new_minor_of_the_wheel_rebuilds_the_template_and_keeps_the_data
     # `pip install -U` puts the wheel's next minor where the last one was: the template built by
     # the old binaries is built again by the new ones, and data made before starts on them.
     data_dir = tmp_path_factory.mktemp("next-minor")
-    config = LocalDriverConfig(data_dir=data_dir, bundled_only=True)
+    config = LocalDriverConfig(data_dir=data_dir, bundled_only=True, walls=False)
     driver = LocalComputeDriver(config)
     major = driver.pg_versions()[-1]
     try:
@@ -141,7 +143,9 @@ async def test_binaries_out_of_the_compute_users_reach_are_copied(
     hidden_bin = package / "pginstall" / "bin"
 
     data_dir = tmp_path_factory.mktemp("relocated")
-    driver = LocalComputeDriver(LocalDriverConfig(data_dir=data_dir, pg_bin_dirs=[hidden_bin]))
+    driver = LocalComputeDriver(
+        LocalDriverConfig(data_dir=data_dir, pg_bin_dirs=[hidden_bin], walls=False)
+    )
     major = driver.pg_versions()[-1]
     assert driver.installation(major).bin_dir == hidden_bin
     try:

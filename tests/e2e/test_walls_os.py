@@ -27,6 +27,7 @@ from psycopg import sql
 
 from pgplane.compute.local.layout import Layout
 from pgplane.compute.local.postgres.pidfile import command_line
+from pgplane.compute.local.postgres.records import Records
 from pgplane.compute.local.tenants.users import project_user_name
 from tests.support import Api, Server, running_server
 
@@ -48,6 +49,9 @@ def api(server: Server) -> Iterator[Api]:
         yield client
 
 
+HIDDEN = "Permission denied|No such file"  # walled off, or not there at all in the sandbox
+
+
 class Project:
     """A ready project as the test sees it from outside: ids, URI, paths, its postmaster."""
 
@@ -61,11 +65,16 @@ class Project:
         self.socket_dir = layout.socket_dir(self.endpoint_id)
         self.log = layout.log_path(self.endpoint_id)
         self.user = project_user_name(self.id)
+        self.records = layout.postmaster_records
 
     def postmaster(self) -> tuple[int, int]:
-        """(pid, port) from its pid file."""
-        lines = (self.pgdata / "postmaster.pid").read_text().splitlines()
-        return int(lines[0]), int(lines[3])
+        """(pid, port) of its postmaster as the platform recorded them (the pid file is the
+        tenant's, and in its sandbox names the postmaster as pid 2 of its own namespace)."""
+        record = Records(self.records).get(self.pgdata)
+        assert record is not None
+        pid = record.postmaster()
+        assert pid is not None
+        return pid, record.port
 
     def query(self, statement: str) -> list[tuple[Any, ...]]:
         with psycopg.connect(self.uri, connect_timeout=30, autocommit=True) as conn:
@@ -139,12 +148,13 @@ def test_a_superuser_tenant_reaches_nothing_of_another_project_as_root(
     assert uid == pwd.getpwnam(a.user).pw_uid != pwd.getpwnam(b.user).pw_uid
     assert uid not in (0, pwd.getpwnam("pgplane").pw_uid)
 
-    # B's data directory and its postmaster.pid: neither by program nor by pg_read_file.
+    # B's data directory and its postmaster.pid: neither by program nor by pg_read_file (not
+    # even there, in A's sandbox: only A's branch, socket and Postgres are).
     allowed(a, f"cat {a.pgdata}/PG_VERSION {a.pgdata}/postmaster.pid")
     assert read_file(a, a.pgdata / "PG_VERSION").strip().isdigit()
     for path in (b.pgdata / "PG_VERSION", b.pgdata / "postmaster.pid", b.pgdata / "global"):
-        assert "Permission denied" in refused(a, f"cat {path}") + refused(a, f"ls {path}")
-        with pytest.raises(psycopg.Error, match="Permission denied"):
+        assert "No such file" in refused(a, f"cat {path}") + refused(a, f"ls {path}")
+        with pytest.raises(psycopg.Error, match=HIDDEN):
             read_file(a, path)
     refused(a, f"ls {b.dir}")
 
@@ -160,12 +170,14 @@ def test_a_superuser_tenant_reaches_nothing_of_another_project_as_root(
     out = refused(
         a, f"{psql} -h {b.socket_dir} -p {b_port} -U cloud_admin -d postgres -c 'select 1'"
     )
-    assert "Permission denied" in out
+    assert "No such file" in out
 
-    # B's processes cannot be signalled, not even probed.
-    a_pid, _ = a.postmaster()
-    allowed(a, f"kill -0 {a_pid}")
-    assert "not permitted" in refused(a, f"kill -0 {b_pid}")
+    # B's processes cannot be signalled, not even probed, nor seen: A's PID namespace holds
+    # its own processes alone, its postmaster pid 2 under the sandbox's pid 1.
+    allowed(a, "kill -0 2")
+    assert "No such process" in refused(a, f"kill -0 {b_pid}")
+    seen = allowed(a, "ls /proc | grep -E '^[0-9]+$'").split()
+    assert b_pid not in map(int, seen) and len(seen) < 50, seen
 
     # The store (with the WAL), the logs, the platform's records and keys.
     secrets = [data / "pgplane.db", data / "pgplane.db-wal", b.log, a.log, server.log_path]
@@ -173,7 +185,7 @@ def test_a_superuser_tenant_reaches_nothing_of_another_project_as_root(
     for path in secrets:
         assert path.exists(), path
         refused(a, f"cat {path}")
-        with pytest.raises(psycopg.Error, match="Permission denied"):
+        with pytest.raises(psycopg.Error, match=HIDDEN):
             read_file(a, path)
     for directory in (data, data / "logs", data / "projects", data / "run", data / "spare"):
         refused(a, f"ls {directory}")

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -22,7 +24,7 @@ import psycopg
 import pytest
 
 from pgplane.compute.local.layout import Layout
-from tests.e2e.test_walls_os import Project, allowed, make_superuser, run_program
+from tests.e2e.test_walls_os import Project, allowed, make_superuser, refused
 from tests.support import Api, Server, running_server, wait_for
 
 pytestmark = pytest.mark.skipif(
@@ -54,6 +56,13 @@ def victim(server: Server) -> Iterator[tuple[Api, Project]]:
         b = Project(server, client.create_ready_project(name="victim"))
         b.query("CREATE TABLE b_secret (v text); INSERT INTO b_secret VALUES ('b only')")
         yield client, b
+
+
+def as_os_user(project: Project, command: str) -> None:
+    """Run a shell command as the project's OS user, on the host, outside any sandbox."""
+    user = pwd.getpwnam(project.user)
+    argv = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups"]
+    subprocess.run([*argv, "sh", "-c", command], check=True, cwd="/", timeout=30)
 
 
 def _branch_without_compute(api: Api, project_id: str, name: str) -> dict[str, Any]:
@@ -96,26 +105,21 @@ def test_a_forged_pid_file_never_points_the_platform_at_another_account(
     b_roles = _b_roles(b)
     _, b_port = b.postmaster()
 
-    # A live process named postgres working in the branch's data directory, and a pid file
-    # naming it with B's port and socket directory (both seen by any tenant in ps).
+    # From its compute's sandbox the tenant sees only the branch that compute serves.
+    assert "No such file" in refused(a, f"ls {pgdata}")
+    # As its OS user outside it (a tenant who got past the sandbox too): a live process named
+    # postgres working in the branch's data directory, and a pid file naming it with B's port
+    # and socket directory (both once seen by any tenant in ps).
     fake = f"/tmp/pgplane-fake-{a.id}"
-    allowed(a, f"mkdir -p {fake} && cp /bin/sleep {fake}/postgres")
-    allowed(a, f"cd {pgdata} && (setsid {fake}/postgres 600 >/dev/null 2>&1 &)")
-    rc, pids = run_program(a, f"pgrep -f '{fake}/postgres 600'")
-    assert rc == 0, pids
-    fake_pid = pids.split()[0]
-    lines = [
-        fake_pid,
-        str(pgdata),
-        "1700000000",
-        str(b_port),
-        str(b.socket_dir),
-        "*",
-        "1 1",
-        "ready",
-    ]
-    text = "\\n".join(lines)
-    allowed(a, f"printf '{text}\\n' > {pgdata}/postmaster.pid")
+    as_os_user(a, f"mkdir -p {fake} && cp /bin/sleep {fake}/postgres")
+    as_os_user(a, f"cd {pgdata} && (setsid {fake}/postgres 600 >/dev/null 2>&1 &)")
+    found = subprocess.run(
+        ["pgrep", "-f", f"{fake}/postgres 600"], capture_output=True, text=True, check=True
+    )
+    fake_pid = found.stdout.split()[0]
+    fields = [fake_pid, str(pgdata), "1700000000", str(b_port), str(b.socket_dir), "*", "1 1"]
+    text = "\\n".join([*fields, "ready"])
+    as_os_user(a, f"printf '{text}\\n' > {pgdata}/postmaster.pid")
 
     # The API then acts on A's branch: a role added (apply_config), a database made and
     # dropped; branch copies of it; finally the branch deleted.

@@ -24,5 +24,7 @@ class LocalDriverConfig:
     # A branch's next base state is taken once this much WAL (or its data's size, if more)
     # was archived since its last one.
     history_base_bytes: int = 1 << 30
+    # As root: computes sandboxed and in cgroups, where the machine allows (tenants/walls.py).
+    walls: bool = True
     # Only the bundled wheel's binaries (tests prove the bundled Postgres works on its own).
     bundled_only: bool = False

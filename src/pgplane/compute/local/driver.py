@@ -52,6 +52,7 @@ from pgplane.compute.local.postgres.verifiers import read_verifiers
 from pgplane.compute.local.tenants.projects import Tenants, ids
 from pgplane.compute.local.tenants.user import RunAs, open_traversal
 from pgplane.compute.local.tenants.users import ComputeUsers
+from pgplane.compute.local.tenants.walls import Walls
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,8 @@ class LocalComputeDriver:
     def __init__(self, config: LocalDriverConfig) -> None:
         self._config = config
         self.layout = Layout(config.data_dir.resolve())
-        self._postmasters = Postmasters(self.layout.postmaster_records)
+        walls = Walls.find(self.layout.sandbox_etc, [self.layout.hba_file], enabled=config.walls)
+        self._postmasters = Postmasters(self.layout.postmaster_records, walls)
         self._locks: defaultdict[tuple[object, ...], asyncio.Lock] = defaultdict(asyncio.Lock)
         self.users = ComputeUsers(config.compute_user)
         self._installs = Installs(

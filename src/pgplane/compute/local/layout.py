@@ -96,6 +96,11 @@ class Layout:
         return self.data_dir / "postmasters"
 
     @property
+    def sandbox_etc(self) -> Path:
+        """Root's: the ``/etc/passwd`` and ``/etc/group`` each compute user's sandbox sees."""
+        return self.data_dir / "sandbox"
+
+    @property
     def spares(self) -> Path:
         return self.data_dir / "spare"
 

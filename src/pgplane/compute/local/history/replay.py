@@ -114,6 +114,7 @@ async def replay(
                 run_as=run_as,
                 log_path=log_path,
                 spawned="rebuild:replaying",
+                readable=[source.wal],  # its restore_command's archive (another branch's, say)
                 ready_timeout=_REPLAY_TIMEOUT,  # it answers once promoted
             )
             await _wait_promoted(socket_dir, postmasters, tmp)

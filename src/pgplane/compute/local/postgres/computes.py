@@ -39,6 +39,7 @@ from pgplane.compute.local.postgres.postmaster import (
 )
 from pgplane.compute.local.postgres.records import Running, is_alive
 from pgplane.compute.local.postgres.sizing import compute_settings
+from pgplane.compute.local.tenants.cgroups import Limits
 from pgplane.compute.local.tenants.projects import Tenants, ids
 from pgplane.compute.local.tenants.user import RunAs
 from pgplane.core import ports
@@ -154,7 +155,8 @@ class Computes:
             pgdata,
             port=spec.port,
             socket_dir=socket_dir,
-            listen=self._listen_host,
+            # In a sandbox of its own the network is its own: only its unix socket is reached.
+            listen="" if self._postmasters.walls.sandboxed(run_as) else self._listen_host,
             settings=settings,
             hba_file=self.layout.hba_file,
         )
@@ -210,6 +212,7 @@ class Computes:
             log_path=log_path,
             spawned="start_compute:spawned",
             endpoint_id=spec.endpoint_id,
+            limits=_limits(spec, argv),
         )
 
     def running_computes(self) -> list[RunningCompute]:
@@ -241,3 +244,14 @@ def _serves(current: Running, argv: Sequence[str], port: int, socket_dir: Path) 
     if current.port != port or current.socket_dir != socket_dir:
         return False
     return list(current.argv[1:]) == list(argv[1:])
+
+
+def _limits(spec: ComputeSpec, argv: Sequence[str]) -> Limits:
+    """The cgroup of an endpoint of ``autoscaling_limit_max_cu``, with room for the
+    connections its command line allows (the size's, or the endpoint's own setting)."""
+    connections = 0
+    for arg in argv:
+        name, _, value = arg.partition("=")
+        if name.lower() == "max_connections" and value.isdigit():
+            connections = int(value)
+    return Limits.for_size(spec.autoscaling_limit_max_cu, connections)

@@ -25,9 +25,17 @@ from pgplane import failpoints
 from pgplane.compute.driver import ComputeError, InvalidSettings
 from pgplane.compute.local.postgres.binaries import PgInstall
 from pgplane.compute.local.postgres.pidfile import alive, processes_in, read_pid_file
-from pgplane.compute.local.postgres.records import Records, Running, is_alive, start_time
+from pgplane.compute.local.postgres.records import (
+    Records,
+    Running,
+    children_of,
+    is_alive,
+    start_time,
+)
 from pgplane.compute.local.postgres.sessions import admin_conninfo
+from pgplane.compute.local.tenants.cgroups import Limits
 from pgplane.compute.local.tenants.user import C_LOCALE, RunAs, postgres_env
+from pgplane.compute.local.tenants.walls import Walls, cgroup_name
 
 log = logging.getLogger(__name__)
 
@@ -149,9 +157,10 @@ class Postmasters:
     """The postmasters of this driver, keyed by data directory, known by the platform's own
     records (:mod:`.records`), never by the tenant's ``postmaster.pid``."""
 
-    def __init__(self, records: Path) -> None:
+    def __init__(self, records: Path, walls: Walls | None = None) -> None:
         self._children: dict[Path, _Child] = {}
         self._records = Records(records)
+        self.walls = walls or Walls.none()
 
     def running(self, pgdata: Path) -> Running | None:
         """The live postmaster the platform started on ``pgdata``, or None."""
@@ -181,12 +190,16 @@ class Postmasters:
         spawned: str | None = None,
         ready_timeout: float = READY_TIMEOUT,
         endpoint_id: str | None = None,
+        readable: Sequence[Path] = (),
+        limits: Limits | None = None,
     ) -> None:
         """Spawn the postmaster, record it, and return once it accepts a real client startup.
 
         ``spawned``: the failpoint reached once the process exists, before it is ready.
         ``ready_timeout``: how long it may take (a recovery replays WAL first).
         ``endpoint_id``: the endpoint it serves (None for the platform's own postmasters).
+        ``readable``: more than the data, socket and installation the sandbox lets it read.
+        ``limits``: its cgroup's (an endpoint's size); None runs it in none (platform work).
         """
         env = postgres_env()
         stale = read_pid_file(pgdata)
@@ -197,19 +210,34 @@ class Postmasters:
             # the file (unlink races): it may now belong to another process of the same user.
             env["PG_GRANDPARENT_PID"] = str(stale.pid)
             await self._end_leftovers(pgdata, run_as)
-        child = await asyncio.to_thread(_spawn, argv, run_as, log_path, env)
+        cgroup = cgroup_name(pgdata) if limits is not None and self.walls.cgroups else None
+        if cgroup is not None and limits is not None:
+            # What a compute that died left in its cgroup ends before the next one starts.
+            await asyncio.to_thread(self.walls.end_cgroup, cgroup)
+            await asyncio.to_thread(self.walls.create_cgroup, cgroup, limits)
+        walled, switches = self.walls.wrap(
+            argv,
+            run_as=run_as,
+            pgdata=pgdata,
+            socket_dir=socket_dir,
+            readable=readable,
+            cgroup=cgroup,
+        )
+        spawn_as = RunAs.current() if switches else run_as
+        child = await asyncio.to_thread(_spawn, walled, spawn_as, log_path, env)
         self._children[pgdata] = child
         try:
+            leader = await _sandbox_leader(child) if switches else child.pid
             record = Running(
-                leader=child.pid,
+                leader=leader,
                 # None only if it exited at once: then nothing runs, and wait_ready says why.
-                started=start_time(child.pid) or 0,
-                sandboxed=False,
+                started=start_time(leader) or 0,
+                sandboxed=switches,
                 port=port,
                 socket_dir=socket_dir,
                 argv=tuple(argv),
                 endpoint_id=endpoint_id,
-                cgroup=None,
+                cgroup=cgroup,
             )
             await asyncio.to_thread(self._records.put, pgdata, record)
             if spawned is not None:
@@ -230,7 +258,8 @@ class Postmasters:
         if self.running(pgdata) is not None:
             await self.stop(pgdata)
         elif child.poll() is None:  # alive but not recorded yet
-            _signal(child.pid, signal.SIGKILL)
+            for pid in (*children_of(child.pid), child.pid):  # a sandbox's pid 1 ends it all
+                _signal(pid, signal.SIGKILL)
             await asyncio.to_thread(child.wait, _STOP_STEPS[-1][1])
 
     async def stop(self, pgdata: Path, *, signalled: str | None = None) -> bool:
@@ -247,9 +276,13 @@ class Postmasters:
                 _signal(postmaster, sig)
             if signalled is not None and sig == _STOP_STEPS[0][0]:
                 await failpoints.reached(signalled)
+            if sig == signal.SIGKILL and record.sandboxed:
+                _signal(record.leader, sig)  # pid 1 of the sandbox: the kernel ends the rest
             if await self._wait_gone(pgdata, record, time_limit):
-                if sig == signal.SIGKILL:  # it could not tell its backends to go
+                if sig == signal.SIGKILL and not record.sandboxed:  # its backends may run on
                     await self._end_leftovers(pgdata, None)
+                if record.cgroup is not None:  # nothing of the tenant outlives its compute
+                    await asyncio.to_thread(self.walls.end_cgroup, record.cgroup)
                 await asyncio.to_thread(self._records.drop, pgdata)
                 return True
             log.warning(
@@ -295,6 +328,17 @@ class Postmasters:
         """Drop our children without stopping them (they outlive the driver)."""
         self._children.clear()
         self._records.forget()
+
+
+async def _sandbox_leader(child: _Child) -> int:
+    """bwrap's pid 1 in the sandbox: the child bwrap forks first (within a few milliseconds)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + READY_TIMEOUT
+    while not (found := children_of(child.pid)):
+        if child.poll() is not None or loop.time() >= deadline:
+            return child.pid  # it exited: nothing runs, and wait_ready says why
+        await asyncio.sleep(0.001)
+    return found[0]
 
 
 def _spawn(argv: Sequence[str], run_as: RunAs, log_path: Path, env: dict[str, str]) -> _Child:

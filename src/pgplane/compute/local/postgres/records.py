@@ -71,14 +71,18 @@ def is_alive(running: Running) -> bool:
     return start_time(running.leader) == running.started
 
 
+def children_of(pid: int) -> list[int]:
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    try:
+        return [int(c) for c in children.read_text().split()]  # root's: the kernel's
+    except OSError:
+        return []
+
+
 def sandboxed_child(leader: int) -> int | None:
     """The process bwrap's pid 1 runs as pid 2: the postmaster. A tenant's processes that
     outlived their parents are pid 1's children too, but never pid 2 in the namespace."""
-    try:
-        children = Path(f"/proc/{leader}/task/{leader}/children").read_text().split()  # root's
-    except OSError:
-        return None
-    for child in children:
+    for child in children_of(leader):
         with contextlib.suppress(OSError, ValueError):
             status = Path(f"/proc/{child}/status").read_text()  # root's: the kernel's
             for line in status.splitlines():

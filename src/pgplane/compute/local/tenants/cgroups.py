@@ -1,0 +1,186 @@
+"""A cgroup per compute: its CPU, memory and processes bounded by its compute units.
+
+A Neon compute unit is 1 vCPU and 4 GB of RAM. A compute may use up to its
+``autoscaling_limit_max_cu``: a CPU quota of that many CPUs (with a burst of one period, so a
+start or a short query is not throttled), that much memory (the kernel reclaims its cache, then
+ends its largest process), and a cap on processes (its connections and Postgres' own workers,
+plus a margin for what a tenant runs). Its CPU weight follows its size, so under contention
+computes share the machine in proportion to their CU and no tenant's process count buys more.
+
+Both cgroup versions are served:
+
+- **v2** (``/sys/fs/cgroup`` is cgroup2, as on most machines): computes go under
+  ``<our cgroup>/computes/<name>``; as v2 allows controllers only in cgroups without processes,
+  pgplane first moves itself to ``<our cgroup>/serve`` (systemd's ``Delegate=yes`` gives a
+  service such a subtree). ``cpu.max``, ``cpu.weight``, ``memory.max``, ``pids.max``; killed
+  with ``cgroup.kill``.
+- **v1** (separate ``cpu``, ``memory`` and ``pids`` hierarchies): ``<our cgroup>/pgplane-computes
+  /<name>`` in each; ``cpu.cfs_quota_us``, ``cpu.shares``, ``memory.limit_in_bytes``,
+  ``pids.max``; killed by signalling every process listed until none is.
+
+A process joins by writing its pid to each ``cgroup.procs`` before it execs the sandbox, so
+everything the compute ever forks is counted from its first instruction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+_GIB = 1024**3
+_PERIOD_US = 100_000
+_V1_CONTROLLERS = ("cpu", "memory", "pids")
+_KILL_WAIT = 5.0
+_EXTRA_PROCESSES = 100  # Postgres' own workers, and a tenant's shell or two
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    cpus: float
+    memory_bytes: int
+    processes: int
+
+    @classmethod
+    def for_size(cls, max_cu: float, max_connections: int) -> Limits:
+        return cls(
+            cpus=max_cu,
+            memory_bytes=int(max_cu * 4 * _GIB),
+            processes=max_connections + _EXTRA_PROCESSES,
+        )
+
+
+def _own_cgroup(controller: str) -> str:
+    """Our cgroup path in ``controller``'s hierarchy ("" names v2's)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/cgroup").read_text().splitlines():  # root's: the kernel's
+            _, controllers, path = line.split(":", 2)
+            if controller in controllers.split(","):
+                return path
+    return "/"
+
+
+@dataclass(frozen=True, slots=True)
+class Cgroups:
+    """Where computes' cgroups live: one parent per hierarchy (one on v2, three on v1)."""
+
+    version: int
+    parents: tuple[Path, ...]
+
+    @classmethod
+    def find(cls, root: Path = Path("/sys/fs/cgroup")) -> tuple[Cgroups | None, str]:
+        """This machine's cgroups for computes, or None and why not (said at start-up)."""
+        if os.geteuid() != 0:
+            return None, "pgplane is not root"
+        try:
+            if (root / "cgroup.controllers").exists():
+                return cls._v2(root), "cgroup v2"
+            if all((root / c / "cgroup.procs").exists() for c in _V1_CONTROLLERS):
+                return cls._v1(root), "cgroup v1 (cpu, memory, pids)"
+        except OSError as exc:
+            return None, f"cgroups unusable: {exc}"
+        return None, "no cgroup v2 and no v1 cpu, memory and pids controllers"
+
+    @classmethod
+    def _v1(cls, root: Path) -> Cgroups:
+        parents = []
+        for controller in _V1_CONTROLLERS:
+            own = _own_cgroup(controller).strip("/")
+            parent = root / controller / own / "pgplane-computes"
+            parent.mkdir(exist_ok=True)
+            parents.append(parent)
+        return cls(version=1, parents=tuple(parents))
+
+    @classmethod
+    def _v2(cls, root: Path) -> Cgroups:
+        own = root / _own_cgroup("").strip("/")
+        wanted = {"cpu", "memory", "pids"}
+        available = set((own / "cgroup.controllers").read_text().split())  # root's: the kernel's
+        if not wanted <= available:
+            raise OSError(f"{own} lacks controllers {sorted(wanted - available)}")
+        if (own / "cgroup.procs").read_text().split():  # root's: the kernel's
+            # No controllers in a cgroup with processes of its own: we move to a leaf first.
+            serve = own / "serve"
+            serve.mkdir(exist_ok=True)
+            for pid in (own / "cgroup.procs").read_text().split():  # root's: the kernel's
+                with contextlib.suppress(OSError):  # exited meanwhile
+                    (serve / "cgroup.procs").write_text(pid)
+        (own / "cgroup.subtree_control").write_text("+cpu +memory +pids")
+        parent = own / "computes"
+        parent.mkdir(exist_ok=True)
+        (parent / "cgroup.subtree_control").write_text("+cpu +memory +pids")
+        return cls(version=2, parents=(parent,))
+
+    def procs_files(self, name: str) -> list[Path]:
+        """The ``cgroup.procs`` files a process writes its pid to, to join compute ``name``."""
+        return [parent / name / "cgroup.procs" for parent in self.parents]
+
+    def create(self, name: str, limits: Limits) -> None:
+        """The compute's cgroup, with its limits (set again if it exists)."""
+        for parent in self.parents:
+            (parent / name).mkdir(exist_ok=True)
+        self.set_limits(name, limits)
+
+    def set_limits(self, name: str, limits: Limits) -> None:
+        quota = max(1000, int(limits.cpus * _PERIOD_US))
+        weight = max(1, round(limits.cpus * 100))
+        if self.version == 2:
+            group = self.parents[0] / name
+            _write(group / "cpu.max", f"{quota} {_PERIOD_US}")
+            _write(group / "cpu.max.burst", str(quota), optional=True)
+            _write(group / "cpu.weight", str(min(10000, weight)))
+            _write(group / "memory.max", str(limits.memory_bytes))
+            _write(group / "pids.max", str(limits.processes))
+            return
+        cpu, memory, pids = (parent / name for parent in self.parents)
+        _write(cpu / "cpu.cfs_period_us", str(_PERIOD_US))
+        _write(cpu / "cpu.cfs_quota_us", str(quota))
+        _write(cpu / "cpu.cfs_burst_us", str(quota), optional=True)
+        _write(cpu / "cpu.shares", str(max(2, weight * 1024 // 100)))
+        _write(memory / "memory.limit_in_bytes", str(limits.memory_bytes))
+        _write(pids / "pids.max", str(limits.processes))
+
+    def pids(self, name: str) -> set[int]:
+        found: set[int] = set()
+        for procs in self.procs_files(name):
+            with contextlib.suppress(FileNotFoundError):
+                found |= {int(p) for p in procs.read_text().split()}  # root's: the kernel's
+        return found
+
+    def kill(self, name: str) -> None:
+        """End every process of the compute and remove its cgroup (blocking: run in a thread).
+
+        Nothing of a tenant outlives its compute: not a background process its shell left, not
+        one that forks as fast as it is killed (v1 repeats until the list is empty)."""
+        group = self.parents[0] / name
+        if self.version == 2 and (group / "cgroup.kill").exists():
+            _write(group / "cgroup.kill", "1")
+        deadline = time.monotonic() + _KILL_WAIT
+        while pids := self.pids(name):
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            if time.monotonic() > deadline:
+                raise OSError(f"processes {sorted(pids)} of compute {name} survived SIGKILL")
+            time.sleep(0.01)
+        for parent in self.parents:
+            with contextlib.suppress(FileNotFoundError):
+                (parent / name).rmdir()
+
+    def names(self) -> Iterable[str]:
+        with contextlib.suppress(FileNotFoundError):
+            for entry in self.parents[0].iterdir():
+                if entry.is_dir():
+                    yield entry.name
+
+
+def _write(path: Path, value: str, *, optional: bool = False) -> None:
+    try:
+        path.write_text(value)  # root's: the kernel's cgroup files
+    except FileNotFoundError:
+        if not optional:
+            raise

@@ -1,0 +1,120 @@
+"""What walls a compute: its sandbox and its cgroup, as far as this machine allows.
+
+Found once, at the driver's start, and said in the log: as root with namespaces and cgroups,
+every postmaster on a tenant's data runs sandboxed (:mod:`.sandbox`) and every endpoint's in a
+cgroup of its size (:mod:`.cgroups`); as an ordinary user, or where the kernel refuses, the log
+says plainly which wall is missing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pgplane.compute.local.tenants.cgroups import Cgroups, Limits
+from pgplane.compute.local.tenants.sandbox import Sandbox
+from pgplane.compute.local.tenants.user import RunAs
+
+log = logging.getLogger(__name__)
+
+# $1 files to write our pid to, then the command: the shell becomes it (exec), in the cgroup.
+_JOIN = (
+    'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; n=$((n-1)); done; '
+    'exec "$@"'
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Walls:
+    sandbox: Sandbox | None
+    cgroups: Cgroups | None
+    readable: tuple[Path, ...]  # what every sandbox sees read-only (the platform's pg_hba.conf)
+
+    @classmethod
+    def none(cls) -> Walls:
+        return cls(sandbox=None, cgroups=None, readable=())
+
+    @classmethod
+    def find(cls, etc_dir: Path, readable: Sequence[Path], *, enabled: bool = True) -> Walls:
+        """This machine's walls; what is missing is logged as a warning."""
+        if not enabled:
+            log.warning("computes are not sandboxed and have no cgroups: turned off")
+            return cls.none()
+        sandbox, said = Sandbox.find(etc_dir)
+        if sandbox is None:
+            log.warning(
+                "computes are not sandboxed (%s): a tenant holding its compute's OS user "
+                "sees the machine's processes and reaches loopback ports",
+                said,
+            )
+        else:
+            log.info("computes run sandboxed: %s", said)
+        cgroups, said = Cgroups.find()
+        if cgroups is None:
+            log.warning(
+                "computes have no cgroups (%s): nothing caps a tenant's CPU, memory or processes",
+                said,
+            )
+        else:
+            log.info("computes run in cgroups: %s", said)
+        return cls(sandbox=sandbox, cgroups=cgroups, readable=tuple(readable))
+
+    def wrap(
+        self,
+        argv: Sequence[str],
+        *,
+        run_as: RunAs,
+        pgdata: Path,
+        socket_dir: Path,
+        readable: Sequence[Path],
+        cgroup: str | None,
+    ) -> tuple[list[str], bool]:
+        """The command line that runs ``argv`` walled, and whether it switches user itself.
+
+        The sandbox sees the directory holding the data directory (the branch's: its WAL
+        archive sits beside the data, and hard links do not cross mounts), the socket
+        directory, the installation ``argv[0]`` belongs to and ``readable``.
+        """
+        wrapped = list(argv)
+        switches = False
+        if self.sandbox is not None and run_as.switch:
+            wrapped = self.sandbox.wrap(
+                argv,
+                run_as=run_as,
+                readable=[*_installation(Path(argv[0])), *self.readable, *readable],
+                writable=[pgdata.parent, socket_dir],
+            )
+            switches = True
+        if cgroup is not None and self.cgroups is not None:
+            # Joined before bwrap runs: everything the compute forks is counted from the start.
+            procs = [str(p) for p in self.cgroups.procs_files(cgroup)]
+            wrapped = ["/bin/sh", "-c", _JOIN, "sh", str(len(procs)), *procs, *wrapped]
+        return wrapped, switches
+
+    def sandboxed(self, run_as: RunAs) -> bool:
+        return self.sandbox is not None and run_as.switch
+
+    def create_cgroup(self, name: str, limits: Limits) -> None:
+        if self.cgroups is not None:
+            self.cgroups.create(name, limits)
+
+    def end_cgroup(self, name: str) -> None:
+        """Kill what is left in the cgroup and remove it (blocking: run in a thread)."""
+        if self.cgroups is not None:
+            self.cgroups.kill(name)
+
+
+def _installation(postgres: Path) -> list[Path]:
+    """The installation a ``bin/postgres`` belongs to, and the libraries a wheel keeps beside
+    its package (auditwheel's ``<package>.libs``: the wheel's psql and libpq for dblink)."""
+    install = postgres.resolve().parent.parent
+    libs = install.parent.parent / f"{install.parent.name}.libs"
+    return [install, libs] if libs.is_dir() else [install]
+
+
+def cgroup_name(pgdata: Path) -> str:
+    return "pg-" + hashlib.sha256(os.fsencode(pgdata)).hexdigest()[:24]
