@@ -34,7 +34,7 @@ import psycopg
 
 from bench.common import Api, Server, median, running_server, verdict
 from pgplane.compute.local.layout import Layout
-from pgplane.compute.local.postgres.pidfile import read_pid_file
+from pgplane.compute.local.postgres.records import Records
 from pgplane.compute.local.postgres.sessions import admin_conninfo
 
 ROWS_PER_GB = 1_900_000  # rows of (int, 500 x 'x'): ~1 GB of table
@@ -71,10 +71,10 @@ def fill(server: Server, parent: Parent, gb: float) -> float:
             [int(gb * ROWS_PER_GB)],
         )
         size = conn.execute("SELECT pg_database_size(current_database())").fetchone()
-    # The URI names the proxy; the compute's own socket and port are in its postmaster.pid.
-    running = read_pid_file(parent.pgdata)
-    assert running is not None and running.socket_dir and running.port, "the parent is not running"
-    conninfo = admin_conninfo(Path(running.socket_dir), running.port)
+    # The URI names the proxy; the compute's own socket and port are the platform's records.
+    running = Records(server.data_dir.resolve() / "postmasters").get(parent.pgdata)
+    assert running is not None, "the parent is not running"
+    conninfo = admin_conninfo(running.socket_dir, running.port)
     with psycopg.connect(conninfo, autocommit=True) as admin:
         admin.execute("CHECKPOINT")
     print(

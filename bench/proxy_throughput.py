@@ -19,7 +19,7 @@ import subprocess
 
 from bench.common import Api, client_has_tls, median, pg_binary, running_server, verdict
 from pgplane.compute.local.layout import Layout
-from pgplane.compute.local.postgres.pidfile import read_pid_file
+from pgplane.compute.local.postgres.records import Records
 
 
 def pgbench(conninfo: str, password: str, *args: str) -> str:
@@ -54,11 +54,13 @@ def main() -> int:
             body = api.create_ready_project(name="pgbench")
         pid, eid, bid = body["project"]["id"], body["endpoints"][0]["id"], body["branch"]["id"]
         params = body["connection_uris"][0]["connection_parameters"]
-        running = read_pid_file(Layout(server.data_dir.resolve()).pgdata(pid, bid))
+        layout = Layout(server.data_dir.resolve())
+        running = Records(layout.postmaster_records).get(layout.pgdata(pid, bid))
         assert running is not None
         who = f"user={params['role']} dbname={params['database']}"
         sides = {
-            "direct": f"host=127.0.0.1 port={running.port} {who} sslmode=disable",
+            # Its own socket: a sandboxed compute has no TCP port on the machine.
+            "direct": f"host={running.socket_dir} port={running.port} {who} sslmode=disable",
             "proxy": f"host=127.0.0.1 port={server.proxy_port} {who} sslmode=disable"
             f" options=endpoint={eid}",
         }

@@ -26,6 +26,7 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 import httpx
 
 from pgplane.compute.local.postgres.binaries import PgInstall, discover
+from pgplane.compute.local.postgres.records import Records, is_alive
 from pgplane.compute.local.tenants.users import remove_project_users
 from pgplane.core import ids
 from pgplane.core.models import Operation
@@ -108,6 +109,16 @@ def stop_postmasters(data_dir: Path) -> None:
             except ProcessLookupError:
                 break
             time.sleep(0.01)
+
+
+def postmaster_pid(data_dir: Path, pgdata: Path) -> int | None:
+    """The pid (in this machine's namespace) of the postmaster serving ``pgdata``, as the
+    platform recorded it; None when none runs. Its postmaster.pid names it as the sandbox's
+    pid namespace sees it (2), and is the tenant's to write anyway."""
+    record = Records(data_dir.resolve() / "postmasters").get(pgdata.resolve())
+    if record is None or not is_alive(record):
+        return None
+    return record.postmaster()
 
 
 def run_cli(

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.support import Api, Server, running_server, wait_for
+from tests.support import Api, Server, postmaster_pid, running_server, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -336,7 +336,8 @@ def test_a_branch_at_now_of_a_parent_whose_compute_died_holds_every_commit(
     _commit(uri, 1)
     _commit(uri, 2)
     pgdata = history_server.data_dir / "projects" / pid / "branches" / main / "pgdata"
-    postmaster = int((pgdata / "postmaster.pid").read_text().split()[0])
+    postmaster = postmaster_pid(history_server.data_dir, pgdata)
+    assert postmaster is not None
     os.kill(postmaster, signal.SIGKILL)
     wait_for("the parent's postmaster gone", lambda: not _alive(postmaster))
     now = datetime.datetime.now(datetime.UTC).isoformat()

@@ -14,14 +14,14 @@ import psycopg
 
 from pgplane.compute.local.cold import archive
 from pgplane.compute.local.cold.archive import tree_checksums
-from tests.support import Api, running_server
+from tests.support import Api, postmaster_pid, running_server
 
 
 def _postmaster_pid(data_dir: Path, pid: str) -> int | None:
     files = list(data_dir.glob(f"projects/{pid}/branches/*/pgdata/postmaster.pid"))
     if not files:
         return None
-    return int(files[0].read_text().splitlines()[0])
+    return postmaster_pid(data_dir, files[0].parent)
 
 
 def _alive(pid: int) -> bool:
@@ -87,7 +87,8 @@ def test_restart_adopts_stops_and_records() -> None:
                 )
             vanished_pid = pids["vanished"]
             assert vanished_pid is not None
-            os.killpg(vanished_pid, signal.SIGKILL)
+            # Its whole group: the postmaster's own, or the sandbox's whose pid 1 leads it.
+            os.killpg(os.getpgid(vanished_pid), signal.SIGKILL)
             server.start()
 
             # Adopted: the same postmaster serves, no new start.

@@ -107,6 +107,7 @@ class Sandbox:
         # A private /tmp, /run and /dev/shm (Postgres' dynamic shared memory): its own tmpfs.
         args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm"]  # noqa: S108
         args += ["--perms", "1777", "--tmpfs", "/tmp", "--tmpfs", "/run"]  # noqa: S108
+        args += ["--perms", "0755", "--dir", "/etc"]  # bwrap would make it 0700, root's
         for name in _ETC_FILES:
             if os.path.exists(name):
                 args += ["--ro-bind", name, name]

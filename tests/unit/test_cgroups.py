@@ -1,0 +1,84 @@
+"""The files a compute's cgroup is made of, on both cgroup versions, written on a made-up tree.
+
+This machine (and CI) has cgroup v1: the e2e suite (tests/e2e/test_walls_sandbox.py) proves the
+limits on it with real processes. cgroup v2, what most users' machines have, is checked here:
+the same limits become v2's files, pgplane moves itself to a leaf before enabling controllers
+(v2 allows none in a cgroup with processes of its own), and a compute's cgroup is killed and
+removed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pgplane.compute.local.tenants import cgroups as module
+from pgplane.compute.local.tenants.cgroups import Cgroups, Limits
+
+GIB = 1 << 30
+
+
+def _fake_v2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    own = tmp_path / "system.slice" / "pgplane.service"
+    own.mkdir(parents=True)
+    (tmp_path / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (own / "cgroup.controllers").write_text("cpu io memory pids\n")
+    (own / "cgroup.procs").write_text("4242\n4343\n")
+    (own / "cgroup.subtree_control").write_text("")
+    monkeypatch.setattr(module, "_own_cgroup", lambda _c: "/system.slice/pgplane.service")
+    return own
+
+
+def test_v2_moves_serve_to_a_leaf_and_writes_v2_limits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    own = _fake_v2(tmp_path, monkeypatch)
+    found = Cgroups._v2(tmp_path)
+    assert found.version == 2
+    assert found.parents == (own / "computes",)
+    # Our processes moved (one pid per write: the file keeps the last), controllers enabled.
+    assert (own / "serve" / "cgroup.procs").read_text() == "4343"
+    assert (own / "cgroup.subtree_control").read_text() == "+cpu +memory +pids"
+    assert (own / "computes" / "cgroup.subtree_control").read_text() == "+cpu +memory +pids"
+
+    found.create("pg-a", Limits.for_size(0.5, max_connections=225))
+    group = own / "computes" / "pg-a"
+    assert (group / "cpu.max").read_text() == "50000 100000"
+    assert (group / "cpu.weight").read_text() == "50"
+    assert (group / "memory.max").read_text() == str(2 * GIB)
+    assert (group / "pids.max").read_text() == "325"
+    assert found.procs_files("pg-a") == [group / "cgroup.procs"]
+
+
+def test_v2_refuses_a_cgroup_without_the_controllers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    own = _fake_v2(tmp_path, monkeypatch)
+    (own / "cgroup.controllers").write_text("io\n")
+    with pytest.raises(OSError, match="lacks controllers"):
+        Cgroups._v2(tmp_path)
+
+
+def test_v1_writes_each_hierarchy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for controller in ("cpu", "memory", "pids"):
+        (tmp_path / controller).mkdir()
+    monkeypatch.setattr(module, "_own_cgroup", lambda _c: "/")
+    found = Cgroups._v1(tmp_path)
+    assert found.version == 1
+    found.create("pg-b", Limits.for_size(2, max_connections=901))
+    cpu = tmp_path / "cpu" / "pgplane-computes" / "pg-b"
+    assert (cpu / "cpu.cfs_quota_us").read_text() == "200000"
+    assert (cpu / "cpu.shares").read_text() == "2048"
+    memory = tmp_path / "memory" / "pgplane-computes" / "pg-b"
+    assert (memory / "memory.limit_in_bytes").read_text() == str(8 * GIB)
+    assert (tmp_path / "pids" / "pgplane-computes" / "pg-b" / "pids.max").read_text() == "1001"
+
+
+def test_killing_an_empty_cgroup_removes_it(tmp_path: Path) -> None:
+    parent = tmp_path / "computes"
+    (parent / "pg-c").mkdir(parents=True)
+    found = Cgroups(version=2, parents=(parent,))
+    found.kill("pg-c")
+    assert not (parent / "pg-c").exists()
+    found.kill("pg-c")  # again: nothing there, nothing to do
