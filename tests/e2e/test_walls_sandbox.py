@@ -124,6 +124,27 @@ def test_a_cpu_burner_is_throttled_at_its_compute_units(
     assert _cpu_throttled_us(cgroups, name) > before  # the kernel held it to its quota
 
 
+def test_a_compute_s_cpu_moves_within_its_range_with_its_load(api: Api, server: Server) -> None:
+    """Autoscaling: 0.25 to 1 CU. Idle, it settles to its minimum; burning, it grows to its
+    maximum, without a restart."""
+    body = api.create_ready_project(name="autoscaled")
+    scaled = Project(server, body)
+    make_superuser(scaled)
+    change = {"endpoint": {"autoscaling_limit_min_cu": 0.25, "autoscaling_limit_max_cu": 1}}
+    api.settled(
+        scaled.id,
+        api.http.patch(f"/projects/{scaled.id}/endpoints/{scaled.endpoint_id}", json=change),
+    )
+    scaled.query("SELECT 1")
+    cgroups, name = _cgroup(scaled)
+    postmaster, _ = scaled.postmaster()
+    wait_for("the idle compute at its minimum", lambda: _quota(cgroups, name) == 0.25, timeout=30)
+    burn = "while :; do :; done"
+    allowed(scaled, f"true && (for i in 1 2 3 4; do timeout 20 sh -c '{burn}' & done) >/dev/null")
+    wait_for("the busy compute at its maximum", lambda: _quota(cgroups, name) == 1, timeout=30)
+    assert scaled.postmaster()[0] == postmaster  # the same postmaster throughout
+
+
 def test_a_memory_eater_is_capped_at_its_compute_units(tenant: Project, other: Project) -> None:
     tenant.query("SELECT 1")
     cgroups, name = _cgroup(tenant)

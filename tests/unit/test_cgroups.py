@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from pgplane.compute.local.tenants import cgroups as module
+from pgplane.compute.local.tenants.autoscale import next_cpus
 from pgplane.compute.local.tenants.cgroups import Cgroups, Limits
 
 GIB = 1 << 30
@@ -82,3 +83,15 @@ def test_killing_an_empty_cgroup_removes_it(tmp_path: Path) -> None:
     found.kill("pg-c")
     assert not (parent / "pg-c").exists()
     found.kill("pg-c")  # again: nothing there, nothing to do
+
+
+def test_autoscaling_grows_a_busy_compute_and_shrinks_an_idle_one() -> None:
+    # Busy (used most of its quota): by half, at least a quarter CU, never past the maximum.
+    assert next_cpus(0.25, 0.25, 2, used=0.25) == 0.5
+    assert next_cpus(1, 0.25, 2, used=0.9) == 1.5
+    assert next_cpus(1.5, 0.25, 2, used=1.5) == 2
+    assert next_cpus(2, 0.25, 2, used=2) == 2
+    # Idle: by a third, never under the minimum; in between, as it is.
+    assert next_cpus(2, 0.25, 2, used=0) == pytest.approx(4 / 3)
+    assert next_cpus(0.3, 0.25, 2, used=0) == 0.25
+    assert next_cpus(1, 0.25, 2, used=0.5) == 1

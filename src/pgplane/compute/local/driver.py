@@ -352,6 +352,8 @@ class LocalComputeDriver:
     async def close(self) -> None:
         # The postmasters keep running: they outlive the platform process by design.
         await self._histories.close()
+        if self._postmasters.walls.autoscaler is not None:
+            await self._postmasters.walls.autoscaler.close()
         self._postmasters.forget()
         self._spares.stop()
         await self._copies.close()

@@ -189,6 +189,7 @@ class Computes:
         current = self._postmasters.running(pgdata)
         if current is not None:
             if _serves(current, argv, spec.port, socket_dir):
+                await self._postmasters.resize(pgdata, _limits(spec, argv))
                 await wait_ready(
                     socket_dir,
                     spec.port,
@@ -254,4 +255,6 @@ def _limits(spec: ComputeSpec, argv: Sequence[str]) -> Limits:
         name, _, value = arg.partition("=")
         if name.lower() == "max_connections" and value.isdigit():
             connections = int(value)
-    return Limits.for_size(spec.autoscaling_limit_max_cu, connections)
+    return Limits.for_size(
+        spec.autoscaling_limit_max_cu, connections, spec.autoscaling_limit_min_cu
+    )

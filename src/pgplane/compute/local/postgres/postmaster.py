@@ -212,9 +212,7 @@ class Postmasters:
             await self._end_leftovers(pgdata, run_as)
         cgroup = cgroup_name(pgdata) if limits is not None and self.walls.cgroups else None
         if cgroup is not None and limits is not None:
-            # What a compute that died left in its cgroup ends before the next one starts.
-            await asyncio.to_thread(self.walls.end_cgroup, cgroup)
-            await asyncio.to_thread(self.walls.create_cgroup, cgroup, limits)
+            await self.walls.create_cgroup(cgroup, limits)
         walled, switches = self.walls.wrap(
             argv,
             run_as=run_as,
@@ -282,7 +280,7 @@ class Postmasters:
                 if sig == signal.SIGKILL and not record.sandboxed:  # its backends may run on
                     await self._end_leftovers(pgdata, None)
                 if record.cgroup is not None:  # nothing of the tenant outlives its compute
-                    await asyncio.to_thread(self.walls.end_cgroup, record.cgroup)
+                    await self.walls.end_cgroup(record.cgroup)
                 await asyncio.to_thread(self._records.drop, pgdata)
                 return True
             log.warning(
@@ -323,6 +321,12 @@ class Postmasters:
             if loop.time() >= deadline:
                 return False
             await asyncio.sleep(_POLL)
+
+    async def resize(self, pgdata: Path, limits: Limits) -> None:
+        """New limits for the running compute on ``pgdata`` (its autoscaling range changed)."""
+        record = self.running(pgdata)
+        if record is not None and record.cgroup is not None:
+            await self.walls.resize(record.cgroup, limits)
 
     def forget(self) -> None:
         """Drop our children without stopping them (they outlive the driver)."""

@@ -35,22 +35,30 @@ from pathlib import Path
 _GIB = 1024**3
 _PERIOD_US = 100_000
 _V1_CONTROLLERS = ("cpu", "memory", "pids")
+_V1_USAGE = "cpuacct"  # where v1 counts CPU time (often mounted with cpu, here apart)
 _KILL_WAIT = 5.0
 _EXTRA_PROCESSES = 100  # Postgres' own workers, and a tenant's shell or two
 
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    cpus: float
+    cpus: float  # what it may use now: between min_cpus and max_cpus, moved by the autoscaler
     memory_bytes: int
     processes: int
+    min_cpus: float = 0.0  # 0: as cpus (no autoscaling)
+    max_cpus: float = 0.0
 
     @classmethod
-    def for_size(cls, max_cu: float, max_connections: int) -> Limits:
+    def for_size(cls, max_cu: float, max_connections: int, min_cu: float | None = None) -> Limits:
+        """A compute that may use ``min_cu`` to ``max_cu``: it starts at its maximum (a wake is
+        never slowed), the autoscaler moves it within the range with its load; its memory is
+        the maximum's throughout (shrinking memory under a running Postgres would end it)."""
         return cls(
             cpus=max_cu,
             memory_bytes=int(max_cu * 4 * _GIB),
             processes=max_connections + _EXTRA_PROCESSES,
+            min_cpus=min(min_cu, max_cu) if min_cu is not None else max_cu,
+            max_cpus=max_cu,
         )
 
 
@@ -88,7 +96,8 @@ class Cgroups:
     @classmethod
     def _v1(cls, root: Path) -> Cgroups:
         parents = []
-        for controller in _V1_CONTROLLERS:
+        usage = [_V1_USAGE] if (root / _V1_USAGE / "cgroup.procs").exists() else []
+        for controller in (*_V1_CONTROLLERS, *usage):
             own = _own_cgroup(controller).strip("/")
             parent = root / controller / own / "pgplane-computes"
             parent.mkdir(exist_ok=True)
@@ -126,23 +135,48 @@ class Cgroups:
         self.set_limits(name, limits)
 
     def set_limits(self, name: str, limits: Limits) -> None:
-        quota = max(1000, int(limits.cpus * _PERIOD_US))
-        weight = max(1, round(limits.cpus * 100))
+        self.set_cpus(name, limits.cpus)
         if self.version == 2:
             group = self.parents[0] / name
-            _write(group / "cpu.max", f"{quota} {_PERIOD_US}")
-            _write(group / "cpu.max.burst", str(quota), optional=True)
-            _write(group / "cpu.weight", str(min(10000, weight)))
             _write(group / "memory.max", str(limits.memory_bytes))
             _write(group / "pids.max", str(limits.processes))
             return
-        cpu, memory, pids = (parent / name for parent in self.parents)
+        _, memory, pids = (parent / name for parent in self.parents[:3])
+        _write(memory / "memory.limit_in_bytes", str(limits.memory_bytes))
+        _write(pids / "pids.max", str(limits.processes))
+
+    def set_cpus(self, name: str, cpus: float) -> None:
+        """The CPU quota (with a burst of one period) and the weight of ``cpus`` CPUs."""
+        quota = max(1000, int(cpus * _PERIOD_US))
+        weight = max(1, round(cpus * 100))
+        # The burst may never exceed the quota: it goes to 0 first, so shrinking is allowed.
+        if self.version == 2:
+            group = self.parents[0] / name
+            _write(group / "cpu.max.burst", "0", optional=True)
+            _write(group / "cpu.max", f"{quota} {_PERIOD_US}")
+            _write(group / "cpu.max.burst", str(quota), optional=True)
+            _write(group / "cpu.weight", str(min(10000, weight)))
+            return
+        cpu = self.parents[0] / name
+        _write(cpu / "cpu.cfs_burst_us", "0", optional=True)
         _write(cpu / "cpu.cfs_period_us", str(_PERIOD_US))
         _write(cpu / "cpu.cfs_quota_us", str(quota))
         _write(cpu / "cpu.cfs_burst_us", str(quota), optional=True)
         _write(cpu / "cpu.shares", str(max(2, weight * 1024 // 100)))
-        _write(memory / "memory.limit_in_bytes", str(limits.memory_bytes))
-        _write(pids / "pids.max", str(limits.processes))
+
+    def cpu_seconds(self, name: str) -> float | None:
+        """CPU time the compute used so far, None where this machine does not count it."""
+        try:
+            if self.version == 2:
+                stat = (self.parents[0] / name / "cpu.stat").read_text()  # root's: the kernel's
+                fields = dict(line.split() for line in stat.splitlines())
+                return int(fields["usage_usec"]) / 1e6
+            if len(self.parents) > len(_V1_CONTROLLERS):
+                usage = self.parents[-1] / name / "cpuacct.usage"
+                return int(usage.read_text()) / 1e9  # root's: the kernel's
+        except (OSError, KeyError, ValueError):
+            return None
+        return None
 
     def pids(self, name: str) -> set[int]:
         found: set[int] = set()

@@ -8,6 +8,8 @@ says plainly which wall is missing.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import hashlib
 import logging
 import os
@@ -15,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pgplane.compute.local.tenants.autoscale import Autoscaler
 from pgplane.compute.local.tenants.cgroups import Cgroups, Limits
 from pgplane.compute.local.tenants.sandbox import Sandbox
 from pgplane.compute.local.tenants.user import RunAs
@@ -33,6 +36,7 @@ class Walls:
     sandbox: Sandbox | None
     cgroups: Cgroups | None
     readable: tuple[Path, ...]  # what every sandbox sees read-only (the platform's pg_hba.conf)
+    autoscaler: Autoscaler | None = None
 
     @classmethod
     def none(cls) -> Walls:
@@ -61,7 +65,8 @@ class Walls:
             )
         else:
             log.info("computes run in cgroups: %s", said)
-        return cls(sandbox=sandbox, cgroups=cgroups, readable=tuple(readable))
+        autoscaler = Autoscaler(cgroups) if cgroups is not None else None
+        return cls(sandbox, cgroups, tuple(readable), autoscaler)
 
     def wrap(
         self,
@@ -98,14 +103,30 @@ class Walls:
     def sandboxed(self, run_as: RunAs) -> bool:
         return self.sandbox is not None and run_as.switch
 
-    def create_cgroup(self, name: str, limits: Limits) -> None:
+    async def create_cgroup(self, name: str, limits: Limits) -> None:
+        """The compute's cgroup, sized, what a compute that died left in it ended first."""
         if self.cgroups is not None:
-            self.cgroups.create(name, limits)
+            await asyncio.to_thread(self.cgroups.kill, name)
+            await asyncio.to_thread(self.cgroups.create, name, limits)
+            if self.autoscaler is not None:
+                self.autoscaler.watch(name, limits)
 
-    def end_cgroup(self, name: str) -> None:
-        """Kill what is left in the cgroup and remove it (blocking: run in a thread)."""
+    async def resize(self, name: str, limits: Limits) -> None:
+        """New limits for a running compute (its range changed, its command line did not)."""
         if self.cgroups is not None:
-            self.cgroups.kill(name)
+            now = self.autoscaler.cpus(name) if self.autoscaler is not None else None
+            if now is not None and limits.min_cpus <= now <= limits.max_cpus:
+                limits = dataclasses.replace(limits, cpus=now)  # where autoscaling had it
+            await asyncio.to_thread(self.cgroups.set_limits, name, limits)
+            if self.autoscaler is not None:
+                self.autoscaler.watch(name, limits)
+
+    async def end_cgroup(self, name: str) -> None:
+        """Kill what is left in the cgroup and remove it."""
+        if self.cgroups is not None:
+            if self.autoscaler is not None:
+                self.autoscaler.forget(name)
+            await asyncio.to_thread(self.cgroups.kill, name)
 
 
 def _installation(postgres: Path) -> list[Path]:
