@@ -132,8 +132,11 @@ class Sandbox:
     def _identity(self, run_as: RunAs) -> tuple[Path, Path]:
         """``/etc/passwd`` and ``/etc/group`` naming root and this user only: the host's would
         list every project's user (and so every project's id) to every tenant."""
-        passwd = self.etc_dir / f"passwd-{run_as.uid}"
-        group = self.etc_dir / f"group-{run_as.uid}"
+        # Named by the user's name and ids: a uid a deleted project's user had, given to
+        # another project's, gets files of its own.
+        key = f"{run_as.name}-{run_as.uid}-{run_as.gid}"
+        passwd = self.etc_dir / f"passwd-{key}"
+        group = self.etc_dir / f"group-{key}"
         if not passwd.exists() or not group.exists():
             me = f"{run_as.name}:x:{run_as.uid}:{run_as.gid}::/:{_NOLOGIN}"
             users = f"root:x:0:0::/:{_NOLOGIN}\n{me}\n"
