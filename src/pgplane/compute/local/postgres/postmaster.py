@@ -16,6 +16,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -219,13 +220,12 @@ class Postmasters:
             pgdata=pgdata,
             socket_dir=socket_dir,
             readable=readable,
-            cgroup=cgroup,
         )
         spawn_as = RunAs.current() if switches else run_as
         child = await asyncio.to_thread(_spawn, walled, spawn_as, log_path, env)
         self._children[pgdata] = child
         try:
-            leader = await _sandbox_leader(child) if switches else child.pid
+            leader = await asyncio.to_thread(_sandbox_leader, child) if switches else child.pid
             record = Running(
                 leader=leader,
                 # None only if it exited at once: then nothing runs, and wait_ready says why.
@@ -238,15 +238,23 @@ class Postmasters:
                 cgroup=cgroup,
             )
             await asyncio.to_thread(self._records.put, pgdata, record)
-            if spawned is not None:
-                await failpoints.reached(spawned)
-            await wait_ready(
-                socket_dir,
-                port,
-                alive=lambda: child.poll() is None,
-                log_path=log_path,
-                time_limit=ready_timeout,
+            # Into its cgroup while it starts (each move may wait out an RCU grace period), and
+            # there before its first client: start() returns after both.
+            joined = asyncio.ensure_future(
+                self.walls.join(cgroup, leader) if cgroup is not None else asyncio.sleep(0)
             )
+            try:
+                if spawned is not None:
+                    await failpoints.reached(spawned)
+                await wait_ready(
+                    socket_dir,
+                    port,
+                    alive=lambda: child.poll() is None,
+                    log_path=log_path,
+                    time_limit=ready_timeout,
+                )
+            finally:
+                await joined
         except BaseException:
             # Leave nothing half started, whatever interrupted us (a timeout, a cancellation).
             await asyncio.shield(self._abort(pgdata, child))
@@ -334,14 +342,15 @@ class Postmasters:
         self._records.forget()
 
 
-async def _sandbox_leader(child: _Child) -> int:
-    """bwrap's pid 1 in the sandbox: the child bwrap forks first (within a few milliseconds)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + READY_TIMEOUT
+def _sandbox_leader(child: _Child) -> int:
+    """bwrap's pid 1 in the sandbox: the child bwrap forks first, within a few milliseconds.
+    Polled in a thread, closely: the event loop's own timers would add their granularity to
+    every wake."""
+    deadline = time.monotonic() + READY_TIMEOUT
     while not (found := children_of(child.pid)):
-        if child.poll() is not None or loop.time() >= deadline:
+        if child.poll() is not None or time.monotonic() >= deadline:
             return child.pid  # it exited: nothing runs, and wait_ready says why
-        await asyncio.sleep(0.001)
+        time.sleep(0.0002)
     return found[0]
 
 

@@ -178,6 +178,17 @@ class Cgroups:
             return None
         return None
 
+    def join_tree(self, name: str, root: int) -> None:
+        """Move ``root`` and all its descendants into compute ``name``'s cgroup (blocking)."""
+        deadline = time.monotonic() + _KILL_WAIT
+        while missing := _tree(root) - self.pids(name):
+            for pid in missing:
+                for procs in self.procs_files(name):
+                    with contextlib.suppress(ProcessLookupError, FileNotFoundError):
+                        procs.write_text(str(pid))  # root's: the kernel's
+            if time.monotonic() > deadline:
+                raise OSError(f"processes {sorted(missing)} of compute {name} would not move")
+
     def pids(self, name: str) -> set[int]:
         found: set[int] = set()
         for procs in self.procs_files(name):
@@ -210,6 +221,23 @@ class Cgroups:
             for entry in self.parents[0].iterdir():
                 if entry.is_dir():
                     yield entry.name
+
+
+def _tree(root: int) -> set[int]:
+    """``root`` and its living descendants (none when it is gone)."""
+    found: set[int] = set()
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        tasks = Path(f"/proc/{pid}/task")
+        try:
+            # root's: the kernel's
+            children = [c for t in tasks.iterdir() for c in (t / "children").read_text().split()]
+        except OSError:
+            continue  # exited meanwhile
+        found.add(pid)
+        todo += [int(c) for c in children]
+    return found
 
 
 def _write(path: Path, value: str, *, optional: bool = False) -> None:

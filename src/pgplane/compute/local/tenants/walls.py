@@ -24,12 +24,6 @@ from pgplane.compute.local.tenants.user import RunAs
 
 log = logging.getLogger(__name__)
 
-# $1 files to write our pid to, then the command: the shell becomes it (exec), in the cgroup.
-_JOIN = (
-    'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; n=$((n-1)); done; '
-    'exec "$@"'
-)
-
 
 @dataclass(frozen=True, slots=True)
 class Walls:
@@ -76,7 +70,6 @@ class Walls:
         pgdata: Path,
         socket_dir: Path,
         readable: Sequence[Path],
-        cgroup: str | None,
     ) -> tuple[list[str], bool]:
         """The command line that runs ``argv`` walled, and whether it switches user itself.
 
@@ -94,10 +87,6 @@ class Walls:
                 writable=[pgdata.parent, socket_dir],
             )
             switches = True
-        if cgroup is not None and self.cgroups is not None:
-            # Joined before bwrap runs: everything the compute forks is counted from the start.
-            procs = [str(p) for p in self.cgroups.procs_files(cgroup)]
-            wrapped = ["/bin/sh", "-c", _JOIN, "sh", str(len(procs)), *procs, *wrapped]
         return wrapped, switches
 
     def sandboxed(self, run_as: RunAs) -> bool:
@@ -110,6 +99,19 @@ class Walls:
             await asyncio.to_thread(self.cgroups.create, name, limits)
             if self.autoscaler is not None:
                 self.autoscaler.watch(name, limits)
+
+    async def join(self, name: str, root: int) -> None:
+        """Move ``root`` and everything it forked into the compute's cgroup.
+
+        Off the wake's path, while Postgres starts: on cgroup v1 each move waits for an RCU
+        grace period once the kernel has been quiet (10-30 ms here), which a join before the
+        start would add to every wake. Moved in passes until one finds nothing outside (a
+        process forked by one not yet moved is caught by the next); forks after that inherit
+        the cgroup. Until then the compute runs uncapped for those milliseconds, before it
+        has taken a login; nothing of it outlives it regardless (its PID namespace).
+        """
+        if self.cgroups is not None:
+            await asyncio.to_thread(self.cgroups.join_tree, name, root)
 
     async def resize(self, name: str, limits: Limits) -> None:
         """New limits for a running compute (its range changed, its command line did not)."""
