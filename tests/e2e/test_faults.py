@@ -250,7 +250,9 @@ def test_a_taken_port_moves_the_compute_and_the_squatter_gets_no_client(api: Api
         with pytest.raises(BlockingIOError):
             squatter.accept()  # nobody was sent to it
     moved = _endpoint_port(api.server, eid)
-    assert moved != port
+    # A sandboxed compute listens on no port of the machine (its network is its own): the
+    # squatter takes nothing from it, and it keeps its port (the name of its socket).
+    assert (moved == port) if "computes run sandboxed" in api.server.log() else (moved != port)
     starts = [
         o
         for o in api.http.get(f"/projects/{pid}/operations").json()["operations"]
@@ -341,7 +343,14 @@ def small_disk_server(**env: str) -> Iterator[Server]:
 
 
 def _tree_bytes(path: Path) -> int:
-    return sum(f.lstat().st_size for f in path.rglob("*") if f.is_file())
+    """What the tree holds, its data directories' pg_wal aside: Postgres keeps up to
+    min_wal_size (80 MB) there as it sees fit, recycled segments included."""
+    return sum(
+        f.lstat().st_size for f in path.rglob("*") if f.is_file() and "pg_wal" not in f.parts
+    )
+
+
+WAL_KEPT = 80 << 20  # min_wal_size: what Postgres may keep in pg_wal however little it wrote
 
 
 def _a_branch_that_does_not_fit_fails_cleanly(server: Server) -> str:
@@ -377,7 +386,7 @@ def _a_branch_that_does_not_fit_fails_cleanly(server: Server) -> str:
         # What the project holds on disk: its parent and what the parent wrote since (WAL).
         assert _tree_bytes(project_dir) <= bytes_before + (32 << 20)
         if project_dir.parent.is_mount():  # a disk of its own: nothing else writes to it
-            assert shutil.disk_usage(project_dir).used <= disk_before + (32 << 20)
+            assert shutil.disk_usage(project_dir).used <= disk_before + WAL_KEPT
         assert len(postmasters(server.data_dir)) == 1
         others = [o for o in api.operations(pid) if o["id"] not in op_ids]
         assert [o["status"] for o in others] == ["finished"] * len(others), others

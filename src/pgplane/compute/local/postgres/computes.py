@@ -191,6 +191,7 @@ class Computes:
             if _serves(current, argv, spec.port, socket_dir):
                 await self._postmasters.resize(pgdata, _limits(spec, argv))
                 await wait_ready(
+                    pgdata,
                     socket_dir,
                     spec.port,
                     alive=lambda: is_alive(current),
@@ -201,8 +202,12 @@ class Computes:
             await self._postmasters.stop(pgdata, signalled="restart_compute:signalled")
         await self._tenants.claim(pgdata, run_as)
         await asyncio.to_thread(self._prepare_endpoint, spec.project_id, spec.endpoint_id, run_as)
-        # Checked first: Postgres would only say so in its log, after its start-up.
-        if not await asyncio.to_thread(ports.is_free, spec.port, self._listen_host):
+        # Checked first: Postgres would only say so in its log, after its start-up. A sandboxed
+        # compute listens on no port of the machine (its network is its own): nothing to check.
+        sandboxed = self._postmasters.walls.sandboxed(run_as)
+        if not sandboxed and not await asyncio.to_thread(
+            ports.is_free, spec.port, self._listen_host
+        ):
             raise PortInUse(spec.port)
         await self._postmasters.start(
             argv,

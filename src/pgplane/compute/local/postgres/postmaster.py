@@ -20,8 +20,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-import psycopg
-
 from pgplane import failpoints
 from pgplane.compute.driver import ComputeError, InvalidSettings
 from pgplane.compute.local.postgres.binaries import PgInstall
@@ -33,7 +31,7 @@ from pgplane.compute.local.postgres.records import (
     is_alive,
     start_time,
 )
-from pgplane.compute.local.postgres.sessions import admin_conninfo
+from pgplane.compute.local.tenants import untrusted
 from pgplane.compute.local.tenants.cgroups import Limits
 from pgplane.compute.local.tenants.user import C_LOCALE, RunAs, postgres_env
 from pgplane.compute.local.tenants.walls import Walls, cgroup_name
@@ -41,7 +39,9 @@ from pgplane.compute.local.tenants.walls import Walls, cgroup_name
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT = 30.0
-_POLL = 0.005
+_POLL = 0.001
+PID_FILE = "postmaster.pid"
+_STATUS_LINE = 7  # of postmaster.pid: LOCK_FILE_LINE_PM_STATUS (miscadmin.h), 1-based 8
 # Fast shutdown (SIGINT) includes a checkpoint; give it time before the immediate one.
 _STOP_STEPS = ((signal.SIGINT, 10.0), (signal.SIGQUIT, 5.0), (signal.SIGKILL, 5.0))
 
@@ -203,6 +203,7 @@ class Postmasters:
         ``limits``: its cgroup's (an endpoint's size); None runs it in none (platform work).
         """
         env = postgres_env()
+        stale_mtime = await asyncio.to_thread(pid_file_mtime, pgdata)
         stale = read_pid_file(pgdata)
         if stale is not None:
             # A postmaster that died uncleanly left its pid file (a clean stop removes it): only
@@ -247,11 +248,13 @@ class Postmasters:
                 if spawned is not None:
                     await failpoints.reached(spawned)
                 await wait_ready(
+                    pgdata,
                     socket_dir,
                     port,
                     alive=lambda: child.poll() is None,
                     log_path=log_path,
                     time_limit=ready_timeout,
+                    stale=stale_mtime,
                 )
             finally:
                 await joined
@@ -376,36 +379,62 @@ def _signal(pid: int, sig: signal.Signals) -> None:
 
 
 async def wait_ready(
+    pgdata: Path,
     socket_dir: Path,
     port: int,
     *,
     alive: Callable[[], bool],
     log_path: Path,
     time_limit: float = READY_TIMEOUT,
+    stale: int | None = None,
 ) -> None:
-    """Poll with a real startup packet until the server accepts it.
+    """Poll until the postmaster says it accepts connections, as ``pg_ctl -w`` does.
 
     Accepting a connection is not enough: a postmaster still recovering answers "the database
-    system is starting up". Polling every 5 ms (not pg_ctl's 100 ms) keeps a cold start at
-    tens of milliseconds.
+    system is starting up". Postgres writes ``ready`` into its pid file's status line when it
+    is past recovery and serving (PM_STATUS_READY), and its socket exists before that. That
+    line is the tenant's to write: a tenant can only make its own compute look ready early,
+    and its clients' logins then say otherwise. A startup packet each poll (as before) cost
+    every wake a backend of its own; polling every millisecond keeps a cold start at tens of
+    milliseconds. ``stale``: the modification time (ns) of a pid file a killed postmaster left,
+    which says "ready" too: the new one's is written later.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + time_limit
-    conninfo = admin_conninfo(socket_dir, port)
+    socket = socket_dir / f".s.PGSQL.{port}"
     while True:
-        try:
-            async with asyncio.timeout(10.0):
-                conn = await psycopg.AsyncConnection.connect(conninfo)
-        except (psycopg.OperationalError, TimeoutError) as exc:
-            last_error: Exception = exc
-        else:
-            await conn.close()
+        if await asyncio.to_thread(_says_ready, pgdata, socket, stale):
             return
         if not alive():
             raise ComputeError(f"postmaster exited during start-up; log: {log_tail(log_path)}")
         if loop.time() >= deadline:
             raise ComputeError(
-                f"postmaster not ready after {time_limit:.0f} s ({last_error}); "
-                f"log: {log_tail(log_path)}"
+                f"postmaster not ready after {time_limit:.0f} s; log: {log_tail(log_path)}"
             )
         await asyncio.sleep(_POLL)
+
+
+def _says_ready(pgdata: Path, socket: Path, stale: int | None) -> bool:
+    try:
+        fd = untrusted.open_regular(untrusted.under(pgdata, PID_FILE))
+    except OSError:
+        return False
+    try:
+        if stale is not None and os.fstat(fd).st_mtime_ns <= stale:
+            return False  # a dead postmaster's
+        lines = os.read(fd, 4096).decode(errors="replace").splitlines()
+    finally:
+        os.close(fd)
+    return len(lines) > _STATUS_LINE and lines[_STATUS_LINE].strip() == "ready" and socket.exists()
+
+
+def pid_file_mtime(pgdata: Path) -> int | None:
+    """When the pid file was last written (ns), None without one (a safe look: the tenant's)."""
+    try:
+        fd = untrusted.open_regular(untrusted.under(pgdata, PID_FILE))
+    except OSError:
+        return None
+    try:
+        return os.fstat(fd).st_mtime_ns
+    finally:
+        os.close(fd)

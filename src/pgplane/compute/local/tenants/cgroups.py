@@ -134,6 +134,11 @@ class Cgroups:
             (parent / name).mkdir(exist_ok=True)
         self.set_limits(name, limits)
 
+    def recreate(self, name: str, limits: Limits) -> None:
+        """A fresh cgroup for a compute: whatever an earlier one left in it ended first."""
+        self.kill(name)
+        self.create(name, limits)
+
     def set_limits(self, name: str, limits: Limits) -> None:
         self.set_cpus(name, limits.cpus)
         if self.version == 2:

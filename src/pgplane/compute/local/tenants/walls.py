@@ -95,8 +95,7 @@ class Walls:
     async def create_cgroup(self, name: str, limits: Limits) -> None:
         """The compute's cgroup, sized, what a compute that died left in it ended first."""
         if self.cgroups is not None:
-            await asyncio.to_thread(self.cgroups.kill, name)
-            await asyncio.to_thread(self.cgroups.create, name, limits)
+            await asyncio.to_thread(self.cgroups.recreate, name, limits)
             if self.autoscaler is not None:
                 self.autoscaler.watch(name, limits)
 
