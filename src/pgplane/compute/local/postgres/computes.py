@@ -35,8 +35,8 @@ from pgplane.compute.local.postgres.postmaster import (
     Postmasters,
     check_settings,
     postmaster_argv,
-    wait_ready,
 )
+from pgplane.compute.local.postgres.readiness import wait_ready
 from pgplane.compute.local.postgres.records import Running, is_alive
 from pgplane.compute.local.postgres.sizing import compute_settings
 from pgplane.compute.local.tenants.cgroups import Limits

@@ -11,19 +11,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import re
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pgplane import failpoints
 from pgplane.compute.driver import ComputeError, InvalidSettings
 from pgplane.compute.local.postgres.binaries import PgInstall
-from pgplane.compute.local.postgres.pidfile import alive, processes_in, read_pid_file
+from pgplane.compute.local.postgres.pidfile import alive, processes_in
+from pgplane.compute.local.postgres.readiness import (
+    READY_TIMEOUT,
+    stale_pid_file,
+    wait_ready,
+)
 from pgplane.compute.local.postgres.records import (
     Records,
     Running,
@@ -31,17 +37,13 @@ from pgplane.compute.local.postgres.records import (
     is_alive,
     start_time,
 )
-from pgplane.compute.local.tenants import untrusted
 from pgplane.compute.local.tenants.cgroups import Limits
 from pgplane.compute.local.tenants.user import C_LOCALE, RunAs, postgres_env
 from pgplane.compute.local.tenants.walls import Walls, cgroup_name
 
 log = logging.getLogger(__name__)
 
-READY_TIMEOUT = 30.0
 _POLL = 0.001
-PID_FILE = "postmaster.pid"
-_STATUS_LINE = 7  # of postmaster.pid: LOCK_FILE_LINE_PM_STATUS (miscadmin.h), 1-based 8
 # Fast shutdown (SIGINT) includes a checkpoint; give it time before the immediate one.
 _STOP_STEPS = ((signal.SIGINT, 10.0), (signal.SIGQUIT, 5.0), (signal.SIGKILL, 5.0))
 
@@ -135,15 +137,6 @@ def postmaster_argv(
     return argv
 
 
-def log_tail(path: Path, size: int = 2000) -> str:
-    try:
-        with path.open("rb") as f:  # root's: logs/ and branch directories are root's
-            f.seek(max(0, f.seek(0, os.SEEK_END) - size))
-            return f.read().decode(errors="replace").strip()
-    except OSError as exc:
-        return f"(log unreadable: {exc})"
-
-
 class _Child(subprocess.Popen[bytes]):
     def __del__(self) -> None:
         # Postmasters outlive the driver by design, so no "still running" ResourceWarning; the
@@ -203,8 +196,7 @@ class Postmasters:
         ``limits``: its cgroup's (an endpoint's size); None runs it in none (platform work).
         """
         env = postgres_env()
-        stale_mtime = await asyncio.to_thread(pid_file_mtime, pgdata)
-        stale = read_pid_file(pgdata)
+        stale_mtime, stale = await asyncio.to_thread(stale_pid_file, pgdata)
         if stale is not None:
             # A postmaster that died uncleanly left its pid file (a clean stop removes it): only
             # then can backends outlive it, so only then is /proc scanned (on the wake path).
@@ -213,36 +205,28 @@ class Postmasters:
             env["PG_GRANDPARENT_PID"] = str(stale.pid)
             await self._end_leftovers(pgdata, run_as)
         cgroup = cgroup_name(pgdata) if limits is not None and self.walls.cgroups else None
-        if cgroup is not None and limits is not None:
-            await self.walls.create_cgroup(cgroup, limits)
-        walled, switches = self.walls.wrap(
-            argv,
-            run_as=run_as,
-            pgdata=pgdata,
+        record = Running(
+            leader=0,
+            started=0,
+            sandboxed=self.walls.sandboxed(run_as),
+            port=port,
             socket_dir=socket_dir,
-            readable=readable,
+            argv=tuple(argv),
+            endpoint_id=endpoint_id,
+            cgroup=cgroup,
         )
-        spawn_as = RunAs.current() if switches else run_as
-        child = await asyncio.to_thread(_spawn, walled, spawn_as, log_path, env)
+        # One hop off the loop for all of it: each costs a wake its share.
+        child, record = await asyncio.to_thread(
+            self._launch, record, pgdata, run_as, log_path, env, readable, limits
+        )
         self._children[pgdata] = child
+        if cgroup is not None and limits is not None:
+            self.walls.watch(cgroup, limits)
         try:
-            leader = await asyncio.to_thread(_sandbox_leader, child) if switches else child.pid
-            record = Running(
-                leader=leader,
-                # None only if it exited at once: then nothing runs, and wait_ready says why.
-                started=start_time(leader) or 0,
-                sandboxed=switches,
-                port=port,
-                socket_dir=socket_dir,
-                argv=tuple(argv),
-                endpoint_id=endpoint_id,
-                cgroup=cgroup,
-            )
-            await asyncio.to_thread(self._records.put, pgdata, record)
             # Into its cgroup while it starts (each move may wait out an RCU grace period), and
             # there before its first client: start() returns after both.
             joined = asyncio.ensure_future(
-                self.walls.join(cgroup, leader) if cgroup is not None else asyncio.sleep(0)
+                self.walls.join(cgroup, record.leader) if cgroup is not None else asyncio.sleep(0)
             )
             try:
                 if spawned is not None:
@@ -262,6 +246,36 @@ class Postmasters:
             # Leave nothing half started, whatever interrupted us (a timeout, a cancellation).
             await asyncio.shield(self._abort(pgdata, child))
             raise
+
+    def _launch(
+        self,
+        record: Running,
+        pgdata: Path,
+        run_as: RunAs,
+        log_path: Path,
+        env: dict[str, str],
+        readable: Sequence[Path],
+        limits: Limits | None,
+    ) -> tuple[_Child, Running]:
+        """Its cgroup made, the postmaster spawned (walled), its leader found and recorded."""
+        if record.cgroup is not None and limits is not None and self.walls.cgroups is not None:
+            self.walls.cgroups.recreate(record.cgroup, limits)
+        walled, switches = self.walls.wrap(
+            record.argv, run_as=run_as, pgdata=pgdata, socket_dir=record.socket_dir,
+            readable=readable,
+        )  # fmt: skip
+        child = _spawn(walled, RunAs.current() if switches else run_as, log_path, env)
+        try:
+            leader = _sandbox_leader(child) if switches else child.pid
+            # started: 0 only if it exited at once; then nothing runs, and wait_ready says why.
+            record = dataclasses.replace(record, leader=leader, started=start_time(leader) or 0)
+            self._records.put(pgdata, record)
+        except BaseException:
+            for pid in (*children_of(child.pid), child.pid):
+                _signal(pid, signal.SIGKILL)
+            child.wait(_STOP_STEPS[-1][1])
+            raise
+        return child, record
 
     async def _abort(self, pgdata: Path, child: _Child) -> None:
         if self.running(pgdata) is not None:
@@ -376,65 +390,3 @@ def _spawn(argv: Sequence[str], run_as: RunAs, log_path: Path, env: dict[str, st
 def _signal(pid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
-
-
-async def wait_ready(
-    pgdata: Path,
-    socket_dir: Path,
-    port: int,
-    *,
-    alive: Callable[[], bool],
-    log_path: Path,
-    time_limit: float = READY_TIMEOUT,
-    stale: int | None = None,
-) -> None:
-    """Poll until the postmaster says it accepts connections, as ``pg_ctl -w`` does.
-
-    Accepting a connection is not enough: a postmaster still recovering answers "the database
-    system is starting up". Postgres writes ``ready`` into its pid file's status line when it
-    is past recovery and serving (PM_STATUS_READY), and its socket exists before that. That
-    line is the tenant's to write: a tenant can only make its own compute look ready early,
-    and its clients' logins then say otherwise. A startup packet each poll (as before) cost
-    every wake a backend of its own; polling every millisecond keeps a cold start at tens of
-    milliseconds. ``stale``: the modification time (ns) of a pid file a killed postmaster left,
-    which says "ready" too: the new one's is written later.
-    """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + time_limit
-    socket = socket_dir / f".s.PGSQL.{port}"
-    while True:
-        if await asyncio.to_thread(_says_ready, pgdata, socket, stale):
-            return
-        if not alive():
-            raise ComputeError(f"postmaster exited during start-up; log: {log_tail(log_path)}")
-        if loop.time() >= deadline:
-            raise ComputeError(
-                f"postmaster not ready after {time_limit:.0f} s; log: {log_tail(log_path)}"
-            )
-        await asyncio.sleep(_POLL)
-
-
-def _says_ready(pgdata: Path, socket: Path, stale: int | None) -> bool:
-    try:
-        fd = untrusted.open_regular(untrusted.under(pgdata, PID_FILE))
-    except OSError:
-        return False
-    try:
-        if stale is not None and os.fstat(fd).st_mtime_ns <= stale:
-            return False  # a dead postmaster's
-        lines = os.read(fd, 4096).decode(errors="replace").splitlines()
-    finally:
-        os.close(fd)
-    return len(lines) > _STATUS_LINE and lines[_STATUS_LINE].strip() == "ready" and socket.exists()
-
-
-def pid_file_mtime(pgdata: Path) -> int | None:
-    """When the pid file was last written (ns), None without one (a safe look: the tenant's)."""
-    try:
-        fd = untrusted.open_regular(untrusted.under(pgdata, PID_FILE))
-    except OSError:
-        return None
-    try:
-        return os.fstat(fd).st_mtime_ns
-    finally:
-        os.close(fd)

@@ -92,12 +92,10 @@ class Walls:
     def sandboxed(self, run_as: RunAs) -> bool:
         return self.sandbox is not None and run_as.switch
 
-    async def create_cgroup(self, name: str, limits: Limits) -> None:
-        """The compute's cgroup, sized, what a compute that died left in it ended first."""
-        if self.cgroups is not None:
-            await asyncio.to_thread(self.cgroups.recreate, name, limits)
-            if self.autoscaler is not None:
-                self.autoscaler.watch(name, limits)
+    def watch(self, name: str, limits: Limits) -> None:
+        """Autoscale the compute's CPU within its range (its cgroup made)."""
+        if self.autoscaler is not None:
+            self.autoscaler.watch(name, limits)
 
     async def join(self, name: str, root: int) -> None:
         """Move ``root`` and everything it forked into the compute's cgroup.

@@ -1,0 +1,94 @@
+"""When a postmaster serves: its pid file's status line, read safely, and its log's tail.
+
+The pid file is the tenant's: it is read here only to learn whether the tenant's own compute
+is up (``pg_ctl -w``'s question), never where a compute is (:mod:`.records` says that).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from pgplane.compute.driver import ComputeError
+from pgplane.compute.local.postgres.pidfile import PidFile, read_pid_file
+from pgplane.compute.local.tenants import untrusted
+
+READY_TIMEOUT = 30.0
+PID_FILE = "postmaster.pid"
+_STATUS_LINE = 7  # of postmaster.pid: LOCK_FILE_LINE_PM_STATUS (miscadmin.h), 1-based 8
+_POLL = 0.001
+
+
+def log_tail(path: Path, size: int = 2000) -> str:
+    try:
+        with path.open("rb") as f:  # root's: logs/ and branch directories are root's
+            f.seek(max(0, f.seek(0, os.SEEK_END) - size))
+            return f.read().decode(errors="replace").strip()
+    except OSError as exc:
+        return f"(log unreadable: {exc})"
+
+
+async def wait_ready(
+    pgdata: Path,
+    socket_dir: Path,
+    port: int,
+    *,
+    alive: Callable[[], bool],
+    log_path: Path,
+    time_limit: float = READY_TIMEOUT,
+    stale: int | None = None,
+) -> None:
+    """Poll until the postmaster says it accepts connections, as ``pg_ctl -w`` does.
+
+    Accepting a connection is not enough: a postmaster still recovering answers "the database
+    system is starting up". Postgres writes ``ready`` into its pid file's status line when it
+    is past recovery and serving (PM_STATUS_READY), and its socket exists before that. That
+    line is the tenant's to write: a tenant can only make its own compute look ready early,
+    and its clients' logins then say otherwise. A startup packet each poll (as before) cost
+    every wake a backend of its own; polling every millisecond keeps a cold start at tens of
+    milliseconds. ``stale``: the modification time (ns) of a pid file a killed postmaster left,
+    which says "ready" too: the new one's is written later.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + time_limit
+    socket = socket_dir / f".s.PGSQL.{port}"
+    while True:
+        if await asyncio.to_thread(_says_ready, pgdata, socket, stale):
+            return
+        if not alive():
+            raise ComputeError(f"postmaster exited during start-up; log: {log_tail(log_path)}")
+        if loop.time() >= deadline:
+            raise ComputeError(
+                f"postmaster not ready after {time_limit:.0f} s; log: {log_tail(log_path)}"
+            )
+        await asyncio.sleep(_POLL)
+
+
+def _says_ready(pgdata: Path, socket: Path, stale: int | None) -> bool:
+    try:
+        fd = untrusted.open_regular(untrusted.under(pgdata, PID_FILE))
+    except OSError:
+        return False
+    try:
+        if stale is not None and os.fstat(fd).st_mtime_ns <= stale:
+            return False  # a dead postmaster's
+        lines = os.read(fd, 4096).decode(errors="replace").splitlines()
+    finally:
+        os.close(fd)
+    return len(lines) > _STATUS_LINE and lines[_STATUS_LINE].strip() == "ready" and socket.exists()
+
+
+def stale_pid_file(pgdata: Path) -> tuple[int | None, PidFile | None]:
+    """What a postmaster that died left (a clean stop removes it): when it was last written
+    (ns), and what it says (a safe look: the tenant's)."""
+    try:
+        fd = untrusted.open_regular(untrusted.under(pgdata, PID_FILE))
+    except OSError:
+        return None, None
+    try:
+        mtime = os.fstat(fd).st_mtime_ns
+    finally:
+        os.close(fd)
+    return mtime, read_pid_file(pgdata)
