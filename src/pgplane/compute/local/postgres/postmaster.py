@@ -187,7 +187,8 @@ class Postmasters:
         readable: Sequence[Path] = (),
         limits: Limits | None = None,
     ) -> None:
-        """Spawn the postmaster, record it, and return once it accepts a real client startup.
+        """Spawn the postmaster (walled), record it, and return once it says it serves and is in
+        its cgroup.
 
         ``spawned``: the failpoint reached once the process exists, before it is ready.
         ``ready_timeout``: how long it may take (a recovery replays WAL first).
@@ -261,9 +262,12 @@ class Postmasters:
         if record.cgroup is not None and limits is not None and self.walls.cgroups is not None:
             self.walls.cgroups.recreate(record.cgroup, limits)
         walled, switches = self.walls.wrap(
-            record.argv, run_as=run_as, pgdata=pgdata, socket_dir=record.socket_dir,
+            record.argv,
+            run_as=run_as,
+            pgdata=pgdata,
+            socket_dir=record.socket_dir,
             readable=readable,
-        )  # fmt: skip
+        )
         child = _spawn(walled, RunAs.current() if switches else run_as, log_path, env)
         try:
             leader = _sandbox_leader(child) if switches else child.pid
