@@ -1,8 +1,9 @@
 """A cgroup per compute: its CPU, memory and processes bounded by its compute units.
 
 A Neon compute unit is 1 vCPU and 4 GB of RAM. A compute may use up to its
-``autoscaling_limit_max_cu``: a CPU quota of that many CPUs (with a burst of one period, so a
-start or a short query is not throttled), that much memory (the kernel reclaims its cache, then
+``autoscaling_limit_max_cu``: a CPU quota of that many CPUs at most (with a burst of one period,
+so a short query is not throttled; :mod:`.autoscale` moves it within the compute's range), that
+much memory (the kernel reclaims its cache, then
 ends its largest process), and a cap on processes (its connections and Postgres' own workers,
 plus a margin for what a tenant runs). Its CPU weight follows its size, so under contention
 computes share the machine in proportion to their CU and no tenant's process count buys more.
@@ -18,8 +19,8 @@ Both cgroup versions are served:
   /<name>`` in each; ``cpu.cfs_quota_us``, ``cpu.shares``, ``memory.limit_in_bytes``,
   ``pids.max``; killed by signalling every process listed until none is.
 
-A process joins by writing its pid to each ``cgroup.procs`` before it execs the sandbox, so
-everything the compute ever forks is counted from its first instruction.
+A compute joins by its processes' pids written to each ``cgroup.procs`` (:meth:`join_tree`),
+while Postgres starts and before its first client: what it forks afterwards is born inside.
 """
 
 from __future__ import annotations
