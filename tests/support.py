@@ -27,7 +27,9 @@ import httpx
 
 from pgplane.compute.local.postgres.binaries import PgInstall, discover
 from pgplane.compute.local.postgres.records import Records, is_alive
+from pgplane.compute.local.tenants.cgroups import Cgroups
 from pgplane.compute.local.tenants.users import remove_project_users
+from pgplane.compute.local.tenants.walls import cgroup_name
 from pgplane.core import ids
 from pgplane.core.models import Operation
 from pgplane.core.operations import Action, Status
@@ -94,10 +96,11 @@ def make_data_dir() -> Path:
 
 
 def stop_postmasters(data_dir: Path) -> None:
-    pids = []
-    for pidfile in data_dir.glob("projects/*/branches/*/pgdata/postmaster.pid"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            pids.append(int(pidfile.read_text().splitlines()[0]))
+    """Stop what a server left running on ``data_dir``, found as the platform recorded it (a
+    sandboxed postmaster's pid file names it as its own namespace sees it), and remove the
+    cgroups of its computes (the kernel keeps an empty one until it is removed)."""
+    pgdatas = [*data_dir.glob("projects/*/branches/*/pgdata*")]
+    pids = [pid for pgdata in pgdatas if (pid := postmaster_pid(data_dir, pgdata)) is not None]
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGINT)
@@ -109,6 +112,10 @@ def stop_postmasters(data_dir: Path) -> None:
             except ProcessLookupError:
                 break
             time.sleep(0.01)
+    cgroups, _ = Cgroups.find() if os.geteuid() == 0 else (None, "")
+    for pgdata in pgdatas if cgroups is not None else []:
+        with contextlib.suppress(OSError):
+            cgroups.kill(cgroup_name(pgdata.resolve()))
 
 
 def postmaster_pid(data_dir: Path, pgdata: Path) -> int | None:
