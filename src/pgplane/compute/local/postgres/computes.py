@@ -187,6 +187,11 @@ class Computes:
         socket_dir = self.layout.socket_dir(spec.endpoint_id)
         log_path = self.layout.log_path(spec.endpoint_id)
         current = self._postmasters.running(pgdata)
+        if current is not None and current.sandboxed and current.postmaster() is None:
+            # Its postmaster died (killed, say) and its sandbox is ending with it: its pid file
+            # and socket still say "ready". Let it end, then start afresh.
+            await self._postmasters.stop(pgdata)
+            current = None
         if current is not None:
             if _serves(current, argv, spec.port, socket_dir):
                 await self._postmasters.resize(pgdata, _limits(spec, argv))
@@ -194,7 +199,7 @@ class Computes:
                     pgdata,
                     socket_dir,
                     spec.port,
-                    alive=lambda: is_alive(current),
+                    alive=lambda: is_alive(current) and current.postmaster() is not None,
                     log_path=log_path,
                 )
                 return

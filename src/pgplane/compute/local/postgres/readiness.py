@@ -55,10 +55,11 @@ async def wait_ready(
     deadline = loop.time() + time_limit
     socket = socket_dir / f".s.PGSQL.{port}"
     while True:
-        if await asyncio.to_thread(_says_ready, pgdata, socket, stale):
-            return
+        # Alive first: a postmaster that died leaves a pid file and a socket that say "ready".
         if not alive():
             raise ComputeError(f"postmaster exited during start-up; log: {log_tail(log_path)}")
+        if await asyncio.to_thread(_says_ready, pgdata, socket, stale):
+            return
         if loop.time() >= deadline:
             raise ComputeError(
                 f"postmaster not ready after {time_limit:.0f} s; log: {log_tail(log_path)}"
