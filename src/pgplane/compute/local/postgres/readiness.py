@@ -11,8 +11,11 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import psycopg
+
 from pgplane.compute.driver import ComputeError
 from pgplane.compute.local.postgres.pidfile import PidFile, read_pid_file
+from pgplane.compute.local.postgres.sessions import admin_conninfo
 from pgplane.compute.local.tenants import untrusted
 
 READY_TIMEOUT = 30.0
@@ -40,15 +43,16 @@ async def wait_ready(
     time_limit: float = READY_TIMEOUT,
     stale: int | None = None,
 ) -> None:
-    """Poll until the postmaster says it accepts connections, as ``pg_ctl -w`` does.
+    """Poll until the postmaster says it accepts connections, as ``pg_ctl -w`` does, then log
+    in once to be sure.
 
     Accepting a connection is not enough: a postmaster still recovering answers "the database
     system is starting up". Postgres writes ``ready`` into its pid file's status line when it
     is past recovery and serving (PM_STATUS_READY), and its socket exists before that. That
-    line is the tenant's to write: a tenant can only make its own compute look ready early,
-    and its clients' logins then say otherwise. A startup packet each poll (as before) cost
-    every wake a backend of its own; polling every millisecond keeps a cold start at tens of
-    milliseconds. ``stale``: the modification time (ns) of a pid file a killed postmaster left,
+    line is the tenant's to write: a tenant can only make its own compute look ready early.
+    One login once it says so (not a startup packet each poll) confirms it: a postmaster killed
+    a moment ago leaves a pid file and a socket that say "ready" too. Polling every millisecond
+    keeps a cold start at tens of milliseconds. ``stale``: the modification time (ns) of a pid file a killed postmaster left,
     which says "ready" too: the new one's is written later.
     """
     loop = asyncio.get_running_loop()
@@ -58,7 +62,9 @@ async def wait_ready(
         # Alive first: a postmaster that died leaves a pid file and a socket that say "ready".
         if not alive():
             raise ComputeError(f"postmaster exited during start-up; log: {log_tail(log_path)}")
-        if await asyncio.to_thread(_says_ready, pgdata, socket, stale):
+        if await asyncio.to_thread(_says_ready, pgdata, socket, stale) and await _logs_in(
+            socket_dir, port
+        ):
             return
         if loop.time() >= deadline:
             raise ComputeError(
@@ -93,3 +99,15 @@ def stale_pid_file(pgdata: Path) -> tuple[int | None, PidFile | None]:
     finally:
         os.close(fd)
     return mtime, read_pid_file(pgdata)
+
+
+async def _logs_in(socket_dir: Path, port: int) -> bool:
+    """Whether the platform's own startup is taken: what "ready" must mean for the clients that
+    follow (a pid file and a socket a killed postmaster left say "ready" too, for a moment)."""
+    try:
+        async with asyncio.timeout(10.0):
+            conn = await psycopg.AsyncConnection.connect(admin_conninfo(socket_dir, port))
+    except (psycopg.OperationalError, TimeoutError):
+        return False
+    await conn.close()
+    return True
