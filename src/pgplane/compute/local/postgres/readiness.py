@@ -52,8 +52,8 @@ async def wait_ready(
     line is the tenant's to write: a tenant can only make its own compute look ready early.
     One login once it says so (not a startup packet each poll) confirms it: a postmaster killed
     a moment ago leaves a pid file and a socket that say "ready" too. Polling every millisecond
-    keeps a cold start at tens of milliseconds. ``stale``: the modification time (ns) of a pid file a killed postmaster left,
-    which says "ready" too: the new one's is written later.
+    keeps a cold start at tens of milliseconds. ``stale``: the modification time (ns) of a pid
+    file a killed postmaster left, which says "ready" too: the new one's is written later.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + time_limit
