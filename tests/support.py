@@ -118,6 +118,25 @@ def stop_postmasters(data_dir: Path) -> None:
             cgroups.kill(cgroup_name(pgdata.resolve()))
 
 
+def mounts_under(path: Path) -> list[Path]:
+    """Mount points at or below ``path`` in this mount namespace, deepest first."""
+    root = path.resolve()
+    found = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = Path(line.split()[4].encode().decode("unicode_escape"))
+            if point == root or point.is_relative_to(root):
+                found.append(point)
+    return sorted(found, key=lambda p: len(p.parts), reverse=True)
+
+
+def unmount_volumes(data_dir: Path) -> None:
+    """Unmount the projects' filesystems a server left mounted (they outlive it, as its
+    postmasters do); the kernel frees each loop device when its filesystem goes."""
+    for point in mounts_under(data_dir):
+        subprocess.run(["umount", "--lazy", str(point)], check=False, capture_output=True)
+
+
 def postmaster_pid(data_dir: Path, pgdata: Path) -> int | None:
     """The pid (in this machine's namespace) of the postmaster serving ``pgdata``, as the
     platform recorded it; None when none runs. Its postmaster.pid names it as the sandbox's
@@ -258,6 +277,7 @@ def running_server(
         server.stop()
         stop_postmasters(data_dir)
         remove_project_users(data_dir)  # as root, each project had an OS user of its own
+        unmount_volumes(data_dir)  # and a filesystem of its own, which outlives the server
         remove_in_background(data_dir)
 
 

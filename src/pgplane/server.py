@@ -153,6 +153,7 @@ async def serve(settings: Settings) -> None:
             disk_reserve_bytes=settings.disk_reserve_bytes,
             history_base_bytes=settings.history_base_bytes,
             walls=settings.walls,
+            disk_per_project_bytes=settings.disk_per_project_mib << 20,
         )
     )
     settings = dataclasses.replace(settings, pg_versions=tuple(driver.pg_versions()))

@@ -8,11 +8,12 @@ running compute and none for the others, a compute that ran through the kill sti
 the same postmaster (adopted, not started again), every committed row in place.
 
 The kill lands at a failpoint named after the step (see tests/crash.py): inside a handler
-(``create_timeline:populated``: the cluster being built is running, ``start_compute:spawned``:
-a postmaster exists but is not ready, ``stop_compute:signalled``: told to stop, maybe not gone,
-``apply_config:executed``: between two statements of a change) and ``after:<action>``, the
-hardest case: the work is done, the store does not know it. Branches, deletes, detach and
-reattach, and writes through the proxy are in test_crash_data.py.
+(``project_volume:mounted``: a new project's filesystem mounted, its directory not yet
+given to its user, ``create_timeline:populated``: the cluster being built is running,
+``start_compute:spawned``: a postmaster exists but is not ready, ``stop_compute:signalled``:
+told to stop, maybe not gone, ``apply_config:executed``: between two statements of a change)
+and ``after:<action>``, the hardest case: the work is done, the store does not know it.
+Branches, deletes, detach and reattach, and writes through the proxy are in test_crash_data.py.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from tests.support import Api, running_server
 @pytest.mark.parametrize(
     "failpoint",
     [
+        "project_volume:mounted",
         slow("create_timeline:copied"),
         "create_timeline:populated",
         slow("create_timeline:synced"),

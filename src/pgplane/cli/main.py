@@ -118,6 +118,13 @@ def serve(
             " compute's OS user); existing projects keep theirs; 0: any [0]"
         ),
     ] = None,
+    disk_per_project_mib: Annotated[
+        int | None,
+        typer.Option(
+            help="As root: each project's disk share (data, WAL, history), a filesystem of its"
+            " own; 0: none [16384]"
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
 ) -> None:
     """Run the API, the operations engine and the computes' supervisor in one process."""
@@ -144,6 +151,7 @@ def serve(
         running_computes_per_account=running_computes_per_account,
         compute_units_per_account=compute_units_per_account,
         min_pg_version=min_pg_version,
+        disk_per_project_mib=disk_per_project_mib,
     )
     if (settings.tls_cert is None) != (settings.tls_key is None):
         typer.echo("error: --tls-cert and --tls-key go together", err=True)

@@ -26,5 +26,8 @@ class LocalDriverConfig:
     history_base_bytes: int = 1 << 30
     # As root: computes sandboxed and in cgroups, where the machine allows (tenants/walls.py).
     walls: bool = True
+    # As root with the walls on: each project's files on a filesystem of its own this big (its
+    # disk share: data, WAL and history); 0: none (tenants/volumes.py).
+    disk_per_project_bytes: int = 16 << 30
     # Only the bundled wheel's binaries (tests prove the bundled Postgres works on its own).
     bundled_only: bool = False

@@ -52,6 +52,7 @@ from pgplane.compute.local.postgres.verifiers import read_verifiers
 from pgplane.compute.local.tenants.projects import Tenants, ids
 from pgplane.compute.local.tenants.user import RunAs, open_traversal
 from pgplane.compute.local.tenants.users import ComputeUsers
+from pgplane.compute.local.tenants.volumes import Volumes
 from pgplane.compute.local.tenants.walls import Walls
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,12 @@ class LocalComputeDriver:
             bundled_only=config.bundled_only,
             shared_user=self._prepare,
         )
-        self._tenants = Tenants(self.layout, self.users, self._postmasters, self._locks)
+        self.volumes = Volumes.find(
+            self.layout.volumes, size_bytes=config.disk_per_project_bytes, enabled=config.walls
+        )
+        self._tenants = Tenants(
+            self.layout, self.users, self._postmasters, self._locks, self.volumes
+        )
         self._computes = Computes(
             layout=self.layout,
             listen_host=config.listen_host,
@@ -83,6 +89,9 @@ class LocalComputeDriver:
             install=self._install,
         )
         self._spares = SparePool(self.layout.spares)
+        if self.volumes.active:
+            # Its spares are renamed into place: they cannot cross into a project's filesystem.
+            self._spares.disable()
         self._histories = Histories(
             layout=self.layout,
             postmasters=self._postmasters,
@@ -343,6 +352,7 @@ class LocalComputeDriver:
         await self._tenants.reattach(project_id)
 
     async def tenant_state(self, *, project_id: str) -> str:
+        await self._prepare()  # the projects' filesystems mounted
         return self._tenants.state(project_id)
 
     async def delete_tenant(self, *, project_id: str) -> None:
@@ -370,6 +380,8 @@ class LocalComputeDriver:
             async with self._locks["prepare",]:
                 if not self._prepared:
                     await asyncio.to_thread(self._make_dirs, shared)
+                    # Before anything reads a project: its files are on its filesystem.
+                    await asyncio.to_thread(self.volumes.mount_all, self.layout.projects)
                     await sweep_trash(self.layout.projects)
                     await sweep_trash(self.layout.archives)
                     for project_id in ids(self.layout.projects):  # a reset's old data

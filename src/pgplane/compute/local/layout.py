@@ -7,6 +7,8 @@
       projects/<project_id>/endpoints/<endpoint_id>  empty file: endpoints that ever ran here
       projects/<project_id>/branches/<branch_id>/pgdata   the branch's Postgres data directory
       archive/<project_id>/                          cold archive of a detached project
+      volumes/<project_id>.img                       as root: the project's filesystem, mounted
+                                                     on projects/<project_id>/ (tenants/volumes.py)
       templates/<major>/                             initdb output, copied for every new cluster
       spare/                                         empty files made ahead for copies (spares.py)
       postmasters/                                   the platform's records of its postmasters
@@ -17,10 +19,11 @@
 
 As root, who may read what (DESIGN §6: a compute's OS user reaches its own project only): the
 data directory is 0711 (passed through, never listed); ``pgplane.db`` (with -wal, -shm) 0600,
-``logs/``, ``archive/`` and ``spare/`` 0700, root's; ``projects/<id>/`` root's with the project
-user's group, 0710, so no other project's user gets in; each ``pgdata`` and socket directory the
-project user's, 0700; templates the shared compute user's (``templates/<major>/pgdata`` 0700);
-``pg/`` readable by all (binaries). tenants/projects.py and tenants/users.py say more.
+``logs/``, ``archive/``, ``volumes/`` and ``spare/`` 0700, root's; ``projects/<id>/`` root's
+with the project user's group, 0710, so no other project's user gets in; each ``pgdata`` and
+socket directory the project user's, 0700; templates the shared compute user's
+(``templates/<major>/pgdata`` 0700); ``pg/`` readable by all (binaries). tenants/projects.py and
+tenants/users.py say more.
 
 Unix socket paths are limited to 107 bytes, so when ``<data_dir>/run/<id>/.s.PGSQL.<port>`` could
 exceed it the socket root moves to ``/tmp/pgplane-<hash of data_dir>/`` (one per data directory,
@@ -103,6 +106,11 @@ class Layout:
     @property
     def spares(self) -> Path:
         return self.data_dir / "spare"
+
+    @property
+    def volumes(self) -> Path:
+        """Root's alone: each project's filesystem image (tenants/volumes.py)."""
+        return self.data_dir / "volumes"
 
     @property
     def archives(self) -> Path:

@@ -38,6 +38,7 @@ from pgplane.compute.driver import ComputeError
 from pgplane.compute.local.copies.datacopy import (
     BACKUP_FILES,
     CopyStats,
+    can_clone,
     copy_data_dir,
     copy_files,
 )
@@ -140,10 +141,12 @@ def check_space(
 
     The parent's computes share the disk: filled by a copy, a running parent could not write its
     WAL and would stop (Postgres PANICs on a full WAL disk). So the copy must fit and leave the
-    reserve. The estimate is the parent without its recycled WAL, plus two WAL segments.
+    reserve. The estimate is the parent without its recycled WAL, plus two WAL segments; where
+    files are cloned (a project's own XFS, tenants/volumes.py) the copy shares the parent's
+    blocks, and only the two segments count.
     """
     needed = 2 * _WAL_SEGMENT
-    for dirpath, dirnames, filenames in os.walk(parent):
+    for dirpath, dirnames, filenames in [] if can_clone(target_dir) else os.walk(parent):
         if dirpath == str(parent):
             dirnames[:] = [d for d in dirnames if d != "pg_wal"]
         for name in filenames:

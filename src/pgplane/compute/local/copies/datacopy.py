@@ -33,6 +33,7 @@ import errno
 import fcntl
 import os
 import re
+import secrets
 import stat
 import sys
 import threading
@@ -97,6 +98,32 @@ class CopyStats:
     start_lsn: int = 0
     end_lsn: int = 0
     segment_size: int = 0
+
+
+def can_clone(directory: Path) -> bool:
+    """Whether files made in ``directory`` (root's) can be clones: one block tried on a pair of
+    throw-away files there."""
+    if sys.platform != "linux":
+        return False
+    src = directory / f".clone-probe-{secrets.token_hex(4)}"
+    dst = src.with_name(f"{src.name}-copy")
+    try:
+        fin = os.open(src, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            os.write(fin, bytes(4096))
+            fout = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            try:
+                fcntl.ioctl(fout, _FICLONE, fin)
+            finally:
+                os.close(fout)
+        finally:
+            os.close(fin)
+    except OSError:
+        return False
+    finally:
+        src.unlink(missing_ok=True)
+        dst.unlink(missing_ok=True)
+    return True
 
 
 def copy_data_dir(

@@ -53,6 +53,11 @@ class SparePool:
         self._enabled = True
         self._stopping = False
 
+    def disable(self) -> None:
+        """Never make spares (the copies land on filesystems the pool is not on)."""
+        with self._lock:
+            self._enabled = False
+
     def counts(self) -> tuple[int, int]:
         """Spare files and directories ready now."""
         with self._lock:

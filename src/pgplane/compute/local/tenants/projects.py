@@ -27,12 +27,13 @@ from pgplane import failpoints
 from pgplane.compute.driver import ComputeError
 from pgplane.compute.local.cold import archive
 from pgplane.compute.local.copies.timeline import temporary_pgdata
-from pgplane.compute.local.files import remove_tree
+from pgplane.compute.local.files import fsync_dir, remove_tree
 from pgplane.compute.local.layout import Layout, check_id, ensure_dir
 from pgplane.compute.local.postgres.postmaster import Postmasters
 from pgplane.compute.local.tenants.ownership import hand_over, owned_by
 from pgplane.compute.local.tenants.user import RunAs, open_traversal
 from pgplane.compute.local.tenants.users import ComputeUsers, end_processes
+from pgplane.compute.local.tenants.volumes import Volumes
 
 PROJECT_DIR_MODE = 0o710
 
@@ -46,8 +47,10 @@ class Tenants:
         users: ComputeUsers,
         postmasters: Postmasters,
         locks: defaultdict[tuple[object, ...], asyncio.Lock],
+        volumes: Volumes,
     ) -> None:
         self._layout = layout
+        self._volumes = volumes
         self._users = users
         self._postmasters = postmasters
         self._locks = locks
@@ -71,7 +74,11 @@ class Tenants:
         """The project's directory, made if missing (a detached project's is not: see
         ``state``); its user."""
         run_as = await self.user(project_id)
-        await asyncio.to_thread(project_dir_for, self._layout.project_dir(project_id), run_as)
+        project_dir = self._layout.project_dir(project_id)
+        if not await asyncio.to_thread(os.path.ismount, project_dir):
+            await asyncio.to_thread(self._volumes.ensure, project_id, project_dir)
+            await failpoints.reached("project_volume:mounted")
+        await asyncio.to_thread(project_dir_for, project_dir, run_as)
         return run_as
 
     async def claim(self, pgdata: Path, run_as: RunAs) -> None:
@@ -99,7 +106,7 @@ class Tenants:
         project_dir = self._layout.project_dir(project_id)
         archive_dir = self._layout.archive(project_id)
         async with self._locks["tenant", project_id]:
-            if not project_dir.exists():
+            if not hot(project_dir):
                 if archive_dir.exists():
                     await asyncio.to_thread(archive.verify, archive_dir)
                     return  # detached already (a retry after the hot copy was freed)
@@ -111,7 +118,7 @@ class Tenants:
             # Proven readable before the only other copy goes.
             await asyncio.to_thread(archive.verify, archive_dir)
             await failpoints.reached("tenant_detach:packed")
-            await remove_tree(project_dir)
+            await self._remove(project_id, project_dir)
             for endpoint_id in ids(self._layout.endpoint_records(project_id)):
                 socket_dir = self._layout.socket_dir(endpoint_id)
                 await asyncio.to_thread(shutil.rmtree, socket_dir, True)
@@ -122,19 +129,42 @@ class Tenants:
         run_as = await self._users.project(project_id)
         async with self._locks["tenant", project_id]:
             if not archive_dir.exists():
-                if project_dir.exists():
+                if hot(project_dir):
                     return  # attached already
                 raise ComputeError(f"project {project_id} has neither data nor an archive")
-            if not project_dir.exists():
+            if not hot(project_dir):
                 # Unpacked beside, verified file by file, then renamed into place: all or
                 # nothing. Root's until its data directories are handed over, bottom-up.
-                await asyncio.to_thread(archive.unpack, archive_dir, project_dir)
+                await asyncio.to_thread(self._unpack, project_id, archive_dir, project_dir)
             await asyncio.to_thread(self._give_back, project_id, run_as)
             await failpoints.reached("tenant_reattach:unpacked")
             # Both present: a detach stopped before freeing the hot copy, or this reattach
             # before dropping the archive. The hot copy is whole (renames are atomic) and the
             # computes were stopped before packing, so the archive holds nothing newer.
             await remove_tree(archive_dir)
+
+    def _unpack(self, project_id: str, archive_dir: Path, project_dir: Path) -> None:
+        if not self._volumes.active:
+            archive.unpack(archive_dir, project_dir)
+            return
+        # Onto a fresh filesystem of its own: unpacked inside it (a rename cannot cross into
+        # it), then moved up entry by entry, ``branches`` last: its arrival makes the project
+        # whole (``hot``), so a crash before it unpacks again.
+        self._volumes.ensure(project_id, project_dir)
+        staged = project_dir / "restored"
+        if not staged.exists():  # renamed into place whole by unpack, or not there at all
+            archive.unpack(archive_dir, staged)
+        for entry in sorted(staged.iterdir(), key=lambda p: p.name == "branches"):
+            os.replace(entry, project_dir / entry.name)
+        fsync_dir(project_dir)
+        staged.rmdir()
+
+    async def _remove(self, project_id: str, project_dir: Path) -> None:
+        """The project's hot copy gone: its filesystem, or its tree in the data directory."""
+        if self._volumes.has(project_id, project_dir):
+            await asyncio.to_thread(self._volumes.remove, project_id, project_dir)
+        else:
+            await remove_tree(project_dir)
 
     def _give_back(self, project_id: str, run_as: RunAs) -> None:
         project_dir_for(self._layout.project_dir(project_id), run_as)
@@ -146,10 +176,10 @@ class Tenants:
                     hand_over(tree, {os.geteuid()}, run_as)
 
     def state(self, project_id: str) -> str:
-        hot = self._layout.project_dir(project_id).exists()
+        hot_copy = hot(self._layout.project_dir(project_id))
         archived = self._layout.archive(project_id).exists()
         return {(True, True): "both", (True, False): "hot", (False, True): "archived"}.get(
-            (hot, archived), "none"
+            (hot_copy, archived), "none"
         )
 
     async def delete(self, project_id: str) -> None:
@@ -159,7 +189,7 @@ class Tenants:
             await self.stop(project_id)
             await failpoints.reached("delete_tenant:stopped")
             endpoint_ids = list(ids(self._layout.endpoint_records(project_id)))
-            await remove_tree(project_dir)
+            await self._remove(project_id, project_dir)
             for endpoint_id in endpoint_ids:
                 socket_dir = self._layout.socket_dir(endpoint_id)
                 await asyncio.to_thread(shutil.rmtree, socket_dir, True)
@@ -180,6 +210,12 @@ def project_dir_for(project_dir: Path, run_as: RunAs) -> None:
         project_dir.chmod(PROJECT_DIR_MODE)
     ensure_dir(project_dir / "branches", 0o711)
     ensure_dir(project_dir / "endpoints", 0o700)
+
+
+def hot(project_dir: Path) -> bool:
+    """Whether the project's data is here, whole: its ``branches`` directory is made with its
+    directory, and is the last thing a reattach puts in place."""
+    return (project_dir / "branches").is_dir()
 
 
 def ids(directory: Path) -> Iterator[str]:
