@@ -14,6 +14,7 @@ import psycopg
 
 from pgplane.compute.local.cold import archive
 from pgplane.compute.local.cold.archive import tree_checksums
+from pgplane.compute.local.tenants.volumes import Volumes
 from tests.support import Api, postmaster_pid, running_server
 
 
@@ -130,7 +131,10 @@ def test_restart_attaches_a_project_found_archived() -> None:
             project_dir = server.data_dir / "projects" / apid
             sums = tree_checksums(project_dir / "branches")
             archive.pack(project_dir, server.data_dir / "archive" / apid)
-            shutil.rmtree(project_dir)
+            if os.path.ismount(project_dir):  # as root: the project's own filesystem
+                Volumes(server.data_dir / "volumes", 0, "xfs").remove(apid, project_dir)
+            else:
+                shutil.rmtree(project_dir)
             server.start()
 
             def attached() -> list[dict[str, Any]]:
