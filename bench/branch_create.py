@@ -11,6 +11,10 @@ Three measurements on a real ``pgplane serve``:
   (see ``compute/local/copies/spares.py``); the first branch since start-up, made without them, is
   reported beside it.
 
+As root each project lives on a filesystem of its own (``compute/local/tenants/volumes.py``):
+on XFS a branch's files are clones of its parent's, and the branch costs neither the copy's
+time nor its space; ``PGPLANE_WALLS=off`` measures copies on the data directory's disk.
+
 The branch writes its copy durably (one syncfs), which the bare ``cp -a`` does not; the line
 ``cp -a + sync`` shows what that costs. The parent's pg_wal holds about as much recycled WAL as
 data after the fill: ``cp -a`` copies it, a branch only the segments it needs.
