@@ -323,7 +323,9 @@ SMALL_DISK = "200m"
 
 @contextlib.contextmanager
 def small_disk_server(**env: str) -> Iterator[Server]:
-    """A server whose projects live on a 200 MB filesystem of their own (a tmpfs; needs root)."""
+    """A server whose projects live on a 200 MB filesystem of their own (a tmpfs; needs root),
+    which copies rather than clones: without a disk share each (on a project's own XFS a branch
+    is a clone, and never fills it)."""
     mounted: list[Path] = []
 
     def prepare(data_dir: Path) -> None:
@@ -334,7 +336,13 @@ def small_disk_server(**env: str) -> Iterator[Server]:
         mounted.append(projects)
 
     try:
-        with running_server(prepare=prepare, PGPLANE_MAX_ATTEMPTS="2", **ENV, **env) as server:
+        with running_server(
+            prepare=prepare,
+            PGPLANE_MAX_ATTEMPTS="2",
+            PGPLANE_DISK_PER_PROJECT_MIB="0",
+            **ENV,
+            **env,
+        ) as server:
             yield server
     finally:
         for path in mounted:

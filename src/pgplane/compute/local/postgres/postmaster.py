@@ -240,6 +240,7 @@ class Postmasters:
                     log_path=log_path,
                     time_limit=ready_timeout,
                     stale=stale_mtime,
+                    confirm=False,  # its own pid file, newer than any a killed one left
                 )
             finally:
                 await joined

@@ -42,18 +42,21 @@ async def wait_ready(
     log_path: Path,
     time_limit: float = READY_TIMEOUT,
     stale: int | None = None,
+    confirm: bool = True,
 ) -> None:
-    """Poll until the postmaster says it accepts connections, as ``pg_ctl -w`` does, then log
-    in once to be sure.
+    """Poll until the postmaster says it accepts connections, as ``pg_ctl -w`` does, then (with
+    ``confirm``) log in once to be sure.
 
     Accepting a connection is not enough: a postmaster still recovering answers "the database
     system is starting up". Postgres writes ``ready`` into its pid file's status line when it
     is past recovery and serving (PM_STATUS_READY), and its socket exists before that. That
     line is the tenant's to write: a tenant can only make its own compute look ready early.
-    One login once it says so (not a startup packet each poll) confirms it: a postmaster killed
-    a moment ago leaves a pid file and a socket that say "ready" too. Polling every millisecond
-    keeps a cold start at tens of milliseconds. ``stale``: the modification time (ns) of a pid
-    file a killed postmaster left, which says "ready" too: the new one's is written later.
+    One login once it says so (not a startup packet each poll) confirms it for a postmaster
+    found running: one killed a moment ago leaves a pid file and a socket that say "ready" too.
+    A postmaster just spawned needs none (``confirm=False``): its pid file is the one written
+    after ``stale``, the modification time (ns) of the one a killed postmaster left, and while
+    it lives (``alive``) its "ready" is its own; the wake saves a backend's fork and exit.
+    Polling every millisecond keeps a cold start at tens of milliseconds.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + time_limit
@@ -62,8 +65,8 @@ async def wait_ready(
         # Alive first: a postmaster that died leaves a pid file and a socket that say "ready".
         if not alive():
             raise ComputeError(f"postmaster exited during start-up; log: {log_tail(log_path)}")
-        if await asyncio.to_thread(_says_ready, pgdata, socket, stale) and await _logs_in(
-            socket_dir, port
+        if await asyncio.to_thread(_says_ready, pgdata, socket, stale) and (
+            not confirm or await _logs_in(socket_dir, port)
         ):
             return
         if loop.time() >= deadline:
