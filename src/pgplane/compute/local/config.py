@@ -26,5 +26,7 @@ class LocalDriverConfig:
     history_base_bytes: int = 1 << 30
     # As root: computes sandboxed and in cgroups, where the machine allows (tenants/walls.py).
     walls: bool = True
+    # The branch size limit computes enforce, in MiB (postgres/limits/); 0: none.
+    branch_size_limit_mib: int = 3072
     # Only the bundled wheel's binaries (tests prove the bundled Postgres works on its own).
     bundled_only: bool = False
