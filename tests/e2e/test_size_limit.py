@@ -44,7 +44,8 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    with running_server(PGPLANE_BRANCH_SIZE_LIMIT=str(LIMIT)) as srv:
+    # One attempt: an operation the limit refuses fails at once rather than after its retries.
+    with running_server(PGPLANE_BRANCH_SIZE_LIMIT=str(LIMIT), PGPLANE_MAX_ATTEMPTS="1") as srv:
         yield srv
 
 
@@ -146,6 +147,18 @@ def test_reads_deletes_and_temporary_tables_go_on(project: dict[str, Any]) -> No
             conn.execute("CREATE INDEX ON t (x)")
         with pytest.raises(errors.DiskFull):
             conn.execute("UPDATE t SET x = 'y' WHERE ctid = (SELECT min(ctid) FROM t)")
+
+
+def test_the_platforms_own_writes_meet_it_too(api: Api, project: dict[str, Any]) -> None:
+    project_id, branch_id = project["project"]["id"], project["branch"]["id"]
+    r = api.http.post(
+        f"/projects/{project_id}/branches/{branch_id}/databases",
+        json={"database": {"name": "late", "owner_name": "neondb_owner"}},
+    )
+    assert r.status_code == 201, r.text
+    ops = api.wait_operations(project_id, [o["id"] for o in r.json()["operations"]])
+    assert [o["status"] for o in ops] == ["failed"], ops
+    assert "project size limit" in ops[0]["error"]
 
 
 def test_writes_resume_once_space_is_freed(project: dict[str, Any]) -> None:

@@ -14,7 +14,8 @@
  *   DATA); REFRESH MATERIALIZED VIEW (not WITH NO DATA); CREATE INDEX; REINDEX; CLUSTER;
  *   VACUUM FULL; CREATE DATABASE; EXPLAIN ANALYZE of any of these.
  * Never refused: SELECT, DELETE, TRUNCATE, DROP, VACUUM, ANALYZE, DDL that adds no rows, roles
- * and grants. Writes that bypass the executor (large objects, sequences) are not counted.
+ * and grants. Not refused, though they can add data: large objects (lo_import, lowrite) and
+ * ALTER TABLE that rewrites its table or builds an index.
  *
  * The size is what pg_database_size adds up: the regular files under base/ and global/ of
  * this cluster's own data directory (the backend's working directory), stat'ed without

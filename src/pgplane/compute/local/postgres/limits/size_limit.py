@@ -54,6 +54,7 @@ class SizeLimit:
         self._installs = dict(installs)
         self._env = env
         self._toolchains: dict[int, Toolchain] | None = None
+        self._checking = asyncio.Lock()  # two computes starting at once check once
         self._builds: dict[int, asyncio.Task[Path | None]] = {}
 
     def check(self) -> None:
@@ -71,14 +72,16 @@ class SizeLimit:
     async def start(self) -> None:
         """Start building every major's library (off the event loop), to be ready by the
         first compute's start; a restart on the same data directory finds them built."""
-        await asyncio.to_thread(self.check)
+        async with self._checking:
+            await asyncio.to_thread(self.check)
         for major in self._toolchains or {}:
             self._task(major)
 
     async def library(self, major: int) -> Path | None:
         """The library for ``major``, built if need be; None where it cannot be."""
         if self._toolchains is None:
-            await asyncio.to_thread(self.check)
+            async with self._checking:
+                await asyncio.to_thread(self.check)
         if major not in (self._toolchains or {}):
             return None
         # Shielded: a compute start given up on must not cancel a build others wait for.
