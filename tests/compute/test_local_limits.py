@@ -121,12 +121,12 @@ def test_the_value_file_changes_only_when_the_limit_does(tmp_path: Path) -> None
     assert stat.S_IMODE(layout.size_limit_conf.stat().st_mode) == 0o644
 
 
-def test_a_compute_preloads_it_after_its_own_libraries(tmp_path: Path) -> None:
+async def test_a_compute_preloads_it_after_its_own_libraries(tmp_path: Path) -> None:
     layout = Layout(tmp_path / "data dir")
     limit = SizeLimit(layout, 3072, {})
     library = layout.extensions / "pgplane_limits-18-abc.so"
     own = {"Shared_Preload_Libraries": "pg_stat_statements", "work_mem": "4MB"}
-    settings = limit.settings(library, "p-1", "br-1", own)
+    settings = await limit.settings(library, "p-1", "br-1", own)
     conf = layout.compute_conf("p-1", "br-1")
     assert settings == {
         "work_mem": "4MB",
@@ -137,8 +137,10 @@ def test_a_compute_preloads_it_after_its_own_libraries(tmp_path: Path) -> None:
     assert f"include_if_exists '{layout.pgdata('p-1', 'br-1')}/postgresql.conf'\n" in text
     assert f"include '{layout.size_limit_conf}'\n" in text
     assert config_files(["-c", f"config_file={conf}", "-c", "x=y"]) == [conf]
-    alone = limit.settings(library, "p-1", "br-1", {})
+    conf.unlink()  # removed with its branch: written again
+    alone = await limit.settings(library, "p-1", "br-1", {})
     assert alone["shared_preload_libraries"] == f'"{library}"'
+    assert conf.read_text() == text
 
 
 def test_a_tenant_cannot_set_the_platforms_variables() -> None:

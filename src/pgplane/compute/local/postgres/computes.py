@@ -159,8 +159,8 @@ class Computes:
         if self._size_limit is not None:
             library = await self._size_limit.library(spec.pg_version)
             if library is not None:
-                settings = await asyncio.to_thread(
-                    self._size_limit.settings, library, spec.project_id, spec.branch_id, settings
+                settings = await self._size_limit.settings(
+                    library, spec.project_id, spec.branch_id, settings
                 )
         argv = postmaster_argv(
             install,

@@ -56,6 +56,7 @@ class SizeLimit:
         self._toolchains: dict[int, Toolchain] | None = None
         self._checking = asyncio.Lock()  # two computes starting at once check once
         self._builds: dict[int, asyncio.Task[Path | None]] = {}
+        self._written: set[Path] = set()  # compute configuration files written by this process
 
     def check(self) -> None:
         """Find each major's compiler and headers, and say once which majors go without."""
@@ -126,7 +127,7 @@ class SizeLimit:
         path.chmod(0o644)  # whatever the umask made of it
         return True
 
-    def settings(
+    async def settings(
         self,
         library: Path,
         project_id: str,
@@ -134,9 +135,20 @@ class SizeLimit:
         settings: Mapping[str, str],
     ) -> dict[str, str]:
         """``settings`` with the library preloaded (after the endpoint's own) and the compute's
-        configuration file, written first if it changed. Blocking: off the event loop."""
-        pgdata = self._layout.pgdata(project_id, branch_id)
+        configuration file, written first unless this process wrote it already."""
         conf = self._layout.compute_conf(project_id, branch_id)
+        # A wake comes here: the file is written (off the loop) once per branch and process.
+        if conf not in self._written or not conf.is_file():
+            await asyncio.to_thread(self._write_conf, conf, project_id, branch_id)
+            self._written.add(conf)
+        merged = {k: v for k, v in settings.items() if k.lower() != _PRELOAD}
+        own = [v for k, v in settings.items() if k.lower() == _PRELOAD and v.strip()]
+        merged[_PRELOAD] = ",".join([*own, _list_item(str(library))])
+        merged["config_file"] = str(conf)
+        return merged
+
+    def _write_conf(self, conf: Path, project_id: str, branch_id: str) -> None:
+        pgdata = self._layout.pgdata(project_id, branch_id)
         text = (
             "# Written by pgplane: the cluster's own configuration, then the platform's limit.\n"
             f"include_if_exists {_quote(str(pgdata / 'postgresql.conf'))}\n"
@@ -151,11 +163,6 @@ class SizeLimit:
         if current != text.encode():
             write_atomic(conf, text.encode(), mode=0o644)
             conf.chmod(0o644)
-        merged = {k: v for k, v in settings.items() if k.lower() != _PRELOAD}
-        own = [v for k, v in settings.items() if k.lower() == _PRELOAD and v.strip()]
-        merged[_PRELOAD] = ",".join([*own, _list_item(str(library))])
-        merged["config_file"] = str(conf)
-        return merged
 
 
 def config_files(argv: Sequence[str]) -> list[Path]:
