@@ -64,9 +64,7 @@ class LocalComputeDriver:
     def __init__(self, config: LocalDriverConfig) -> None:
         self._config = config
         self.layout = Layout(config.data_dir.resolve())
-        # What every sandbox reads: who may log in, the size limit and the library enforcing it.
-        readable = [self.layout.hba_file, self.layout.size_limit_conf.parent]
-        readable.append(self.layout.extensions)
+        readable = [self.layout.hba_file, *SizeLimit.readable(self.layout)]  # by every sandbox
         walls = Walls.find(self.layout.sandbox_etc, readable, enabled=config.walls)
         self._postmasters = Postmasters(self.layout.postmaster_records, walls)
         self._locks: defaultdict[tuple[object, ...], asyncio.Lock] = defaultdict(asyncio.Lock)
@@ -233,16 +231,8 @@ class LocalComputeDriver:
         return await self._histories.bounds(project_id, branch_id, pg_version)
 
     async def apply_size_limit(self) -> None:
-        """At start-up: build each major's size-limit library in the background, and give
-        running computes the limit now configured (a reload, no restart)."""
-        await self._size_limit.start()
-        if await asyncio.to_thread(self._size_limit.write_value):
-            signalled = await asyncio.to_thread(self._computes.reload_configuration)
-            log.info(
-                "branch size limit: %s (given to %d running computes)",
-                f"{self._size_limit.limit_mib} MiB" if self._size_limit.limit_mib else "none",
-                signalled,
-            )
+        """At start-up: build the size-limit libraries, give running computes the limit."""
+        await self._size_limit.apply(self._computes.reload_configuration)
 
     async def keep_history(self) -> None:
         await self._prepare()

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from pgplane.compute.local.files import write_atomic
@@ -108,6 +108,20 @@ class SizeLimit:
             elapsed = (asyncio.get_running_loop().time() - started) * 1000
             log.info("built the size-limit library for Postgres %d in %.0f ms", major, elapsed)
         return path
+
+    async def apply(self, reload: Callable[[], int]) -> None:
+        """At start-up: start the builds, and when the limit changed, write it and ``reload``
+        the running computes (blocking: run off the loop) so they take it without a restart."""
+        await self.start()
+        if await asyncio.to_thread(self.write_value):
+            signalled = await asyncio.to_thread(reload)
+            said = f"{self.limit_mib} MiB" if self.limit_mib > 0 else "none"
+            log.info("branch size limit: %s (given to %d running computes)", said, signalled)
+
+    @staticmethod
+    def readable(layout: Layout) -> list[Path]:
+        """What every sandbox must show: the limit's directory and the built libraries."""
+        return [layout.size_limit_conf.parent, layout.extensions]
 
     def guc_value(self) -> int:
         return self.limit_mib if self.limit_mib > 0 else -1
