@@ -74,6 +74,8 @@ def test_no_compiler_is_a_reason(tmp_path: Path) -> None:
         toolchain(_bundled(), {"PATH": str(tmp_path)})
     with pytest.raises(Unbuildable, match="no C compiler"):
         toolchain(_bundled(), {"PATH": os.environ["PATH"], "CC": str(tmp_path / "cc")})
+    with pytest.raises(Unbuildable, match="no C compiler"):
+        toolchain(_bundled(), {"PATH": os.environ["PATH"], "CC": "'gcc"})
 
 
 def test_an_installation_without_headers_is_a_reason(tmp_path: Path) -> None:

@@ -8,7 +8,6 @@ version's shared user first, when nothing runs on it).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import shutil
@@ -250,9 +249,12 @@ class Computes:
                 pid = current.postmaster() if current is not None else None
                 if pid is None or current is None or not config_files(current.argv):
                     continue
-                with contextlib.suppress(ProcessLookupError):
+                try:
                     os.kill(pid, signal.SIGHUP)
-                    signalled += 1
+                except OSError as exc:  # gone meanwhile; it reads the file at its next start
+                    log.warning("could not reload the postmaster of %s: %s", branch_id, exc)
+                    continue
+                signalled += 1
         return signalled
 
     def running_computes(self) -> list[RunningCompute]:

@@ -50,7 +50,10 @@ class Toolchain:
 
 def find_compiler(env: Mapping[str, str]) -> tuple[str, ...] | None:
     """``CC`` (which may carry flags, as make allows), else ``cc`` or ``gcc`` on PATH."""
-    given = shlex.split(env.get("CC", ""))
+    try:
+        given = shlex.split(env.get("CC", ""))
+    except ValueError:  # unbalanced quotes: make would not run it either
+        return None
     if given:
         found = shutil.which(given[0], path=env.get("PATH"))
         return (found, *given[1:]) if found is not None else None

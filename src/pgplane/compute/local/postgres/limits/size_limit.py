@@ -113,10 +113,15 @@ class SizeLimit:
         """At start-up: start the builds, and when the limit changed, write it and ``reload``
         the running computes (blocking: run off the loop) so they take it without a restart."""
         await self.start()
-        if await asyncio.to_thread(self.write_value):
+        try:
+            if not await asyncio.to_thread(self.write_value):
+                return
             signalled = await asyncio.to_thread(reload)
-            said = f"{self.limit_mib} MiB" if self.limit_mib > 0 else "none"
-            log.info("branch size limit: %s (given to %d running computes)", said, signalled)
+        except OSError as exc:  # never fails start-up: computes then start as they can
+            log.warning("branch size limit not applied: %s", exc)
+            return
+        said = f"{self.limit_mib} MiB" if self.limit_mib > 0 else "none"
+        log.info("branch size limit: %s (given to %d running computes)", said, signalled)
 
     @staticmethod
     def readable(layout: Layout) -> list[Path]:
