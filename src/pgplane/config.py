@@ -104,6 +104,12 @@ class Settings:
     # warning for 15 and older, which hand any role with CREATEROLE the OS user of its compute).
     # Projects made before keep their major: branches and wakes work whatever this says.
     min_pg_version: int = 0
+    # The logical size a branch may reach (its databases' relations, WAL not counted), in MiB,
+    # enforced inside each compute as Neon does (compute/local/postgres/limits/): once reached,
+    # statements that add data fail with SQLSTATE 53100; reads and deletes go on. Shown as the
+    # projects' branch_logical_size_limit. 0: no limit. A new value reaches running computes
+    # when serve starts with it (a reload, no restart).
+    branch_size_limit: int = 3072
 
     # Connection hygiene (api/http.py, connlimits.py, fdlimit.py). A request's headers must arrive
     # within http_header_timeout_seconds of the connection (or of its first byte after the last
@@ -179,6 +185,7 @@ def settings_from_env(**overrides: object) -> Settings:
         ("compute_units_per_account", float),
         ("min_pg_version", int),
         ("disk_per_project_mib", int),
+        ("branch_size_limit", int),
         ("http_header_timeout_seconds", float),
         ("http_body_timeout_seconds", float),
         ("http_idle_timeout_seconds", int),

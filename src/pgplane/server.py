@@ -110,6 +110,8 @@ def _gates(settings: Settings) -> tuple[ConnectionGate, ConnectionGate]:
     ):
         if getattr(settings, name) < 0:
             raise SystemExit(f"pgplane: PGPLANE_{name.upper()} must not be negative")
+    if settings.branch_size_limit < 0:
+        raise SystemExit("pgplane: PGPLANE_BRANCH_SIZE_LIMIT must not be negative (0: no limit)")
     if settings.http_idle_timeout_seconds < 1:
         raise SystemExit("pgplane: PGPLANE_HTTP_IDLE_TIMEOUT_SECONDS must be 1 or more")
     before, limit = raise_nofile()
@@ -154,10 +156,12 @@ async def serve(settings: Settings) -> None:
             history_base_bytes=settings.history_base_bytes,
             walls=settings.walls,
             disk_per_project_bytes=settings.disk_per_project_mib << 20,
+            branch_size_limit_mib=settings.branch_size_limit,
         )
     )
     settings = dataclasses.replace(settings, pg_versions=tuple(driver.pg_versions()))
     log.info("PostgreSQL versions available: %s", ", ".join(map(str, settings.pg_versions)))
+    await driver.apply_size_limit()
     store = SqliteStore(settings.store_path)
     await reconcile(store, driver)
     engine = Engine(store=store, driver=driver, settings=settings)

@@ -11,7 +11,6 @@ from pgplane.core.models import ApiKey, Branch, Database, Endpoint, Operation, P
 from pgplane.services.connections import Connection
 
 MIB = 1 << 20
-BRANCH_LOGICAL_SIZE_LIMIT_MIB = 3072
 CREATION_SOURCE = "console"
 EPOCH_ZERO = "0001-01-01T00:00:00Z"
 
@@ -86,8 +85,9 @@ def _project_fields(p: Project, settings: Settings) -> dict[str, Any]:
         "settings": p.settings,
         "pg_version": p.pg_version,
         "proxy_host": settings.proxy_host,
-        "branch_logical_size_limit": BRANCH_LOGICAL_SIZE_LIMIT_MIB,
-        "branch_logical_size_limit_bytes": BRANCH_LOGICAL_SIZE_LIMIT_MIB * MIB,
+        # The operator's --branch-size-limit, which every compute enforces (0: none).
+        "branch_logical_size_limit": settings.branch_size_limit,
+        "branch_logical_size_limit_bytes": settings.branch_size_limit * MIB,
         "store_passwords": p.store_passwords,
         "creation_source": CREATION_SOURCE,
         "history_retention_seconds": p.history_retention_seconds,

@@ -125,6 +125,13 @@ def serve(
             " own; 0: none [16384]"
         ),
     ] = None,
+    branch_size_limit: Annotated[
+        int | None,
+        typer.Option(
+            help="MiB a branch's data may reach before writes that add data fail"
+            " (SQLSTATE 53100, as on Neon); 0: no limit [3072]"
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
 ) -> None:
     """Run the API, the operations engine and the computes' supervisor in one process."""
@@ -152,6 +159,7 @@ def serve(
         compute_units_per_account=compute_units_per_account,
         min_pg_version=min_pg_version,
         disk_per_project_mib=disk_per_project_mib,
+        branch_size_limit=branch_size_limit,
     )
     if (settings.tls_cert is None) != (settings.tls_key is None):
         typer.echo("error: --tls-cert and --tls-key go together", err=True)

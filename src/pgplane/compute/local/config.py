@@ -29,5 +29,7 @@ class LocalDriverConfig:
     # As root with the walls on: each project's files on a filesystem of its own this big (its
     # disk share: data, WAL and history); 0: none (tenants/volumes.py).
     disk_per_project_bytes: int = 16 << 30
+    # The branch size limit computes enforce, in MiB (postgres/limits/); 0: none.
+    branch_size_limit_mib: int = 3072
     # Only the bundled wheel's binaries (tests prove the bundled Postgres works on its own).
     bundled_only: bool = False

@@ -44,6 +44,7 @@ from pgplane.compute.local.postgres.catalog import apply_change, check_change
 from pgplane.compute.local.postgres.computes import Computes
 from pgplane.compute.local.postgres.hba import write_hba
 from pgplane.compute.local.postgres.installs import Installs
+from pgplane.compute.local.postgres.limits.size_limit import SizeLimit
 from pgplane.compute.local.postgres.monitor import check_readable, last_client_activity
 from pgplane.compute.local.postgres.postmaster import (
     Postmasters,
@@ -64,7 +65,8 @@ class LocalComputeDriver:
     def __init__(self, config: LocalDriverConfig) -> None:
         self._config = config
         self.layout = Layout(config.data_dir.resolve())
-        walls = Walls.find(self.layout.sandbox_etc, [self.layout.hba_file], enabled=config.walls)
+        readable = [self.layout.hba_file, *SizeLimit.readable(self.layout)]  # by every sandbox
+        walls = Walls.find(self.layout.sandbox_etc, readable, enabled=config.walls)
         self._postmasters = Postmasters(self.layout.postmaster_records, walls)
         self._locks: defaultdict[tuple[object, ...], asyncio.Lock] = defaultdict(asyncio.Lock)
         self.users = ComputeUsers(config.compute_user)
@@ -80,6 +82,11 @@ class LocalComputeDriver:
         self._tenants = Tenants(
             self.layout, self.users, self._postmasters, self._locks, self.volumes
         )
+        self._size_limit = SizeLimit(
+            self.layout,
+            config.branch_size_limit_mib,
+            {major: self._installs.found(major) for major in self._installs.versions()},
+        )
         self._computes = Computes(
             layout=self.layout,
             listen_host=config.listen_host,
@@ -87,6 +94,7 @@ class LocalComputeDriver:
             locks=self._locks,
             tenants=self._tenants,
             install=self._install,
+            size_limit=self._size_limit,
         )
         self._spares = SparePool(self.layout.spares)
         if self.volumes.active:
@@ -231,6 +239,10 @@ class LocalComputeDriver:
         self.installation(pg_version)
         return await self._histories.bounds(project_id, branch_id, pg_version)
 
+    async def apply_size_limit(self) -> None:
+        """At start-up: build the size-limit libraries, give running computes the limit."""
+        await self._size_limit.apply(self._computes.reload_configuration)
+
     async def keep_history(self) -> None:
         await self._prepare()
         await self._histories.keep()
@@ -251,6 +263,8 @@ class LocalComputeDriver:
             await asyncio.to_thread(shutil.rmtree, init_sockets, True)
             await failpoints.reached("delete_timeline:stopped")
             await remove_tree(branch_dir)
+            conf = self.layout.compute_conf(project_id, branch_id)
+            await asyncio.to_thread(conf.unlink, missing_ok=True)
 
     async def apply_config(
         self,
@@ -358,6 +372,7 @@ class LocalComputeDriver:
     async def delete_tenant(self, *, project_id: str) -> None:
         await self._prepare()
         await self._tenants.delete(project_id)
+        await remove_tree(self.layout.compute_confs(project_id))
 
     async def close(self) -> None:
         # The postmasters keep running: they outlive the platform process by design.
@@ -403,6 +418,8 @@ class LocalComputeDriver:
         self._spares.adopt()
         ensure_dir(layout.installs, 0o755)
         write_hba(layout.hba_file)
+        ensure_dir(layout.extensions, 0o755)
+        self._size_limit.write_value()  # every sandbox mounts it: there before any start
         ensure_dir(layout.logs, 0o700)
         if layout.run_root.is_relative_to(layout.data_dir):
             ensure_dir(layout.run_root)

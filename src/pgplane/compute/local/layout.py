@@ -14,6 +14,9 @@
       postmasters/                                   the platform's records of its postmasters
       pg/<major>/                                    binaries copied out of reach of root-only dirs
       conf/pg_hba.conf                               who may log in to computes (postgres/hba.py)
+      conf/limits/size-limit.conf                    the branch size limit computes enforce
+      conf/computes/<project_id>/<branch_id>.conf    a compute's config_file (postgres/limits/)
+      extensions/                                    libraries built for computes (postgres/limits/)
       logs/<endpoint_id>.log                         postmaster stderr
       run/<endpoint_id>/                             unix socket directory of the postmaster
 
@@ -79,6 +82,25 @@ class Layout:
     def hba_file(self) -> Path:
         """The pg_hba.conf every postmaster is started with (``-c hba_file``)."""
         return self.data_dir / "conf" / "pg_hba.conf"
+
+    @property
+    def size_limit_conf(self) -> Path:
+        """Root's, read by every compute: ``pgplane.max_cluster_size`` (postgres/limits/). Its
+        directory is what sandboxes mount: a file mounted alone would stay the inode it was,
+        and a replaced file would never be seen at a reload."""
+        return self.data_dir / "conf" / "limits" / "size-limit.conf"
+
+    def compute_confs(self, project_id: str) -> Path:
+        return self.data_dir / "conf" / "computes" / check_id("project id", project_id)
+
+    def compute_conf(self, project_id: str, branch_id: str) -> Path:
+        """Root's: the ``config_file`` of the branch's compute (its postgresql.conf, the limit)."""
+        return self.compute_confs(project_id) / f"{check_id('branch id', branch_id)}.conf"
+
+    @property
+    def extensions(self) -> Path:
+        """Root's, 0755: shared libraries pgplane builds for computes to preload."""
+        return self.data_dir / "extensions"
 
     @property
     def logs(self) -> Path:

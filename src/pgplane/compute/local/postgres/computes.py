@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
+import signal
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -31,6 +33,7 @@ from pgplane.compute.local.history.archiving import (
 from pgplane.compute.local.history.pitr import switch_wal
 from pgplane.compute.local.layout import TIMELINE_MARKER, Layout, ensure_dir
 from pgplane.compute.local.postgres.binaries import PgInstall
+from pgplane.compute.local.postgres.limits.size_limit import SizeLimit, config_files
 from pgplane.compute.local.postgres.postmaster import (
     Postmasters,
     check_settings,
@@ -62,8 +65,10 @@ class Computes:
         locks: defaultdict[tuple[object, ...], asyncio.Lock],
         tenants: Tenants,
         install: InstallFor,
+        size_limit: SizeLimit | None = None,
     ) -> None:
         self.layout = layout
+        self._size_limit = size_limit
         self._listen_host = listen_host
         self._postmasters = postmasters
         self._locks = locks
@@ -150,6 +155,12 @@ class Computes:
         check_data_version(pgdata, spec.pg_version)
         install, run_as = await self._install(spec.project_id, spec.pg_version)
         settings |= await self.history_settings(spec.project_id, spec.branch_id, run_as)
+        if self._size_limit is not None:
+            library = await self._size_limit.library(spec.pg_version)
+            if library is not None:
+                settings = await self._size_limit.settings(
+                    library, spec.project_id, spec.branch_id, settings
+                )
         argv = postmaster_argv(
             install,
             pgdata,
@@ -223,8 +234,28 @@ class Computes:
             log_path=log_path,
             spawned="start_compute:spawned",
             endpoint_id=spec.endpoint_id,
+            readable=config_files(argv),
             limits=_limits(spec, argv),
         )
+
+    def reload_configuration(self) -> int:
+        """SIGHUP to each running endpoint postmaster that reads a configuration file of the
+        platform's (``pg_ctl reload``): a changed size limit applies without a restart.
+        Returns how many were signalled."""
+        signalled = 0
+        for project_id in ids(self.layout.projects):
+            for branch_id in ids(self.layout.project_dir(project_id) / "branches"):
+                current = self._postmasters.running(self.layout.pgdata(project_id, branch_id))
+                pid = current.postmaster() if current is not None else None
+                if pid is None or current is None or not config_files(current.argv):
+                    continue
+                try:
+                    os.kill(pid, signal.SIGHUP)
+                except OSError as exc:  # gone meanwhile; it reads the file at its next start
+                    log.warning("could not reload the postmaster of %s: %s", branch_id, exc)
+                    continue
+                signalled += 1
+        return signalled
 
     def running_computes(self) -> list[RunningCompute]:
         found = []

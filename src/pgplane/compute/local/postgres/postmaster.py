@@ -74,7 +74,8 @@ def check_settings(settings: Mapping[str, str]) -> dict[str, str]:
     for name, value in settings.items():
         if _SETTING_NAME.fullmatch(name) is None:
             raise InvalidSettings(f"invalid Postgres setting name {name!r}")
-        if name.lower() in _MANAGED:
+        # pgplane.*: the platform's own library's (the size limit), set in its files only.
+        if name.lower() in _MANAGED or name.lower().startswith("pgplane."):
             raise InvalidSettings(f"Postgres setting {name!r} is managed by pgplane")
         if not isinstance(value, str) or "\0" in value:
             raise InvalidSettings(f"invalid value for Postgres setting {name!r}")
