@@ -36,13 +36,12 @@ from pgplane.compute.local.copies.timeline import (
     completed,
     temporary_pgdata,
 )
-from pgplane.compute.local.files import remove_tree, sweep_trash, write_atomic
+from pgplane.compute.local.files import remove_tree, write_atomic
 from pgplane.compute.local.history.histories import Histories
-from pgplane.compute.local.layout import Layout, ensure_dir, ensure_private_dir
+from pgplane.compute.local.layout import Layout, ensure_dir
 from pgplane.compute.local.postgres.binaries import PgInstall
 from pgplane.compute.local.postgres.catalog import apply_change, check_change
 from pgplane.compute.local.postgres.computes import Computes
-from pgplane.compute.local.postgres.hba import write_hba
 from pgplane.compute.local.postgres.installs import Installs
 from pgplane.compute.local.postgres.limits.size_limit import SizeLimit
 from pgplane.compute.local.postgres.monitor import check_readable, last_client_activity
@@ -50,8 +49,9 @@ from pgplane.compute.local.postgres.postmaster import (
     Postmasters,
 )
 from pgplane.compute.local.postgres.verifiers import read_verifiers
+from pgplane.compute.local.skeleton import Skeleton
 from pgplane.compute.local.tenants.projects import Tenants, ids
-from pgplane.compute.local.tenants.user import RunAs, open_traversal
+from pgplane.compute.local.tenants.user import RunAs
 from pgplane.compute.local.tenants.users import ComputeUsers
 from pgplane.compute.local.tenants.volumes import Volumes
 from pgplane.compute.local.tenants.walls import Walls
@@ -110,7 +110,13 @@ class LocalComputeDriver:
             base_bytes=config.history_base_bytes,
             disk_reserve_bytes=config.disk_reserve_bytes,
         )
-        self._prepared = False
+        self._skeleton = Skeleton(
+            layout=self.layout,
+            users=self.users,
+            spares=self._spares,
+            volumes=self.volumes,
+            size_limit=self._size_limit,
+        )
         self._copies = Copies(
             layout=self.layout,
             postmasters=self._postmasters,
@@ -390,41 +396,7 @@ class LocalComputeDriver:
 
     async def _prepare(self) -> RunAs:
         """First use: the shared compute user, the directory skeleton, leftovers of a crash."""
-        shared = await self.users.shared()
-        if not self._prepared:
-            async with self._locks["prepare",]:
-                if not self._prepared:
-                    await asyncio.to_thread(self._make_dirs, shared)
-                    # Before anything reads a project: its files are on its filesystem.
-                    await asyncio.to_thread(self.volumes.mount_all, self.layout.projects)
-                    await sweep_trash(self.layout.projects)
-                    await sweep_trash(self.layout.archives)
-                    for project_id in ids(self.layout.projects):  # a reset's old data
-                        for branch_id in ids(self.layout.project_dir(project_id) / "branches"):
-                            await sweep_trash(self.layout.branch_dir(project_id, branch_id))
-                    self._prepared = True
-        return shared
-
-    def _make_dirs(self, shared: RunAs) -> None:
-        layout = self.layout
-        if not layout.data_dir.exists():
-            ensure_dir(layout.data_dir)
-        if shared.switch:
-            # Compute users pass through it (to their own 0700 directories), never list it.
-            ensure_dir(layout.data_dir, 0o711)
-        open_traversal(layout.data_dir, shared)
-        for directory in (layout.projects, layout.templates):
-            ensure_dir(directory)
-        self._spares.adopt()
-        ensure_dir(layout.installs, 0o755)
-        write_hba(layout.hba_file)
-        ensure_dir(layout.extensions, 0o755)
-        self._size_limit.write_value()  # every sandbox mounts it: there before any start
-        ensure_dir(layout.logs, 0o700)
-        if layout.run_root.is_relative_to(layout.data_dir):
-            ensure_dir(layout.run_root)
-        else:
-            ensure_private_dir(layout.run_root)
+        return await self._skeleton.prepare()
 
     async def _install(
         self, project_id: str, major: int, *, make_dir: bool = False
