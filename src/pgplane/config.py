@@ -68,7 +68,7 @@ class Settings:
     # As root with the walls: each project's files (data, WAL, history) on a filesystem of its
     # own this big, so no project can fill the disk; sparse, so a cap and not a reservation.
     # 0: none. (compute/local/tenants/volumes.py)
-    disk_per_project_mib: int = 16384
+    disk_per_project: int = 16384
 
     # Operations engine.
     workers: int = 4
@@ -184,7 +184,7 @@ def settings_from_env(**overrides: object) -> Settings:
         ("running_computes_per_account", int),
         ("compute_units_per_account", float),
         ("min_pg_version", int),
-        ("disk_per_project_mib", int),
+        ("disk_per_project", int),
         ("branch_size_limit", int),
         ("http_header_timeout_seconds", float),
         ("http_body_timeout_seconds", float),

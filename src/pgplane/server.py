@@ -20,6 +20,7 @@ from pgplane.api import create_app
 from pgplane.api.health import Readiness
 from pgplane.api.http import HttpLimits, protocol_with
 from pgplane.compute.local import LocalComputeDriver, LocalDriverConfig
+from pgplane.compute.local.tenants.volumes import MIN_BYTES as MIN_SHARE_BYTES
 from pgplane.config import Settings
 from pgplane.connlimits import ConnectionGate
 from pgplane.engine import Engine
@@ -112,6 +113,11 @@ def _gates(settings: Settings) -> tuple[ConnectionGate, ConnectionGate]:
             raise SystemExit(f"pgplane: PGPLANE_{name.upper()} must not be negative")
     if settings.branch_size_limit < 0:
         raise SystemExit("pgplane: PGPLANE_BRANCH_SIZE_LIMIT must not be negative (0: no limit)")
+    if settings.disk_per_project < 0 or 0 < settings.disk_per_project < MIN_SHARE_BYTES >> 20:
+        raise SystemExit(
+            f"pgplane: PGPLANE_DISK_PER_PROJECT must be 0 (no shares) or at least"
+            f" {MIN_SHARE_BYTES >> 20} (MiB)"
+        )
     if settings.http_idle_timeout_seconds < 1:
         raise SystemExit("pgplane: PGPLANE_HTTP_IDLE_TIMEOUT_SECONDS must be 1 or more")
     before, limit = raise_nofile()
@@ -155,7 +161,7 @@ async def serve(settings: Settings) -> None:
             disk_reserve_bytes=settings.disk_reserve_bytes,
             history_base_bytes=settings.history_base_bytes,
             walls=settings.walls,
-            disk_per_project_bytes=settings.disk_per_project_mib << 20,
+            disk_per_project_bytes=settings.disk_per_project << 20,
             branch_size_limit_mib=settings.branch_size_limit,
         )
     )

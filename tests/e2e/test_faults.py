@@ -339,7 +339,7 @@ def small_disk_server(**env: str) -> Iterator[Server]:
         with running_server(
             prepare=prepare,
             PGPLANE_MAX_ATTEMPTS="2",
-            PGPLANE_DISK_PER_PROJECT_MIB="0",
+            PGPLANE_DISK_PER_PROJECT="0",
             **ENV,
             **env,
         ) as server:

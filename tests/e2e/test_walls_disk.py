@@ -40,7 +40,7 @@ SLOW = 5.0  # seconds: an answer slower than this while a tenant fills its disk 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    with running_server(PGPLANE_DISK_PER_PROJECT_MIB=str(SHARE_MIB)) as srv:
+    with running_server(PGPLANE_DISK_PER_PROJECT=str(SHARE_MIB)) as srv:
         yield srv
 
 

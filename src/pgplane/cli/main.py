@@ -118,7 +118,7 @@ def serve(
             " compute's OS user); existing projects keep theirs; 0: any [0]"
         ),
     ] = None,
-    disk_per_project_mib: Annotated[
+    disk_per_project: Annotated[
         int | None,
         typer.Option(
             help="As root: each project's disk share (data, WAL, history), a filesystem of its"
@@ -158,7 +158,7 @@ def serve(
         running_computes_per_account=running_computes_per_account,
         compute_units_per_account=compute_units_per_account,
         min_pg_version=min_pg_version,
-        disk_per_project_mib=disk_per_project_mib,
+        disk_per_project=disk_per_project,
         branch_size_limit=branch_size_limit,
     )
     if (settings.tls_cert is None) != (settings.tls_key is None):

@@ -57,7 +57,7 @@ class Volumes:
         if not enabled or os.geteuid() != 0:
             return cls(images, size_bytes, None)
         if size_bytes <= 0:
-            log.warning("projects have no disk share: turned off (PGPLANE_DISK_PER_PROJECT_MIB=0)")
+            log.warning("projects have no disk share: turned off (PGPLANE_DISK_PER_PROJECT=0)")
             return cls(images, size_bytes, None)
         if size_bytes < MIN_BYTES:
             raise ComputeError(
