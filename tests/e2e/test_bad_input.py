@@ -346,7 +346,9 @@ def _tree(root: Path) -> dict[str, tuple[int, int]]:
 
 # What may change in a data directory while requests are refused: the store, logs, runtime
 # sockets, the pool of spare branch files (refilled in the background) and Postgres' own files.
-_VOLATILE = ("pgplane.db", "serve.log", "logs/", "run/", "spare/")
+# volumes/: a project's filesystem image changes as anything inside it does (its files are
+# compared through projects/, where it is mounted).
+_VOLATILE = ("pgplane.db", "serve.log", "logs/", "run/", "spare/", "volumes/")
 
 
 def _kept(data_dir: Path) -> dict[str, tuple[int, int]]:
