@@ -230,7 +230,12 @@ class Server:
 
     def store_and_logs(self) -> bytes:
         """What the server wrote to its store (with the WAL) and its logs, the computes' too."""
-        paths = [self.log_path, *self.data_dir.glob("pgplane.db*"), *self.data_dir.glob("logs/*")]
+        paths = [
+            self.log_path,
+            *self.data_dir.glob("pgplane.db*"),
+            *self.data_dir.glob("logs/*"),
+            *self.data_dir.glob("projects/*/branches/*/*.log"),
+        ]
         return b"".join(p.read_bytes() for p in paths if p.is_file())
 
     def create_key(self, account: str, name: str = "test") -> tuple[int, str]:

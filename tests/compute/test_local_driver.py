@@ -275,7 +275,8 @@ async def test_delete_tenant_stops_and_removes_everything(
     assert not is_postmaster_of(pid_file.pid, driver.pgdata("proj-delete", "br-main"))
     assert not driver.layout.project_dir("proj-delete").exists()
     assert not driver.socket_dir("ep-delete").exists()
-    assert not driver.log_path("ep-delete").exists()
+    log = driver.log_path(project_id="proj-delete", branch_id="br-main", endpoint_id="ep-delete")
+    assert not log.exists()
     assert not any(p.name.startswith(".trash-") for p in driver.layout.projects.iterdir())
     await driver.delete_tenant(project_id="proj-delete")  # already gone: no-op
 

@@ -28,7 +28,9 @@ def test_paths_stay_under_the_data_dir(tmp_path: Path) -> None:
     layout = Layout(tmp_path)
     assert layout.pgdata("p", "b") == tmp_path / "projects/p/branches/b/pgdata"
     assert layout.storage_config("p") == tmp_path / "projects/p/storage.json"
-    assert layout.log_path("ep-1") == tmp_path / "logs/ep-1.log"
+    assert (
+        layout.log_path("p-1", "br-1", "ep-1") == tmp_path / "projects/p-1/branches/br-1/ep-1.log"
+    )
     assert layout.template(16) == tmp_path / "templates/16"
 
 

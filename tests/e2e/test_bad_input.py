@@ -355,7 +355,7 @@ def _kept(data_dir: Path) -> dict[str, tuple[int, int]]:
     return {
         k: v
         for k, v in _tree(data_dir).items()
-        if not k.startswith(_VOLATILE) and "/pgdata/" not in k
+        if not k.startswith(_VOLATILE) and "/pgdata/" not in k and not k.endswith(".log")
     }
 
 

@@ -132,6 +132,24 @@ def test_a_tenant_filling_its_share_stops_at_it_and_no_one_else_notices(
     wait_for("A's writes after it freed its share", a_writes, timeout=90, server=server)
 
 
+def test_what_a_tenant_writes_to_its_log_or_socket_directory_counts_against_it(
+    server: Server, api: Api
+) -> None:
+    """The other two places its compute may write: its postmaster's stderr (a root's file,
+    which the tenant reaches through the descriptor it inherits) and its socket directory."""
+    t = Project(server, api.create_ready_project(name="chatty"))
+    make_superuser(t)
+    _, host_used = _filesystem(server.data_dir)
+    rc, out = run_program(t, f"dd if=/dev/zero bs=1M count={2 * SHARE_MIB} >&2")
+    assert rc != 0, out
+    assert t.log.stat().st_size < SHARE_MIB << 20
+    rc, out = run_program(t, f"dd if=/dev/zero of={t.socket_dir}/fill bs=1M count={2 * SHARE_MIB}")
+    assert rc != 0 and "No space left on device" in out, out
+    _, host_now = _filesystem(server.data_dir)
+    assert host_now - host_used < (SHARE_MIB + 64) << 20
+    api.settled(t.id, api.http.delete(f"/projects/{t.id}"))
+
+
 def test_a_branch_inside_a_share_is_a_clone(server: Server, api: Api) -> None:
     c = Project(server, api.create_ready_project(name="cloned"))
     c.query("CREATE TABLE big AS SELECT repeat('c', 1000) AS v FROM generate_series(1, 100000)")

@@ -63,7 +63,7 @@ class Project:
         self.dir = layout.project_dir(self.id)
         self.pgdata = layout.pgdata(self.id, body["branch"]["id"])
         self.socket_dir = layout.socket_dir(self.endpoint_id)
-        self.log = layout.log_path(self.endpoint_id)
+        self.log = layout.log_path(self.id, body["branch"]["id"], self.endpoint_id)
         self.user = project_user_name(self.id)
         self.records = layout.postmaster_records
 

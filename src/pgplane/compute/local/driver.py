@@ -51,6 +51,7 @@ from pgplane.compute.local.postgres.postmaster import (
 from pgplane.compute.local.postgres.verifiers import read_verifiers
 from pgplane.compute.local.skeleton import Skeleton
 from pgplane.compute.local.tenants.projects import Tenants, ids
+from pgplane.compute.local.tenants.sockets import remove_socket_dir
 from pgplane.compute.local.tenants.user import RunAs
 from pgplane.compute.local.tenants.users import ComputeUsers
 from pgplane.compute.local.tenants.volumes import Volumes
@@ -156,8 +157,8 @@ class LocalComputeDriver:
         """Where the endpoint's postmaster puts its unix socket (``.s.PGSQL.<port>``)."""
         return self.layout.socket_dir(endpoint_id)
 
-    def log_path(self, endpoint_id: str) -> Path:
-        return self.layout.log_path(endpoint_id)
+    def log_path(self, *, project_id: str, branch_id: str, endpoint_id: str) -> Path:
+        return self.layout.log_path(project_id, branch_id, endpoint_id)
 
     async def create_timeline(
         self,
@@ -264,7 +265,7 @@ class LocalComputeDriver:
                 # Where the platform started it (its record, root's): an endpoint's socket
                 # directory, which only that branch's postmaster used.
                 if current is not None and current.socket_dir.parent == self.layout.run_root:
-                    await asyncio.to_thread(shutil.rmtree, current.socket_dir, True)
+                    await asyncio.to_thread(remove_socket_dir, current.socket_dir)
             init_sockets = self.layout.init_socket_dir(project_id, branch_id)
             await asyncio.to_thread(shutil.rmtree, init_sockets, True)
             await failpoints.reached("delete_timeline:stopped")
@@ -336,7 +337,7 @@ class LocalComputeDriver:
         socket_dir = self.layout.socket_dir(endpoint_id)
         async with self._locks["postmaster", pgdata]:
             await self._computes.stop_archived(pgdata, signalled="stop_compute:signalled")
-        await asyncio.to_thread(shutil.rmtree, socket_dir, True)
+        await asyncio.to_thread(remove_socket_dir, socket_dir)
 
     async def is_compute_running(
         self, *, project_id: str, branch_id: str, endpoint_id: str

@@ -17,7 +17,7 @@
       conf/limits/size-limit.conf                    the branch size limit computes enforce
       conf/computes/<project_id>/<branch_id>.conf    a compute's config_file (postgres/limits/)
       extensions/                                    libraries built for computes (postgres/limits/)
-      logs/<endpoint_id>.log                         postmaster stderr
+      projects/<project_id>/branches/<branch_id>/<endpoint_id>.log   its postmaster's stderr
       run/<endpoint_id>/                             unix socket directory of the postmaster
 
 As root, who may read what (DESIGN §6: a compute's OS user reaches its own project only): the
@@ -165,7 +165,15 @@ class Layout:
         key = f"{check_id('project id', project_id)}/{check_id('branch id', branch_id)}"
         return self.run_root / f"init-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
-    def log_path(self, endpoint_id: str) -> Path:
+    def log_path(self, project_id: str, branch_id: str, endpoint_id: str) -> Path:
+        """The endpoint's postmaster's stderr: root's, in its branch's directory, so what its
+        tenant writes there counts against the project's disk share (tenants/volumes.py)."""
+        return (
+            self.branch_dir(project_id, branch_id) / f"{check_id('endpoint id', endpoint_id)}.log"
+        )
+
+    def old_log_path(self, endpoint_id: str) -> Path:
+        """Where an earlier version kept the endpoint's log (removed with its project)."""
         return self.logs / f"{check_id('endpoint id', endpoint_id)}.log"
 
     def template(self, major: int) -> Path:

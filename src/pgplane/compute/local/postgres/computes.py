@@ -44,6 +44,7 @@ from pgplane.compute.local.postgres.records import Running, is_alive
 from pgplane.compute.local.postgres.sizing import compute_settings
 from pgplane.compute.local.tenants.cgroups import Limits
 from pgplane.compute.local.tenants.projects import Tenants, ids
+from pgplane.compute.local.tenants.sockets import make_socket_dir
 from pgplane.compute.local.tenants.user import RunAs
 from pgplane.core import ports
 
@@ -196,7 +197,7 @@ class Computes:
         """Start the endpoint's postmaster unless it runs as ``argv``; the caller holds the lock."""
         pgdata = self.layout.pgdata(spec.project_id, spec.branch_id)
         socket_dir = self.layout.socket_dir(spec.endpoint_id)
-        log_path = self.layout.log_path(spec.endpoint_id)
+        log_path = self.layout.log_path(spec.project_id, spec.branch_id, spec.endpoint_id)
         current = self._postmasters.running(pgdata)
         if current is not None and current.sandboxed and current.postmaster() is None:
             # Its postmaster died (killed, say) and its sandbox is ending with it: its pid file
@@ -275,9 +276,7 @@ class Computes:
         records = ensure_dir(self.layout.endpoint_records(project_id), 0o700)
         (records / endpoint_id).touch()
         socket_dir = self.layout.socket_dir(endpoint_id)
-        socket_dir.mkdir(mode=0o700, exist_ok=True)
-        socket_dir.chmod(0o700)
-        run_as.chown(socket_dir)
+        make_socket_dir(socket_dir, run_as, own_filesystem=self._tenants.volumes.active)
 
 
 def _serves(current: Running, argv: Sequence[str], port: int, socket_dir: Path) -> bool:

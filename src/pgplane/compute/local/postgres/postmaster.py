@@ -385,7 +385,12 @@ def _sandbox_leader(child: _Child) -> int:
 
 
 def _spawn(argv: Sequence[str], run_as: RunAs, log_path: Path, env: dict[str, str]) -> _Child:
-    with log_path.open("ab") as log_file:  # root's: logs/ and branch directories are root's
+    # Root's, 0600, in a root's directory: its tenant writes to it only through the descriptor
+    # its postmaster inherits (what the platform's sessions log stays the platform's to read).
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(log_path, flags, 0o600)  # root's: in a branch directory, root's
+    os.fchmod(fd, 0o600)  # one an earlier version made
+    with open(fd, "ab") as log_file:  # root's: the descriptor above
         return _Child(
             argv,
             stdin=subprocess.DEVNULL,

@@ -31,6 +31,7 @@ from pgplane.compute.local.files import fsync_dir, remove_tree
 from pgplane.compute.local.layout import Layout, check_id, ensure_dir
 from pgplane.compute.local.postgres.postmaster import Postmasters
 from pgplane.compute.local.tenants.ownership import hand_over, owned_by
+from pgplane.compute.local.tenants.sockets import remove_socket_dir
 from pgplane.compute.local.tenants.user import RunAs, open_traversal
 from pgplane.compute.local.tenants.users import ComputeUsers, end_processes
 from pgplane.compute.local.tenants.volumes import Volumes
@@ -50,7 +51,7 @@ class Tenants:
         volumes: Volumes,
     ) -> None:
         self._layout = layout
-        self._volumes = volumes
+        self.volumes = volumes
         self._users = users
         self._postmasters = postmasters
         self._locks = locks
@@ -76,7 +77,7 @@ class Tenants:
         run_as = await self.user(project_id)
         project_dir = self._layout.project_dir(project_id)
         if not await asyncio.to_thread(os.path.ismount, project_dir):
-            await asyncio.to_thread(self._volumes.ensure, project_id, project_dir)
+            await asyncio.to_thread(self.volumes.ensure, project_id, project_dir)
             await failpoints.reached("project_volume:mounted")
         await asyncio.to_thread(project_dir_for, project_dir, run_as)
         return run_as
@@ -121,7 +122,7 @@ class Tenants:
             await self._remove(project_id, project_dir)
             for endpoint_id in ids(self._layout.endpoint_records(project_id)):
                 socket_dir = self._layout.socket_dir(endpoint_id)
-                await asyncio.to_thread(shutil.rmtree, socket_dir, True)
+                await asyncio.to_thread(remove_socket_dir, socket_dir)
 
     async def reattach(self, project_id: str) -> None:
         project_dir = self._layout.project_dir(project_id)
@@ -144,13 +145,13 @@ class Tenants:
             await remove_tree(archive_dir)
 
     def _unpack(self, project_id: str, archive_dir: Path, project_dir: Path) -> None:
-        if not self._volumes.active:
+        if not self.volumes.active:
             archive.unpack(archive_dir, project_dir)
             return
         # Onto a fresh filesystem of its own: unpacked inside it (a rename cannot cross into
         # it), then moved up entry by entry, ``branches`` last: its arrival makes the project
         # whole (``hot``), so a crash before it unpacks again.
-        self._volumes.ensure(project_id, project_dir)
+        self.volumes.ensure(project_id, project_dir)
         staged = project_dir / "restored"
         if not staged.exists():  # renamed into place whole by unpack, or not there at all
             archive.unpack(archive_dir, staged)
@@ -161,8 +162,8 @@ class Tenants:
 
     async def _remove(self, project_id: str, project_dir: Path) -> None:
         """The project's hot copy gone: its filesystem, or its tree in the data directory."""
-        if self._volumes.has(project_id, project_dir):
-            await asyncio.to_thread(self._volumes.remove, project_id, project_dir)
+        if self.volumes.has(project_id, project_dir):
+            await asyncio.to_thread(self.volumes.remove, project_id, project_dir)
         else:
             await remove_tree(project_dir)
 
@@ -192,8 +193,8 @@ class Tenants:
             await self._remove(project_id, project_dir)
             for endpoint_id in endpoint_ids:
                 socket_dir = self._layout.socket_dir(endpoint_id)
-                await asyncio.to_thread(shutil.rmtree, socket_dir, True)
-                self._layout.log_path(endpoint_id).unlink(missing_ok=True)
+                await asyncio.to_thread(remove_socket_dir, socket_dir)
+                self._layout.old_log_path(endpoint_id).unlink(missing_ok=True)
         # Last: a retry after a crash still finds the user to end its processes.
         await self._users.remove(project_id)
         self._ready.discard(project_id)
