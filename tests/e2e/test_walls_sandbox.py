@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from pgplane.compute.local.postgres.records import Records, is_alive
 from pgplane.compute.local.tenants.cgroups import Cgroups
 from pgplane.compute.local.tenants.walls import cgroup_name
 from tests.e2e.test_walls_os import Project, allowed, make_superuser, refused, run_program
@@ -187,3 +189,17 @@ def test_the_sandbox_has_no_view_of_the_platform(server: Server, tenant: Project
     users = allowed(tenant, "cat /etc/passwd")
     assert users.count("\n") <= 1 and tenant.user in users  # root and itself, no other tenant
     assert allowed(tenant, "hostname") == "compute"
+
+
+def test_a_compute_that_died_on_its_own_leaves_no_cgroup_once_its_branch_is_gone(
+    api: Api, server: Server
+) -> None:
+    doomed = Project(server, api.create_ready_project(name="dies"))
+    cgroups, name = _cgroup(doomed)
+    assert (cgroups.parents[0] / name).is_dir()
+    record = Records(doomed.records).get(doomed.pgdata)
+    assert record is not None
+    os.kill(record.leader, signal.SIGKILL)  # the sandbox's pid 1: everything in it ends
+    wait_for("the compute gone", lambda: not is_alive(record))
+    api.settled(doomed.id, api.http.delete(f"/projects/{doomed.id}"))
+    assert not any((parent / name).exists() for parent in cgroups.parents)

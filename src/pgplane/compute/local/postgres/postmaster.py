@@ -305,6 +305,11 @@ class Postmasters:
         """
         record = self.running(pgdata)
         if record is None:
+            dead = self._records.get(pgdata)
+            if dead is not None:  # it died on its own: what it left of its walls goes too
+                if dead.cgroup is not None:
+                    await self.walls.end_cgroup(dead.cgroup)
+                await asyncio.to_thread(self._records.drop, pgdata)
             return False
         for sig, time_limit in _STOP_STEPS:
             postmaster = record.postmaster()
