@@ -203,3 +203,26 @@ def test_a_compute_that_died_on_its_own_leaves_no_cgroup_once_its_branch_is_gone
     wait_for("the compute gone", lambda: not is_alive(record))
     api.settled(doomed.id, api.http.delete(f"/projects/{doomed.id}"))
     assert not any((parent / name).exists() for parent in cgroups.parents)
+
+
+def test_autoscaling_goes_on_for_a_compute_adopted_after_a_restart(
+    api: Api, server: Server
+) -> None:
+    """Last in the file: it restarts the server. Its computes run on, and the new server takes
+    up their autoscaling where the platform's records leave it."""
+    scaled = Project(server, api.create_ready_project(name="adopted"))
+    make_superuser(scaled)
+    change = {"endpoint": {"autoscaling_limit_min_cu": 0.25, "autoscaling_limit_max_cu": 1}}
+    api.settled(
+        scaled.id,
+        api.http.patch(f"/projects/{scaled.id}/endpoints/{scaled.endpoint_id}", json=change),
+    )
+    cgroups, name = _cgroup(scaled)
+    wait_for("the idle compute at its minimum", lambda: _quota(cgroups, name) == 0.25, timeout=30)
+    postmaster, _ = scaled.postmaster()
+    server.stop()
+    server.start()
+    burn = "while :; do :; done"
+    allowed(scaled, f"true && (for i in 1 2 3 4; do timeout 20 sh -c '{burn}' & done) >/dev/null")
+    wait_for("the adopted compute at its maximum", lambda: _quota(cgroups, name) == 1, timeout=30)
+    assert scaled.postmaster()[0] == postmaster  # adopted, not started again

@@ -348,7 +348,10 @@ class LocalComputeDriver:
         return current is not None and current.socket_dir == socket_dir
 
     async def running_computes(self) -> Sequence[RunningCompute]:
-        return await asyncio.to_thread(self._computes.running_computes)
+        found, records = await asyncio.to_thread(self._computes.running_computes)
+        for record in records:  # an earlier serve's: their CPU moves with their load again
+            self._postmasters.watch_adopted(record)
+        return found
 
     async def apply_storage_config(
         self, *, project_id: str, history_retention_seconds: int

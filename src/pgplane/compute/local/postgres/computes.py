@@ -258,8 +258,9 @@ class Computes:
                 signalled += 1
         return signalled
 
-    def running_computes(self) -> list[RunningCompute]:
-        found = []
+    def running_computes(self) -> tuple[list[RunningCompute], list[Running]]:
+        """The computes running here, and the records of the endpoints' among them."""
+        found, adopted = [], []
         for project_id in ids(self.layout.projects):
             for branch_id in ids(self.layout.project_dir(project_id) / "branches"):
                 pgdata = self.layout.pgdata(project_id, branch_id)
@@ -269,7 +270,9 @@ class Computes:
                         continue
                     endpoint_id = current.endpoint_id if data_dir == pgdata else None
                     found.append(RunningCompute(project_id, branch_id, endpoint_id))
-        return found
+                    if endpoint_id is not None:
+                        adopted.append(current)
+        return found, adopted
 
     def _prepare_endpoint(self, project_id: str, endpoint_id: str, run_as: RunAs) -> None:
         # Recorded so delete_tenant finds the endpoint's socket directory and log.

@@ -216,6 +216,7 @@ class Postmasters:
             argv=tuple(argv),
             endpoint_id=endpoint_id,
             cgroup=cgroup,
+            cpu_range=None if limits is None else (limits.min_cpus, limits.max_cpus),
         )
         # Spawned first: its leader found, its record written and its cgroup made while it
         # starts up (each cost a wake its share, ~3 ms in all, when done before the spawn).
@@ -364,6 +365,17 @@ class Postmasters:
             if loop.time() >= deadline:
                 return False
             await asyncio.sleep(_POLL)
+
+    def watch_adopted(self, record: Running) -> None:
+        """Autoscale a compute an earlier ``serve`` started (its range as recorded then)."""
+        scaler, cgroups = self.walls.autoscaler, self.walls.cgroups
+        if scaler is None or cgroups is None or record.cgroup is None or record.cpu_range is None:
+            return
+        if scaler.cpus(record.cgroup) is not None:
+            return  # watched already
+        low, high = record.cpu_range
+        now = cgroups.quota_cpus(record.cgroup) or high
+        scaler.watch(record.cgroup, Limits(now, 0, 0, min_cpus=low, max_cpus=high))
 
     async def resize(self, pgdata: Path, limits: Limits) -> None:
         """New limits for the running compute on ``pgdata`` (its autoscaling range changed)."""

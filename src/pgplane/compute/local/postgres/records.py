@@ -39,6 +39,9 @@ class Running:
     argv: tuple[str, ...]
     endpoint_id: str | None
     cgroup: str | None
+    # Its compute units' range (min, max CPUs), for the autoscaler to take it up again after a
+    # restart of the platform; None: not autoscaled (or recorded by an earlier version).
+    cpu_range: tuple[float, float] | None = None
 
     def postmaster(self) -> int | None:
         """The postmaster's pid (the one to signal), None when it is gone."""
@@ -119,6 +122,9 @@ class Records:
         data.pop("pgdata")
         data["socket_dir"] = Path(data["socket_dir"])
         data["argv"] = tuple(data["argv"])
+        if data.get("cpu_range") is not None:
+            low, high = data["cpu_range"]
+            data["cpu_range"] = (float(low), float(high))
         return Running(**data)
 
     def put(self, pgdata: Path, running: Running) -> None:

@@ -170,6 +170,19 @@ class Cgroups:
         _write(cpu / "cpu.cfs_burst_us", str(quota), optional=True)
         _write(cpu / "cpu.shares", str(max(2, weight * 1024 // 100)))
 
+    def quota_cpus(self, name: str) -> float | None:
+        """The CPUs its quota allows now; None without one (or without the cgroup)."""
+        try:
+            if self.version == 2:
+                quota, period = (self.parents[0] / name / "cpu.max").read_text().split()
+            else:
+                cpu = self.parents[0] / name
+                quota = (cpu / "cpu.cfs_quota_us").read_text()  # root's: the kernel's
+                period = (cpu / "cpu.cfs_period_us").read_text()  # root's: the kernel's
+            return None if quota.strip() in ("max", "-1") else int(quota) / int(period)
+        except (OSError, ValueError):
+            return None
+
     def cpu_seconds(self, name: str) -> float | None:
         """CPU time the compute used so far, None where this machine does not count it."""
         try:
