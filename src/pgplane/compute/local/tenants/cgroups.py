@@ -174,7 +174,8 @@ class Cgroups:
         """The CPUs its quota allows now; None without one (or without the cgroup)."""
         try:
             if self.version == 2:
-                quota, period = (self.parents[0] / name / "cpu.max").read_text().split()
+                cpu_max = self.parents[0] / name / "cpu.max"
+                quota, period = cpu_max.read_text().split()  # root's: the kernel's
             else:
                 cpu = self.parents[0] / name
                 quota = (cpu / "cpu.cfs_quota_us").read_text()  # root's: the kernel's
