@@ -50,6 +50,11 @@ def test_v2_moves_serve_to_a_leaf_and_writes_v2_limits(
     assert (group / "memory.max").read_text() == str(2 * GIB)
     assert (group / "pids.max").read_text() == "325"
     assert found.procs_files("pg-a") == [group / "cgroup.procs"]
+    # What an adopted compute's autoscaling starts from (the quota it was left at).
+    assert found.quota_cpus("pg-a") == 0.5
+    (group / "cpu.max").write_text("max 100000\n")
+    assert found.quota_cpus("pg-a") is None
+    assert found.quota_cpus("pg-none") is None
 
 
 def test_v2_refuses_a_cgroup_without_the_controllers(
