@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import schemathesis
 
-from pgplane.services import compute_settings, history, names
+from pgplane.services import compute_settings, expiry, history, names
 
 _SEEDS: dict[str, Any] = json.loads(os.environ.get("PGPLANE_FUZZ_SEEDS", "{}"))
 _BARE_BRANCHES = itertools.cycle(_SEEDS.get("bare_branches") or [None])
@@ -46,6 +46,11 @@ OUTSIDE_JSON_SCHEMA = (
     "never had this LSN",
     "is before the history of branch",
     "has no history yet",
+    # An expiry against the clock, and what the branch is (default, protected, a parent).
+    "expires_at must be in the future",
+    "expires_at must be at most 30 days ahead",
+    "cannot expire",
+    f"clear its {expiry.FIELD} first",
     # What a restore needs depends on its source and on the branch's children.
     "is required to restore a branch from its own history",
     "preserve_under_name is required",

@@ -28,6 +28,7 @@ _body_types: weakref.WeakKeyDictionary[HTTPRouteHandler, tuple[Any, bool]] = (
     weakref.WeakKeyDictionary()
 )
 _AT = re.compile(r"^(.*) - at `\$\.?(.*)`$")
+_AT_KEY = re.compile(r"^(.*) - at `key` in `\$\.?(.*)`$")
 
 
 def _body_type(handler: HTTPRouteHandler) -> tuple[Any, bool]:
@@ -65,6 +66,9 @@ def _integral(value: Any) -> Any:
 def _where(error: msgspec.ValidationError) -> str:
     """msgspec's ``Expected … - at `$.a.b``` as the API's other messages put it: ``a.b: …``."""
     message = str(error)
+    m = _AT_KEY.match(message)
+    if m:  # a map's key: msgspec names the map
+        return f"{m.group(2)}: a key: {m.group(1)}"
     m = _AT.match(message)
     return f"{m.group(2)}: {m.group(1)}" if m else message
 

@@ -7,7 +7,17 @@ from typing import Any
 from pgplane.api import schemas as s
 from pgplane.config import Settings
 from pgplane.core.clock import format_s, format_us
-from pgplane.core.models import ApiKey, Branch, Database, Endpoint, Operation, Project, Role
+from pgplane.core.models import (
+    Annotation,
+    ApiKey,
+    Branch,
+    Database,
+    Endpoint,
+    Operation,
+    Project,
+    Role,
+)
+from pgplane.services.annotations import OBJECT_TYPE
 from pgplane.services.connections import Connection
 
 MIB = 1 << 20
@@ -146,6 +156,18 @@ def branch(b: Branch) -> s.BranchOut:
         data_transfer_bytes=0,
         created_at=format_s(b.created_at),
         updated_at=format_s(b.updated_at),
+        expires_at=_ts(b.expires_at),
+        ttl_interval_seconds=b.ttl_interval_seconds,
+    )
+
+
+def annotation(branch_id: str, a: Annotation | None) -> s.AnnotationOut:
+    """Neon's AnnotationData; a branch with none shows an empty map (no times)."""
+    return s.AnnotationOut(
+        object=s.AnnotationObject(type=OBJECT_TYPE, id=branch_id),
+        value={} if a is None else dict(a.value),
+        created_at=None if a is None else format_s(a.created_at),
+        updated_at=None if a is None else format_s(a.updated_at),
     )
 
 

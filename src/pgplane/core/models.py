@@ -87,6 +87,19 @@ class Branch(msgspec.Struct, frozen=True, kw_only=True):
     parent_lsn: str | None = None
     parent_timestamp: int | None = None
     last_reset_at: int | None = None
+    # When the platform deletes it (us, whole seconds), and the interval that was set for
+    # (Neon's ttl_interval_seconds: a reset counts it again from the reset).
+    expires_at: int | None = None
+    ttl_interval_seconds: int | None = None
+
+
+class Annotation(msgspec.Struct, frozen=True, kw_only=True):
+    """A branch's map of strings (Neon's ``annotation_value``), as clients find branches by."""
+
+    branch_id: str
+    value: dict[str, str]
+    created_at: int
+    updated_at: int
 
 
 class Endpoint(msgspec.Struct, frozen=True, kw_only=True):

@@ -2,8 +2,11 @@
 
 Every ``scheduler_seconds`` it writes the proxy's activity to the store (so a restart neither
 postpones nor hastens a suspend: idleness is measured from the stored ``last_active``), suspends
-endpoints idle past their timeout, and at longer intervals starts ``check_availability`` for
-branches with a compute and ``tenant_detach`` for projects idle past ``detach_after_seconds``.
+endpoints idle past their timeout, deletes branches whose ``expires_at`` has come (every tick:
+one indexed read, so an expiry is late by a tick at most, and a ``serve`` that was down at that
+moment deletes the branch at its first tick), and at longer intervals starts
+``check_availability`` for branches with a compute and ``tenant_detach`` for projects idle past
+``detach_after_seconds``.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import asyncio
 import logging
 from typing import Protocol
 
+from pgplane import failpoints
 from pgplane.compute.driver import ComputeDriver
 from pgplane.config import Settings
 from pgplane.core import clock
@@ -19,7 +23,7 @@ from pgplane.core.models import Endpoint
 from pgplane.core.operations import Action
 from pgplane.engine.context import compute_spec
 from pgplane.engine.engine import Engine
-from pgplane.errors import Unavailable
+from pgplane.errors import Conflict, Unavailable
 from pgplane.services import scheduled
 from pgplane.store import Store
 
@@ -62,6 +66,8 @@ class Scheduler:
         self._next_detach = 0.0
         # Endpoints whose compute could not be asked for its activity (warned about once).
         self._unaskable: set[str] = set()
+        # Expired branches that may not be deleted (warned about once).
+        self._undeletable: set[str] = set()
 
     async def run(self) -> None:
         while True:
@@ -88,6 +94,7 @@ class Scheduler:
         async with self._store.read() as tx:
             live = await tx.list_live_endpoints()
         started = await self._suspend_idle(live, now)
+        started += await self._expire(now)
         loop_now = asyncio.get_running_loop().time()
         if self._settings.availability_check_seconds > 0 and loop_now >= self._next_checks:
             self._next_checks = loop_now + min(
@@ -152,6 +159,31 @@ class Scheduler:
             return None
         seen = await self._driver.last_activity(compute_spec(project, endpoint))
         return None if seen is None else int(seen * _US)
+
+    async def _expire(self, now: int) -> int:
+        async with self._store.read() as tx:
+            due = await tx.expired_branches(now=now)
+        started = 0
+        for branch in due:
+            await failpoints.reached("expire_branch:due")
+            try:
+                async with self._store.write() as tx:
+                    ops = await scheduled.expire(
+                        tx, project_id=branch.project_id, branch_id=branch.id, now=now
+                    )
+            except Conflict as exc:  # the API keeps this from happening; never delete it anyway
+                if branch.id not in self._undeletable:
+                    self._undeletable.add(branch.id)
+                    log.warning("branch %s expired but is not deleted: %s", branch.id, exc.message)
+                continue
+            if ops is not None:
+                log.info(
+                    "branch %s expired at %s: deleting it",
+                    branch.id,
+                    clock.format_s(branch.expires_at or now),
+                )
+                started += 1
+        return started
 
     async def _check_availability(self, live: list[Endpoint], now: int) -> int:
         interval = int(self._settings.availability_check_seconds * _US)

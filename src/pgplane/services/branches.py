@@ -10,21 +10,22 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import msgspec
 
 from pgplane.compute.driver import HistoryBounds, Point
 from pgplane.config import Settings
 from pgplane.core import clock, ids
-from pgplane.core.models import Branch, Database, Endpoint, Operation, Role
+from pgplane.core.models import Annotation, Branch, Database, Endpoint, Operation, Role
 from pgplane.core.operations import Action
 from pgplane.errors import BadRequest, Conflict
 from pgplane.services import (
     access,
     compute_settings,
     endpoints,
+    expiry,
     history,
     names,
     operations,
@@ -43,12 +44,18 @@ class NewBranch:
     protected: bool = False
     endpoints: Sequence[endpoints.EndpointSpec] = ()
     point: history.NamedPoint | None = None  # a point of the parent's history, not its head
+    expires_at: int | None = None  # when the platform deletes it (us, see services/expiry.py)
+    annotation: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class BranchChanges:
+    """What a PATCH changes; None (UNSET for the expiry, where null clears it) keeps a field."""
+
     name: str | None = None
     protected: bool | None = None
+    expires_at: int | msgspec.UnsetType | None = msgspec.UNSET
+    annotation: Mapping[str, str] | None = None  # replaces the whole map; {} removes it
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +70,7 @@ class CreatedBranch:
 @dataclass(frozen=True, slots=True)
 class BranchPage:
     branches: list[Branch]
+    annotations: dict[str, Annotation]  # of the branches of the page that have one
     next: str | None  # the cursor of the next page, when there is one
     sort_by: str
     sort_order: str
@@ -133,11 +141,14 @@ async def list_(
                 else (_sort_value(b, by), b.id) > after
             )
         ]
-    if limit is None or len(found) <= limit:
-        return BranchPage(branches=found, next=None, sort_by=by, sort_order=order)
-    page = found[:limit]
+    page = found if limit is None else found[:limit]
+    annotations = await tx.list_annotations(project.id)
     return BranchPage(
-        branches=page, next=_encode_cursor(page[-1], by, order), sort_by=by, sort_order=order
+        branches=page,
+        annotations={b.id: annotations[b.id] for b in page if b.id in annotations},
+        next=None if len(page) == len(found) else _encode_cursor(page[-1], by, order),
+        sort_by=by,
+        sort_order=order,
     )
 
 
@@ -160,6 +171,14 @@ async def get(tx: Tx, *, account_id: str, project_id: str, branch_id: str) -> Br
     return await access.branch(tx, project_id=project.id, branch_id=branch_id)
 
 
+async def get_annotated(
+    tx: Tx, *, account_id: str, project_id: str, branch_id: str
+) -> tuple[Branch, Annotation | None]:
+    """The branch and its annotation (None: it has none)."""
+    branch = await get(tx, account_id=account_id, project_id=project_id, branch_id=branch_id)
+    return branch, await tx.get_annotation(branch.id)
+
+
 async def create(
     tx: Tx,
     *,
@@ -174,6 +193,7 @@ async def create(
     project = await access.live_project(tx, account_id=account_id, project_id=project_id)
     await quotas.check_branches(tx, project_id=project.id, settings=settings)
     parent = await parent_of(tx, project_id=project.id, parent_id=spec.parent_id)
+    expiry.refuse_if_expiring(parent, "an expiring branch cannot have children", field="parent_id")
     point = spec.point.point if spec.point else Point()
     if spec.point is not None:
         history.check(spec.point, project=project, branch=parent, bounds=bounds or HistoryBounds())
@@ -194,7 +214,11 @@ async def create(
         parent_lsn=None if point.lsn is None else history.format_lsn(point.lsn),
         parent_timestamp=now if point.time_us is None else point.time_us,
     )
+    if spec.expires_at is not None:
+        branch = expiry.expiring(branch, spec.expires_at, has_children=False, now=now)
     await tx.insert_branch(branch)
+    if spec.annotation:
+        await tx.set_annotation(branch_id=branch_id, value=spec.annotation, now=now)
     # The copy holds the parent's roles and databases as they will be once the parent's
     # earlier operations (which create_branch waits for) are done: its desired state.
     roles = []
@@ -255,13 +279,23 @@ async def update(
     tx: Tx, *, account_id: str, project_id: str, branch_id: str, changes: BranchChanges
 ) -> Branch:
     branch = await get(tx, account_id=account_id, project_id=project_id, branch_id=branch_id)
+    now = clock.now_us()
+    if changes.protected and not branch.protected and changes.expires_at is msgspec.UNSET:
+        expiry.refuse_if_expiring(
+            branch, "an expiring branch cannot be protected", field="protected"
+        )
     updated = msgspec.structs.replace(
         branch,
         name=branch.name if changes.name is None else names.branch(changes.name),
         protected=branch.protected if changes.protected is None else changes.protected,
-        updated_at=clock.now_us(),
+        updated_at=now,
     )
+    if not isinstance(changes.expires_at, msgspec.UnsetType):
+        children = changes.expires_at is not None and await tx.has_child_branches(branch.id)
+        updated = expiry.expiring(updated, changes.expires_at, has_children=children, now=now)
     await tx.update_branch(updated)
+    if changes.annotation is not None:
+        await tx.set_annotation(branch_id=branch.id, value=changes.annotation, now=now)
     return updated
 
 
@@ -270,6 +304,11 @@ async def delete(
 ) -> tuple[Branch, list[Operation]]:
     """Delete a branch that is neither the default, protected, nor the parent of another."""
     branch = await get(tx, account_id=account_id, project_id=project_id, branch_id=branch_id)
+    return await remove(tx, branch=branch)
+
+
+async def remove(tx: Tx, *, branch: Branch) -> tuple[Branch, list[Operation]]:
+    """The deletion itself, of a branch already found: a DELETE's and an expiry's."""
     if branch.default:
         raise Conflict("the default branch cannot be deleted; make another branch the default")
     if branch.protected:
@@ -281,6 +320,7 @@ async def delete(
         if endpoint.branch_id == branch.id:
             await tx.delete_endpoint(endpoint_id=endpoint.id, now=now)
     await tx.delete_branch(branch_id=branch.id, now=now)
+    await tx.set_annotation(branch_id=branch.id, value={}, now=now)
     ops = await operations.start(
         tx,
         project_id=branch.project_id,
@@ -293,6 +333,7 @@ async def set_default(tx: Tx, *, account_id: str, project_id: str, branch_id: st
     branch = await get(tx, account_id=account_id, project_id=project_id, branch_id=branch_id)
     if branch.default:
         return branch
+    expiry.refuse_if_expiring(branch, "an expiring branch cannot be the default")
     now = clock.now_us()
     for other in await tx.list_branches(branch.project_id):
         if other.default:

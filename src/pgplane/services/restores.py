@@ -22,7 +22,7 @@ from pgplane.core import clock, ids
 from pgplane.core.models import Branch, Operation, Role
 from pgplane.core.operations import Action
 from pgplane.errors import BadRequest
-from pgplane.services import access, history, names, operations, quotas
+from pgplane.services import access, expiry, history, names, operations, quotas
 from pgplane.store import Tx
 
 
@@ -93,6 +93,7 @@ async def restore(
         state_changed_at=now,
         updated_at=now,
     )
+    restored = expiry.restarted(restored, now)  # as Neon: a reset starts the countdown again
     await tx.update_branch(restored)
     starts = [
         operations.Start(

@@ -1,4 +1,5 @@
-"""The operations the platform starts on its own: idle suspend, availability checks, detach.
+"""The operations the platform starts on its own: idle suspend, availability checks, detach,
+the deletion of expired branches.
 
 Each re-reads what it acts on inside the caller's write transaction, so a decision made on a
 slightly stale read (the scheduler's) never starts work that is no longer due.
@@ -11,7 +12,7 @@ import msgspec
 from pgplane.core import clock
 from pgplane.core.models import Operation
 from pgplane.core.operations import Action
-from pgplane.services import operations
+from pgplane.services import branches, operations
 from pgplane.store import Tx
 
 
@@ -65,3 +66,22 @@ async def detach(tx: Tx, *, project_id: str, idle_before: int) -> Operation | No
         tx, project_id=project_id, starts=[operations.Start(Action.TENANT_DETACH)]
     )
     return op
+
+
+async def expire(tx: Tx, *, project_id: str, branch_id: str, now: int) -> list[Operation] | None:
+    """Delete a branch whose ``expires_at`` has come, as a DELETE would; None when it is gone
+    already or no longer due (deleted, or its expiry moved, since the scheduler looked).
+
+    The branch is marked deleted in the same transaction that starts its ``delete_timeline``,
+    so however many ticks race (or a restarted ``serve`` looks again), one deletion wins.
+    A branch that may not be deleted (the default, protected, a parent: the API refuses to let
+    an expiring branch become one) raises :class:`pgplane.errors.Conflict` and stays.
+    """
+    branch = await tx.get_branch(project_id=project_id, branch_id=branch_id)
+    if branch is None or branch.expires_at is None or branch.expires_at > now:
+        return None
+    project = await tx.get_project_by_id(project_id)
+    if project is None or project.deleted_at is not None:
+        return None
+    _, ops = await branches.remove(tx, branch=branch)
+    return ops

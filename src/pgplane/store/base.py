@@ -35,7 +35,7 @@ import abc
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 
-from pgplane.core.models import Branch, Database, Endpoint, Operation, Project, Role
+from pgplane.core.models import Annotation, Branch, Database, Endpoint, Operation, Project, Role
 from pgplane.core.operations import Action
 from pgplane.store.accounts import AccountsTx
 
@@ -106,7 +106,7 @@ class Tx(AccountsTx):
 
     @abc.abstractmethod
     async def update_branch(self, branch: Branch) -> None:
-        """Write name, protected, default and updated_at; a taken name raises Conflict."""
+        """Write every field but the ids and created_at; a taken name raises Conflict."""
 
     @abc.abstractmethod
     async def delete_branch(self, *, branch_id: str, now: int) -> None:
@@ -119,6 +119,22 @@ class Tx(AccountsTx):
     @abc.abstractmethod
     async def has_child_branches(self, branch_id: str) -> bool:
         """Whether a live branch was created from this one."""
+
+    @abc.abstractmethod
+    async def expired_branches(self, *, now: int) -> list[Branch]:
+        """Live branches of live projects whose ``expires_at`` is ``now`` or earlier, soonest
+        first."""
+
+    @abc.abstractmethod
+    async def get_annotation(self, branch_id: str) -> Annotation | None: ...
+
+    @abc.abstractmethod
+    async def list_annotations(self, project_id: str) -> dict[str, Annotation]:
+        """The annotations of the project's live branches, by branch id."""
+
+    @abc.abstractmethod
+    async def set_annotation(self, *, branch_id: str, value: Mapping[str, str], now: int) -> None:
+        """Replace the branch's annotation (created if new); an empty map removes it."""
 
     @abc.abstractmethod
     async def set_branch_state(

@@ -27,7 +27,7 @@ from pgplane.api.schemas import (
 )
 from pgplane.core.models import Branch
 from pgplane.errors import BadRequest
-from pgplane.services import access, branches, endpoints, history, names, restores
+from pgplane.services import access, branches, endpoints, expiry, history, names, restores
 from pgplane.services.connections import connection
 from pgplane.store import Tx
 
@@ -81,7 +81,7 @@ class Branches(Controller):
             )
         return BranchesPage(
             branches=[presenters.branch(b) for b in page.branches],
-            annotations={},
+            annotations={k: presenters.annotation(k, a) for k, a in page.annotations.items()},
             pagination=BranchPagination(
                 next=page.next, sort_by=page.sort_by, sort_order=page.sort_order.upper()
             )
@@ -118,8 +118,8 @@ class Branches(Controller):
         """Branch from the default branch (or ``parent_id``) at its head; computes on request."""
         ctx = authorized(request)
         req = data.branch if data and data.branch else None
-        # expires_at and init_source take only what the platform does (their types say so);
-        # archived is a boolean in Neon's shape.
+        # init_source takes only what the platform does (its type says so); archived is a
+        # boolean in Neon's shape.
         if req is not None and req.archived:
             raise BadRequest("archived: archiving branches is not supported")
         point = history.parse_point(
@@ -134,6 +134,8 @@ class Branches(Controller):
             protected=bool(req.protected) if req else False,
             endpoints=[_endpoint_spec(e) for e in (data.endpoints or [])] if data else [],
             point=point,
+            expires_at=expiry.parse(req.expires_at) if req and req.expires_at else None,
+            annotation=data.annotation_value or {} if data else {},
         )
         bounds = None
         if point is not None:
@@ -175,10 +177,13 @@ class Branches(Controller):
     ) -> BranchResponse:
         ctx = authorized(request)
         async with ctx.store.read() as tx:
-            branch = await branches.get(
+            branch, annotation = await branches.get_annotated(
                 tx, account_id=ctx.account_id, project_id=project_id, branch_id=branch_id
             )
-        return BranchResponse(branch=presenters.branch(branch))
+        return BranchResponse(
+            branch=presenters.branch(branch),
+            annotation=presenters.annotation(branch.id, annotation),
+        )
 
     @patch(
         "/{branch_id:str}",
@@ -192,9 +197,15 @@ class Branches(Controller):
         branch_id: FromPath[str],
         data: JSONBody[BranchUpdateRequest],
     ) -> BranchOperations:
-        """Rename or (un)protect."""
+        """Rename, (un)protect, set or clear its expiry, replace its annotation."""
         ctx = authorized(request)
-        changes = branches.BranchChanges(name=data.branch.name, protected=data.branch.protected)
+        given = data.branch.expires_at
+        changes = branches.BranchChanges(
+            name=data.branch.name,
+            protected=data.branch.protected,
+            expires_at=expiry.parse(given) if isinstance(given, str) else given,
+            annotation=data.annotation_value,
+        )
         async with ctx.store.write() as tx:
             branch = await branches.update(
                 tx,

@@ -64,6 +64,8 @@ from pgplane.api.schemas.keys import (
     ApiKeyRevoked,
 )
 from pgplane.api.schemas.objects import (
+    AnnotationObject,
+    AnnotationOut,
     BranchOut,
     ConnectionDetails,
     ConnectionParameters,
@@ -115,6 +117,8 @@ from pgplane.api.schemas.roles import (
 
 __all__ = [
     "CU",
+    "AnnotationObject",
+    "AnnotationOut",
     "ApiKeyCreateRequest",
     "ApiKeyCreated",
     "ApiKeyCreator",

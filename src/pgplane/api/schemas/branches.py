@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from msgspec import Meta, Struct
+from msgspec import UNSET, Meta, Struct, UnsetType
 
 from pgplane.api.schemas.common import (
     CU,
@@ -15,6 +15,7 @@ from pgplane.api.schemas.common import (
     documented,
 )
 from pgplane.api.schemas.objects import (
+    AnnotationOut,
     BranchOut,
     ConnectionDetails,
     DatabaseOut,
@@ -23,6 +24,7 @@ from pgplane.api.schemas.objects import (
 )
 from pgplane.api.schemas.operations import OperationOut
 from pgplane.services import history
+from pgplane.services.annotations import MAX_ENTRIES, MAX_KEY, MAX_VALUE
 
 
 class BranchPagination(Struct, kw_only=True, omit_defaults=True):
@@ -34,7 +36,7 @@ class BranchPagination(Struct, kw_only=True, omit_defaults=True):
 class BranchesPage(Struct, kw_only=True, omit_defaults=True):
     branches: list[BranchOut]
     # Neon's annotations by branch id; always present (neonctl's table output reads it).
-    annotations: dict[str, Any]
+    annotations: dict[str, AnnotationOut]
     pagination: BranchPagination | None = None
 
 
@@ -44,6 +46,7 @@ class BranchCount(Struct, kw_only=True):
 
 class BranchResponse(Struct, kw_only=True):
     branch: BranchOut
+    annotation: AnnotationOut
 
 
 class BranchOperations(Struct, kw_only=True):
@@ -81,6 +84,17 @@ Timestamp = Annotated[
         extra_json_schema=documented(format="date-time", pattern=history.TIME_PATTERN),
     ),
 ]
+ExpiresAt = Annotated[
+    str,
+    Meta(
+        max_length=40,
+        description=(
+            "an RFC 3339 time, in the future and at most 30 days ahead, when the platform"
+            " deletes the branch (kept to the second)"
+        ),
+        extra_json_schema=documented(format="date-time", pattern=history.TIME_PATTERN),
+    ),
+]
 
 
 class BranchEndpointSpec(Struct, kw_only=True):
@@ -110,13 +124,28 @@ class BranchCreateSpec(Struct, kw_only=True):
         | None
     ) = None
     init_source: Literal["parent-data"] | None = None
-    expires_at: Annotated[None, Meta(description="expiring branches are not supported yet")] = None
+    expires_at: ExpiresAt | None = None
+
+
+# Neon's AnnotationValueData: at most 50 entries; the lengths are pgplane's (Neon states none).
+AnnotationValue = Annotated[
+    dict[
+        Annotated[str, Meta(min_length=1, max_length=MAX_KEY)],
+        Annotated[str, Meta(max_length=MAX_VALUE)],
+    ],
+    Meta(
+        max_length=MAX_ENTRIES,
+        description="a map of strings kept with the branch, returned as its annotation",
+        # The keys' lengths, which the document would not say otherwise (msgspec checks them).
+        extra_json_schema=documented(propertyNames={"minLength": 1, "maxLength": MAX_KEY}),
+    ),
+]
 
 
 class BranchCreateRequest(Struct, kw_only=True):
     branch: BranchCreateSpec | None = None
     endpoints: Annotated[list[BranchEndpointSpec], Meta(max_length=10)] | None = None
-    annotation_value: Annotated[dict[str, str], Meta(max_length=50)] | None = None
+    annotation_value: AnnotationValue | None = None
 
 
 class BranchRestoreRequest(Struct, kw_only=True):
@@ -129,8 +158,11 @@ class BranchRestoreRequest(Struct, kw_only=True):
 class BranchUpdateSpec(Struct, kw_only=True):
     name: Name256 | None = None
     protected: bool | None = None
-    expires_at: Annotated[None, Meta(description="expiring branches are not supported yet")] = None
+    # Absent: unchanged; null: the branch no longer expires.
+    expires_at: ExpiresAt | UnsetType | None = UNSET
 
 
 class BranchUpdateRequest(Struct, kw_only=True):
     branch: BranchUpdateSpec
+    # pgplane's, beside Neon's fields as on create: replaces the annotation ({} removes it).
+    annotation_value: AnnotationValue | None = None

@@ -27,6 +27,22 @@ class BranchOut(Struct, kw_only=True, omit_defaults=True):
     parent_timestamp: str | None = None
     pending_state: str | None = None
     last_reset_at: str | None = None
+    expires_at: str | None = None
+    ttl_interval_seconds: int | None = None
+
+
+class AnnotationObject(Struct, kw_only=True):
+    type: str
+    id: str
+
+
+class AnnotationOut(Struct, kw_only=True, omit_defaults=True):
+    """Neon's AnnotationData: what a branch is annotated with, and since when."""
+
+    object: AnnotationObject
+    value: dict[str, str]
+    created_at: str | None = None
+    updated_at: str | None = None
 
 
 class EndpointSettings(Struct, kw_only=True):

@@ -269,7 +269,11 @@ class LocalComputeDriver:
             init_sockets = self.layout.init_socket_dir(project_id, branch_id)
             await asyncio.to_thread(shutil.rmtree, init_sockets, True)
             await failpoints.reached("delete_timeline:stopped")
-            await remove_tree(branch_dir)
+            # Under the history keeper's locks (its order: base, then history): a keeper pass
+            # that listed the branch before it went would otherwise write its catalog into a
+            # branch directory made anew (an expiry at the first tick after start-up met it).
+            async with self._locks["base", branch_dir], self._locks["history", branch_dir]:
+                await remove_tree(branch_dir)
             conf = self.layout.compute_conf(project_id, branch_id)
             await asyncio.to_thread(conf.unlink, missing_ok=True)
 

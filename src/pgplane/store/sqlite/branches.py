@@ -10,7 +10,8 @@ from pgplane.store.sqlite.common import Statements, _taken
 
 _BRANCH_COLUMNS = (
     "id, project_id, parent_id, name, is_default, protected, current_state, pending_state,"
-    " state_changed_at, created_at, updated_at, parent_lsn, parent_timestamp, last_reset_at"
+    " state_changed_at, created_at, updated_at, parent_lsn, parent_timestamp, last_reset_at,"
+    " expires_at, ttl_interval_seconds"
 )
 
 
@@ -30,6 +31,8 @@ def _branch(r: Sequence[Any]) -> Branch:
         parent_lsn=r[11],
         parent_timestamp=r[12],
         last_reset_at=r[13],
+        expires_at=r[14],
+        ttl_interval_seconds=r[15],
     )
 
 
@@ -39,7 +42,7 @@ class BranchesMixin(Statements):
     async def insert_branch(self, branch: Branch) -> None:
         b = branch
         self._write(
-            f"INSERT INTO branches ({_BRANCH_COLUMNS}) VALUES ({', '.join('?' * 14)})",
+            f"INSERT INTO branches ({_BRANCH_COLUMNS}) VALUES ({', '.join('?' * 16)})",
             (
                 b.id,
                 b.project_id,
@@ -55,6 +58,8 @@ class BranchesMixin(Statements):
                 b.parent_lsn,
                 b.parent_timestamp,
                 b.last_reset_at,
+                b.expires_at,
+                b.ttl_interval_seconds,
             ),
             _taken("branch", b.name),
         )
@@ -80,8 +85,8 @@ class BranchesMixin(Statements):
         self._write(
             "UPDATE branches SET name = ?, protected = ?, is_default = ?, updated_at = ?,"
             " parent_id = ?, parent_lsn = ?, parent_timestamp = ?, last_reset_at = ?,"
-            " current_state = ?, pending_state = ?, state_changed_at = ?"
-            " WHERE id = ? AND deleted_at IS NULL",
+            " current_state = ?, pending_state = ?, state_changed_at = ?, expires_at = ?,"
+            " ttl_interval_seconds = ? WHERE id = ? AND deleted_at IS NULL",
             (
                 b.name,
                 int(b.protected),
@@ -94,6 +99,8 @@ class BranchesMixin(Statements):
                 b.current_state,
                 b.pending_state,
                 b.state_changed_at,
+                b.expires_at,
+                b.ttl_interval_seconds,
                 b.id,
             ),
             _taken("branch", b.name),
@@ -128,3 +135,13 @@ class BranchesMixin(Statements):
             " updated_at = ? WHERE id = ?",
             (current_state, pending_state, now, now, branch_id),
         )
+
+    async def expired_branches(self, *, now: int) -> list[Branch]:
+        rows = self._c.execute(
+            f"SELECT {_BRANCH_COLUMNS} FROM branches"
+            " WHERE deleted_at IS NULL AND expires_at IS NOT NULL AND expires_at <= ?"
+            " AND project_id IN (SELECT id FROM projects WHERE deleted_at IS NULL)"
+            " ORDER BY expires_at, id",
+            (now,),
+        ).fetchall()
+        return [_branch(r) for r in rows]

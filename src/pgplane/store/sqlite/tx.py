@@ -6,6 +6,7 @@ import sqlite3
 
 from pgplane.store.base import Tx
 from pgplane.store.sqlite.accounts import AccountsMixin, ApiKeysMixin
+from pgplane.store.sqlite.annotations import AnnotationsMixin
 from pgplane.store.sqlite.branches import BranchesMixin
 from pgplane.store.sqlite.console import ConsoleMixin
 from pgplane.store.sqlite.endpoints import EndpointsMixin
@@ -21,6 +22,7 @@ class SqliteTx(
     ConsoleMixin,
     ProjectsMixin,
     BranchesMixin,
+    AnnotationsMixin,
     EndpointsMixin,
     RolesMixin,
     RoleVerifiersMixin,
