@@ -151,6 +151,7 @@ def test_what_a_tenant_writes_to_its_log_or_socket_directory_counts_against_it(
 
 
 def test_a_branch_inside_a_share_is_a_clone(server: Server, api: Api) -> None:
+    assert "on xfs (branch copies are clones)" in server.log(), "scripts/test installs xfsprogs"
     c = Project(server, api.create_ready_project(name="cloned"))
     c.query("CREATE TABLE big AS SELECT repeat('c', 1000) AS v FROM generate_series(1, 100000)")
     table_bytes = c.query("SELECT pg_total_relation_size('big')")[0][0]

@@ -11,12 +11,10 @@ import asyncio
 import contextlib
 import json
 import logging
-import shutil
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from pgplane import failpoints
 from pgplane.compute.driver import (
     ComputeAddress,
     ComputeError,
@@ -34,7 +32,6 @@ from pgplane.compute.local.copies.spares import SparePool
 from pgplane.compute.local.copies.timeline import (
     build_timeline,
     completed,
-    temporary_pgdata,
 )
 from pgplane.compute.local.files import remove_tree, write_atomic
 from pgplane.compute.local.history.histories import Histories
@@ -255,27 +252,7 @@ class LocalComputeDriver:
         await self._histories.keep()
 
     async def delete_timeline(self, *, project_id: str, branch_id: str) -> None:
-        pgdata = self.layout.pgdata(project_id, branch_id)
-        branch_dir = self.layout.branch_dir(project_id, branch_id)
-        async with self._locks["timeline", pgdata]:
-            for data_dir in (pgdata, temporary_pgdata(pgdata)):
-                async with self._locks["postmaster", data_dir]:
-                    current = self._postmasters.running(data_dir)
-                    await self._postmasters.stop(data_dir)
-                # Where the platform started it (its record, root's): an endpoint's socket
-                # directory, which only that branch's postmaster used.
-                if current is not None and current.socket_dir.parent == self.layout.run_root:
-                    await asyncio.to_thread(remove_socket_dir, current.socket_dir)
-            init_sockets = self.layout.init_socket_dir(project_id, branch_id)
-            await asyncio.to_thread(shutil.rmtree, init_sockets, True)
-            await failpoints.reached("delete_timeline:stopped")
-            # Under the history keeper's locks (its order: base, then history): a keeper pass
-            # that listed the branch before it went would otherwise write its catalog into a
-            # branch directory made anew (an expiry at the first tick after start-up met it).
-            async with self._locks["base", branch_dir], self._locks["history", branch_dir]:
-                await remove_tree(branch_dir)
-            conf = self.layout.compute_conf(project_id, branch_id)
-            await asyncio.to_thread(conf.unlink, missing_ok=True)
+        await self._tenants.delete_branch(project_id, branch_id)
 
     async def apply_config(
         self,

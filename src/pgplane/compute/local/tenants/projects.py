@@ -103,6 +103,30 @@ class Tenants:
         if run_as is not None:
             await asyncio.to_thread(end_processes, run_as)
 
+    async def delete_branch(self, project_id: str, branch_id: str) -> None:
+        """A branch's postmasters stopped, its socket directories and files removed."""
+        pgdata = self._layout.pgdata(project_id, branch_id)
+        branch_dir = self._layout.branch_dir(project_id, branch_id)
+        async with self._locks["timeline", pgdata]:
+            for data_dir in (pgdata, temporary_pgdata(pgdata)):
+                async with self._locks["postmaster", data_dir]:
+                    current = self._postmasters.running(data_dir)
+                    await self._postmasters.stop(data_dir)
+                # Where the platform started it (its record, root's): an endpoint's socket
+                # directory, which only that branch's postmaster used.
+                if current is not None and current.socket_dir.parent == self._layout.run_root:
+                    await asyncio.to_thread(remove_socket_dir, current.socket_dir)
+            init_sockets = self._layout.init_socket_dir(project_id, branch_id)
+            await asyncio.to_thread(shutil.rmtree, init_sockets, True)
+            await failpoints.reached("delete_timeline:stopped")
+            # Under the history keeper's locks (its order: base, then history): a keeper pass
+            # that listed the branch before it went would otherwise write its catalog into a
+            # branch directory made anew (an expiry at the first tick after start-up met it).
+            async with self._locks["base", branch_dir], self._locks["history", branch_dir]:
+                await remove_tree(branch_dir)
+            conf = self._layout.compute_conf(project_id, branch_id)
+            await asyncio.to_thread(conf.unlink, missing_ok=True)
+
     async def detach(self, project_id: str) -> None:
         project_dir = self._layout.project_dir(project_id)
         archive_dir = self._layout.archive(project_id)
