@@ -62,6 +62,8 @@ class Settings:
     # much WAL a branch archives before its next base state (or its data's size, if more).
     history_seconds: float = 60.0
     history_base_bytes: int = 1 << 30
+    # The largest schema (pg_dump --schema-only's SQL) GET …/schema returns; past it, a 422.
+    schema_max_bytes: int = 16 << 20
     # As root: each compute in a sandbox (bubblewrap) and a cgroup of its size. Off only to
     # compare (bench/wake.py) or where the kernel refuses namespaces; the log says which.
     walls: bool = True
@@ -165,6 +167,7 @@ def settings_from_env(**overrides: object) -> Settings:
         ("detach_after_seconds", float),
         ("history_seconds", float),
         ("history_base_bytes", int),
+        ("schema_max_bytes", int),
         ("compute_user", str),
         ("region_id", str),
         ("workers", int),

@@ -25,6 +25,18 @@ class PointNotInHistory(ComputeError):
     permanent = True
 
 
+class DatabaseNotFound(ComputeError):
+    """The database asked for is not in the branch's data (dropped with SQL, say)."""
+
+    permanent = True
+
+
+class SchemaTooLarge(ComputeError):
+    """A schema's SQL text is past the bound the caller gave."""
+
+    permanent = True
+
+
 class InvalidSettings(ComputeError):
     """Postgres refuses a setting's value; the message is Postgres' own words for why."""
 
@@ -240,6 +252,18 @@ class ComputeDriver(Protocol):
 
         Through ``compute`` when it runs; otherwise a temporary postmaster starts on the data for
         the check (so a suspended compute is also proved able to start). ComputeError says why not.
+        """
+        ...
+
+    async def dump_schema(
+        self, *, project_id: str, branch_id: str, pg_version: int, db_name: str, max_bytes: int
+    ) -> str:
+        """The schema of one database of the branch, as ``pg_dump --schema-only`` prints it
+        with the project's own major, without the platform's roles.
+
+        Through whatever compute runs on the branch; a branch with none is read by a temporary
+        postmaster, so a suspended compute is not woken. DatabaseNotFound when the data has no
+        such database, SchemaTooLarge past ``max_bytes``.
         """
         ...
 

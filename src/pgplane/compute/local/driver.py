@@ -29,10 +29,7 @@ from pgplane.compute.driver import (
 from pgplane.compute.local.config import LocalDriverConfig
 from pgplane.compute.local.copies.copies import Copies
 from pgplane.compute.local.copies.spares import SparePool
-from pgplane.compute.local.copies.timeline import (
-    build_timeline,
-    completed,
-)
+from pgplane.compute.local.copies.timeline import build_timeline, completed
 from pgplane.compute.local.files import remove_tree, write_atomic
 from pgplane.compute.local.history.histories import Histories
 from pgplane.compute.local.layout import Layout, ensure_dir
@@ -42,9 +39,8 @@ from pgplane.compute.local.postgres.computes import Computes
 from pgplane.compute.local.postgres.installs import Installs
 from pgplane.compute.local.postgres.limits.size_limit import SizeLimit
 from pgplane.compute.local.postgres.monitor import check_readable, last_client_activity
-from pgplane.compute.local.postgres.postmaster import (
-    Postmasters,
-)
+from pgplane.compute.local.postgres.postmaster import Postmasters
+from pgplane.compute.local.postgres.schema_dump import SchemaDump
 from pgplane.compute.local.postgres.verifiers import read_verifiers
 from pgplane.compute.local.skeleton import Skeleton
 from pgplane.compute.local.tenants.projects import Tenants, ids
@@ -281,6 +277,14 @@ class LocalComputeDriver:
         await self._computes.on_branch(
             project_id, branch_id, pg_version, compute, check_readable, start=False
         )
+
+    async def dump_schema(
+        self, *, project_id: str, branch_id: str, pg_version: int, db_name: str, max_bytes: int
+    ) -> str:
+        install, run_as = await self._install(project_id, pg_version)
+        dump = SchemaDump(install, run_as, db_name, max_bytes)
+        await self._computes.on_branch(project_id, branch_id, pg_version, None, dump, start=False)
+        return dump.sql
 
     async def last_activity(self, spec: ComputeSpec) -> float | None:
         if not await self.is_compute_running(
