@@ -202,6 +202,7 @@ async def serve(settings: Settings) -> None:
         settings=settings,
         check_settings=driver.check_settings,
         history=driver.history_bounds,
+        schema=driver.dump_schema,
         notify=engine.wake,
         readiness=readiness,
     )

@@ -28,6 +28,7 @@ from pgplane.api.routes.endpoints import Endpoints
 from pgplane.api.routes.operations import Operations
 from pgplane.api.routes.projects import Projects
 from pgplane.api.routes.roles import Databases, Roles
+from pgplane.api.routes.schema import BranchSchemas
 from pgplane.config import Settings
 from pgplane.console.app import console
 from pgplane.console.headers import console_headers
@@ -36,6 +37,7 @@ from pgplane.errors import NotFound, PgplaneError, Unavailable
 from pgplane.services import api_keys
 from pgplane.services.compute_settings import SettingsCheck
 from pgplane.services.history import HistoryLookup, unknown_history
+from pgplane.services.schemas import SchemaDumper, no_dumps
 from pgplane.store import Store
 
 log = logging.getLogger(__name__)
@@ -75,6 +77,7 @@ def create_app(
     settings: Settings,
     check_settings: SettingsCheck,
     history: HistoryLookup = unknown_history,
+    schema: SchemaDumper = no_dumps,
     notify: Callable[[], None] = _nothing,
     readiness: health.Readiness | None = None,
 ) -> Litestar:
@@ -121,6 +124,7 @@ def create_app(
             notify=notify,
             check_settings=check_settings,
             history=history,
+            schema=schema,
             key_uses=recorder,
             limiter=RateLimiter.from_settings(settings),
         )
@@ -149,6 +153,7 @@ def create_app(
             Projects,
             Operations,
             Branches,
+            BranchSchemas,
             Endpoints,
             Roles,
             Databases,

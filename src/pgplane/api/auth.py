@@ -26,6 +26,7 @@ from pgplane.errors import Unauthorized
 from pgplane.services import api_keys
 from pgplane.services.compute_settings import SettingsCheck
 from pgplane.services.history import HistoryLookup
+from pgplane.services.schemas import SchemaDumper
 from pgplane.store import Store
 
 AnyRequest = Request[Any, Any, State]
@@ -40,6 +41,7 @@ class Platform:
     notify: Callable[[], None]  # tells the engine that new operations wait
     check_settings: SettingsCheck  # Postgres' verdict on pg_settings values (the driver's)
     history: HistoryLookup  # what of a branch's history the data plane holds (the driver's)
+    schema: SchemaDumper  # a branch database's schema as SQL (the driver's dump_schema)
     key_uses: api_keys.UseRecorder
     limiter: RateLimiter
 
@@ -55,6 +57,7 @@ class Authorized:
     notify: Callable[[], None]
     check_settings: SettingsCheck
     history: HistoryLookup
+    schema: SchemaDumper
 
 
 # Where the hook leaves its result: a key of our own in the ASGI scope (Litestar's
@@ -99,6 +102,7 @@ def key_hook(platform: Platform) -> Callable[[AnyRequest], Awaitable[None]]:
             notify=notify,
             check_settings=platform.check_settings,
             history=platform.history,
+            schema=platform.schema,
         )
 
     return require_key

@@ -44,6 +44,18 @@ class BranchCount(Struct, kw_only=True):
     count: int
 
 
+class BranchSchemaResponse(Struct, kw_only=True):
+    """Neon's ``BranchSchemaResponse``: the database's schema as SQL (pg_dump --schema-only)."""
+
+    sql: str
+
+
+class BranchSchemaCompareResponse(Struct, kw_only=True):
+    """Neon's ``BranchSchemaCompareResponse``: a unified diff, empty when the schemas agree."""
+
+    diff: str
+
+
 class BranchResponse(Struct, kw_only=True):
     branch: BranchOut
     annotation: AnnotationOut

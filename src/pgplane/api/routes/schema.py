@@ -1,0 +1,100 @@
+"""``/projects/{project_id}/branches/{branch_id}/schema`` and ``…/compare_schema``: a branch's
+schema as SQL, and the diff of two branches' (services/schemas.py says how each is read)."""
+
+from __future__ import annotations
+
+from litestar import Controller, get
+from litestar.params import FromPath, Parameter
+
+from pgplane.api.auth import AnyRequest, Authorized, authorized
+from pgplane.api.responses import error_responses
+from pgplane.api.schemas import BranchSchemaCompareResponse, BranchSchemaResponse
+from pgplane.core.models import Branch
+from pgplane.services import schemas
+
+_TEXT = Parameter(default=None, max_length=256)
+
+
+class BranchSchemas(Controller):
+    path = "/projects/{project_id:str}/branches/{branch_id:str}"
+    tags = ["Branch"]  # noqa: RUF012 - Litestar reads it as an instance attribute
+
+    @get("/schema", operation_id="getProjectBranchSchema", responses=error_responses(409, 422))
+    async def schema(
+        self,
+        request: AnyRequest,
+        project_id: FromPath[str],
+        branch_id: FromPath[str],
+        db_name: str | None = Parameter(default=None, max_length=256),
+        lsn: str | None = _TEXT,
+        timestamp: str | None = _TEXT,
+        format: str | None = _TEXT,
+    ) -> BranchSchemaResponse:
+        """The database's schema, as ``pg_dump --schema-only`` prints it."""
+        schemas.refuse_points(lsn=lsn, timestamp=timestamp)
+        schemas.check_format(format)
+        ctx = authorized(request)
+        async with ctx.store.read() as tx:
+            found = await schemas.target(
+                tx,
+                account_id=ctx.account_id,
+                project_id=project_id,
+                branch_id=branch_id,
+                db_name=db_name,
+            )
+        return BranchSchemaResponse(sql=await _read(ctx, found))
+
+    @get(
+        "/compare_schema",
+        operation_id="getProjectBranchSchemaComparison",
+        responses=error_responses(409, 422),
+    )
+    async def compare_schema(
+        self,
+        request: AnyRequest,
+        project_id: FromPath[str],
+        branch_id: FromPath[str],
+        db_name: str | None = Parameter(default=None, max_length=256),
+        base_branch_id: str | None = _TEXT,
+        lsn: str | None = _TEXT,
+        timestamp: str | None = _TEXT,
+        base_lsn: str | None = _TEXT,
+        base_timestamp: str | None = _TEXT,
+    ) -> BranchSchemaCompareResponse:
+        """The unified diff from the base branch's schema (its parent's by default) to this
+        branch's; empty when they agree."""
+        schemas.refuse_points(
+            lsn=lsn, timestamp=timestamp, base_lsn=base_lsn, base_timestamp=base_timestamp
+        )
+        ctx = authorized(request)
+        async with ctx.store.read() as tx:
+            found = await schemas.target(
+                tx,
+                account_id=ctx.account_id,
+                project_id=project_id,
+                branch_id=branch_id,
+                db_name=db_name,
+            )
+            base: Branch = await schemas.base_branch(
+                tx,
+                account_id=ctx.account_id,
+                project_id=project_id,
+                branch=found.branch,
+                base_branch_id=base_branch_id,
+            )
+            # The base must hold the database too (Neon's 404 otherwise).
+            base_found = await schemas.target(
+                tx,
+                account_id=ctx.account_id,
+                project_id=project_id,
+                branch_id=base.id,
+                db_name=db_name,
+            )
+        sql, base_sql = await _read(ctx, found), await _read(ctx, base_found)
+        return BranchSchemaCompareResponse(
+            diff=schemas.diff(base_sql, sql, db_name=found.db_name, base=base, branch=found.branch)
+        )
+
+
+async def _read(ctx: Authorized, found: schemas.Target) -> str:
+    return await schemas.read(ctx.schema, found, max_bytes=ctx.settings.schema_max_bytes)
