@@ -191,7 +191,7 @@ _OPENER = re.compile(r"""[Ee]'|'|"|\$(?:[A-Za-z_][A-Za-z0-9_]*)?\$|--|/\*|;|^\\"
 
 def _statements(text: str) -> list[tuple[str, str]]:
     """``text`` cut after each top-level ``;`` (or meta-command line): each piece with its quoted
-    parts and comments masked (their characters made ``x``)."""
+    parts and comments masked (see _mask)."""
     pieces: list[tuple[str, str]] = []
     masked: list[str] = []
     start = pos = 0
@@ -205,11 +205,19 @@ def _statements(text: str) -> list[tuple[str, str]]:
             pieces.append((text[start:end], "".join(masked)))
             masked, start = [], end
         else:
-            masked.append(opener[0] + "x" * (end - found.start() - 1))
+            masked.append(_mask(text[found.start() : end], opener))
         pos = end
     if start < len(text):
         pieces.append((text[start:], "".join(masked) + text[pos:]))
     return pieces
+
+
+def _mask(part: str, opener: str) -> str:
+    """A comment becomes blanks (a statement after one still starts the piece), a quoted part
+    its opening character and ``x``s (a name or literal still stands where it was)."""
+    if opener in ("--", "/*"):
+        return " " * len(part)
+    return part[0] + "x" * (len(part) - 1)
 
 
 _QUOTED_END = {

