@@ -223,6 +223,10 @@ def _get_urls(routes: set[tuple[str, str]], values: dict[str, Any], scoped: bool
             url += "?database_name=neondb&role_name=neondb_owner"
         if path.endswith("/operations"):
             url += "?limit=1000"  # all of them: no operation may appear
+        if path.endswith("/schema"):
+            url += "?db_name=neondb"
+        if path.endswith("/compare_schema"):  # the branch against itself: an empty diff
+            url += f"?db_name=neondb&base_branch_id={values['branch_id']}"
         urls.append(url)
     return urls
 

@@ -68,10 +68,11 @@ async def target(
     tx: Tx, *, account_id: str, project_id: str, branch_id: str, db_name: str | None
 ) -> Target:
     """The project's branch and one of its databases; 404 when either is not there."""
-    if not db_name:
-        raise BadRequest("db_name is required: the database whose schema to read")
     project = await access.live_project(tx, account_id=account_id, project_id=project_id)
     branch = await access.branch(tx, project_id=project.id, branch_id=branch_id)
+    # After the lookups: another account's branch is the same 404 as none, whatever is asked.
+    if not db_name:
+        raise BadRequest("db_name is required: the database whose schema to read")
     await access.database(tx, branch_id=branch.id, name=db_name)
     if project.storage_state != "attached":
         raise Conflict(
