@@ -282,7 +282,7 @@ class LocalComputeDriver:
         self, *, project_id: str, branch_id: str, pg_version: int, db_name: str, max_bytes: int
     ) -> str:
         install, run_as = await self._install(project_id, pg_version)
-        dump = SchemaDump(install, run_as, db_name, max_bytes)
+        dump = SchemaDump(install, run_as, db_name, max_bytes, self._postmasters.walls)
         await self._computes.on_branch(project_id, branch_id, pg_version, None, dump, start=False)
         return dump.sql
 

@@ -4,10 +4,12 @@ The hazards, and what meets each:
 
 - **The server is the tenant's.** A tenant may hold its compute's OS user, so whatever answers
   on the socket may be a program of its own, sending anything. ``pg_dump`` therefore runs as
-  the project's OS user (never root, never the shared user that owns the installations): at
-  worst a hostile server takes over a process that was already its own. libpq's
-  ``requirepeer`` (sessions.conninfo) speaks only to a server running as the socket
-  directory's owner, so a link to another project's socket leads nowhere.
+  the project's OS user (never root, never the shared user that owns the installations), and
+  where computes are sandboxed in a sandbox of its own that sees its installation and the
+  socket directory alone: at worst a hostile server takes over a process that was already its
+  own, walled as its compute is. libpq's ``requirepeer`` (sessions.conninfo) speaks only to a
+  server running as the socket directory's owner, so a link to another project's socket leads
+  nowhere.
 - **Its output is unbounded and may never end.** Read from a pipe up to ``max_bytes``, with
   the process killed past that or past its time limit; off the event loop (a thread: uvloop
   cannot start a child as another user). ``--lock-wait-timeout`` keeps a tenant's lock on a
@@ -42,6 +44,7 @@ from pgplane.compute.driver import ComputeError, DatabaseNotFound, SchemaTooLarg
 from pgplane.compute.local.postgres.binaries import PgInstall
 from pgplane.compute.local.postgres.sessions import ADMIN_USER, PLATFORM_ROLES, conninfo
 from pgplane.compute.local.tenants.user import C_LOCALE, RunAs, postgres_env
+from pgplane.compute.local.tenants.walls import Walls
 
 DUMP_TIMEOUT = 60.0  # seconds for the whole dump
 LOCK_WAIT = "10s"  # for each table's ACCESS SHARE lock: a tenant's open ALTER TABLE, say
@@ -58,14 +61,23 @@ class SchemaDump:
     """The action that dumps ``dbname`` on whichever postmaster serves the branch
     (``Computes.on_branch``); ``sql`` holds the text once it ran."""
 
-    def __init__(self, install: PgInstall, run_as: RunAs, dbname: str, max_bytes: int) -> None:
+    def __init__(
+        self, install: PgInstall, run_as: RunAs, dbname: str, max_bytes: int, walls: Walls
+    ) -> None:
         self._install, self._run_as, self._dbname = install, run_as, dbname
         self._max_bytes = max_bytes
+        self._walls = walls
         self.sql = ""
 
     async def __call__(self, socket_dir: Path, port: int) -> None:
         self.sql = await dump_schema(
-            self._install, self._run_as, socket_dir, port, self._dbname, max_bytes=self._max_bytes
+            self._install,
+            self._run_as,
+            socket_dir,
+            port,
+            self._dbname,
+            max_bytes=self._max_bytes,
+            walls=self._walls,
         )
 
 
@@ -77,6 +89,7 @@ async def dump_schema(
     dbname: str,
     *,
     max_bytes: int,
+    walls: Walls | None = None,
     time_limit: float = DUMP_TIMEOUT,
 ) -> str:
     """The schema of ``dbname`` on the postmaster at ``socket_dir``/``port``, as SQL text."""
@@ -90,6 +103,15 @@ async def dump_schema(
         "--dbname",
         conninfo(socket_dir, port, user=ADMIN_USER, dbname=dbname),
     ]
+    # In a sandbox of its own where computes have one (it switches user itself then).
+    walled, switches = (
+        walls.wrap_client(argv, run_as=run_as, socket_dir=socket_dir)
+        if walls is not None
+        else (argv, False)
+    )
+    argv = walled
+    if switches:
+        run_as = RunAs.current()
     # Filtering a big dump is CPU work too: off the loop with the dump.
     return await asyncio.to_thread(_dump, argv, run_as, max_bytes, time_limit, key)
 

@@ -89,6 +89,19 @@ class Walls:
             switches = True
         return wrapped, switches
 
+    def wrap_client(
+        self, argv: Sequence[str], *, run_as: RunAs, socket_dir: Path
+    ) -> tuple[list[str], bool]:
+        """A Postgres client program (``pg_dump``) run walled as ``run_as``, as its postmaster
+        is: it sees its installation and the postmaster's socket directory, nothing else. A
+        hostile server that took it over holds no more than the tenant's own sandbox."""
+        if self.sandbox is None or not run_as.switch:
+            return list(argv), False
+        readable = _installation(Path(argv[0]))
+        return self.sandbox.wrap(
+            argv, run_as=run_as, readable=readable, writable=[socket_dir]
+        ), True
+
     def sandboxed(self, run_as: RunAs) -> bool:
         return self.sandbox is not None and run_as.switch
 
