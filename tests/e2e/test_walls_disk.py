@@ -177,7 +177,7 @@ def test_a_deleted_project_takes_its_filesystem_with_it(server: Server, api: Api
     assert loops.stdout == ""
 
 
-def test_after_a_reboot_every_share_is_mounted_again(
+def test_after_a_reboot_every_share_is_mounted_again_and_a_raised_share_grows_it(
     server: Server, victim: tuple[Api, Project]
 ) -> None:
     _, b = victim
@@ -186,6 +186,9 @@ def test_after_a_reboot_every_share_is_mounted_again(
     stop_postmasters(server.data_dir)
     unmount_volumes(server.data_dir)  # what a reboot leaves: nothing running, nothing mounted
     assert mounts_under(server.data_dir) == []
+    server.env["PGPLANE_DISK_PER_PROJECT"] = str(2 * SHARE_MIB)  # and the operator raised it
     server.start()
     assert b.query("SELECT count(*) FROM b_rows") == rows  # woken on its share, data whole
     assert b.dir in mounts_under(server.data_dir)
+    size, _ = _filesystem(b.dir)
+    assert size > (2 * SHARE_MIB - 128) << 20  # grown to the new share

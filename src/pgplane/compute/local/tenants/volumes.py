@@ -105,7 +105,8 @@ class Volumes:
         if _has_files(project_dir):
             # Files under the mount point would vanish behind the mount: never ours to hide.
             raise ComputeError(f"cannot mount {image.name}: {project_dir} is not empty")
-        _run(["mount", "-t", self.fstype or "", "-o", _OPTIONS, str(image), str(project_dir)])
+        # Its type found by mount: an image made before xfsprogs was installed is ext4.
+        _run(["mount", "-o", _OPTIONS, str(image), str(project_dir)])
 
     def mount_all(self, projects: Path) -> None:
         """At start-up: every project's filesystem on its directory; half-made images removed."""
@@ -116,7 +117,33 @@ class Volumes:
                 entry.unlink(missing_ok=True)
             elif entry.name.endswith(_SUFFIX):
                 project_id = entry.name.removesuffix(_SUFFIX)
-                self.ensure(project_id, projects / check_id("project id", project_id))
+                project_dir = projects / check_id("project id", project_id)
+                self.ensure(project_id, project_dir)
+                if entry.stat().st_size < self.size_bytes:
+                    self._grow(entry, project_dir)
+
+    def _grow(self, image: Path, project_dir: Path) -> None:
+        """A share raised since the image was made: the image and its filesystem grown to it,
+        online (XFS and ext4 both grow mounted). A share lowered leaves images as they are:
+        neither filesystem shrinks."""
+        found = subprocess.run(
+            ["findmnt", "-n", "-o", "SOURCE,FSTYPE", "--mountpoint", str(project_dir)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        device, _, fstype = found.stdout.strip().partition(" ")
+        if not device.startswith("/dev/loop"):
+            log.warning("cannot grow %s: its mount point shows no loop device", image.name)
+            return
+        with open(image, "r+b") as f:  # root's
+            f.truncate(self.size_bytes)
+        _run(["losetup", "--set-capacity", device])
+        if fstype.strip() == "xfs":
+            _run(["xfs_growfs", str(project_dir)])
+        else:
+            _run(["resize2fs", device])
+        log.info("%s grown to %d MiB", image.name, self.size_bytes >> 20)
 
     def has(self, project_id: str, project_dir: Path) -> bool:
         """Whether the project lives on a filesystem of its own (a project made before volumes
