@@ -25,6 +25,7 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import httpx
 
+from pgplane.compute.local.layout import Layout
 from pgplane.compute.local.postgres.binaries import PgInstall, discover
 from pgplane.compute.local.postgres.records import Records, is_alive
 from pgplane.compute.local.tenants.cgroups import Cgroups
@@ -131,9 +132,11 @@ def mounts_under(path: Path) -> list[Path]:
 
 
 def unmount_volumes(data_dir: Path) -> None:
-    """Unmount the projects' filesystems a server left mounted (they outlive it, as its
-    postmasters do); the kernel frees each loop device when its filesystem goes."""
-    for point in mounts_under(data_dir):
+    """Unmount the projects' filesystems and the computes' socket directories (tmpfs) a server
+    left mounted (they outlive it, as its postmasters do); the kernel frees each loop device
+    when its filesystem goes. A long data directory's sockets are under /tmp (layout.py)."""
+    run_root = Layout(data_dir.resolve()).run_root
+    for point in [*mounts_under(data_dir), *mounts_under(run_root)]:
         subprocess.run(["umount", "--lazy", str(point)], check=False, capture_output=True)
 
 
