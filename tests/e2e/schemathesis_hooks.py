@@ -51,6 +51,10 @@ OUTSIDE_JSON_SCHEMA = (
     "expires_at must be at most 30 days ahead",
     "cannot expire",
     f"clear its {expiry.FIELD} first",
+    # A schema's database is asked for only once the branch is known to be the caller's (another
+    # account's branch is the same 404, whatever is asked), and its base depends on its parent.
+    "db_name is required: the database whose schema to read",
+    "has no parent to compare with",
     # What a restore needs depends on its source and on the branch's children.
     "is required to restore a branch from its own history",
     "preserve_under_name is required",

@@ -102,7 +102,12 @@ def seed(fuzzed: Server) -> dict[str, Any]:
         "bare_branches": bare,
         "restore_source": restore_source["branch"]["id"],
         # The key id is never the key the run authenticates with.
-        "parameters": path_parameters(project, key_id=doomed_key),
+        # And for the schema routes' query: the seeded database, compared with its own branch.
+        "parameters": {
+            **path_parameters(project, key_id=doomed_key),
+            "db_name": "neondb",
+            "base_branch_id": bid,
+        },
         "victims": {
             f"DELETE {base}": {"project_id": doomed["project"]["id"]},
             f"DELETE {base}/branches/{{branch_id}}": {"branch_id": doomed_branch["branch"]["id"]},
