@@ -15,8 +15,9 @@ import psycopg
 from pgplane.compute.driver import ComputeSpec, DatabaseSpec, RoleSpec
 from pgplane.compute.local import LocalComputeDriver
 from pgplane.compute.local.layout import Layout
+from pgplane.compute.local.postgres.command import postmaster_argv
 from pgplane.compute.local.postgres.pidfile import PidFile, is_postmaster_of, read_pid_file
-from pgplane.compute.local.postgres.postmaster import Postmasters, postmaster_argv
+from pgplane.compute.local.postgres.postmaster import Postmasters
 from pgplane.compute.local.postgres.sessions import admin_conninfo
 from pgplane.compute.local.tenants.users import remove_project_users
 

@@ -16,6 +16,7 @@ import pytest
 from pgplane.compute.driver import InvalidSettings
 from pgplane.compute.local.layout import Layout
 from pgplane.compute.local.postgres.binaries import PgInstall, read_version, wheel_bin_dir
+from pgplane.compute.local.postgres.command import check_settings
 from pgplane.compute.local.postgres.limits.library import (
     Toolchain,
     Unbuildable,
@@ -24,7 +25,6 @@ from pgplane.compute.local.postgres.limits.library import (
     toolchain,
 )
 from pgplane.compute.local.postgres.limits.size_limit import SizeLimit, config_files
-from pgplane.compute.local.postgres.postmaster import check_settings
 
 
 def _bundled() -> PgInstall:

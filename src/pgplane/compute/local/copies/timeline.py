@@ -19,7 +19,8 @@ from pgplane.compute.local.files import copy_tree, fsync_dir, sync_tree, write_a
 from pgplane.compute.local.layout import TIMELINE_MARKER
 from pgplane.compute.local.postgres.binaries import PgInstall
 from pgplane.compute.local.postgres.cluster import create_roles_and_databases
-from pgplane.compute.local.postgres.postmaster import Postmasters, postmaster_argv
+from pgplane.compute.local.postgres.command import postmaster_argv
+from pgplane.compute.local.postgres.postmaster import Postmasters
 from pgplane.compute.local.tenants import untrusted
 from pgplane.compute.local.tenants.ownership import hand_over
 from pgplane.compute.local.tenants.user import RunAs

@@ -27,7 +27,8 @@ from pgplane.compute.local.history.archiving import (
 )
 from pgplane.compute.local.history.wal import parse_lsn, wal_files
 from pgplane.compute.local.postgres.binaries import PgInstall
-from pgplane.compute.local.postgres.postmaster import Postmasters, postmaster_argv
+from pgplane.compute.local.postgres.command import postmaster_argv
+from pgplane.compute.local.postgres.postmaster import Postmasters
 from pgplane.compute.local.postgres.sessions import ADMIN_USER, connect, conninfo
 from pgplane.compute.local.tenants import untrusted
 from pgplane.compute.local.tenants.user import RunAs

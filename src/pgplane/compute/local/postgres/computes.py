@@ -33,12 +33,9 @@ from pgplane.compute.local.history.archiving import (
 from pgplane.compute.local.history.pitr import switch_wal
 from pgplane.compute.local.layout import TIMELINE_MARKER, Layout, ensure_dir
 from pgplane.compute.local.postgres.binaries import PgInstall
+from pgplane.compute.local.postgres.command import check_settings, postmaster_argv
 from pgplane.compute.local.postgres.limits.size_limit import SizeLimit, config_files
-from pgplane.compute.local.postgres.postmaster import (
-    Postmasters,
-    check_settings,
-    postmaster_argv,
-)
+from pgplane.compute.local.postgres.postmaster import Postmasters
 from pgplane.compute.local.postgres.readiness import wait_ready
 from pgplane.compute.local.postgres.records import Running, is_alive
 from pgplane.compute.local.postgres.sizing import compute_settings

@@ -17,7 +17,7 @@ from pgplane.compute.driver import ComputeError
 from pgplane.compute.local.layout import Layout
 from pgplane.compute.local.postgres.binaries import PgInstall, discover
 from pgplane.compute.local.postgres.cluster import ensure_template, template_pgdata
-from pgplane.compute.local.postgres.postmaster import validate_settings
+from pgplane.compute.local.postgres.command import validate_settings
 from pgplane.compute.local.postgres.relocate import runnable_install
 from pgplane.compute.local.tenants.user import RunAs
 
