@@ -256,14 +256,23 @@ class ComputeDriver(Protocol):
         ...
 
     async def dump_schema(
-        self, *, project_id: str, branch_id: str, pg_version: int, db_name: str, max_bytes: int
+        self,
+        *,
+        project_id: str,
+        branch_id: str,
+        pg_version: int,
+        db_name: str,
+        max_bytes: int,
+        point: Point | None = None,
     ) -> str:
         """The schema of one database of the branch, as ``pg_dump --schema-only`` prints it
         with the project's own major, without the platform's roles.
 
         Through whatever compute runs on the branch; a branch with none is read by a temporary
-        postmaster, so a suspended compute is not woken. DatabaseNotFound when the data has no
-        such database, SchemaTooLarge past ``max_bytes``.
+        postmaster, so a suspended compute is not woken. At ``point``: the branch's data there,
+        rebuilt from its history into a temporary directory that is removed afterwards
+        (PointNotInHistory when the history no longer holds it). DatabaseNotFound when the data
+        has no such database, SchemaTooLarge past ``max_bytes``.
         """
         ...
 

@@ -6,9 +6,9 @@ whose compute is suspended, and never wakes it. The diff is a unified diff of th
 Neon's ``compare_schema`` answers and as neonctl and the schema-diff-action compute it
 themselves from two ``/schema`` answers (``diff``'s ``createPatch``).
 
-Points of history (``lsn``, ``timestamp`` and the base's) are refused with a 400 that says so:
-a schema at a point would need the point rebuilt from history first, which this does not do
-yet; answering with the head instead would be a wrong answer a reviewer trusts.
+At a point of history (``lsn`` or ``timestamp``, and the base's ``base_lsn`` or
+``base_timestamp``) the point is checked as a branch at a point is (services/history.py: the same
+400s), then the data plane rebuilds it into a temporary directory and reads it there.
 """
 
 from __future__ import annotations
@@ -17,10 +17,16 @@ import difflib
 from dataclasses import dataclass
 from typing import Protocol
 
-from pgplane.compute.driver import ComputeError, DatabaseNotFound, SchemaTooLarge
+from pgplane.compute.driver import (
+    ComputeError,
+    DatabaseNotFound,
+    Point,
+    PointNotInHistory,
+    SchemaTooLarge,
+)
 from pgplane.core.models import Branch, Project
 from pgplane.errors import BadRequest, Conflict, LimitExceeded, Locked, NotFound, Unavailable
-from pgplane.services import access
+from pgplane.services import access, history
 from pgplane.store import Tx
 
 
@@ -28,12 +34,25 @@ class SchemaDumper(Protocol):
     """The data plane's reading of one database's schema (the driver's ``dump_schema``)."""
 
     async def __call__(
-        self, *, project_id: str, branch_id: str, pg_version: int, db_name: str, max_bytes: int
+        self,
+        *,
+        project_id: str,
+        branch_id: str,
+        pg_version: int,
+        db_name: str,
+        max_bytes: int,
+        point: Point | None = None,
     ) -> str: ...
 
 
 async def no_dumps(
-    *, project_id: str, branch_id: str, pg_version: int, db_name: str, max_bytes: int
+    *,
+    project_id: str,
+    branch_id: str,
+    pg_version: int,
+    db_name: str,
+    max_bytes: int,
+    point: Point | None = None,
 ) -> str:
     """A dumper for an API without a data plane (unit tests): every read is unavailable."""
     raise Unavailable("this server reads no schemas")
@@ -48,15 +67,11 @@ class Target:
     db_name: str
 
 
-def refuse_points(**given: str | None) -> None:
-    """A 400 naming the first point-in-time parameter given (see the module docstring)."""
-    for name, value in given.items():
-        if value is not None:
-            raise BadRequest(
-                f"{name}: schemas at a point of a branch's history are not served yet; ask"
-                " without it for the branch's current schema, or create a branch at that"
-                " point (parent_lsn / parent_timestamp) and read its schema"
-            )
+def point(lsn: str | None, timestamp: str | None, *, prefix: str = "") -> history.NamedPoint | None:
+    """The point asked for (``prefix``: ``base_`` for the base's), or None for the head."""
+    return history.parse_point(
+        lsn=lsn, timestamp=timestamp, lsn_field=f"{prefix}lsn", time_field=f"{prefix}timestamp"
+    )
 
 
 def check_format(value: str | None) -> None:
@@ -101,16 +116,33 @@ async def base_branch(
         raise NotFound(f"base branch {base_branch_id} not found") from None
 
 
-async def read(dumper: SchemaDumper, found: Target, *, max_bytes: int) -> str:
-    """The SQL of ``found``'s schema, its data-plane failures told as API errors."""
+async def read(
+    dumper: SchemaDumper,
+    found: Target,
+    *,
+    max_bytes: int,
+    at: history.NamedPoint | None = None,
+    lookup: history.HistoryLookup = history.unknown_history,
+) -> str:
+    """The SQL of ``found``'s schema (at its head, or at the point ``at`` once the history
+    ``lookup`` reports shows it holds it), its data-plane failures told as API errors."""
+    project, branch = found.project, found.branch
+    if at is not None:
+        bounds = await lookup(
+            project_id=project.id, branch_id=branch.id, pg_version=project.pg_version
+        )
+        history.check(at, project=project, branch=branch, bounds=bounds)
     try:
         return await dumper(
-            project_id=found.project.id,
-            branch_id=found.branch.id,
-            pg_version=found.project.pg_version,
+            project_id=project.id,
+            branch_id=branch.id,
+            pg_version=project.pg_version,
             db_name=found.db_name,
             max_bytes=max_bytes,
+            point=None if at is None else at.point,
         )
+    except PointNotInHistory as exc:  # freed between the check and the rebuild
+        raise BadRequest(f"{at.field if at is not None else 'point'}: {exc}") from None
     except DatabaseNotFound:
         raise NotFound(
             f"database {found.db_name!r} is not in the data of branch {found.branch.id}"

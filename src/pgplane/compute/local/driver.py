@@ -32,6 +32,7 @@ from pgplane.compute.local.copies.spares import SparePool
 from pgplane.compute.local.copies.timeline import build_timeline, completed
 from pgplane.compute.local.files import remove_tree, write_atomic
 from pgplane.compute.local.history.histories import Histories
+from pgplane.compute.local.history.point_reads import PointReads
 from pgplane.compute.local.layout import Layout, ensure_dir
 from pgplane.compute.local.postgres.binaries import PgInstall
 from pgplane.compute.local.postgres.catalog import apply_change, check_change
@@ -40,7 +41,6 @@ from pgplane.compute.local.postgres.installs import Installs
 from pgplane.compute.local.postgres.limits.size_limit import SizeLimit
 from pgplane.compute.local.postgres.monitor import check_readable, last_client_activity
 from pgplane.compute.local.postgres.postmaster import Postmasters
-from pgplane.compute.local.postgres.schema_dump import SchemaDump
 from pgplane.compute.local.postgres.verifiers import read_verifiers
 from pgplane.compute.local.skeleton import Skeleton
 from pgplane.compute.local.tenants.projects import Tenants, ids
@@ -103,6 +103,9 @@ class LocalComputeDriver:
             spares=self._spares,
             base_bytes=config.history_base_bytes,
             disk_reserve_bytes=config.disk_reserve_bytes,
+        )
+        self._reads = PointReads(
+            self._histories, self._computes, self._postmasters, self._locks, self._install
         )
         self._skeleton = Skeleton(
             layout=self.layout,
@@ -246,6 +249,7 @@ class LocalComputeDriver:
     async def keep_history(self) -> None:
         await self._prepare()
         await self._histories.keep()
+        await self._reads.sweep()
 
     async def delete_timeline(self, *, project_id: str, branch_id: str) -> None:
         await self._tenants.delete_branch(project_id, branch_id)
@@ -279,12 +283,18 @@ class LocalComputeDriver:
         )
 
     async def dump_schema(
-        self, *, project_id: str, branch_id: str, pg_version: int, db_name: str, max_bytes: int
+        self,
+        *,
+        project_id: str,
+        branch_id: str,
+        pg_version: int,
+        db_name: str,
+        max_bytes: int,
+        point: Point | None = None,
     ) -> str:
-        install, run_as = await self._install(project_id, pg_version)
-        dump = SchemaDump(install, run_as, db_name, max_bytes, self._postmasters.walls)
-        await self._computes.on_branch(project_id, branch_id, pg_version, None, dump, start=False)
-        return dump.sql
+        return await self._reads.dump_schema(
+            project_id, branch_id, pg_version, db_name, max_bytes=max_bytes, point=point
+        )
 
     async def last_activity(self, spec: ComputeSpec) -> float | None:
         if not await self.is_compute_running(
