@@ -1,4 +1,5 @@
-"""Reads of a branch as it was at a point of its history (a schema at an LSN or time).
+"""Reads of a branch's schema: at its head through whatever serves the branch, or as it was at
+a point of its history (an LSN or a time).
 
 The point is rebuilt as a branch at a point is (``Histories.build_at``), but into a directory
 of the platform's own inside the branch's directory, ``point-<hex>/``: on the project's
