@@ -33,8 +33,11 @@ and ``delete_tenant:stopped`` (computes stopped, files still there), ``tenant_de
 (the archive is verified, the hot copy still there), ``tenant_reattach:unpacked`` (the data is
 back in place, the archive not yet removed), ``rebuild:replaying`` (a copy of a base state being
 replayed to a point of history by a temporary postmaster), ``restore_branch:built`` (a restore's
-new data complete beside the branch's) and ``restore_branch:moved`` (the branch's old data moved
-out of its place, the new data not yet in). The crash suites kill the server at each.
+new data complete beside the branch's), ``restore_branch:moved`` (the branch's old data moved
+out of its place, the new data not yet in), ``project_volume:mounted`` (a new project's
+filesystem mounted, its directory not yet given to its user) and ``point_read:serving`` (a
+schema read at a point of history: the point rebuilt, its temporary postmaster serving). The
+crash suites kill the server at each.
 """
 
 from __future__ import annotations

@@ -8,7 +8,6 @@ archives (tenants, users), timeline and branch building, postmasters.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections import defaultdict
@@ -30,7 +29,7 @@ from pgplane.compute.local.config import LocalDriverConfig
 from pgplane.compute.local.copies.copies import Copies
 from pgplane.compute.local.copies.spares import SparePool
 from pgplane.compute.local.copies.timeline import build_timeline, completed
-from pgplane.compute.local.files import remove_tree, write_atomic
+from pgplane.compute.local.files import write_atomic
 from pgplane.compute.local.history.histories import Histories
 from pgplane.compute.local.history.point_reads import PointReads
 from pgplane.compute.local.layout import Layout, ensure_dir
@@ -343,10 +342,7 @@ class LocalComputeDriver:
         return current is not None and current.socket_dir == socket_dir
 
     async def running_computes(self) -> Sequence[RunningCompute]:
-        found, records = await asyncio.to_thread(self._computes.running_computes)
-        for record in records:  # an earlier serve's: their CPU moves with their load again
-            self._postmasters.watch_adopted(record)
-        return found
+        return await self._computes.adopt_running()
 
     async def apply_storage_config(
         self, *, project_id: str, history_retention_seconds: int
@@ -377,7 +373,6 @@ class LocalComputeDriver:
     async def delete_tenant(self, *, project_id: str) -> None:
         await self._prepare()
         await self._tenants.delete(project_id)
-        await remove_tree(self.layout.compute_confs(project_id))
 
     async def close(self) -> None:
         # The postmasters keep running: they outlive the platform process by design.
@@ -387,11 +382,7 @@ class LocalComputeDriver:
         self._postmasters.forget()
         self._spares.stop()
         await self._copies.close()
-        run_root = self.layout.run_root
-        if not run_root.is_relative_to(self.layout.data_dir):
-            # Tidy /tmp when no endpoint uses the fallback socket root any more.
-            with contextlib.suppress(OSError):
-                run_root.rmdir()
+        await asyncio.to_thread(self._skeleton.tidy)
 
     async def _prepare(self) -> RunAs:
         """First use: the shared compute user, the directory skeleton, leftovers of a crash."""

@@ -8,6 +8,7 @@ left half removed finished.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from pgplane.compute.local.copies.spares import SparePool
 from pgplane.compute.local.files import sweep_trash
@@ -47,6 +48,13 @@ class Skeleton:
                     await self._make(shared)
                     self._ready = True
         return shared
+
+    def tidy(self) -> None:
+        """At close: /tmp tidied when no endpoint uses the fallback socket root any more."""
+        run_root = self._layout.run_root
+        if not run_root.is_relative_to(self._layout.data_dir):
+            with contextlib.suppress(OSError):
+                run_root.rmdir()
 
     async def _make(self, shared: RunAs) -> None:
         layout = self._layout

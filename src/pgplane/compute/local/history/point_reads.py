@@ -29,6 +29,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from pgplane import failpoints
 from pgplane.compute.driver import Point
 from pgplane.compute.local.copies.timeline import INIT_PORT, fresh_socket_dir, temporary_pgdata
 from pgplane.compute.local.history.histories import Histories, InstallFor
@@ -125,6 +126,7 @@ class PointReads:
                     run_as=run_as,
                     log_path=work / "read.log",
                 )
+                await failpoints.reached("point_read:serving")
                 await action(socket_dir, INIT_PORT)
             finally:
                 await asyncio.shield(self._postmasters.stop(pgdata))

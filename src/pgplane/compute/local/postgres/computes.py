@@ -255,6 +255,13 @@ class Computes:
                 signalled += 1
         return signalled
 
+    async def adopt_running(self) -> list[RunningCompute]:
+        """The computes running here; those an earlier serve started are autoscaled again."""
+        found, records = await asyncio.to_thread(self.running_computes)
+        for record in records:
+            self._postmasters.watch_adopted(record)
+        return found
+
     def running_computes(self) -> tuple[list[RunningCompute], list[Running]]:
         """The computes running here, and the records of the endpoints' among them."""
         found, adopted = [], []

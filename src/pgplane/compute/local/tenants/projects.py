@@ -219,6 +219,7 @@ class Tenants:
                 socket_dir = self._layout.socket_dir(endpoint_id)
                 await asyncio.to_thread(remove_socket_dir, socket_dir)
                 self._layout.old_log_path(endpoint_id).unlink(missing_ok=True)
+        await remove_tree(self._layout.compute_confs(project_id))
         # Last: a retry after a crash still finds the user to end its processes.
         await self._users.remove(project_id)
         self._ready.discard(project_id)
