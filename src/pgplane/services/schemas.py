@@ -99,21 +99,29 @@ async def target(
     return Target(project, branch, db_name)
 
 
-async def base_branch(
-    tx: Tx, *, account_id: str, project_id: str, branch: Branch, base_branch_id: str | None
-) -> Branch:
-    """The branch to compare with: the one named, else the branch's parent."""
+async def base_target(
+    tx: Tx, *, account_id: str, found: Target, base_branch_id: str | None
+) -> Target:
+    """What ``found`` is compared with: the same database on the branch named, else on the
+    branch's parent (Neon's 404 when that branch lacks it)."""
     if base_branch_id is None:
-        if branch.parent_id is None:
+        if found.branch.parent_id is None:
             raise BadRequest(
-                f"base_branch_id is required: branch {branch.id} has no parent to compare with"
+                f"base_branch_id is required: branch {found.branch.id} has no parent to compare"
+                " with"
             )
-        base_branch_id = branch.parent_id
-    await access.live_project(tx, account_id=account_id, project_id=project_id)
+        base_branch_id = found.branch.parent_id
     try:
-        return await access.branch(tx, project_id=project_id, branch_id=base_branch_id)
+        await access.branch(tx, project_id=found.project.id, branch_id=base_branch_id)
     except NotFound:
         raise NotFound(f"base branch {base_branch_id} not found") from None
+    return await target(
+        tx,
+        account_id=account_id,
+        project_id=found.project.id,
+        branch_id=base_branch_id,
+        db_name=found.db_name,
+    )
 
 
 async def read(

@@ -9,7 +9,6 @@ from litestar.params import FromPath, Parameter
 from pgplane.api.auth import AnyRequest, Authorized, authorized
 from pgplane.api.responses import error_responses
 from pgplane.api.schemas import BranchSchemaCompareResponse, BranchSchemaResponse
-from pgplane.core.models import Branch
 from pgplane.services import history, schemas
 
 _TEXT = Parameter(default=None, max_length=256)
@@ -86,24 +85,14 @@ class BranchSchemas(Controller):
                 branch_id=branch_id,
                 db_name=db_name,
             )
-            base: Branch = await schemas.base_branch(
-                tx,
-                account_id=ctx.account_id,
-                project_id=project_id,
-                branch=found.branch,
-                base_branch_id=base_branch_id,
-            )
-            # The base must hold the database too (Neon's 404 otherwise).
-            base_found = await schemas.target(
-                tx,
-                account_id=ctx.account_id,
-                project_id=project_id,
-                branch_id=base.id,
-                db_name=db_name,
+            base_found = await schemas.base_target(
+                tx, account_id=ctx.account_id, found=found, base_branch_id=base_branch_id
             )
         sql, base_sql = await _read(ctx, found, at), await _read(ctx, base_found, base_at)
         return BranchSchemaCompareResponse(
-            diff=schemas.diff(base_sql, sql, db_name=found.db_name, base=base, branch=found.branch)
+            diff=schemas.diff(
+                base_sql, sql, db_name=found.db_name, base=base_found.branch, branch=found.branch
+            )
         )
 
 
