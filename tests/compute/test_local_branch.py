@@ -299,7 +299,9 @@ async def test_offline_branch_of_a_parent_whose_postmaster_died(
     pid_file = read_pid_file(pgdata)
     assert pid_file is not None
     os.killpg(pid_file.pid, signal.SIGKILL)  # the postmaster and its children, no checkpoint
-    while is_postmaster_of(pid_file.pid, pgdata):
+    # Gone as the driver sees it: a dying process has left its directory (its cwd unreadable)
+    # a moment before it stops running.
+    while any(c.project_id == "proj-died" for c in await driver.running_computes()):
         await asyncio.sleep(0.01)
 
     # Not shut down cleanly: the copy takes the WAL from the last checkpoint on, and the

@@ -209,16 +209,20 @@ class Tenants:
 
     async def delete(self, project_id: str) -> None:
         project_dir = self._layout.project_dir(project_id)
-        await remove_tree(self._layout.archive(project_id))
-        if project_dir.exists():
-            await self.stop(project_id)
-            await failpoints.reached("delete_tenant:stopped")
-            endpoint_ids = list(ids(self._layout.endpoint_records(project_id)))
-            await self._remove(project_id, project_dir)
-            for endpoint_id in endpoint_ids:
-                socket_dir = self._layout.socket_dir(endpoint_id)
-                await asyncio.to_thread(remove_socket_dir, socket_dir)
-                self._layout.old_log_path(endpoint_id).unlink(missing_ok=True)
+        # Under the tenant lock, which the history keeper holds for each branch it keeps: a pass
+        # that listed the project before it went would otherwise write its catalog into a
+        # branch directory made anew on the host's disk (a crash test met it).
+        async with self._locks["tenant", project_id]:
+            await remove_tree(self._layout.archive(project_id))
+            if project_dir.exists():
+                await self.stop(project_id)
+                await failpoints.reached("delete_tenant:stopped")
+                endpoint_ids = list(ids(self._layout.endpoint_records(project_id)))
+                await self._remove(project_id, project_dir)
+                for endpoint_id in endpoint_ids:
+                    socket_dir = self._layout.socket_dir(endpoint_id)
+                    await asyncio.to_thread(remove_socket_dir, socket_dir)
+                    self._layout.old_log_path(endpoint_id).unlink(missing_ok=True)
         await remove_tree(self._layout.compute_confs(project_id))
         # Last: a retry after a crash still finds the user to end its processes.
         await self._users.remove(project_id)
