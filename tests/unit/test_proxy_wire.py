@@ -8,6 +8,8 @@ import struct
 import pytest
 
 from pgplane.proxy import scram, wire
+from pgplane.proxy.login import check_cleartext
+from pgplane.proxy.seam import Known, Password
 
 
 def test_startup_round_trip_and_endpoint_option() -> None:
@@ -138,3 +140,11 @@ def test_error_response_fields() -> None:
     assert wire.error_fields(message[5:]) == {
         "S": "FATAL", "V": "FATAL", "C": "08004", "M": "endpoint x not found",
     }  # fmt: skip
+
+
+async def test_a_cleartext_password_is_checked_against_the_verifier() -> None:
+    await check_cleartext("app", Password("s3cret"), "s3cret")
+    await check_cleartext("app", Known(scram.derive_verifier("s3cret")), "s3cret")
+    for secret in (Password("s3cret"), Known(scram.derive_verifier("s3cret")), None):
+        with pytest.raises(scram.ScramError, match='for user "app"'):
+            await check_cleartext("app", secret, "wrong")

@@ -69,6 +69,20 @@ async def authenticate(
     client.write(wire.auth_message(wire.AUTH_SASL_FINAL, final.encode()))
 
 
+async def check_cleartext(user: str, secret: Secret | None, password: str) -> None:
+    """A password the client sent itself (AuthenticationCleartextPassword on a WebSocket, an
+    ``endpoint=<id>;<password>`` password, ``/sql``), checked as SCRAM checks it; ScramError if
+    not. A role nobody created fails as a wrong password does, after the same work."""
+    # Always through a verifier, so a wrong password costs the same work for every role.
+    if isinstance(secret, Password):
+        verifier = await scram.password_verifier(secret.password)
+    else:
+        verifier = secret.verifier if secret is not None else scram.mock_verifier(user)
+    ok = await asyncio.to_thread(scram.check_password, verifier, password)
+    if not ok:
+        raise scram.ScramError(f'password authentication failed for user "{user}"')
+
+
 async def log_in(compute: Side, startup: wire.Startup, secret: Secret) -> bytes:
     """Start the session on the compute; return its replies from AuthenticationOk to
     ReadyForQuery, or Postgres' own refusal, for the client.

@@ -122,6 +122,17 @@ async def password_verifier(password: str) -> Verifier:
     return verifier
 
 
+def check_password(verifier: Verifier, password: str) -> bool:
+    """Whether ``password`` is the one ``verifier`` was made from (blocking: PBKDF2 at the
+    verifier's count, refused above :data:`MAX_ITERATIONS`; run it in a thread).
+
+    For the doors where a client sends its password itself (a WebSocket, ``/sql``, the
+    ``endpoint=<id>;<password>`` form): the same proof SCRAM gives, checked by the proxy.
+    """
+    _, stored_key, _ = _keys(password, verifier.salt, verifier.iterations)
+    return hmac.compare_digest(stored_key, verifier.stored_key)
+
+
 def mock_verifier(user: str) -> Verifier:
     """A verifier no password matches, stable per user name, for roles that do not exist.
 
