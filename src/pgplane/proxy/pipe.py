@@ -104,19 +104,23 @@ class Side(asyncio.Protocol):
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
-    def _resume(self) -> None:
-        if self._paused and len(self._buffer) <= HANDSHAKE_BUFFER // 2:
+    def _resume(self, *, force: bool = False) -> None:
+        if self._paused and (force or len(self._buffer) <= HANDSHAKE_BUFFER // 2):
             self._paused = False
             if self._transport is not None and not self._transport.is_closing():
                 self._transport.resume_reading()
 
-    async def read_exactly(self, n: int) -> bytes:
-        if n > HANDSHAKE_BUFFER:
-            raise Closed  # nothing the proxy reads before piping is this large
+    async def read_exactly(self, n: int, *, limit: int = HANDSHAKE_BUFFER) -> bytes:
+        """``n`` bytes; Closed past ``limit`` (nothing the proxy reads before piping is as large
+        as the default; SQL over HTTP reads a compute's rows, bounded by its own limit)."""
+        if n > limit:
+            raise Closed
         while len(self._buffer) < n:
             if self._eof:
                 raise Closed
-            self._resume()
+            # Waiting for more than the buffer holds: read on, even past the pause mark (only a
+            # frame larger than it, allowed by ``limit``, gets here paused: it must arrive).
+            self._resume(force=True)
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter
         data = bytes(self._buffer[:n])
@@ -127,7 +131,8 @@ class Side(asyncio.Protocol):
     async def read_frame(self, *, limit: int) -> tuple[bytes, bytes]:
         """One message: its type byte and payload (FrameError past ``limit`` bytes)."""
         header = await self.read_exactly(HEADER)
-        return header[:1], await self.read_exactly(payload_length(header, limit=limit))
+        length = payload_length(header, limit=limit)
+        return header[:1], await self.read_exactly(length, limit=max(limit, HANDSHAKE_BUFFER))
 
     def write(self, data: bytes) -> None:
         if self._transport is not None:

@@ -12,9 +12,8 @@ never causes a wake, a reattach or a key derivation at a cost someone else chose
 address the project's IP allow-list does not take gets no further than the route: it is refused
 before it is asked for a password, and nothing counts it (no throttle, no activity).
 
-A compute that answers "starting up" / "shutting down", ends the login because it is going down,
-or cannot be reached at all, is woken and tried again: a client arriving while its compute
-suspends waits for the start that follows.
+The way to a compute (dial, log in, retry through a wake) is :mod:`pgplane.proxy.connect`,
+shared with the other doors.
 """
 
 from __future__ import annotations
@@ -22,19 +21,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import ssl
 import struct
-from pathlib import Path
-from socket import SO_PEERCRED, SOL_SOCKET
 
 from pgplane.connlimits import ConnectionGate
 from pgplane.core import clock
 from pgplane.core.ipallow import AllowList
 from pgplane.proxy import scram, wire
 from pgplane.proxy.activity import Activity
+from pgplane.proxy.connect import Connector
 from pgplane.proxy.framing import FrameError, KeySniffer
-from pgplane.proxy.login import NotReady, authenticate, log_in
+from pgplane.proxy.login import authenticate
 from pgplane.proxy.pipe import Closed, Side
 from pgplane.proxy.seam import Computes, Route, RouteError, Target
 from pgplane.proxy.throttle import LoginThrottle
@@ -48,7 +45,6 @@ POINT_IN_TIME_REFUSED = (
 )
 
 _HANDSHAKE_TIMEOUT = 30.0
-_CONNECT_ATTEMPTS = 5
 
 
 class Proxy:
@@ -65,6 +61,7 @@ class Proxy:
         handshake_timeout: float = _HANDSHAKE_TIMEOUT,
     ) -> None:
         self._computes = computes
+        self._connector = Connector(computes)
         self._gate = gate or ConnectionGate(per_address=0, total=0)
         self._handshake_timeout = handshake_timeout
         self._activity = activity
@@ -130,7 +127,7 @@ class Proxy:
                 await self._authenticate(client, endpoint_id, user, route, tls)
             # Not under the handshake's time limit: a wake (or a reattach before it) takes as
             # long as it takes, and ends in a compute or an error the client is told.
-            compute, target, reply = await self._open_compute(endpoint_id, startup, route)
+            compute, target, reply = await self._connector.open(endpoint_id, startup, route)
             await self._pipe(client, compute, (target, route.allowed), endpoint_id, reply)
         except RouteError as exc:
             client.write(wire.error_response(exc.code, exc.message, severity=exc.severity))
@@ -242,56 +239,6 @@ class Proxy:
         ssl_object = transport.get_extra_info("ssl_object")
         return getattr(ssl_object, "pgplane_sni", None)
 
-    async def _open_compute(
-        self, endpoint_id: str, startup: wire.Startup, route: Route
-    ) -> tuple[Side, Target, bytes]:
-        """Connect to the endpoint's compute and start the session; retry through a wake.
-
-        Returns the compute connection and the compute's replies from AuthenticationOk to
-        ReadyForQuery (or its refusal), for the client.
-        """
-        if route.secret is None:  # authenticate() refused it already; never wake for it
-            raise scram.ScramError("password authentication failed")
-        known, force = route.target, False
-        last_problem = ""
-        for _ in range(_CONNECT_ATTEMPTS):
-            target = known or await self._computes.wake(endpoint_id, force=force)
-            # The store's word is tried once; after a failed connection only a start will do.
-            known, force = None, True
-            try:
-                compute = await self._dial(target)
-            except (OSError, Closed) as exc:
-                last_problem = f"compute unreachable: {exc}"
-                continue
-            try:
-                reply = await log_in(compute, startup, route.secret)
-            except NotReady as exc:
-                compute.close()
-                last_problem = str(exc)
-                continue
-            except (Closed, ConnectionError):
-                compute.close()
-                last_problem = "compute closed the connection"
-                continue
-            except BaseException:
-                compute.close()
-                raise
-            return compute, target, reply
-        raise RouteError(
-            wire.CONNECTION_FAILURE, f"could not connect to endpoint {endpoint_id}: {last_problem}"
-        )
-
-    async def _dial(self, target: Target) -> Side:
-        loop = asyncio.get_running_loop()
-        if target.unix_socket is not None:
-            transport, side = await loop.create_unix_connection(Side, str(target.unix_socket))
-            if not _served_by_its_owner(transport, target.unix_socket):
-                transport.close()
-                raise ConnectionError("the compute's socket is not its own postmaster's")
-        else:
-            _, side = await loop.create_connection(Side, target.host, target.port)
-        return side
-
     async def _cancel(self, pid: int, key: bytes, client: str) -> None:
         found = self._cancel_keys.get((pid, key))
         # As Neon's proxy, a cancel request from an address off the session's allow-list is
@@ -300,28 +247,9 @@ class Proxy:
             return
         target = found[0]
         with contextlib.suppress(OSError):
-            compute = await self._dial(target)
+            compute = await self._connector.dial(target)
             compute.write(wire.cancel_request(pid, key))
             compute.close()
-
-
-def _served_by_its_owner(transport: asyncio.BaseTransport, socket_path: Path) -> bool:
-    """Whether the process listening at ``socket_path`` runs as the owner of its directory.
-
-    The directory is the project's user's (the platform made it, in a directory of root's, so
-    its owner is known); the socket in it is whatever that user put there. A tenant holding its
-    compute's OS user could make it a link to another account's socket: the kernel tells who
-    listens at the other end (SO_PEERCRED), and another account's postmaster is another user.
-    """
-    sock = transport.get_extra_info("socket")
-    if sock is None:
-        return False
-    try:
-        _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(SOL_SOCKET, SO_PEERCRED, 12))
-        owner: int = os.stat(socket_path.parent).st_uid
-    except OSError:
-        return False
-    return bool(uid == owner)
 
 
 def _remember_sni(ssl_object: object, server_name: str | None, _ctx: ssl.SSLContext) -> None:
