@@ -4,6 +4,7 @@
 
     PgplaneError (500 INTERNAL)
      ├── BadRequest (400 BAD_REQUEST)
+     │    └── SqlFailed (400: SQL over HTTP's refusals and Postgres' errors, with their fields)
      ├── Unauthorized (401 UNAUTHORIZED)
      ├── Forbidden (403 FORBIDDEN: the console's CSRF check)
      ├── NotFound (404 NOT_FOUND)
@@ -17,7 +18,8 @@
      │                  COMPUTE_UNITS_...)
      ├── Locked (423 LOCKED)
      ├── TooManyRequests (429 TOO_MANY_REQUESTS)
-     └── Unavailable (503 SERVICE_UNAVAILABLE)
+     ├── Unavailable (503 SERVICE_UNAVAILABLE)
+     └── ResponseTooLarge (507 RESPONSE_TOO_LARGE: a SQL over HTTP result past its bound)
 
 Services raise these; they never build HTTP responses.
 """
@@ -40,6 +42,18 @@ class PgplaneError(Exception):
 class BadRequest(PgplaneError):
     status = 400
     code = "BAD_REQUEST"
+
+
+class SqlFailed(BadRequest):
+    """A SQL over HTTP request that fails as Neon reports it: ``fields`` are the error's
+    ``code`` (SQLSTATE), ``severity``, ``detail``, ``hint``... the driver copies onto the error
+    it throws; Postgres' own for a query's error, the proxy's for its refusals."""
+
+    code = "SQL_FAILED"
+
+    def __init__(self, message: str, fields: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.fields = fields or {}
 
 
 class Unauthorized(PgplaneError):
@@ -127,3 +141,10 @@ class TooManyRequests(PgplaneError):
 class Unavailable(PgplaneError):
     status = 503
     code = "SERVICE_UNAVAILABLE"
+
+
+class ResponseTooLarge(PgplaneError):
+    """A SQL over HTTP result past the proxy's bound (Neon's status for it)."""
+
+    status = 507
+    code = "RESPONSE_TOO_LARGE"

@@ -1,0 +1,220 @@
+"""``POST /sql``: one request, authenticated as the TCP door authenticates, run on the compute.
+
+In order, as on TCP: the request is read (bounded; anything malformed refused), the endpoint is
+routed with the client's address (the project's IP allow-list refuses before any password is
+looked at; another account's endpoint is refused as one that does not exist), wrong passwords
+are throttled per endpoint and address, the password is checked (the same work for every role,
+known or not), and only then is a compute woken, if it sleeps. The request counts as activity for
+idle suspend; the pooled connection it ran on does not.
+
+The door (HTTP) calls :meth:`SqlOverHttp.handle` with the request's headers, body and the
+client's address, and sends back the :class:`Reply`. Every refusal is Neon's error JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from pgplane.core import clock
+from pgplane.errors import PgplaneError, SqlFailed
+from pgplane.proxy import scram, wire
+from pgplane.proxy.activity import Activity
+from pgplane.proxy.connect import Connector
+from pgplane.proxy.login import check_cleartext
+from pgplane.proxy.pipe import Closed
+from pgplane.proxy.seam import Computes, Route, RouteError
+from pgplane.proxy.sqlhttp import messages, render
+from pgplane.proxy.sqlhttp.pool import Conn, Key, Pool
+from pgplane.proxy.sqlhttp.request import (
+    DEFERRABLE,
+    ISOLATION,
+    ISOLATION_LEVELS,
+    READ_ONLY,
+    SqlRequest,
+    headers_of,
+    parse,
+)
+from pgplane.proxy.sqlhttp.run import Limits, Stale, execute, unwrap
+from pgplane.proxy.throttle import LoginThrottle
+
+log = logging.getLogger(__name__)
+
+_CANCEL_SECONDS = 5.0
+_JSON = ("Content-Type", "application/json")
+# Neon's proxy answers any origin: the driver runs in browsers too.
+_ANY_ORIGIN = ("Access-Control-Allow-Origin", "*")
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    status: int
+    body: bytes
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+
+class SqlOverHttp:
+    def __init__(
+        self,
+        *,
+        computes: Computes,
+        activity: Activity,
+        proxy_host: str,
+        throttle: LoginThrottle | None = None,
+        limits: Limits | None = None,
+        pool: Pool | None = None,
+    ) -> None:
+        self._computes = computes
+        self._connector = Connector(computes)
+        self._activity = activity
+        self._proxy_host = proxy_host
+        self._throttle = throttle or LoginThrottle()
+        self._limits = limits or Limits()
+        self._pool = pool or Pool()
+
+    @property
+    def limits(self) -> Limits:
+        return self._limits
+
+    def close(self) -> None:
+        self._pool.close()
+
+    async def handle(self, headers: Iterable[tuple[str, str]], body: bytes, peer: str) -> Reply:
+        """Answer one ``POST /sql``; ``peer`` is the client's address (its host)."""
+        try:
+            request = parse(
+                headers_of(headers),
+                body,
+                proxy_host=self._proxy_host,
+                max_body=self._limits.request_bytes,
+            )
+            answer = await self._answer(request, peer)
+        except RouteError as exc:
+            return _error(SqlFailed(exc.message, {"code": exc.code, "severity": exc.severity}))
+        except PgplaneError as exc:
+            return _error(exc)
+        except Exception:
+            log.exception("SQL over HTTP request failed")
+            return _error(PgplaneError("internal proxy error"))
+        return Reply(200, answer.encode(), [_JSON, _ANY_ORIGIN, *_batch_headers(request)])
+
+    async def _answer(self, request: SqlRequest, peer: str) -> str:
+        login = request.login
+        route = await self._computes.route(login.endpoint_id, login.role, client=peer)
+        await self._authenticate(request, route, peer)
+        session = self._activity.open(login.endpoint_id, clock.now_us())
+        try:
+            return await self._run(request, route)
+        finally:
+            session.ticks += 1
+            self._activity.close(session, clock.now_us())
+
+    async def _authenticate(self, request: SqlRequest, route: Route, peer: str) -> None:
+        login = request.login
+        if wait := self._throttle.wait(login.endpoint_id, peer):
+            raise SqlFailed(
+                f"too many failed logins to endpoint {login.endpoint_id} from your address;"
+                f" retry after {wait} s",
+                {"code": wire.CONNECTION_REJECTED, "severity": "FATAL"},
+            )
+        try:
+            await check_cleartext(login.role, route.secret, login.password)
+        except scram.ScramError as exc:
+            self._throttle.failed(login.endpoint_id, peer)
+            raise SqlFailed(
+                str(exc), {"code": wire.INVALID_PASSWORD, "severity": "FATAL"}
+            ) from None
+
+    async def _run(self, request: SqlRequest, route: Route) -> str:
+        login = request.login
+        key: Key = (login.endpoint_id, login.role, login.database, login.params)
+        # A pooled connection found closed (its compute suspended) is replaced once.
+        for attempt in range(2):
+            conn = await self._connection(request, key, route)
+            reusable = False
+            try:
+                outcome = await execute(
+                    conn.side,
+                    request,
+                    self._limits,
+                    reset=conn.used,
+                    cancel=lambda c=conn: self._cancel(c),  # type: ignore[misc]
+                )
+            except Stale:
+                if attempt:
+                    raise SqlFailed(
+                        f"endpoint {login.endpoint_id} closed the connection; retry",
+                        {"code": wire.CONNECTION_FAILURE},
+                    ) from None
+            except (Closed, ConnectionError, messages.MalformedMessage):
+                raise SqlFailed(
+                    f"endpoint {login.endpoint_id} closed the connection while the query ran",
+                    {"code": wire.CONNECTION_FAILURE},
+                ) from None
+            except Exception as exc:
+                error, reusable = unwrap(exc)
+                reusable = reusable and request.pooled
+                if error is exc:
+                    raise
+                raise error from None
+            else:
+                reusable = outcome.reusable and request.pooled
+                return outcome.body
+            finally:
+                self._pool.release(conn, reusable=reusable)
+        raise AssertionError("unreachable")
+
+    async def _connection(self, request: SqlRequest, key: Key, route: Route) -> Conn:
+        conn = await self._pool.acquire(key, wait=self._limits.seconds, fresh=not request.pooled)
+        if conn is not None:
+            return conn
+        login = request.login
+        params = {"user": login.role, "database": login.database, "client_encoding": "UTF8"}
+        startup = wire.Startup(wire.PROTOCOL_3, {**params, **dict(login.params)})
+        try:
+            side, target, reply = await self._connector.open(login.endpoint_id, startup, route)
+        except BaseException:
+            self._pool.forfeit(key)
+            raise
+        cancel_key, refusal = messages.login_reply(reply)
+        if refusal is not None:  # Postgres' own "no" (a database that does not exist...)
+            side.close()
+            self._pool.forfeit(key)
+            fields = wire.error_fields(refusal)
+            raise SqlFailed(fields.get("M", "login refused"), render.error_fields(fields))
+        return self._pool.adopt(key, side, target, cancel_key)
+
+    async def _cancel(self, conn: Conn) -> None:
+        """Ask the compute to cancel what runs on ``conn``, as a client's CancelRequest would."""
+        if conn.cancel_key is None:
+            return
+        pid, secret = conn.cancel_key
+        with contextlib.suppress(OSError, Closed, TimeoutError):
+            async with asyncio.timeout(_CANCEL_SECONDS):
+                side = await self._connector.dial(conn.target)
+                side.write(wire.cancel_request(pid, secret))
+                side.close()
+
+
+def _error(exc: PgplaneError) -> Reply:
+    fields = exc.fields if isinstance(exc, SqlFailed) else {}
+    return Reply(exc.status, render.error_body(exc.message, fields), [_JSON, _ANY_ORIGIN])
+
+
+def _batch_headers(request: SqlRequest) -> list[tuple[str, str]]:
+    """What a batch ran with, echoed as Neon's proxy echoes it."""
+    batch = request.batch
+    if batch is None:
+        return []
+    out = []
+    if batch.isolation:
+        words = {v: k for k, v in ISOLATION_LEVELS.items()}
+        out.append((ISOLATION, words[batch.isolation]))
+    if batch.read_only:
+        out.append((READ_ONLY, "true"))
+    if batch.deferrable:
+        out.append((DEFERRABLE, "true"))
+    return out

@@ -1,0 +1,176 @@
+"""Logged-in compute connections kept between SQL over HTTP requests, bounded.
+
+A query over HTTP would otherwise pay a Postgres backend start each time. Connections are kept
+per (endpoint, role, database, startup parameters), handed out only when ready and idle in no
+transaction (the runner resets them before use), and dropped as soon as their compute closes them
+(a suspend stops it with a fast shutdown, which ends every session). A kept connection is no
+reason to keep a compute awake: it is no proxy session (:mod:`pgplane.proxy.activity` never
+hears of it) and Postgres shows it idle since its last request, which is what idle suspend asks.
+
+Bounds: so many connections per key (busy or idle), so many in all; a request past them waits
+for one to be given back, up to a deadline, then is refused. An idle connection of another key
+is closed to make room, and one idle past ``idle_seconds`` is closed when next seen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from pgplane.errors import SqlFailed
+from pgplane.proxy import wire
+from pgplane.proxy.pipe import Side
+from pgplane.proxy.seam import Target
+
+Key = tuple[str, str, str, tuple[tuple[str, str], ...]]  # endpoint, role, database, parameters
+
+
+@dataclass(eq=False, slots=True)
+class Conn:
+    key: Key
+    side: Side
+    target: Target
+    cancel_key: tuple[int, bytes] | None
+    used: bool = False  # served a request already: reset before the next
+    idle_since: float = 0.0
+    state: str = "busy"  # busy, idle or gone
+
+
+class Pool:
+    def __init__(self, *, per_key: int = 10, total: int = 200, idle_seconds: float = 300.0) -> None:
+        self._per_key = per_key
+        self._max_total = total
+        self._idle_seconds = idle_seconds
+        self._idle: dict[Key, list[Conn]] = {}
+        self._open: dict[Key, int] = {}  # busy, idle and being opened
+        self._total = 0
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def counts(self, key: Key) -> tuple[int, int]:
+        """Connections open for ``key`` and of those idle (for tests and logs)."""
+        return self._open.get(key, 0), len(self._idle.get(key, ()))
+
+    async def acquire(self, key: Key, *, wait: float, fresh: bool = False) -> Conn | None:
+        """An idle connection for ``key`` (never with ``fresh``); None: a slot is reserved,
+        open one and :meth:`adopt` it (or :meth:`forfeit` the slot). Waits up to ``wait``
+        seconds for a connection to be given back."""
+        deadline = time.monotonic() + wait
+        while True:
+            self._expire(time.monotonic())
+            idle = None if fresh else self._idle.get(key)
+            while idle:
+                conn = idle.pop()  # the most recent: the others age out when not needed
+                if not idle:
+                    del self._idle[key]
+                if conn.side.lost.done():
+                    self._forget(conn)
+                    continue
+                conn.state = "busy"
+                return conn
+            if self._open.get(key, 0) < self._per_key:
+                if self._total >= self._max_total:
+                    self._evict_one()
+                if self._total < self._max_total:
+                    self._open[key] = self._open.get(key, 0) + 1
+                    self._total += 1
+                    return None
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise SqlFailed(
+                    f"too many SQL over HTTP requests at once to endpoint {key[0]} as this role;"
+                    " retry later",
+                    {"code": wire.TOO_MANY_CONNECTIONS},
+                )
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                async with asyncio.timeout(left):
+                    await waiter
+            except TimeoutError:
+                pass
+            finally:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+
+    def adopt(
+        self, key: Key, side: Side, target: Target, cancel_key: tuple[int, bytes] | None
+    ) -> Conn:
+        """A connection opened in a slot :meth:`acquire` reserved."""
+        conn = Conn(key, side, target, cancel_key)
+        side.lost.add_done_callback(lambda _: self._lost(conn))
+        return conn
+
+    def forfeit(self, key: Key) -> None:
+        """Give back a slot whose connection could not be opened."""
+        self._release_slot(key)
+
+    def release(self, conn: Conn, *, reusable: bool) -> None:
+        if conn.state != "busy":
+            return
+        if not reusable or conn.side.lost.done():
+            self._forget(conn)
+            return
+        conn.used = True
+        conn.state = "idle"
+        conn.idle_since = time.monotonic()
+        self._idle.setdefault(conn.key, []).append(conn)
+        self._wake()
+
+    def close(self) -> None:
+        for conns in list(self._idle.values()):
+            for conn in list(conns):
+                self._forget(conn)
+
+    def _lost(self, conn: Conn) -> None:
+        # The compute closed it (a suspend, a restart): an idle one leaves at once; a busy one
+        # is dropped when its request gives it back.
+        if conn.state == "idle":
+            self._forget(conn)
+
+    def _forget(self, conn: Conn) -> None:
+        if conn.state == "gone":
+            return
+        if conn.state == "idle":
+            idle = self._idle.get(conn.key, [])
+            if conn in idle:
+                idle.remove(conn)
+            if not idle:
+                self._idle.pop(conn.key, None)
+        conn.state = "gone"
+        conn.side.close()
+        self._release_slot(conn.key)
+
+    def _release_slot(self, key: Key) -> None:
+        left = self._open.get(key, 0) - 1
+        if left > 0:
+            self._open[key] = left
+        else:
+            self._open.pop(key, None)
+        self._total -= 1
+        self._wake()
+
+    def _expire(self, now: float) -> None:
+        old = [
+            conn
+            for conns in self._idle.values()
+            for conn in conns
+            if now - conn.idle_since > self._idle_seconds
+        ]
+        for conn in old:
+            self._forget(conn)
+
+    def _evict_one(self) -> None:
+        oldest = min(
+            (conns[0] for conns in self._idle.values() if conns),
+            key=lambda c: c.idle_since,
+            default=None,
+        )
+        if oldest is not None:
+            self._forget(oldest)
+
+    def _wake(self) -> None:
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._waiters.clear()

@@ -1,0 +1,251 @@
+"""A request's queries run on a logged-in compute connection, bounded in size and time.
+
+All of a request's messages go in one write and end in one Sync: a batch is ``BEGIN``, its
+queries and ``COMMIT`` in one pipeline, so after an error Postgres skips the rest up to the Sync
+(nothing after a failed query runs, whatever it says) and the proxy rolls the transaction back.
+A connection used before is reset first (``DISCARD ALL`` in the same write): what one request
+set (``SET``, temporary tables, prepared statements) never reaches the next.
+
+Past the response bound or the time bound the compute's query is cancelled (a CancelRequest, as
+a client would send), what it still sends is read and thrown away, and the connection goes back
+to the pool only if it ends ready and idle; else it is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from pgplane.errors import ResponseTooLarge, SqlFailed
+from pgplane.proxy import wire
+from pgplane.proxy.framing import FrameError
+from pgplane.proxy.pipe import Closed, Side
+from pgplane.proxy.sqlhttp import messages, render
+from pgplane.proxy.sqlhttp.request import Query, SqlRequest
+
+# How long a cancelled query may take to stop before its connection is closed instead.
+DRAIN_SECONDS = 5.0
+_YIELD_EVERY = 256  # rows rendered between two yields to the event loop
+QUERY_CANCELED = "57014"
+_GOING_DOWN = frozenset({wire.ADMIN_SHUTDOWN, wire.CRASH_SHUTDOWN, wire.CANNOT_CONNECT_NOW})
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one request may take: its body, its answer (bytes and rows) and its time."""
+
+    request_bytes: int = 10 << 20
+    response_bytes: int = 10 << 20
+    rows: int = 1_000_000
+    seconds: float = 15.0
+
+
+class Stale(Exception):
+    """A pooled connection was found closed (its compute suspended or restarted) before it ran
+    anything of the request: the request may be tried again on a new connection."""
+
+
+@dataclass(slots=True)
+class Outcome:
+    body: str
+    reusable: bool  # the connection ended ready and idle, outside any transaction
+
+
+Cancel = Callable[[], Coroutine[Any, Any, None]]
+_cancels: set[asyncio.Task[None]] = set()
+
+
+async def execute(
+    side: Side, request: SqlRequest, limits: Limits, *, reset: bool, cancel: Cancel
+) -> Outcome:
+    """Run the request; its JSON answer, or SqlFailed / ResponseTooLarge / Stale.
+
+    Whatever ends it, the connection is either left ready and idle (``reusable``) or must be
+    closed by the caller: after an exception it is reusable only if the exception says so.
+    """
+    reader = _Reader(side, request, limits, cancel)
+    side.write(_pipeline(request, reset=reset))
+    task = asyncio.get_running_loop().create_task(reader.read(reset=reset))
+    try:
+        done, _ = await asyncio.wait({task}, timeout=limits.seconds)
+        if not done:
+            reader.stop("time")
+            done, _ = await asyncio.wait({task}, timeout=DRAIN_SECONDS)
+    finally:
+        # The client went away, or the query would not stop: stop what runs on the compute.
+        if not task.done():
+            task.cancel()
+            reader.fire_cancel()
+    if not done:
+        raise SqlFailed(_timed_out(limits), {"code": QUERY_CANCELED})
+    return task.result()
+
+
+def _timed_out(limits: Limits) -> str:
+    return (
+        f"the query ran past {limits.seconds:g} s, the time limit of SQL over HTTP, and was"
+        " cancelled"
+    )
+
+
+def _pipeline(request: SqlRequest, *, reset: bool) -> bytes:
+    parts = [messages.simple_query("DISCARD ALL")] if reset else []
+    if request.batch is not None:
+        parts.append(messages.statement(request.batch.begin()))
+    parts.extend(messages.query(q.text, q.params) for q in request.queries)
+    if request.batch is not None:
+        parts.append(messages.statement("COMMIT"))
+    parts.append(messages.SYNC)
+    return b"".join(parts)
+
+
+class _Reader:
+    def __init__(self, side: Side, request: SqlRequest, limits: Limits, cancel: Cancel) -> None:
+        self._side = side
+        self._request = request
+        self._limits = limits
+        self._cancel = cancel
+        self._cancelling: asyncio.Task[None] | None = None
+        self._stopped: str | None = None  # why the query was cancelled: "time" or "size"
+        # The steps whose replies come, in order: None for the proxy's BEGIN and COMMIT.
+        steps: list[Query | None] = list(request.queries)
+        self._steps = [None, *steps, None] if request.batch is not None else steps
+        self._results: list[str] = []
+        self._size = 0
+        self._rows = 0
+        self._frame_limit = limits.response_bytes + (1 << 16)
+        # The step being answered, its fields (JSON), its rows (JSON each) as they come.
+        self._at = 0
+        self._fields = "[]"
+        self._writer: render.RowWriter | None = None
+        self._rows_json: list[str] = []
+
+    def stop(self, why: str) -> None:
+        if self._stopped is None:
+            self._stopped = why
+            self.fire_cancel()
+
+    def fire_cancel(self) -> None:
+        if self._cancelling is None:
+            self._cancelling = asyncio.get_running_loop().create_task(self._cancel())
+            # Held until done: the request may be answered (and this reader gone) before.
+            _cancels.add(self._cancelling)
+            self._cancelling.add_done_callback(_cancels.discard)
+
+    async def read(self, *, reset: bool) -> Outcome:
+        if reset:
+            await self._reset()
+        try:
+            error, status = await self._until_ready()
+        except FrameError:
+            # A row larger than the whole answer may be: the connection is mid-message.
+            raise ResponseTooLarge(self._too_large()) from None
+        if status != b"I" and (error is not None or self._stopped is not None):
+            self._side.write(messages.simple_query("ROLLBACK"))
+            _, status = await self._until_ready()
+        reusable = status == b"I"
+        if self._stopped == "time":
+            raise _Reusable(SqlFailed(_timed_out(self._limits), {"code": QUERY_CANCELED}), reusable)
+        if self._stopped == "size":
+            raise _Reusable(ResponseTooLarge(self._too_large()), reusable)
+        if error is not None:
+            message = error.get("M", "query failed")
+            raise _Reusable(SqlFailed(message, render.error_fields(error)), reusable)
+        if self._request.batch is None:
+            return Outcome(self._results[0], reusable)
+        return Outcome('{"results":[' + ",".join(self._results) + "]}", reusable)
+
+    def _too_large(self) -> str:
+        return (
+            f"response is too large (max is {self._limits.response_bytes} bytes or"
+            f" {self._limits.rows} rows): select fewer rows or columns, or page with LIMIT"
+        )
+
+    async def _reset(self) -> None:
+        """DISCARD ALL's reply; Stale if the connection turns out closed or closing."""
+        try:
+            while True:
+                kind, payload = await self._side.read_frame(limit=self._frame_limit)
+                if kind == b"E":
+                    code = wire.error_fields(payload).get("C")
+                    raise Stale(code) if code in _GOING_DOWN else messages.MalformedMessage(code)
+                if kind == b"Z":
+                    return
+        except (Closed, ConnectionError):
+            raise Stale("closed") from None
+
+    async def _until_ready(self) -> tuple[dict[str, str] | None, bytes]:
+        """Read up to ReadyForQuery: the first error, and the transaction status."""
+        error: dict[str, str] | None = None
+        read = self._side.read_frame
+        while True:
+            kind, payload = await read(limit=self._frame_limit)
+            if kind == b"D":
+                if self._writer is not None and self._stopped is None:
+                    self._row(payload, self._writer)
+                    if self._rows % _YIELD_EVERY == 0:
+                        await asyncio.sleep(0)
+            elif kind == b"T":
+                self._describe(payload)
+            elif kind in (b"C", b"I"):
+                self._complete(messages.command_tag(payload) if kind == b"C" else ("", None))
+            elif kind == b"d":  # COPY TO STDOUT's data: counted, not kept
+                self._size += len(payload)
+                if self._size > self._limits.response_bytes:
+                    self.stop("size")
+            elif kind == b"G":  # COPY FROM STDIN waits for data the request cannot send
+                self._side.write(messages.copy_fail("COPY FROM STDIN is not supported over HTTP"))
+            elif kind == b"E":
+                error = error or wire.error_fields(payload)
+            elif kind == b"Z":
+                return error, payload[:1]
+            # ParseComplete, BindComplete, NoData, notices, parameter statuses: nothing to do.
+
+    def _row(self, payload: bytes, writer: render.RowWriter) -> None:
+        row = writer.row(messages.data_row(payload))
+        self._rows_json.append(row)
+        self._size += len(row) + 1
+        self._rows += 1
+        if self._size > self._limits.response_bytes or self._rows > self._limits.rows:
+            self.stop("size")
+            self._rows_json.clear()
+
+    def _describe(self, payload: bytes) -> None:
+        query = self._step()
+        described = messages.row_description(payload)
+        self._fields = render.fields_json(described)
+        if query is not None:
+            self._writer = render.RowWriter(
+                described, array_mode=query.array_mode, raw_text=self._request.raw_text
+            )
+
+    def _complete(self, tag: tuple[str, int | None]) -> None:
+        query = self._step()
+        if query is not None and self._stopped is None:
+            rows = self._rows_json
+            result = render.result_json(*tag, self._fields, rows, query.array_mode)
+            self._results.append(result)
+            self._size += len(result) - sum(len(r) + 1 for r in rows)
+        self._at += 1
+        self._fields, self._writer, self._rows_json = "[]", None, []
+
+    def _step(self) -> Query | None:
+        return self._steps[self._at] if self._at < len(self._steps) else None
+
+
+class _Reusable(Exception):
+    """An error to answer with, and whether the connection may still be pooled."""
+
+    def __init__(self, error: Exception, reusable: bool) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.reusable = reusable
+
+
+def unwrap(exc: BaseException) -> tuple[BaseException, bool]:
+    """The error to answer with and whether the connection may be pooled after it."""
+    if isinstance(exc, _Reusable):
+        return exc.error, exc.reusable
+    return exc, False
