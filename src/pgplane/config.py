@@ -133,6 +133,14 @@ class Settings:
     # From connecting to authenticated, on the proxy (a wake after it is not counted). For every
     # deadline but the idle one, 0 means none.
     proxy_handshake_timeout_seconds: float = 30.0
+    # SQL over HTTP (proxy/sqlhttp/): what one request may take (a query's time, its answer's
+    # bytes and rows; Neon's proxy allows 10 MiB), and the compute connections kept between
+    # requests, per endpoint and role and in all.
+    sql_over_http_timeout_seconds: float = 15.0
+    sql_over_http_max_response_bytes: int = 10 << 20
+    sql_over_http_max_rows: int = 1_000_000
+    sql_over_http_pool_per_role: int = 10
+    sql_over_http_pool_total: int = 200
 
     @property
     def store_path(self) -> Path:
@@ -197,6 +205,11 @@ def settings_from_env(**overrides: object) -> Settings:
         ("proxy_connections_per_address", int),
         ("proxy_max_connections", int),
         ("proxy_handshake_timeout_seconds", float),
+        ("sql_over_http_timeout_seconds", float),
+        ("sql_over_http_max_response_bytes", int),
+        ("sql_over_http_max_rows", int),
+        ("sql_over_http_pool_per_role", int),
+        ("sql_over_http_pool_total", int),
     ):
         raw = os.environ.get(f"PGPLANE_{name.upper()}")
         if raw:
