@@ -32,6 +32,7 @@ from pgplane.fdlimit import Caps, raise_nofile, reserve, size_caps
 from pgplane.gateway import ComputeWaker
 from pgplane.proxy.activity import Activity
 from pgplane.proxy.server import Proxy
+from pgplane.serverlock import AlreadyServing, ServerLock
 from pgplane.services import signin
 from pgplane.store.sqlite import SqliteStore
 from pgplane.tls import CertPair, certificate_hash, ensure_certificate, server_context
@@ -150,6 +151,18 @@ def _gates(settings: Settings) -> tuple[ConnectionGate, ConnectionGate]:
 
 async def serve(settings: Settings) -> None:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    lock = ServerLock(settings.data_dir)
+    try:
+        lock.acquire()  # before anything touches the store or a compute
+    except AlreadyServing as exc:
+        raise SystemExit(f"pgplane: {exc}") from None
+    try:
+        await _serve(settings)
+    finally:
+        lock.release()
+
+
+async def _serve(settings: Settings) -> None:
     api_gate, proxy_gate = _gates(settings)
     tls = _certificate(settings)
     driver = LocalComputeDriver(
