@@ -27,6 +27,7 @@ from pgplane.engine import Engine
 from pgplane.engine.history_handlers import keep_history
 from pgplane.engine.reconcile import reconcile
 from pgplane.engine.scheduler import Scheduler
+from pgplane.engine.shutdown import report_running, suspend_all
 from pgplane.errors import Unavailable
 from pgplane.fdlimit import Caps, raise_nofile, reserve, size_caps
 from pgplane.gateway import ComputeWaker
@@ -38,6 +39,10 @@ from pgplane.store.sqlite import SqliteStore
 from pgplane.tls import CertPair, certificate_hash, ensure_certificate, server_context
 
 log = logging.getLogger("pgplane")
+
+# How long --stop-computes waits for the suspends (a checkpoint each); the rest are left to the
+# next start, which adopts what still runs and finishes the operations.
+_STOP_COMPUTES_SECONDS = 60.0
 
 
 class _Server(uvicorn.Server):
@@ -257,7 +262,12 @@ async def _serve(settings: Settings) -> None:
         await server.serve()
     finally:
         announce.cancel()
-        await proxy.close()
+        await proxy.close()  # no new sessions, and no wakes, from here on
+        if settings.stop_computes:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_STOP_COMPUTES_SECONDS):
+                    await suspend_all(store, engine)
+        await report_running(driver)
         for task in (history_task, scheduler_task, engine_task):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -132,6 +132,14 @@ def serve(
             " (SQLSTATE 53100, as on Neon); 0: no limit [3072]"
         ),
     ] = None,
+    stop_computes: Annotated[
+        bool | None,
+        typer.Option(
+            "--stop-computes",
+            help="On SIGINT/SIGTERM, suspend every running compute before stopping (recorded"
+            " as operations); without it they keep running and the next start adopts them",
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
 ) -> None:
     """Run the API, the operations engine and the computes' supervisor in one process."""
@@ -160,6 +168,7 @@ def serve(
         min_pg_version=min_pg_version,
         disk_per_project=disk_per_project,
         branch_size_limit=branch_size_limit,
+        stop_computes=stop_computes,
     )
     if (settings.tls_cert is None) != (settings.tls_key is None):
         typer.echo("error: --tls-cert and --tls-key go together", err=True)
