@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import sqlite3
 import subprocess
+from importlib.metadata import version
 
 import httpx
 
@@ -78,3 +79,8 @@ def test_stop_computes_suspends_each_one_as_an_operation() -> None:
         assert sorted(_suspends(server.data_dir)) == [(e, "finished") for e in sorted(endpoints)]
         assert sum(postmasters(server.data_dir / "projects").values()) == 0
         assert "leaving" not in server.log()
+
+
+def test_version() -> None:
+    done = subprocess.run([*PGPLANE, "--version"], capture_output=True, text=True, check=True)
+    assert done.stdout == f"pgplane {version('pgplane')}\n"

@@ -46,6 +46,26 @@ DataDir = Annotated[
 ]
 
 
+def _version(show: bool) -> None:
+    if show:
+        from importlib.metadata import version  # noqa: PLC0415
+
+        typer.echo(f"pgplane {version('pgplane')}")
+        raise typer.Exit
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit"
+        ),
+    ] = False,
+) -> None:
+    """A self-hostable Postgres platform with a Neon-compatible management API."""
+
+
 def _logging(level: str) -> None:
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
