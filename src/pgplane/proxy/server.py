@@ -41,10 +41,12 @@ from pgplane.proxy.throttle import LoginThrottle
 
 log = logging.getLogger(__name__)
 
+# neonctl's --parent takes a branch or a time or an LSN, never both (a time or LSN branches from
+# the default branch); another branch's past is the API's parent_id with parent_timestamp/_lsn.
 POINT_IN_TIME_REFUSED = (
     "connecting to a branch as it was at a point in time is not offered here: create a branch"
-    " at that point (neonctl branches create --parent <branch>@<time or LSN>, or the API's"
-    " parent_timestamp / parent_lsn) and connect to it"
+    " at that point (neonctl branches create --parent <timestamp or LSN>, from the default"
+    " branch; or the API's parent_id with parent_timestamp or parent_lsn) and connect to it"
 )
 
 _HANDSHAKE_TIMEOUT = 30.0
