@@ -78,8 +78,8 @@ class Proxy:
         self._cancel_keys: dict[tuple[int, bytes], tuple[Target, AllowList]] = {}
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        if server_tls is not None:
-            server_tls.sni_callback = _remember_sni
+        if server_tls is not None and server_tls.sni_callback is None:
+            server_tls.sni_callback = _remember_sni  # tls.server_context's keeps the name too
 
     async def start(self, host: str, port: int) -> list[tuple[str, int]]:
         loop = asyncio.get_running_loop()
@@ -163,7 +163,8 @@ class Proxy:
                 f" retry after {wait} s",
             )
         try:
-            await authenticate(client, user, route.secret, self._cert_hash if tls else None)
+            binding = _channel_binding(client, self._cert_hash) if tls else None
+            await authenticate(client, user, route.secret, binding)
         except scram.ScramError:
             self._throttle.failed(endpoint_id, host)
             raise
@@ -331,6 +332,14 @@ def _remember_sni(ssl_object: object, server_name: str | None, _ctx: ssl.SSLCont
     # handshake. SSLObject instances take attributes.
     with contextlib.suppress(AttributeError):
         ssl_object.pgplane_sni = server_name  # type: ignore[attr-defined]
+
+
+def _channel_binding(client: Side, default: bytes | None) -> bytes | None:
+    # The hash of the certificate this client was shown: one made for its name, when the
+    # context's SNI callback (pgplane.tls) chose one, else the proxy's.
+    ssl_object = client.transport.get_extra_info("ssl_object")
+    made: bytes | None = getattr(ssl_object, "pgplane_cert_hash", None)
+    return made or default
 
 
 def _refuse_point_in_time(startup: wire.Startup) -> None:
