@@ -20,7 +20,7 @@ import pytest
 
 from pgplane.tls import CertPair
 from tests import nodepg
-from tests.support import Api, Server, run_cli
+from tests.support import Api, Server, run_cli, running_server
 from tests.unit.test_tls import _self_signed
 
 # Names under localhost to 127.0.0.1, for machines whose resolver does not (glibc alone does not).
@@ -147,3 +147,17 @@ def test_node_postgres_takes_the_returned_uri_with_the_platforms_ca(
     assert urlsplit(by_name).hostname == f"{eid}.localhost", by_name
     assert _node(node_pg, by_name, _ca(server)) == {"db": "neondb", "n": 42, "tls": True}
     assert _starts(api, pid) == starts + 2
+
+
+def test_an_older_installs_self_signed_certificate_is_replaced_at_start() -> None:
+    def older_install(data_dir: Path) -> None:
+        _self_signed(CertPair(data_dir / "tls" / "proxy.crt", data_dir / "tls" / "proxy.key"))
+
+    with running_server(prepare=older_install) as server:
+        _, key = server.create_key("tls-upgrade@example.com")
+        with Api(server, key) as api:
+            project = api.create_ready_project(name="tls-upgrade")
+            uri = project["connection_uris"][0]["connection_uri"]
+            verified = uri.replace("sslmode=require", "sslmode=verify-full")
+            with psycopg.connect(verified, sslrootcert=str(_ca(server)), connect_timeout=30) as c:
+                assert c.execute("select 1").fetchone() == (1,)
