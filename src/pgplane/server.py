@@ -27,11 +27,13 @@ from pgplane.engine import Engine
 from pgplane.engine.history_handlers import keep_history
 from pgplane.engine.reconcile import reconcile
 from pgplane.engine.scheduler import Scheduler
+from pgplane.engine.shutdown import report_running, suspend_all
 from pgplane.errors import Unavailable
 from pgplane.fdlimit import Caps, raise_nofile, reserve, size_caps
 from pgplane.gateway import ComputeWaker
 from pgplane.proxy.activity import Activity
 from pgplane.proxy.server import Proxy
+from pgplane.serverlock import AlreadyServing, ServerLock
 from pgplane.services import signin
 from pgplane.store.sqlite import SqliteStore
 from pgplane.tls import (
@@ -43,6 +45,10 @@ from pgplane.tls import (
 )
 
 log = logging.getLogger("pgplane")
+
+# How long --stop-computes waits for the suspends (a checkpoint each); the rest are left to the
+# next start, which adopts what still runs and finishes the operations.
+_STOP_COMPUTES_SECONDS = 60.0
 
 
 class _Server(uvicorn.Server):
@@ -156,6 +162,18 @@ def _gates(settings: Settings) -> tuple[ConnectionGate, ConnectionGate]:
 
 async def serve(settings: Settings) -> None:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    lock = ServerLock(settings.data_dir)
+    try:
+        lock.acquire()  # before anything touches the store or a compute
+    except AlreadyServing as exc:
+        raise SystemExit(f"pgplane: {exc}") from None
+    try:
+        await _serve(settings)
+    finally:
+        lock.release()
+
+
+async def _serve(settings: Settings) -> None:
     api_gate, proxy_gate = _gates(settings)
     tls = _certificate(settings)
     driver = LocalComputeDriver(
@@ -250,7 +268,12 @@ async def serve(settings: Settings) -> None:
         await server.serve()
     finally:
         announce.cancel()
-        await proxy.close()
+        await proxy.close()  # no new sessions, and no wakes, from here on
+        if settings.stop_computes:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_STOP_COMPUTES_SECONDS):
+                    await suspend_all(store, engine)
+        await report_running(driver)
         for task in (history_task, scheduler_task, engine_task):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -52,6 +52,26 @@ DataDir = Annotated[
 ]
 
 
+def _version(show: bool) -> None:
+    if show:
+        from importlib.metadata import version  # noqa: PLC0415
+
+        typer.echo(f"pgplane {version('pgplane')}")
+        raise typer.Exit
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit"
+        ),
+    ] = False,
+) -> None:
+    """A self-hostable Postgres platform with a Neon-compatible management API."""
+
+
 def _logging(level: str) -> None:
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
@@ -138,6 +158,14 @@ def serve(
             " (SQLSTATE 53100, as on Neon); 0: no limit [3072]"
         ),
     ] = None,
+    stop_computes: Annotated[
+        bool | None,
+        typer.Option(
+            "--stop-computes",
+            help="On SIGINT/SIGTERM, suspend every running compute before stopping (recorded"
+            " as operations); without it they keep running and the next start adopts them",
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
 ) -> None:
     """Run the API, the operations engine and the computes' supervisor in one process."""
@@ -166,6 +194,7 @@ def serve(
         min_pg_version=min_pg_version,
         disk_per_project=disk_per_project,
         branch_size_limit=branch_size_limit,
+        stop_computes=stop_computes,
     )
     if (settings.tls_cert is None) != (settings.tls_key is None):
         typer.echo("error: --tls-cert and --tls-key go together", err=True)
