@@ -36,7 +36,13 @@ from pgplane.proxy.server import Proxy
 from pgplane.serverlock import AlreadyServing, ServerLock
 from pgplane.services import signin
 from pgplane.store.sqlite import SqliteStore
-from pgplane.tls import CertPair, certificate_hash, ensure_certificate, server_context
+from pgplane.tls import (
+    CertPair,
+    ProxyTLS,
+    certificate_hash,
+    ensure_certificate,
+    server_context,
+)
 
 log = logging.getLogger("pgplane")
 
@@ -97,9 +103,9 @@ async def _announce(server: uvicorn.Server, settings: Settings, store: SqliteSto
         )
 
 
-def _certificate(settings: Settings) -> CertPair:
+def _certificate(settings: Settings) -> ProxyTLS:
     if settings.tls_cert is not None and settings.tls_key is not None:
-        return CertPair(settings.tls_cert, settings.tls_key)
+        return ProxyTLS(CertPair(settings.tls_cert, settings.tls_key))
     return ensure_certificate(settings.tls_dir, settings.proxy_host)
 
 
@@ -195,7 +201,7 @@ async def _serve(settings: Settings) -> None:
         activity=activity,
         proxy_host=settings.proxy_host,
         server_tls=server_context(tls),
-        cert_hash=certificate_hash(tls),
+        cert_hash=certificate_hash(tls.pair),
         gate=proxy_gate,
         handshake_timeout=settings.proxy_handshake_timeout_seconds,
     )

@@ -31,7 +31,7 @@ from socket import SO_PEERCRED, SOL_SOCKET
 from pgplane.connlimits import ConnectionGate
 from pgplane.core import clock
 from pgplane.core.ipallow import AllowList
-from pgplane.proxy import scram, wire
+from pgplane.proxy import endpoint_password, scram, wire
 from pgplane.proxy.activity import Activity
 from pgplane.proxy.framing import FrameError, KeySniffer
 from pgplane.proxy.login import NotReady, authenticate, log_in
@@ -41,10 +41,12 @@ from pgplane.proxy.throttle import LoginThrottle
 
 log = logging.getLogger(__name__)
 
+# neonctl's --parent takes a branch or a time or an LSN, never both (a time or LSN branches from
+# the default branch); another branch's past is the API's parent_id with parent_timestamp/_lsn.
 POINT_IN_TIME_REFUSED = (
     "connecting to a branch as it was at a point in time is not offered here: create a branch"
-    " at that point (neonctl branches create --parent <branch>@<time or LSN>, or the API's"
-    " parent_timestamp / parent_lsn) and connect to it"
+    " at that point (neonctl branches create --parent <timestamp or LSN>, from the default"
+    " branch; or the API's parent_id with parent_timestamp or parent_lsn) and connect to it"
 )
 
 _HANDSHAKE_TIMEOUT = 30.0
@@ -76,8 +78,8 @@ class Proxy:
         self._cancel_keys: dict[tuple[int, bytes], tuple[Target, AllowList]] = {}
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        if server_tls is not None:
-            server_tls.sni_callback = _remember_sni
+        if server_tls is not None and server_tls.sni_callback is None:
+            server_tls.sni_callback = _remember_sni  # tls.server_context's keeps the name too
 
     async def start(self, host: str, port: int) -> list[tuple[str, int]]:
         loop = asyncio.get_running_loop()
@@ -124,10 +126,14 @@ class Proxy:
                 _refuse_point_in_time(startup)
                 endpoint_id = wire.endpoint_from_sni(server_name, self._proxy_host)
                 option_endpoint, startup = wire.take_endpoint_option(startup)
-                endpoint_id = self._require_endpoint(endpoint_id or option_endpoint)
+                endpoint_id = endpoint_id or option_endpoint
                 user = startup.params["user"]
-                route = await self._computes.route(endpoint_id, user, client=client.peer_address())
-                await self._authenticate(client, endpoint_id, user, route, tls)
+                if endpoint_id is None:
+                    endpoint_id, route = await self._by_password(client, user, tls)
+                else:
+                    host = client.peer_address()
+                    route = await self._computes.route(endpoint_id, user, client=host)
+                    await self._authenticate(client, endpoint_id, user, route, tls)
             # Not under the handshake's time limit: a wake (or a reattach before it) takes as
             # long as it takes, and ends in a compute or an error the client is told.
             compute, target, reply = await self._open_compute(endpoint_id, startup, route)
@@ -154,14 +160,10 @@ class Proxy:
         self, client: Side, endpoint_id: str, user: str, route: Route, tls: bool
     ) -> None:
         host = client.peer_address()
-        if wait := self._throttle.wait(endpoint_id, host):
-            raise RouteError(
-                wire.CONNECTION_REJECTED,
-                f"too many failed logins to endpoint {endpoint_id} from your address;"
-                f" retry after {wait} s",
-            )
+        self._throttle.check(endpoint_id, host)
         try:
-            await authenticate(client, user, route.secret, self._cert_hash if tls else None)
+            binding = _channel_binding(client, self._cert_hash) if tls else None
+            await authenticate(client, user, route.secret, binding)
         except scram.ScramError:
             self._throttle.failed(endpoint_id, host)
             raise
@@ -194,14 +196,24 @@ class Proxy:
             for k in keys:
                 self._cancel_keys.pop(k, None)
 
-    def _require_endpoint(self, endpoint_id: str | None) -> str:
-        if endpoint_id is None:
-            raise RouteError(
-                wire.CONNECTION_REJECTED,
-                f"endpoint not specified: connect to ep-<id>.{self._proxy_host} (TLS with SNI)"
-                " or pass options=endpoint=<id>, as in the connection URI the API returns",
-            )
-        return endpoint_id
+    async def _by_password(self, client: Side, user: str, tls: bool) -> tuple[str, Route]:
+        """A client that named no endpoint: Neon's endpoint=<id>;<password>, over TLS only."""
+        unnamed = RouteError(
+            wire.CONNECTION_REJECTED,
+            f"endpoint not specified: connect to ep-<id>.{self._proxy_host} (TLS with SNI),"
+            " pass options=endpoint=<id> as in the connection URI the API returns, or give"
+            " endpoint=<id>;<password> as the password (over TLS only)",
+        )
+        if not tls:
+            raise unnamed  # never ask for a password in clear on a plaintext connection
+        named = endpoint_password.parse(await endpoint_password.ask(client))
+        if named is None:
+            raise unnamed
+        endpoint_id, password = named
+        route = await endpoint_password.authenticate(
+            client, user, endpoint_id, password, computes=self._computes, throttle=self._throttle
+        )
+        return endpoint_id, route
 
     async def _first_packet(self, client: Side) -> tuple[wire.Startup, str | None, bool] | None:
         """The client's StartupMessage after any TLS negotiation; None for a cancel request."""
@@ -329,6 +341,14 @@ def _remember_sni(ssl_object: object, server_name: str | None, _ctx: ssl.SSLCont
     # handshake. SSLObject instances take attributes.
     with contextlib.suppress(AttributeError):
         ssl_object.pgplane_sni = server_name  # type: ignore[attr-defined]
+
+
+def _channel_binding(client: Side, default: bytes | None) -> bytes | None:
+    # The hash of the certificate this client was shown: one made for its name, when the
+    # context's SNI callback (pgplane.tls) chose one, else the proxy's.
+    ssl_object = client.transport.get_extra_info("ssl_object")
+    made: bytes | None = getattr(ssl_object, "pgplane_cert_hash", None)
+    return made or default
 
 
 def _refuse_point_in_time(startup: wire.Startup) -> None:
