@@ -76,7 +76,8 @@ def test_stop_computes_suspends_each_one_as_an_operation() -> None:
         with Api(server, key) as api:
             endpoints = [api.create_ready_project()["endpoints"][0]["id"] for _ in range(2)]
         server.stop()
-        assert sorted(_suspends(server.data_dir)) == [(e, "finished") for e in sorted(endpoints)]
+        suspends = sorted(_suspends(server.data_dir))
+        assert suspends == [(e, "finished") for e in sorted(endpoints)], server.log()[-3000:]
         assert sum(postmasters(server.data_dir / "projects").values()) == 0
         assert "leaving" not in server.log()
 

@@ -24,21 +24,27 @@ _POLL_SECONDS = 0.1
 
 
 async def suspend_all(store: Store, engine: Engine) -> list[Operation]:
-    """Suspend every active endpoint; their operations as they ended. Under the caller's
-    ``asyncio.timeout``: what is not done by then, the next start carries on with."""
-    async with store.write() as tx:
-        started = await scheduled.suspend_for_stop(tx)
-    if not started:
-        return []
-    log.info("suspending %d compute(s) before stopping", len(started))
-    engine.wake()
+    """Suspend every active endpoint once; their operations as they ended. An endpoint with
+    an operation under way (a start, a restart) is suspended once that is done. Under the
+    caller's ``asyncio.timeout``: what is not done by then, the next start carries on with."""
+    started: dict[str, Operation] = {}
     while True:
+        async with store.write() as tx:
+            tried = {op.endpoint_id for op in started.values() if op.endpoint_id}
+            fresh = await scheduled.suspend_for_stop(tx, tried=tried)
+        if fresh:
+            log.info("suspending %d compute(s) before stopping", len(fresh))
+            started.update((op.id, op) for op in fresh)
+            engine.wake()
         async with store.read() as tx:
             ops = [
                 await tx.get_operation(project_id=op.project_id, operation_id=op.id) or op
-                for op in started
+                for op in started.values()
             ]
-        if all(op.status.settled for op in ops):
+            waiting = (
+                set(await scheduled.active_endpoints(tx)) - tried - {op.endpoint_id for op in fresh}
+            )
+        if not waiting and all(op.status.settled for op in ops):
             return ops
         await asyncio.sleep(_POLL_SECONDS)
 

@@ -24,15 +24,26 @@ async def suspend_idle(tx: Tx, *, endpoint_id: str, idle_before: int) -> Operati
     return await _suspend(tx, endpoint)
 
 
-async def suspend_for_stop(tx: Tx) -> list[Operation]:
-    """``suspend_compute`` for every active endpoint, used or not: ``serve --stop-computes``
-    stopping. An endpoint with an operation under way is left to it."""
+async def suspend_for_stop(tx: Tx, *, tried: set[str]) -> list[Operation]:
+    """``suspend_compute`` for every active endpoint not in ``tried``, used or not: ``serve
+    --stop-computes`` stopping. One with an operation under way is left for the next call."""
     started = []
     for endpoint in await tx.list_live_endpoints():
+        if endpoint.id in tried:
+            continue
         op = await _suspend(tx, endpoint)
         if op is not None:
             started.append(op)
     return started
+
+
+async def active_endpoints(tx: Tx) -> list[str]:
+    """Endpoints running or about to change (their compute may be up when this returns)."""
+    return [
+        e.id
+        for e in await tx.list_live_endpoints()
+        if e.current_state == "active" or e.pending_state is not None
+    ]
 
 
 async def _suspend(tx: Tx, endpoint: Endpoint) -> Operation | None:
