@@ -32,7 +32,7 @@ from pgplane.errors import Unavailable
 from pgplane.fdlimit import Caps, raise_nofile, reserve, size_caps
 from pgplane.gateway import ComputeWaker
 from pgplane.proxy.activity import Activity
-from pgplane.proxy.server import Proxy
+from pgplane.proxy.server import ALPN, Proxy
 from pgplane.serverlock import AlreadyServing, ServerLock
 from pgplane.services import signin
 from pgplane.store.sqlite import SqliteStore
@@ -200,7 +200,7 @@ async def _serve(settings: Settings) -> None:
         computes=ComputeWaker(store=store, engine=engine, driver=driver, settings=settings),
         activity=activity,
         proxy_host=settings.proxy_host,
-        server_tls=server_context(tls),
+        server_tls=server_context(tls, alpn_protocols=ALPN),
         cert_hash=certificate_hash(tls.pair),
         gate=proxy_gate,
         handshake_timeout=settings.proxy_handshake_timeout_seconds,
