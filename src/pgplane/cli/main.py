@@ -1,4 +1,5 @@
-"""``pgplane serve``, ``pgplane api-keys create`` and ``pgplane accounts create/invite``."""
+"""``pgplane serve``, ``pgplane api-keys create``, ``pgplane accounts create/invite`` and
+``pgplane tls ca-cert``."""
 
 from __future__ import annotations
 
@@ -34,6 +35,11 @@ accounts_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(accounts_app, name="accounts")
+tls_app = typer.Typer(
+    help="The proxy's TLS: the platform's certificate authority, for clients to trust.",
+    no_args_is_help=True,
+)
+app.add_typer(tls_app, name="tls")
 
 DataDir = Annotated[
     Path | None,
@@ -44,6 +50,26 @@ DataDir = Annotated[
         show_default=False,
     ),
 ]
+
+
+def _version(show: bool) -> None:
+    if show:
+        from importlib.metadata import version  # noqa: PLC0415
+
+        typer.echo(f"pgplane {version('pgplane')}")
+        raise typer.Exit
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit"
+        ),
+    ] = False,
+) -> None:
+    """A self-hostable Postgres platform with a Neon-compatible management API."""
 
 
 def _logging(level: str) -> None:
@@ -132,6 +158,14 @@ def serve(
             " (SQLSTATE 53100, as on Neon); 0: no limit [3072]"
         ),
     ] = None,
+    stop_computes: Annotated[
+        bool | None,
+        typer.Option(
+            "--stop-computes",
+            help="On SIGINT/SIGTERM, suspend every running compute before stopping (recorded"
+            " as operations); without it they keep running and the next start adopts them",
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
 ) -> None:
     """Run the API, the operations engine and the computes' supervisor in one process."""
@@ -160,6 +194,7 @@ def serve(
         min_pg_version=min_pg_version,
         disk_per_project=disk_per_project,
         branch_size_limit=branch_size_limit,
+        stop_computes=stop_computes,
     )
     if (settings.tls_cert is None) != (settings.tls_key is None):
         typer.echo("error: --tls-cert and --tls-key go together", err=True)
@@ -255,6 +290,34 @@ def accounts_invite(
 
     token = _in_store(data_dir, invite)
     typer.echo(f"{url.rstrip('/')}/signup?token={token}")
+
+
+@tls_app.command("ca-cert")
+def tls_ca_cert(
+    path: Annotated[
+        bool, typer.Option("--path", help="Print where the certificate is, not the certificate")
+    ] = False,
+    data_dir: DataDir = None,
+) -> None:
+    """Print the platform's CA certificate (PEM), which clients trust to verify the proxy:
+    sslrootcert= (libpq: psql, psycopg), NODE_EXTRA_CA_CERTS (node), or a system trust store."""
+    from pgplane.tls import ca_certificate  # noqa: PLC0415
+
+    settings = settings_from_env(data_dir=data_dir)
+    where = ca_certificate(settings.tls_dir)
+    try:
+        pem = where.read_text()
+    except FileNotFoundError:
+        typer.echo(
+            f"error: no certificate authority at {where}: `pgplane serve` makes it on its first"
+            " start (not when the proxy has a --tls-cert of its own)",
+            err=True,
+        )
+        raise typer.Exit(2) from None
+    except PermissionError:
+        typer.echo(f"error: {where} can be read by the platform's user only", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(str(where) if path else pem, nl=path)
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import cast
+from typing import Protocol, cast
 
 from pgplane.proxy.activity import Session
 from pgplane.proxy.framing import HEADER, payload_length
@@ -24,6 +24,19 @@ class Closed(Exception):
     """The side's connection ended (or was never made)."""
 
 
+class Sink(Protocol):
+    """Where a piped side's bytes go: its peer's transport, or a peer that frames them (a
+    WebSocket); pausing it pauses what the peer reads."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+
 class Side(asyncio.Protocol):
     def __init__(self) -> None:
         self._transport: asyncio.Transport | None = None
@@ -31,7 +44,7 @@ class Side(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         self._eof = False
         self._paused = False
-        self._peer: asyncio.Transport | None = None
+        self._peer: Sink | None = None
         self._session: Session | None = None
         self._sniff: Callable[[bytes], bool] | None = None
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -134,6 +147,29 @@ class Side(asyncio.Protocol):
         length = payload_length(header, limit=limit)
         return header[:1], await self.read_exactly(length, limit=max(limit, HANDSHAKE_BUFFER))
 
+    async def read_some(self, limit: int) -> bytes:
+        """What the side has sent so far, at most ``limit`` bytes (at least one); b"" at its end."""
+        while not self._buffer:
+            if self._eof:
+                return b""
+            self._resume()
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        data = bytes(self._buffer[:limit])
+        del self._buffer[:limit]
+        self._resume()
+        return data
+
+    def take_buffer(self) -> bytes:
+        """Everything received and not read yet, removed (for a protocol taking over)."""
+        data, self._buffer = bytes(self._buffer), bytearray()
+        self._resume()
+        return data
+
+    def sink(self) -> Sink:
+        """What a side piped to this one writes into."""
+        return self.transport
+
     def write(self, data: bytes) -> None:
         if self._transport is not None:
             self._transport.write(data)
@@ -149,7 +185,7 @@ class Side(asyncio.Protocol):
         sniff: Callable[[bytes], bool] | None = None,
     ) -> None:
         """From now on, forward everything this side receives to ``peer``."""
-        self._peer = peer.transport
+        self._peer = peer.sink()
         self._session = session
         self._sniff = sniff
         self.transport.set_write_buffer_limits(high=_HIGH_WATER)

@@ -1,50 +1,61 @@
-"""The proxy: one listener for every endpoint; accept, route, authenticate, wake, log in, pipe.
+"""The proxy: one listener for every endpoint and every door.
 
-For each client: answer SSLRequest (TLS, with the SNI name kept), read the StartupMessage, find
-the endpoint (SNI ``ep-….<proxy_host>`` or ``options=endpoint=ep-…``), authenticate the role
-itself (:mod:`pgplane.proxy.login`) before anything is woken, ask the platform for a running
-compute (waking it if needed), log in there as the same role, then forward bytes both ways
-without parsing them (:mod:`pgplane.proxy.pipe`).
+Each accepted connection is first counted against the connection caps (past them it is told so,
+as Postgres tells it, 53300, before a byte of it is read, and closed). Then what the client sends
+first picks its door (:mod:`pgplane.proxy.doors.sniff`), read without taking it off the socket:
 
-Before a client is authenticated it can make the proxy do little: its bytes are bounded, its
-handshake has a deadline, its wrong passwords are throttled per endpoint and address, and it
-never causes a wake, a reattach or a key derivation at a cost someone else chose. A client whose
-address the project's IP allow-list does not take gets no further than the route: it is refused
-before it is asked for a password, and nothing counts it (no throttle, no activity).
+- a Postgres first packet: the Postgres door (SSLRequest answered with TLS, the SNI name kept);
+- a TLS ClientHello: the proxy's TLS, then ALPN ``postgresql`` (PostgreSQL 17's direct TLS) is
+  the Postgres door, ``http/1.1`` or none is HTTP;
+- an HTTP request line: HTTP, plain.
 
-The way to a compute (dial, log in, retry through a wake) is :mod:`pgplane.proxy.connect`,
-shared with the other doors.
+HTTP serves ``GET /v2`` as a WebSocket carrying the Postgres protocol, ``/sql`` through the
+:class:`~pgplane.proxy.doors.router.SqlHandler` plugged in, and a JSON 404 for anything else.
+Every door then goes through the same steps (:mod:`pgplane.proxy.session`): the endpoint found
+(SNI, ``Host``, ``options=endpoint=``), the IP allow-list checked before the password is asked
+for, the password proven (throttled when wrong) before anything wakes, all within one handshake
+deadline from the moment the connection was accepted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
+import socket
 import ssl
-import struct
+from collections.abc import Coroutine
 
 from pgplane.connlimits import ConnectionGate
-from pgplane.core import clock
-from pgplane.core.ipallow import AllowList
-from pgplane.proxy import scram, wire
+from pgplane.proxy import wire
 from pgplane.proxy.activity import Activity
-from pgplane.proxy.connect import Connector
-from pgplane.proxy.framing import FrameError, KeySniffer
-from pgplane.proxy.login import authenticate
-from pgplane.proxy.pipe import Closed, Side
-from pgplane.proxy.seam import Computes, Route, RouteError, Target
+from pgplane.proxy.doors import sniff, websocket
+from pgplane.proxy.doors.http import (
+    BodyBudget,
+    HttpLimits,
+    HttpReply,
+    HttpRequest,
+    Upgrade,
+    serve_http,
+)
+from pgplane.proxy.doors.postgres import PostgresHello, remember_sni, server_name
+from pgplane.proxy.doors.router import Router, SqlHandler
+from pgplane.proxy.pipe import Side
+from pgplane.proxy.seam import Computes
+from pgplane.proxy.session import POINT_IN_TIME_REFUSED, Sessions
 from pgplane.proxy.throttle import LoginThrottle
+
+__all__ = ["ALPN", "POINT_IN_TIME_REFUSED", "Proxy"]
+
+# The doors a client starting with TLS may ask for: every TLS context the proxy serves with
+# (pgplane.tls makes one per name, too) offers these.
+ALPN = (sniff.ALPN_POSTGRES, sniff.ALPN_HTTP)
 
 log = logging.getLogger(__name__)
 
-POINT_IN_TIME_REFUSED = (
-    "connecting to a branch as it was at a point in time is not offered here: create a branch"
-    " at that point (neonctl branches create --parent <branch>@<time or LSN>, or the API's"
-    " parent_timestamp / parent_lsn) and connect to it"
-)
-
 _HANDSHAKE_TIMEOUT = 30.0
+_BACKLOG = 1024
 
 
 class Proxy:
@@ -59,206 +70,185 @@ class Proxy:
         throttle: LoginThrottle | None = None,
         gate: ConnectionGate | None = None,
         handshake_timeout: float = _HANDSHAKE_TIMEOUT,
+        sql: SqlHandler | None = None,
+        http_limits: HttpLimits | None = None,
     ) -> None:
-        self._computes = computes
-        self._connector = Connector(computes)
         self._gate = gate or ConnectionGate(per_address=0, total=0)
         self._handshake_timeout = handshake_timeout
-        self._activity = activity
         self._proxy_host = proxy_host
         self._server_tls = server_tls
         self._cert_hash = cert_hash
-        self._throttle = throttle or LoginThrottle()
-        # A session's cancel key: its compute, and the allow-list its login passed.
-        self._cancel_keys: dict[tuple[int, bytes], tuple[Target, AllowList]] = {}
-        self._server: asyncio.Server | None = None
+        self._sessions = Sessions(
+            computes=computes,
+            activity=activity,
+            proxy_host=proxy_host,
+            throttle=throttle or LoginThrottle(),
+            handshake_timeout=handshake_timeout,
+        )
+        self._sql = sql
+        self._http_limits = http_limits or HttpLimits(request_seconds=handshake_timeout)
+        self._body_budget = BodyBudget()
+        self._listeners: list[socket.socket] = []
         self._tasks: set[asyncio.Task[None]] = set()
         if server_tls is not None:
-            server_tls.sni_callback = _remember_sni
+            if server_tls.sni_callback is None:  # pgplane.tls's keeps the name, and more
+                server_tls.sni_callback = remember_sni
+            # Offered to a client that starts with TLS: which door it wants. A client that names
+            # neither (or after an SSLRequest, where the door is chosen already) is not refused.
+            server_tls.set_alpn_protocols(list(ALPN))
+
+    def plug_sql(self, sql: SqlHandler) -> None:
+        """Serve ``/sql`` with ``sql`` from now on."""
+        self._sql = sql
 
     async def start(self, host: str, port: int) -> list[tuple[str, int]]:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._accept, host, port, reuse_address=True)
-        return [s.getsockname()[:2] for s in self._server.sockets]
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        bound: list[tuple[str, int]] = []
+        try:
+            for family, kind, proto, _, address in dict.fromkeys(infos):
+                listener = socket.socket(family, kind, proto)
+                self._listeners.append(listener)
+                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                listener.bind(address)
+                listener.listen(_BACKLOG)
+                listener.setblocking(False)
+                bound.append(listener.getsockname()[:2])
+        except OSError:
+            self._close_listeners()
+            raise
+        for listener in self._listeners:
+            self._spawn(self._accept_loop(listener))
+        return bound
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        self._close_listeners()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def _accept(self) -> Side:
-        side = Side()
-        task = asyncio.get_running_loop().create_task(self._serve(side))
+    def _close_listeners(self) -> None:
+        for listener in self._listeners:
+            listener.close()
+        self._listeners.clear()
+
+    def _spawn(self, coro: Coroutine[object, object, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        return side
 
-    async def _serve(self, client: Side) -> None:
-        # Past the caps a client is told so, as Postgres tells it (53300), before a byte of it
-        # is read, and closed.
-        await client.made
-        admission = self._gate.admit(client.peer_address() or None)
+    async def _accept_loop(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                sock, address = await loop.sock_accept(listener)
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    # Out of descriptors (the caps are sized to leave some; others use them
+                    # too): the connection waits in the backlog, and is taken once one frees.
+                    log.warning("proxy cannot accept a connection: %s", exc)
+                    await asyncio.sleep(0.1)
+                    continue
+                if listener.fileno() < 0:
+                    return
+                raise
+            sock.setblocking(False)
+            self._spawn(self._serve(sock, address))
+
+    async def _serve(self, sock: socket.socket, address: object) -> None:
+        host = address[0] if isinstance(address, tuple) and address else ""
+        admission = self._gate.admit(str(host) or None)
         if admission is None:
-            message = self._gate.refusal_message()
-            client.write(wire.error_response(wire.TOO_MANY_CONNECTIONS, message))
-            client.close()
+            # Told so as Postgres tells it, before a byte of it is read: the caps protect
+            # descriptors, and reading to learn the door would hold this one longer.
+            with contextlib.suppress(OSError):
+                sock.send(
+                    wire.error_response(wire.TOO_MANY_CONNECTIONS, self._gate.refusal_message())
+                )
+            sock.close()
             return
         try:
-            await self._serve_admitted(client)
+            await self._open_door(sock)
         finally:
             admission.release()
 
-    async def _serve_admitted(self, client: Side) -> None:
-        compute: Side | None = None
-        try:
-            async with asyncio.timeout(self._handshake_timeout or None):
-                first = await self._first_packet(client)
-                if first is None:
-                    return
-                startup, server_name, tls = first
-                _refuse_point_in_time(startup)
-                endpoint_id = wire.endpoint_from_sni(server_name, self._proxy_host)
-                option_endpoint, startup = wire.take_endpoint_option(startup)
-                endpoint_id = self._require_endpoint(endpoint_id or option_endpoint)
-                user = startup.params["user"]
-                route = await self._computes.route(endpoint_id, user, client=client.peer_address())
-                await self._authenticate(client, endpoint_id, user, route, tls)
-            # Not under the handshake's time limit: a wake (or a reattach before it) takes as
-            # long as it takes, and ends in a compute or an error the client is told.
-            compute, target, reply = await self._connector.open(endpoint_id, startup, route)
-            await self._pipe(client, compute, (target, route.allowed), endpoint_id, reply)
-        except RouteError as exc:
-            client.write(wire.error_response(exc.code, exc.message, severity=exc.severity))
-        except scram.ScramError as exc:
-            client.write(wire.error_response(wire.INVALID_PASSWORD, str(exc)))
-        except wire.ProtocolViolation as exc:
-            client.write(wire.error_response(wire.PROTOCOL_VIOLATION, str(exc)))
-        except FrameError as exc:
-            client.write(wire.error_response(wire.PROTOCOL_VIOLATION, str(exc)))
-        except (Closed, ConnectionError, ssl.SSLError, TimeoutError):
-            pass
-        except Exception:
-            log.exception("proxy connection failed")
-            client.write(wire.error_response(wire.CONNECTION_FAILURE, "internal proxy error"))
-        finally:
-            client.close()
-            if compute is not None:
-                compute.close()
-
-    async def _authenticate(
-        self, client: Side, endpoint_id: str, user: str, route: Route, tls: bool
-    ) -> None:
-        host = client.peer_address()
-        if wait := self._throttle.wait(endpoint_id, host):
-            raise RouteError(
-                wire.CONNECTION_REJECTED,
-                f"too many failed logins to endpoint {endpoint_id} from your address;"
-                f" retry after {wait} s",
-            )
-        try:
-            await authenticate(client, user, route.secret, self._cert_hash if tls else None)
-        except scram.ScramError:
-            self._throttle.failed(endpoint_id, host)
-            raise
-
-    async def _pipe(
-        self,
-        client: Side,
-        compute: Side,
-        cancel_to: tuple[Target, AllowList],
-        endpoint_id: str,
-        reply: bytes,
-    ) -> None:
-        session = self._activity.open(endpoint_id, clock.now_us())
-        keys: list[tuple[int, bytes]] = []
-        try:
-            client.write(reply)
-
-            def found(pid: int, key: bytes) -> None:
-                keys.append((pid, key))
-                self._cancel_keys[pid, key] = cancel_to
-
-            # The reply holds the cancel key already (the proxy logged in up to ReadyForQuery);
-            # the sniffer reads it from there.
-            sniffer = KeySniffer(found)
-            compute.pipe_to(client, session, None if sniffer(reply) else sniffer)
-            client.pipe_to(compute, session)
-            await asyncio.wait([client.lost, compute.lost], return_when="FIRST_COMPLETED")
-        finally:
-            self._activity.close(session, clock.now_us())
-            for k in keys:
-                self._cancel_keys.pop(k, None)
-
-    def _require_endpoint(self, endpoint_id: str | None) -> str:
-        if endpoint_id is None:
-            raise RouteError(
-                wire.CONNECTION_REJECTED,
-                f"endpoint not specified: connect to ep-<id>.{self._proxy_host} (TLS with SNI)"
-                " or pass options=endpoint=<id>, as in the connection URI the API returns",
-            )
-        return endpoint_id
-
-    async def _first_packet(self, client: Side) -> tuple[wire.Startup, str | None, bool] | None:
-        """The client's StartupMessage after any TLS negotiation; None for a cancel request."""
-        tls = False
-        server_name: str | None = None
-        while True:
-            length, code = struct.unpack("!II", await client.read_exactly(8))
-            if length < 8 or length > wire.MAX_STARTUP:
-                raise wire.ProtocolViolation("invalid length of startup packet")
-            payload = await client.read_exactly(length - 8)
-            if code == wire.SSL_REQUEST and not tls and length == 8:
-                if self._server_tls is None:
-                    client.write(b"N")
-                    continue
-                client.write(b"S")
-                server_name = await self._start_tls(client)
-                tls = True
-                continue
-            if code == wire.GSSENC_REQUEST and length == 8:
-                client.write(b"N")
-                continue
-            if code == wire.CANCEL_REQUEST and length >= 12:
-                pid = struct.unpack("!I", payload[:4])[0]
-                await self._cancel(pid, payload[4:], client.peer_address())
-                return None
-            return wire.parse_startup(code, payload), server_name, tls
-
-    async def _start_tls(self, client: Side) -> str | None:
-        if self._server_tls is None:
-            raise Closed
+    async def _open_door(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
-        transport = await loop.start_tls(
-            client.transport, client, self._server_tls, server_side=True
-        )
-        if transport is None:
-            raise Closed
-        client.transport = transport
-        ssl_object = transport.get_extra_info("ssl_object")
-        return getattr(ssl_object, "pgplane_sni", None)
-
-    async def _cancel(self, pid: int, key: bytes, client: str) -> None:
-        found = self._cancel_keys.get((pid, key))
-        # As Neon's proxy, a cancel request from an address off the session's allow-list is
-        # dropped; as Postgres, there is no answer either way.
-        if found is None or not found[1].allows(client):
+        deadline = loop.time() + self._handshake_timeout if self._handshake_timeout else None
+        try:
+            async with asyncio.timeout_at(deadline):
+                door = sniff.classify(await sniff.peek(sock))
+                tls = self._server_tls if door is sniff.Door.TLS else None
+                _, client = await loop.connect_accepted_socket(
+                    Side,
+                    sock,
+                    ssl=tls,
+                )
+        except (OSError, TimeoutError, ssl.SSLError):
+            sock.close()
             return
-        target = found[0]
-        with contextlib.suppress(OSError):
-            compute = await self._connector.dial(target)
-            compute.write(wire.cancel_request(pid, key))
-            compute.close()
+        if door is sniff.Door.POSTGRES:
+            await self._postgres(client, deadline)
+            return
+        name = server_name(client.transport) if tls else None
+        alpn = _alpn(client.transport) if tls else None
+        if alpn == sniff.ALPN_POSTGRES:
+            await self._postgres(client, deadline, tls=True, name=name)
+            return
+        router = Router(websocket=lambda r: self._websocket(client, r), sql=self._sql)
+        await serve_http(
+            client,
+            router,
+            limits=self._http_limits,
+            budget=self._body_budget,
+            tls=tls is not None,
+            server_name=name,
+        )
+
+    async def _postgres(
+        self, client: Side, deadline: float | None, *, tls: bool = False, name: str | None = None
+    ) -> None:
+        hello = PostgresHello(
+            client,
+            proxy_host=self._proxy_host,
+            server_tls=self._server_tls,
+            cert_hash=self._cert_hash,
+            cancel=self._sessions.cancel,
+            server_name=name,
+            tls=tls,
+        )
+        await self._sessions.serve(client, hello, deadline=deadline)
+
+    async def _websocket(self, client: Side, request: HttpRequest) -> HttpReply | Upgrade:
+        accepted = websocket.handshake(request)
+        if isinstance(accepted, HttpReply):
+            return accepted
+        ws, response = accepted
+        host_endpoint, address_endpoint = websocket.endpoints(request, self._proxy_host)
+
+        async def run(leftover: bytes) -> None:
+            side = websocket.WebSocketSide.take_over(client, ws, response, leftover)
+            hello = PostgresHello(
+                side,
+                proxy_host=self._proxy_host,
+                server_tls=None,  # no SSLRequest inside: TLS is the WebSocket's
+                cert_hash=None,
+                cancel=self._sessions.cancel,
+                cleartext=True,
+                endpoint=host_endpoint,
+                fallback=address_endpoint,
+            )
+            loop = asyncio.get_running_loop()
+            timeout = self._handshake_timeout
+            await self._sessions.serve(
+                side, hello, deadline=loop.time() + timeout if timeout else None
+            )
+
+        return Upgrade(run)
 
 
-def _remember_sni(ssl_object: object, server_name: str | None, _ctx: ssl.SSLContext) -> None:
-    # The server side of an SSLObject does not keep the name; routing needs it after the
-    # handshake. SSLObject instances take attributes.
-    with contextlib.suppress(AttributeError):
-        ssl_object.pgplane_sni = server_name  # type: ignore[attr-defined]
-
-
-def _refuse_point_in_time(startup: wire.Startup) -> None:
-    if wire.asks_point_in_time(startup):
-        raise RouteError(wire.FEATURE_NOT_SUPPORTED, POINT_IN_TIME_REFUSED)
+def _alpn(transport: asyncio.BaseTransport) -> str | None:
+    ssl_object = transport.get_extra_info("ssl_object")
+    return ssl_object.selected_alpn_protocol() if ssl_object is not None else None

@@ -16,7 +16,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from pgplane.errors import PayloadTooLarge, SqlFailed
 from pgplane.proxy import wire
-from pgplane.proxy.server import POINT_IN_TIME_REFUSED
+from pgplane.proxy.session import POINT_IN_TIME_REFUSED
 
 CONNECTION_STRING = "neon-connection-string"
 ARRAY_MODE = "neon-array-mode"
