@@ -32,7 +32,12 @@ from pgplane.errors import Unavailable
 from pgplane.fdlimit import Caps, raise_nofile, reserve, size_caps
 from pgplane.gateway import ComputeWaker
 from pgplane.proxy.activity import Activity
+from pgplane.proxy.seam import Computes
 from pgplane.proxy.server import ALPN, Proxy
+from pgplane.proxy.sqlhttp.handler import SqlOverHttp
+from pgplane.proxy.sqlhttp.pool import Pool
+from pgplane.proxy.sqlhttp.run import Limits
+from pgplane.proxy.throttle import LoginThrottle
 from pgplane.serverlock import AlreadyServing, ServerLock
 from pgplane.services import signin
 from pgplane.store.sqlite import SqliteStore
@@ -101,6 +106,60 @@ async def _announce(server: uvicorn.Server, settings: Settings, store: SqliteSto
             console,
             token,
         )
+
+
+def _proxy(
+    settings: Settings,
+    computes: Computes,
+    activity: Activity,
+    tls: ProxyTLS,
+    gate: ConnectionGate,
+) -> tuple[Proxy, SqlOverHttp]:
+    # One throttle for every door: wrong passwords over TCP, WebSocket and HTTP count together.
+    throttle = LoginThrottle()
+    sql = _sql_over_http(settings, computes, activity, throttle)
+    proxy = Proxy(
+        computes=computes,
+        activity=activity,
+        proxy_host=settings.proxy_host,
+        server_tls=server_context(tls, alpn_protocols=ALPN),
+        cert_hash=certificate_hash(tls.pair),
+        throttle=throttle,
+        gate=gate,
+        handshake_timeout=settings.proxy_handshake_timeout_seconds,
+        sql=sql,
+    )
+    return proxy, sql
+
+
+def _sql_over_http(
+    settings: Settings, computes: Computes, activity: Activity, throttle: LoginThrottle
+) -> SqlOverHttp:
+    """The proxy's ``POST /sql``, bounded as the settings say."""
+    for name in (
+        "sql_over_http_timeout_seconds",
+        "sql_over_http_max_response_bytes",
+        "sql_over_http_max_rows",
+        "sql_over_http_pool_per_role",
+        "sql_over_http_pool_total",
+    ):
+        if getattr(settings, name) <= 0:
+            raise SystemExit(f"pgplane: PGPLANE_{name.upper()} must be more than 0")
+    return SqlOverHttp(
+        computes=computes,
+        activity=activity,
+        proxy_host=settings.proxy_host,
+        throttle=throttle,
+        limits=Limits(
+            response_bytes=settings.sql_over_http_max_response_bytes,
+            rows=settings.sql_over_http_max_rows,
+            seconds=settings.sql_over_http_timeout_seconds,
+        ),
+        pool=Pool(
+            per_key=settings.sql_over_http_pool_per_role,
+            total=settings.sql_over_http_pool_total,
+        ),
+    )
 
 
 def _certificate(settings: Settings) -> ProxyTLS:
@@ -196,14 +255,12 @@ async def _serve(settings: Settings) -> None:
     await reconcile(store, driver)
     engine = Engine(store=store, driver=driver, settings=settings)
     activity = Activity()
-    proxy = Proxy(
-        computes=ComputeWaker(store=store, engine=engine, driver=driver, settings=settings),
-        activity=activity,
-        proxy_host=settings.proxy_host,
-        server_tls=server_context(tls, alpn_protocols=ALPN),
-        cert_hash=certificate_hash(tls.pair),
-        gate=proxy_gate,
-        handshake_timeout=settings.proxy_handshake_timeout_seconds,
+    proxy, sql = _proxy(
+        settings,
+        ComputeWaker(store=store, engine=engine, driver=driver, settings=settings),
+        activity,
+        tls,
+        proxy_gate,
     )
     try:
         bound = await proxy.start(settings.proxy_listen, settings.proxy_port)
@@ -269,6 +326,7 @@ async def _serve(settings: Settings) -> None:
     finally:
         announce.cancel()
         await proxy.close()  # no new sessions, and no wakes, from here on
+        sql.close()
         if settings.stop_computes:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(_STOP_COMPUTES_SECONDS):

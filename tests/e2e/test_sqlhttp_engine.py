@@ -89,7 +89,7 @@ async def _sql(
     body: dict[str, Any],
     headers: list[tuple[str, str]] | None = None,
 ) -> tuple[int, Any]:
-    reply: Reply = await engine.handle(
+    reply: Reply = await engine.answer(
         headers or _headers(platform), json.dumps(body).encode(), "127.0.0.1"
     )
     return reply.status, json.loads(reply.body)

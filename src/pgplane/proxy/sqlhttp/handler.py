@@ -7,8 +7,10 @@ are throttled per endpoint and address, the password is checked (the same work f
 known or not), and only then is a compute woken, if it sleeps. The request counts as activity for
 idle suspend; the pooled connection it ran on does not.
 
-The door (HTTP) calls :meth:`SqlOverHttp.handle` with the request's headers, body and the
-client's address, and sends back the :class:`Reply`. Every refusal is Neon's error JSON.
+The HTTP door hands every request to ``/sql`` to :meth:`SqlOverHttp.handle` (a
+:class:`~pgplane.proxy.doors.router.SqlHandler`): ``POST`` is answered by :meth:`SqlOverHttp.answer`
+(headers, body and the client's address in; status, headers and body out), a browser's CORS
+preflight (``OPTIONS``) as Neon's proxy answers it. Every refusal is Neon's error JSON.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from pgplane.core import clock
-from pgplane.errors import PgplaneError, SqlFailed
+from pgplane.errors import MethodNotAllowed, PgplaneError, SqlFailed
 from pgplane.proxy import scram, wire
 from pgplane.proxy.activity import Activity
 from pgplane.proxy.connect import Connector
+from pgplane.proxy.doors.http import HttpReply, HttpRequest
 from pgplane.proxy.login import check_cleartext
 from pgplane.proxy.pipe import Closed
 from pgplane.proxy.seam import Computes, Route, RouteError
@@ -44,9 +47,23 @@ from pgplane.proxy.throttle import LoginThrottle
 log = logging.getLogger(__name__)
 
 _CANCEL_SECONDS = 5.0
-_JSON = ("Content-Type", "application/json")
 # Neon's proxy answers any origin: the driver runs in browsers too.
 _ANY_ORIGIN = ("Access-Control-Allow-Origin", "*")
+
+
+# What a browser's preflight is told it may send (Neon's list, and the batch flag it lacks).
+_PREFLIGHT = [
+    _ANY_ORIGIN,
+    ("Allow", "OPTIONS, POST"),
+    ("Access-Control-Allow-Methods", "OPTIONS, POST"),
+    (
+        "Access-Control-Allow-Headers",
+        "Authorization, Content-Type, Neon-Connection-String, Neon-Raw-Text-Output,"
+        " Neon-Array-Mode, Neon-Pool-Opt-In, Neon-Batch-Read-Only, Neon-Batch-Isolation-Level,"
+        " Neon-Batch-Deferrable",
+    ),
+    ("Access-Control-Max-Age", "86400"),
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +99,18 @@ class SqlOverHttp:
     def close(self) -> None:
         self._pool.close()
 
-    async def handle(self, headers: Iterable[tuple[str, str]], body: bytes, peer: str) -> Reply:
+    async def handle(self, request: HttpRequest) -> HttpReply:
+        """The HTTP door's call, for any method to ``/sql``."""
+        if request.method == "POST":
+            reply = await self.answer(request.headers, request.body, request.peer)
+        elif request.method == "OPTIONS":
+            reply = Reply(200, b"", _PREFLIGHT)
+        else:
+            reply = _error(MethodNotAllowed("/sql takes POST (and OPTIONS, a CORS preflight)"))
+            reply.headers.append(("Allow", "OPTIONS, POST"))
+        return HttpReply(reply.status, reply.body, reply.headers)
+
+    async def answer(self, headers: Iterable[tuple[str, str]], body: bytes, peer: str) -> Reply:
         """Answer one ``POST /sql``; ``peer`` is the client's address (its host)."""
         try:
             request = parse(
@@ -99,7 +127,7 @@ class SqlOverHttp:
         except Exception:
             log.exception("SQL over HTTP request failed")
             return _error(PgplaneError("internal proxy error"))
-        return Reply(200, answer.encode(), [_JSON, _ANY_ORIGIN, *_batch_headers(request)])
+        return Reply(200, answer.encode(), [_ANY_ORIGIN, *_batch_headers(request)])
 
     async def _answer(self, request: SqlRequest, peer: str) -> str:
         login = request.login
@@ -201,7 +229,7 @@ class SqlOverHttp:
 
 def _error(exc: PgplaneError) -> Reply:
     fields = exc.fields if isinstance(exc, SqlFailed) else {}
-    return Reply(exc.status, render.error_body(exc.message, fields), [_JSON, _ANY_ORIGIN])
+    return Reply(exc.status, render.error_body(exc.message, fields), [_ANY_ORIGIN])
 
 
 def _batch_headers(request: SqlRequest) -> list[tuple[str, str]]:
