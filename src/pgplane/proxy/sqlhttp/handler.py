@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -169,7 +170,7 @@ class SqlOverHttp:
                     request,
                     self._limits,
                     reset=conn.used,
-                    cancel=lambda c=conn: self._cancel(c),  # type: ignore[misc]
+                    cancel=functools.partial(self._cancel, conn),
                 )
             except Stale:
                 if attempt:
