@@ -155,6 +155,11 @@ class Settings:
     def tls_dir(self) -> Path:
         return self.data_dir / "tls"
 
+    @property
+    def console_url_path(self) -> Path:
+        """Where ``serve`` notes the console's address (``accounts invite`` links to it)."""
+        return self.data_dir / "console.url"
+
 
 def settings_from_env(**overrides: object) -> Settings:
     """Settings from ``PGPLANE_*`` variables, then explicit overrides (None means unset)."""

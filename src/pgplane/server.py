@@ -81,6 +81,10 @@ async def _announce(server: uvicorn.Server, settings: Settings, store: SqliteSto
             shown = "localhost" if host in ("0.0.0.0", "::") else host  # noqa: S104
             console = console or f"http://{shown}:{port}/console"
     log.info("pgplane console: %s", console)
+    # For `pgplane accounts invite`, run later without the address: the links it prints
+    # point where this server serves.
+    with contextlib.suppress(OSError):
+        settings.console_url_path.write_text(f"{console}\n")
     log.info("pgplane data directory: %s", settings.data_dir)
     # A fresh platform has no account that can sign in: the first comes from a one-time link,
     # as notebook servers and Grafana do it (more: `pgplane accounts create/invite`).
