@@ -4,11 +4,13 @@ to the console, listed and revoked; accounts listed."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 
 import httpx
 
 from tests.console import PASSWORD, Browser
-from tests.support import run_cli, running_server
+from tests.support import PGPLANE, run_cli, running_server
 
 
 def test_the_headless_key_is_the_console_accounts_and_keys_are_listed_and_revoked() -> None:
@@ -52,3 +54,23 @@ def test_the_headless_key_is_the_console_accounts_and_keys_are_listed_and_revoke
         unnamed = run_cli("api-keys", "create", "--name", "x", data_dir=server.data_dir)
         assert unnamed.returncode == 2
         assert "several accounts: name one with --account" in unnamed.stderr
+
+
+def test_help_is_whole_at_80_columns() -> None:
+    for command in (
+        ["--help"],
+        ["serve", "--help"],
+        ["api-keys", "--help"],
+        ["accounts", "--help"],
+    ):
+        done = subprocess.run(
+            [*PGPLANE, *command],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "COLUMNS": "80"},
+            check=True,
+        )
+        assert all(len(line) <= 80 for line in done.stdout.splitlines()), done.stdout
+        assert "…" not in done.stdout.replace("ep-….<", "")  # no name cut short
+        if command[0] == "serve":
+            assert "--proxy-wildcard-dns / --no-proxy-wildcard-dns" in done.stdout

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from pgplane.store import Tx
 
 accounts_app = typer.Typer(
+    rich_markup_mode=None,  # plain help: readable at 80 columns, nothing to escape
     help="Console accounts, for headless installs (the console's own sign-up needs a link).",
     no_args_is_help=True,
 )

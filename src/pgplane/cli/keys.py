@@ -14,7 +14,9 @@ if TYPE_CHECKING:
     from pgplane.store import Tx
 
 api_keys_app = typer.Typer(
-    help="Manage API keys directly on a data directory.", no_args_is_help=True
+    rich_markup_mode=None,  # plain help: readable at 80 columns, nothing to escape
+    help="Manage API keys directly on a data directory.",
+    no_args_is_help=True,
 )
 
 AccountOption = Annotated[

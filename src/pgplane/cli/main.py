@@ -17,6 +17,7 @@ from pgplane.cli.tls import tls_app
 from pgplane.config import settings_from_env
 
 app = typer.Typer(
+    rich_markup_mode=None,  # plain help: readable at 80 columns, nothing to escape
     name="pgplane",
     help="A self-hostable Postgres platform with a Neon-compatible management API.",
     no_args_is_help=True,

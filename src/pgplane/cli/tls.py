@@ -10,6 +10,7 @@ from pgplane.cli.common import DataDir
 from pgplane.config import settings_from_env
 
 tls_app = typer.Typer(
+    rich_markup_mode=None,  # plain help: readable at 80 columns, nothing to escape
     help="The proxy's TLS: the platform's certificate authority, for clients to trust.",
     no_args_is_help=True,
 )
