@@ -252,6 +252,8 @@ def test_a_compute_that_cannot_start_says_why_and_its_settings_are_mended_here(
         expect(failure).to_contain_text('"max_connections" (1)')
         computes = page.locator("tr[data-endpoint]")
         expect(computes).not_to_contain_text("→")  # nothing pretends to be under way
+        # Its retries show as attempts, and what it took is what the user waited.
+        expect(page.get_by_test_id("operations")).to_contain_text("2 attempts")
         _shot(page, "compute-failed")
 
         settings = page.get_by_test_id("pg-settings")
