@@ -40,7 +40,8 @@ from pgplane.proxy.throttle import LoginThrottle
 from pgplane.serverlock import AlreadyServing, ServerLock
 from pgplane.services import signin
 from pgplane.store.sqlite import SqliteStore
-from pgplane.telemetry.metrics import NO_METRICS, Prometheus
+from pgplane.telemetry.metrics import NO_METRICS
+from pgplane.telemetry.prometheus import Prometheus
 from pgplane.tls import CertPair, certificate_hash, ensure_certificate, server_context
 
 log = logging.getLogger("pgplane")

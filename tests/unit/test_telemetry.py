@@ -23,7 +23,8 @@ from pgplane.services import accounts, projects
 from pgplane.store.sqlite import SqliteStore
 from pgplane.store.sqlite.store import fault_reason
 from pgplane.telemetry import logs
-from pgplane.telemetry.metrics import NO_METRICS, Prometheus
+from pgplane.telemetry.metrics import NO_METRICS
+from pgplane.telemetry.prometheus import Prometheus
 from tests.support import no_pg_settings
 
 

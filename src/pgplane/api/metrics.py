@@ -14,7 +14,7 @@ from typing import Any
 from litestar import Request, Response, get
 from litestar.datastructures import State
 
-from pgplane.telemetry.metrics import CONTENT_TYPE, Prometheus
+from pgplane.telemetry.prometheus import CONTENT_TYPE, Prometheus
 
 
 @get("/metrics", include_in_schema=False, sync_to_thread=False)
