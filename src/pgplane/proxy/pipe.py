@@ -74,6 +74,11 @@ class Side(asyncio.Protocol):
             self.made.set_result(None)
 
     def data_received(self, data: bytes) -> None:
+        self._received(data)
+
+    def _received(self, data: bytes) -> None:
+        """The side's bytes (for a framed side, its frames' payloads): kept for the handshake,
+        or passed on to the peer once piped."""
         peer = self._peer
         if peer is not None:
             peer.write(data)
@@ -186,7 +191,7 @@ class Side(asyncio.Protocol):
         self.transport.set_write_buffer_limits(high=_HIGH_WATER)
         if self._buffer:
             pending, self._buffer = bytes(self._buffer), bytearray()
-            self.data_received(pending)
+            self._received(pending)
         if self._paused:
             self._paused = False
             self.transport.resume_reading()

@@ -172,18 +172,31 @@ class Proxy:
     async def _open_door(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._handshake_timeout if self._handshake_timeout else None
+        made: list[Side] = []
+
+        def side() -> Side:
+            # The loop's answer names a TLS layer's protocol, not this one (uvloop): kept here.
+            made.append(Side())
+            return made[-1]
+
         try:
             async with asyncio.timeout_at(deadline):
                 door = sniff.classify(await sniff.peek(sock))
                 tls = self._server_tls if door is sniff.Door.TLS else None
-                _, client = await loop.connect_accepted_socket(
-                    Side,
-                    sock,
-                    ssl=tls,
-                )
+                await loop.connect_accepted_socket(side, sock, ssl=tls)
         except (OSError, TimeoutError, ssl.SSLError):
             sock.close()
             return
+        client = made[0]
+        try:
+            await self._enter(client, door, tls is not None, deadline)
+        except Exception:
+            log.exception("proxy connection failed")
+            client.close()
+
+    async def _enter(
+        self, client: Side, door: sniff.Door, tls: bool, deadline: float | None
+    ) -> None:
         if door is sniff.Door.POSTGRES:
             await self._postgres(client, deadline)
             return
@@ -198,7 +211,7 @@ class Proxy:
             router,
             limits=self._http_limits,
             budget=self._body_budget,
-            tls=tls is not None,
+            tls=tls,
             server_name=name,
         )
 
