@@ -61,10 +61,10 @@ def test_pool_and_client_with_transactions_and_a_wake(
     assert out == {"seen": [1, 1], "counts": {"kept": 1, "dropped": 0}, "user": "neondb_owner"}
     assert _starts(api, pid) == starts + 1
     out = _run(server, driver, "client", uri)
-    assert out == {"seen": [2, 1], "counts": {"kept": 2, "dropped": 0}}
+    assert out == {"seen": [2, 1], "counts": {"kept": 2, "dropped": 0}, "big": 3 << 20}
     # ws:// (the user chose no TLS): the same door, the same password asked for.
     out = _run(server, driver, "client", uri, secure=False)
-    assert out == {"seen": [3, 1], "counts": {"kept": 3, "dropped": 0}}
+    assert out == {"seen": [3, 1], "counts": {"kept": 3, "dropped": 0}, "big": 3 << 20}
 
 
 def test_drizzle_neon_serverless_wakes_its_compute(

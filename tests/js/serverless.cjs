@@ -53,7 +53,9 @@ const scenarios = {
     await client.connect();
     try {
       const seen = [await transaction(client, true), await transaction(client, false)];
-      return { seen, counts: await counts(client) };
+      // A query larger than a frame before login may be (64 KiB): frames grow once logged in.
+      const big = await client.query("SELECT length($1::text) AS n", ["x".repeat(3 << 20)]);
+      return { seen, counts: await counts(client), big: big.rows[0].n };
     } finally {
       await client.end();
     }
