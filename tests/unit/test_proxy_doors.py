@@ -18,11 +18,16 @@ import psycopg
 import pytest
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
+from websockets.frames import Frame, Opcode
+from websockets.protocol import State
+from websockets.server import ServerProtocol
 
 from pgplane.proxy import wire
 from pgplane.proxy.activity import Activity
 from pgplane.proxy.doors.http import HttpLimits, HttpReply, HttpRequest
 from pgplane.proxy.doors.sniff import Door, classify, peek
+from pgplane.proxy.doors.websocket import WebSocketSide
+from pgplane.proxy.pipe import Side
 from pgplane.proxy.server import Proxy
 from pgplane.proxy.throttle import LoginThrottle
 from pgplane.tls import certificate_hash, ensure_certificate, server_context
@@ -246,3 +251,70 @@ def test_peek_leaves_the_bytes_on_the_socket() -> None:
         a.sendall(b"\x16\x03")
         assert asyncio.run(peek(b, 1)) == b"\x16"
         assert b.recv(2) == b"\x16\x03"
+
+
+class _Transport:
+    """A transport that records what is written and whether reading is paused."""
+
+    def __init__(self) -> None:
+        self.paused = False
+        self.written = b""
+        self.closed = False
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def close(self) -> None:
+        self.closed = True
+
+    def set_write_buffer_limits(self, high: int) -> None:
+        pass
+
+    def set_protocol(self, protocol: object) -> None:
+        pass
+
+    def get_extra_info(self, name: str) -> None:
+        return None
+
+
+async def test_a_websocket_pipe_pauses_the_side_that_outruns_the_other() -> None:
+    client_transport, compute_transport = _Transport(), _Transport()
+    raw = Side()
+    raw.connection_made(client_transport)  # type: ignore[arg-type]
+    ws = ServerProtocol(state=State.OPEN)
+    client = WebSocketSide.take_over(raw, ws, b"HTTP/1.1 101 \r\n\r\n", b"")
+    compute = Side()
+    compute.connection_made(compute_transport)  # type: ignore[arg-type]
+    session = Activity().open(ENDPOINT, 0)
+    compute.pipe_to(client, session)
+    client.pipe_to(compute, session)
+
+    # Frames in, bytes out; bytes in, binary frames out.
+    client.data_received(Frame(Opcode.BINARY, b"query").serialize(mask=True, extensions=[]))
+    assert compute_transport.written == b"query"
+    compute.data_received(b"rows")
+    assert client_transport.written.endswith(Frame(Opcode.BINARY, b"rows").serialize(mask=False))
+
+    # The compute's buffer fills (the compute reads slowly): the client is paused, and resumed.
+    compute.pause_writing()
+    assert client_transport.paused
+    compute.resume_writing()
+    assert not client_transport.paused
+    # The client's buffer fills (the client reads slowly): the compute is paused, and resumed.
+    client.pause_writing()
+    assert compute_transport.paused
+    client.resume_writing()
+    assert not compute_transport.paused
+
+    # A text frame is no Postgres: the connection is closed (1003).
+    client.data_received(Frame(Opcode.TEXT, b"select 1").serialize(mask=True, extensions=[]))
+    assert client_transport.closed

@@ -85,6 +85,7 @@ class Proxy:
         self._http_limits = http_limits or HttpLimits(request_seconds=handshake_timeout)
         self._body_budget = BodyBudget()
         self._listeners: list[socket.socket] = []
+        self._accepting: list[asyncio.Task[None]] = []
         self._tasks: set[asyncio.Task[None]] = set()
         if server_tls is not None:
             server_tls.sni_callback = remember_sni
@@ -115,10 +116,14 @@ class Proxy:
             self._close_listeners()
             raise
         for listener in self._listeners:
-            self._spawn(self._accept_loop(listener))
+            self._accepting.append(loop.create_task(self._accept_loop(listener)))
         return bound
 
     async def close(self) -> None:
+        # The accept loops first: a listening socket is closed once nothing waits on it.
+        for task in self._accepting:
+            task.cancel()
+        await asyncio.gather(*self._accepting, return_exceptions=True)
         self._close_listeners()
         for task in list(self._tasks):
             task.cancel()
