@@ -28,6 +28,8 @@ from pgplane.proxy.doors.http import HttpLimits, HttpReply, HttpRequest
 from pgplane.proxy.doors.sniff import Door, classify, peek
 from pgplane.proxy.doors.websocket import WebSocketSide
 from pgplane.proxy.pipe import Side
+from pgplane.proxy.scram import ScramError
+from pgplane.proxy.seam import RouteError
 from pgplane.proxy.server import Proxy
 from pgplane.proxy.throttle import LoginThrottle
 from pgplane.tls import certificate_hash, ensure_certificate, server_context
@@ -318,3 +320,35 @@ async def test_a_websocket_pipe_pauses_the_side_that_outruns_the_other() -> None
     # A text frame is no Postgres: the connection is closed (1003).
     client.data_received(Frame(Opcode.TEXT, b"select 1").serialize(mask=True, extensions=[]))
     assert client_transport.closed
+
+
+async def test_a_handler_logs_in_with_a_password_through_the_same_walls(tmp_path: Path) -> None:
+    compute = ScriptedCompute([AUTH_OK + READY])
+    server = await asyncio.start_server(compute.serve, "127.0.0.1", 0)
+    computes = Computes(server.sockets[0].getsockname()[1], OWN)
+    proxy = Proxy(
+        computes=computes,
+        activity=Activity(),
+        proxy_host="localhost",
+        server_tls=None,
+        cert_hash=None,
+        throttle=LoginThrottle(failures_per_minute=3),
+    )
+    startup = wire.Startup(wire.PROTOCOL_3, {"user": "u", "database": "d"})
+    try:
+        conn, reply = await proxy.sessions.open_with_password(
+            ENDPOINT, startup, PASSWORD, peer="127.0.0.1"
+        )
+        assert reply == AUTH_OK + READY
+        conn.close()
+        for _ in range(3):
+            with pytest.raises(ScramError, match='password authentication failed for user "u"'):
+                await proxy.sessions.open_with_password(ENDPOINT, startup, "x", peer="127.0.0.2")
+        with pytest.raises(RouteError, match="too many failed logins"):
+            await proxy.sessions.open_with_password(ENDPOINT, startup, PASSWORD, peer="127.0.0.2")
+        assert computes.wakes == []
+        assert compute.connections == 1
+    finally:
+        await proxy.close()
+        server.close()
+        await server.wait_closed()

@@ -93,6 +93,11 @@ class Proxy:
             # neither (or after an SSLRequest, where the door is chosen already) is not refused.
             server_tls.set_alpn_protocols([sniff.ALPN_POSTGRES, sniff.ALPN_HTTP])
 
+    @property
+    def sessions(self) -> Sessions:
+        """The steps every door shares, for a handler plugged in (``/sql``) to log in with."""
+        return self._sessions
+
     def plug_sql(self, sql: SqlHandler) -> None:
         """Serve ``/sql`` with ``sql`` from now on."""
         self._sql = sql

@@ -78,7 +78,7 @@ class Sessions:
         handshake_timeout: float,
     ) -> None:
         self._computes = computes
-        self._activity = activity
+        self.activity = activity  # sessions' activity, which idle suspend reads
         self.proxy_host = proxy_host
         self._throttle = throttle
         self.handshake_timeout = handshake_timeout
@@ -122,16 +122,43 @@ class Sessions:
             if compute is not None:
                 compute.close()
 
-    async def _authenticate(
-        self, client: Side, endpoint_id: str, user: str, route: Route, first: Startup
-    ) -> None:
-        host = client.peer_address()
+    async def open_with_password(
+        self, endpoint_id: str, startup: wire.Startup, password: str, *, peer: str
+    ) -> tuple[Side, bytes]:
+        """For a door whose client hands its password over with its request (SQL over HTTP):
+        the steps :meth:`serve` takes, in its order (the allow-list with the endpoint, the
+        throttle, the password, and only then a wake), returning the compute's connection,
+        logged in as ``startup``'s user, and the compute's replies up to ReadyForQuery, or
+        Postgres' own refusal (an ErrorResponse last: a database that does not exist, say).
+
+        RouteError (AddressNotAllowed among them) or ScramError when :meth:`serve` would refuse
+        a Postgres client; the caller closes the connection it gets. Activity for idle suspend
+        is the caller's to record (:attr:`activity`), while it uses the connection.
+        """
+        user = startup.params["user"]
+        route = await self._computes.route(endpoint_id, user, client=peer)
+        self._check_throttle(endpoint_id, peer)
+        try:
+            await check_cleartext(user, route.secret, password)
+        except scram.ScramError:
+            self._throttle.failed(endpoint_id, peer)
+            raise
+        compute, _target, reply = await self._open_compute(endpoint_id, startup, route)
+        return compute, reply
+
+    def _check_throttle(self, endpoint_id: str, host: str) -> None:
         if wait := self._throttle.wait(endpoint_id, host):
             raise RouteError(
                 wire.CONNECTION_REJECTED,
                 f"too many failed logins to endpoint {endpoint_id} from your address;"
                 f" retry after {wait} s",
             )
+
+    async def _authenticate(
+        self, client: Side, endpoint_id: str, user: str, route: Route, first: Startup
+    ) -> None:
+        host = client.peer_address()
+        self._check_throttle(endpoint_id, host)
         try:
             if first.cleartext:
                 client.write(wire.auth_message(wire.AUTH_CLEARTEXT))
@@ -150,7 +177,7 @@ class Sessions:
         endpoint_id: str,
         reply: bytes,
     ) -> None:
-        session = self._activity.open(endpoint_id, clock.now_us())
+        session = self.activity.open(endpoint_id, clock.now_us())
         keys: list[tuple[int, bytes]] = []
         try:
             client.write(reply)
@@ -166,7 +193,7 @@ class Sessions:
             client.pipe_to(compute, session)
             await asyncio.wait([client.lost, compute.lost], return_when="FIRST_COMPLETED")
         finally:
-            self._activity.close(session, clock.now_us())
+            self.activity.close(session, clock.now_us())
             for k in keys:
                 self._cancel_keys.pop(k, None)
 
