@@ -217,3 +217,20 @@ def test_an_unauthenticated_websocket_wakes_nothing(walled: Server, owner: Api) 
             ws.recv(timeout=DEADLINE * 3)
     assert owner.endpoint(pid, eid)["current_state"] == "idle"
     assert _starts(owner, pid) == starts
+
+
+def test_every_door_on_the_one_port(walled: Server, owner: Api) -> None:
+    """On the server's own event loop (uvloop): Postgres plain, after SSLRequest and on direct
+    TLS (ALPN postgresql), HTTP plain and on TLS (ALPN http/1.1), all on the proxy's port."""
+    uri = owner.create_ready_project(name="doors-one-port")["connection_uris"][0]["connection_uri"]
+    for mode in ({"sslmode": "disable"}, {"sslmode": "require"}, {"sslnegotiation": "direct"}):
+        with psycopg.connect(uri, connect_timeout=30, **mode) as conn:
+            assert conn.execute("select 1").fetchone() == (1,)
+            assert conn.info.pgconn.ssl_in_use is (mode.get("sslmode") != "disable")
+    ca = ssl.create_default_context(cafile=str(walled.data_dir / "tls" / "proxy.crt"))
+    for scheme, verify in (("http", False), ("https", ca)):
+        with httpx.Client(verify=verify) as http:
+            r = http.get(f"{scheme}://127.0.0.1:{walled.proxy_port}/nowhere")
+            r2 = http.get(f"{scheme}://127.0.0.1:{walled.proxy_port}/other")  # kept alive
+        assert (r.status_code, r.json()["code"]) == (404, "NOT_FOUND")
+        assert r2.status_code == 404
