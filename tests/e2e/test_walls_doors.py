@@ -113,14 +113,21 @@ def test_a_flood_on_every_door_starves_no_one(walled: Server, owner: Api) -> Non
     work()  # everything warm before the flood
     flooders = _flooders()
     with Flood(flooders, {"proxy": port}):
-        _assert_proxy_refused(_probe(port))  # the flooding address has its share: refused at once
+        _assert_proxy_refused(_probe(port))  # the flooding address has its share: refused
         work()
         _assert_proxy_refused(_probe(port))
+        refused = _exchange(port, _upgrade(), source=FLOODER)  # in HTTP's words, to HTTP
+        assert refused.startswith(b"HTTP/1.1 429 "), refused
     outcomes: dict[str, int] = {}
     for f in flooders:
         assert f.closed, f"{f.kind} flooder never closed"
         if f.received.startswith(b"E"):
             _assert_proxy_refused(f.received)
+            outcome = "refused"
+        elif f.received.startswith(b"HTTP/1.1 429 "):  # an HTTP client past its share
+            body = json.loads(f.received.partition(b"\r\n\r\n")[2])
+            assert body["code"] == "TOO_MANY_REQUESTS"
+            assert f"at most {CAP}" in body["message"]
             outcome = "refused"
         elif f.kind == "slow HTTP head":
             assert f.received.startswith(b"HTTP/1.1 408 "), f.received
@@ -141,8 +148,10 @@ def test_a_flood_on_every_door_starves_no_one(walled: Server, owner: Api) -> Non
     assert " ERROR " not in walled.log(), walled.log()[-4000:]
 
 
-def _exchange(port: int, data: bytes) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+def _exchange(port: int, data: bytes, source: str = "127.0.0.1") -> bytes:
+    with socket.create_connection(
+        ("127.0.0.1", port), timeout=30, source_address=(source, 0)
+    ) as sock:
         sock.sendall(data)
         received = b""
         with contextlib.suppress(ConnectionResetError):

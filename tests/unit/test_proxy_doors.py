@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 import ssl
 import struct
@@ -22,6 +23,7 @@ from websockets.frames import Frame, Opcode
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
+from pgplane.connlimits import ConnectionGate
 from pgplane.proxy import wire
 from pgplane.proxy.activity import Activity
 from pgplane.proxy.doors.http import HttpLimits, HttpReply, HttpRequest
@@ -348,6 +350,41 @@ async def test_a_handler_logs_in_with_a_password_through_the_same_walls(tmp_path
             await proxy.sessions.open_with_password(ENDPOINT, startup, PASSWORD, peer="127.0.0.2")
         assert computes.wakes == []
         assert compute.connections == 1
+    finally:
+        await proxy.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_past_the_caps_each_door_is_told_in_its_own_words(tmp_path: Path) -> None:
+    compute = ScriptedCompute([AUTH_OK + READY])
+    server = await asyncio.start_server(compute.serve, "127.0.0.1", 0)
+    computes = Computes(server.sockets[0].getsockname()[1], OWN)
+    pair = ensure_certificate(tmp_path / "tls", "localhost")
+    proxy = Proxy(
+        computes=computes,
+        activity=Activity(),
+        proxy_host="localhost",
+        server_tls=server_context(pair),
+        cert_hash=certificate_hash(pair),
+        gate=ConnectionGate(per_address=1, total=0),
+    )
+    [(_, port)] = await proxy.start("127.0.0.1", 0)
+    try:
+        _, holder = await asyncio.open_connection("127.0.0.1", port)  # the address' one place
+        http = await _raw_exchange(port, b"GET /v2 HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert http.startswith(b"HTTP/1.1 429 "), http
+        assert b"Retry-After: 1\r\n" in http
+        body = json.loads(http.partition(b"\r\n\r\n")[2])
+        assert body == {"code": "TOO_MANY_REQUESTS", "message": body["message"]}
+        assert "at most 1" in body["message"]
+        postgres = await _raw_exchange(port, SSL_REQUEST)
+        assert postgres.startswith(b"E") and b"C53300\0" in postgres, postgres
+        silent = await _raw_exchange(port, b"")
+        assert silent.startswith(b"E") and b"C53300\0" in silent, silent
+        # TLS is not started for a client past the caps: it is closed.
+        assert await _raw_exchange(port, b"\x16\x03\x01\x00\x05hello") == b""
+        holder.close()
     finally:
         await proxy.close()
         server.close()

@@ -27,7 +27,7 @@ import socket
 import ssl
 from collections.abc import Coroutine
 
-from pgplane.connlimits import ConnectionGate
+from pgplane.connlimits import ConnectionGate, Refusal
 from pgplane.proxy import wire
 from pgplane.proxy.activity import Activity
 from pgplane.proxy.doors import sniff, websocket
@@ -37,6 +37,7 @@ from pgplane.proxy.doors.http import (
     HttpReply,
     HttpRequest,
     Upgrade,
+    raw_reply,
     serve_http,
 )
 from pgplane.proxy.doors.postgres import PostgresHello, remember_sni, server_name
@@ -52,6 +53,8 @@ log = logging.getLogger(__name__)
 
 _HANDSHAKE_TIMEOUT = 30.0
 _BACKLOG = 1024
+_REFUSAL_GRACE = 0.5  # seconds a refused client has to show which door it came for
+_REFUSALS_AT_ONCE = 64
 
 
 class Proxy:
@@ -86,6 +89,7 @@ class Proxy:
         self._body_budget = BodyBudget()
         self._listeners: list[socket.socket] = []
         self._accepting: list[asyncio.Task[None]] = []
+        self._refusing = 0  # refused clients given a moment to show their door
         self._tasks: set[asyncio.Task[None]] = set()
         if server_tls is not None:
             server_tls.sni_callback = remember_sni
@@ -166,18 +170,51 @@ class Proxy:
         host = address[0] if isinstance(address, tuple) and address else ""
         admission = self._gate.admit(str(host) or None)
         if admission is None:
-            # Told so as Postgres tells it, before a byte of it is read: the caps protect
-            # descriptors, and reading to learn the door would hold this one longer.
-            with contextlib.suppress(OSError):
-                sock.send(
-                    wire.error_response(wire.TOO_MANY_CONNECTIONS, self._gate.refusal_message())
-                )
-            sock.close()
+            await self._refuse(sock)
             return
         try:
             await self._open_door(sock)
         finally:
             admission.release()
+
+    async def _refuse(self, sock: socket.socket) -> None:
+        """Tell a client past the caps so in its door's words, and close it.
+
+        The caps protect descriptors, so a refused client is given little: a moment to show
+        its door (a Postgres client sends its first packet at once), and only while few others
+        are being refused; otherwise, or when it says nothing, it is told as Postgres tells it
+        (53300). An HTTP client gets the JSON error (429 for its address' share, 503 for the
+        proxy's), a TLS client only the close: answering it would take a TLS handshake.
+        """
+        try:
+            await self._tell_refused(sock)
+        finally:
+            sock.close()
+
+    async def _tell_refused(self, sock: socket.socket) -> None:
+        message = self._gate.refusal_message()  # read now: others may be refused meanwhile
+        status = 429 if self._gate.last_refusal is Refusal.PER_ADDRESS else 503
+        first = b""
+        if self._refusing < _REFUSALS_AT_ONCE:
+            self._refusing += 1
+            try:
+                with contextlib.suppress(OSError, TimeoutError):
+                    async with asyncio.timeout(_REFUSAL_GRACE):
+                        first = await sniff.peek(sock)
+            finally:
+                self._refusing -= 1
+        door = sniff.classify(first)
+        answer = wire.error_response(wire.TOO_MANY_CONNECTIONS, message)
+        if door is sniff.Door.HTTP:
+            answer = raw_reply(HttpReply.error(status, message, headers=[("Retry-After", "1")]))
+        elif door is sniff.Door.TLS:
+            answer = b""
+        with contextlib.suppress(OSError):
+            # What it sent is read first: closed unread, the kernel would reset the connection,
+            # and the client could lose the answer.
+            if first:
+                sock.recv(65536)
+            sock.send(answer)
 
     async def _open_door(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -197,6 +234,9 @@ class Proxy:
         except (OSError, TimeoutError, ssl.SSLError):
             sock.close()
             return
+        except BaseException:  # cancelled (the proxy closes): the socket is still ours
+            sock.close()
+            raise
         client = made[0]
         try:
             await self._enter(client, door, tls is not None, deadline)

@@ -89,6 +89,7 @@ class Sessions:
         """Serve one client from its first packet to its end; the handshake (everything up to
         an authenticated login) ends by ``deadline`` (loop time) or the client is dropped."""
         compute: Side | None = None
+        refusal: bytes | None = None
         try:
             async with asyncio.timeout_at(deadline):
                 first = await hello()
@@ -107,20 +108,24 @@ class Sessions:
             compute, target, reply = await self._open_compute(endpoint_id, startup, route)
             await self._pipe(client, compute, (target, route.allowed), endpoint_id, reply)
         except RouteError as exc:
-            client.write(wire.error_response(exc.code, exc.message, severity=exc.severity))
+            refusal = wire.error_response(exc.code, exc.message, severity=exc.severity)
         except scram.ScramError as exc:
-            client.write(wire.error_response(wire.INVALID_PASSWORD, str(exc)))
+            refusal = wire.error_response(wire.INVALID_PASSWORD, str(exc))
         except (wire.ProtocolViolation, FrameError) as exc:
-            client.write(wire.error_response(wire.PROTOCOL_VIOLATION, str(exc)))
+            refusal = wire.error_response(wire.PROTOCOL_VIOLATION, str(exc))
         except (Closed, ConnectionError, ssl.SSLError, TimeoutError):
             pass
         except Exception:
             log.exception("proxy connection failed")
-            client.write(wire.error_response(wire.CONNECTION_FAILURE, "internal proxy error"))
+            refusal = wire.error_response(wire.CONNECTION_FAILURE, "internal proxy error")
         finally:
-            client.close()
             if compute is not None:
                 compute.close()
+            if refusal is None:
+                client.close()
+        if refusal is not None:
+            client.write(refusal)
+            await client.close_after_reply()
 
     async def open_with_password(
         self, endpoint_id: str, startup: wire.Startup, password: str, *, peer: str

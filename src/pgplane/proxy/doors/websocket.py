@@ -15,6 +15,8 @@ other, as on TCP (:mod:`pgplane.proxy.pipe`).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from urllib.parse import parse_qsl
@@ -28,7 +30,7 @@ from websockets.server import ServerProtocol
 from pgplane.proxy import wire
 from pgplane.proxy.activity import Session
 from pgplane.proxy.doors.http import HttpReply, HttpRequest
-from pgplane.proxy.pipe import Side, Sink
+from pgplane.proxy.pipe import LINGER, Side, Sink
 
 # The library logs every connection opened at INFO: one line per client is not the proxy's way.
 _library_log = logging.getLogger(__name__ + ".library")
@@ -127,6 +129,19 @@ class WebSocketSide(Side):
             self._ws.send_close(CloseCode.NORMAL_CLOSURE)
             self._flush()
         super().close()
+
+    async def close_after_reply(self, linger: float = LINGER) -> None:
+        # The closing handshake: the client answers the closing frame once it has read what
+        # came before, and the library then ends the connection (see _flush).
+        try:
+            if self._ws.state is State.OPEN:
+                self._ws.send_close(CloseCode.NORMAL_CLOSURE)
+                self._flush()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(linger):
+                    await asyncio.shield(self.lost)
+        finally:
+            super().close()
 
     def sink(self) -> Sink:
         return self._framed
