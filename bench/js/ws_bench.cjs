@@ -1,6 +1,6 @@
 // pgbench -S in node, through pgplane's proxy: node-postgres over TCP, or Neon's serverless
 // driver (the same pg Client on a WebSocket) over ws:// or wss://. argv[2]: JSON {mode, uri,
-// wsProxy, clients, seconds}; prints {"tps": n}.
+// wsProxy, coalesce, clients, seconds}; prints {"tps": n}.
 "use strict";
 const config = JSON.parse(process.argv[2]);
 
@@ -11,7 +11,10 @@ function client() {
   }
   const { neonConfig, Client } = require("@neondatabase/serverless");
   neonConfig.wsProxy = () => config.wsProxy;
-  neonConfig.useSecureWebSocket = config.mode === "wss";
+  neonConfig.useSecureWebSocket = config.mode !== "ws";
+  // The driver's default holds each write for a setTimeout(0) (at least 1 ms in node) to send
+  // fewer frames: a client-side delay per query, against any server. Measured both ways.
+  neonConfig.coalesceWrites = config.coalesce;
   return new Client(config.uri);
 }
 
