@@ -60,7 +60,9 @@ def test_pool_and_client_with_transactions_and_a_wake(
     out = _run(server, driver, "pool", uri)
     assert out == {"seen": [1, 1], "counts": {"kept": 1, "dropped": 0}, "user": "neondb_owner"}
     assert _starts(api, pid) == starts + 1
-    out = _run(server, driver, "client", uri)
+    api.suspend(pid, eid)
+    out = _run(server, driver, "client", uri)  # wakes it again
+    assert _starts(api, pid) == starts + 2
     assert out == {"seen": [2, 1], "counts": {"kept": 2, "dropped": 0}, "big": 3 << 20}
     # ws:// (the user chose no TLS): the same door, the same password asked for.
     out = _run(server, driver, "client", uri, secure=False)
