@@ -69,7 +69,7 @@ def main() -> int:
             f" dbname={params['database']} sslmode=disable options=endpoint={eid}"
         )
         pgbench(conninfo, params["password"], "-i", "-q", "-s", "1")
-        ca = str(server.data_dir / "tls" / "proxy.crt")
+        ca = str(server.data_dir / "tls" / "ca.crt")
         common = {
             "uri": uri,
             "wsProxy": f"127.0.0.1:{server.proxy_port}/v2",

@@ -71,6 +71,9 @@ class Settings:
     # own this big, so no project can fill the disk; sparse, so a cap and not a reservation.
     # 0: none. (compute/local/tenants/volumes.py)
     disk_per_project: int = 16384
+    # On SIGINT/SIGTERM: suspend every running compute first (engine/shutdown.py). Off, they
+    # outlive the process and the next start adopts them.
+    stop_computes: bool = False
 
     # Operations engine.
     workers: int = 4
@@ -152,6 +155,11 @@ class Settings:
     def tls_dir(self) -> Path:
         return self.data_dir / "tls"
 
+    @property
+    def console_url_path(self) -> Path:
+        """Where ``serve`` notes the console's address (``accounts invite`` links to it)."""
+        return self.data_dir / "console.url"
+
 
 def settings_from_env(**overrides: object) -> Settings:
     """Settings from ``PGPLANE_*`` variables, then explicit overrides (None means unset)."""
@@ -210,6 +218,11 @@ def settings_from_env(**overrides: object) -> Settings:
         if walls not in ("on", "off"):
             raise ValueError(f"PGPLANE_WALLS={walls!r}: expected on or off")
         env["walls"] = walls == "on"
+    stop = os.environ.get("PGPLANE_STOP_COMPUTES")
+    if stop:
+        if stop not in ("on", "off"):
+            raise ValueError(f"PGPLANE_STOP_COMPUTES={stop!r}: expected on or off")
+        env["stop_computes"] = stop == "on"
     bins = os.environ.get("PGPLANE_PG_BIN_DIRS")
     if bins:
         env["pg_bin_dirs"] = tuple(Path(p) for p in bins.split(os.pathsep) if p)

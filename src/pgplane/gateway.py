@@ -27,7 +27,16 @@ from pgplane.engine.context import compute_spec
 from pgplane.engine.engine import Engine
 from pgplane.errors import Conflict, LimitExceeded, NotFound, Unavailable
 from pgplane.proxy import scram, wire
-from pgplane.proxy.seam import Known, Password, Route, RouteError, Secret, Target, admit
+from pgplane.proxy.seam import (
+    Known,
+    Password,
+    Route,
+    RouteError,
+    Secret,
+    Target,
+    UnknownEndpoint,
+    admit,
+)
 from pgplane.services import endpoints, names, project_settings
 from pgplane.store import Store, Tx
 
@@ -191,7 +200,7 @@ class ComputeWaker:
 
 
 def _unknown(endpoint_id: str) -> RouteError:
-    return RouteError(wire.CONNECTION_REJECTED, f"endpoint {endpoint_id} not found")
+    return UnknownEndpoint(endpoint_id)
 
 
 def _disabled(endpoint_id: str) -> RouteError:

@@ -27,16 +27,28 @@ from pgplane.engine import Engine
 from pgplane.engine.history_handlers import keep_history
 from pgplane.engine.reconcile import reconcile
 from pgplane.engine.scheduler import Scheduler
+from pgplane.engine.shutdown import report_running, suspend_all
 from pgplane.errors import Unavailable
 from pgplane.fdlimit import Caps, raise_nofile, reserve, size_caps
 from pgplane.gateway import ComputeWaker
 from pgplane.proxy.activity import Activity
-from pgplane.proxy.server import Proxy
+from pgplane.proxy.server import ALPN, Proxy
+from pgplane.serverlock import AlreadyServing, ServerLock
 from pgplane.services import signin
 from pgplane.store.sqlite import SqliteStore
-from pgplane.tls import CertPair, certificate_hash, ensure_certificate, server_context
+from pgplane.tls import (
+    CertPair,
+    ProxyTLS,
+    certificate_hash,
+    ensure_certificate,
+    server_context,
+)
 
 log = logging.getLogger("pgplane")
+
+# How long --stop-computes waits for the suspends (a checkpoint each); the rest are left to the
+# next start, which adopts what still runs and finishes the operations.
+_STOP_COMPUTES_SECONDS = 60.0
 
 
 class _Server(uvicorn.Server):
@@ -69,6 +81,10 @@ async def _announce(server: uvicorn.Server, settings: Settings, store: SqliteSto
             shown = "localhost" if host in ("0.0.0.0", "::") else host  # noqa: S104
             console = console or f"http://{shown}:{port}/console"
     log.info("pgplane console: %s", console)
+    # For `pgplane accounts invite`, run later without the address: the links it prints
+    # point where this server serves.
+    with contextlib.suppress(OSError):
+        settings.console_url_path.write_text(f"{console}\n")
     log.info("pgplane data directory: %s", settings.data_dir)
     # A fresh platform has no account that can sign in: the first comes from a one-time link,
     # as notebook servers and Grafana do it (more: `pgplane accounts create/invite`).
@@ -91,9 +107,9 @@ async def _announce(server: uvicorn.Server, settings: Settings, store: SqliteSto
         )
 
 
-def _certificate(settings: Settings) -> CertPair:
+def _certificate(settings: Settings) -> ProxyTLS:
     if settings.tls_cert is not None and settings.tls_key is not None:
-        return CertPair(settings.tls_cert, settings.tls_key)
+        return ProxyTLS(CertPair(settings.tls_cert, settings.tls_key))
     return ensure_certificate(settings.tls_dir, settings.proxy_host)
 
 
@@ -150,6 +166,18 @@ def _gates(settings: Settings) -> tuple[ConnectionGate, ConnectionGate]:
 
 async def serve(settings: Settings) -> None:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    lock = ServerLock(settings.data_dir)
+    try:
+        lock.acquire()  # before anything touches the store or a compute
+    except AlreadyServing as exc:
+        raise SystemExit(f"pgplane: {exc}") from None
+    try:
+        await _serve(settings)
+    finally:
+        lock.release()
+
+
+async def _serve(settings: Settings) -> None:
     api_gate, proxy_gate = _gates(settings)
     tls = _certificate(settings)
     driver = LocalComputeDriver(
@@ -176,8 +204,8 @@ async def serve(settings: Settings) -> None:
         computes=ComputeWaker(store=store, engine=engine, driver=driver, settings=settings),
         activity=activity,
         proxy_host=settings.proxy_host,
-        server_tls=server_context(tls),
-        cert_hash=certificate_hash(tls),
+        server_tls=server_context(tls, alpn_protocols=ALPN),
+        cert_hash=certificate_hash(tls.pair),
         gate=proxy_gate,
         handshake_timeout=settings.proxy_handshake_timeout_seconds,
     )
@@ -244,7 +272,12 @@ async def serve(settings: Settings) -> None:
         await server.serve()
     finally:
         announce.cancel()
-        await proxy.close()
+        await proxy.close()  # no new sessions, and no wakes, from here on
+        if settings.stop_computes:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_STOP_COMPUTES_SECONDS):
+                    await suspend_all(store, engine)
+        await report_running(driver)
         for task in (history_task, scheduler_task, engine_task):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -53,7 +53,9 @@ def test_the_first_account_comes_from_the_link_serve_printed_and_the_link_works_
 def test_an_invitation_is_for_its_email_only(server: Server) -> None:
     done = run_cli("accounts", "invite", "guest@example.com", data_dir=server.data_dir)
     assert done.returncode == 0, done.stderr
-    link = done.stdout.strip().replace("http://127.0.0.1:8080", f"http://127.0.0.1:{server.port}")
+    # Where this server serves its console, without --url: serve noted it.
+    link = done.stdout.strip()
+    assert link.startswith(f"http://127.0.0.1:{server.port}/console/signup?token="), link
     with Browser(server) as other, Browser(server) as guest:
         r = other.sign_up(link, "someone-else@example.com")
         assert r.status_code == 400 and "guest@example.com" in r.text
@@ -327,3 +329,16 @@ def test_every_console_page_needs_a_session(server: Server) -> None:
         r = anonymous.post("/console/projects/", data={"name": "x"})
         assert r.status_code in (303, 403)
         assert re.search("Sign in", anonymous.get("/console/signin").text)
+
+
+def test_the_api_reference_is_a_page_that_needs_nothing_from_the_internet(server: Server) -> None:
+    r = httpx.get(f"http://127.0.0.1:{server.port}/docs")
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/html")
+    # Every operation of the document, and nothing loaded from elsewhere: no script at all.
+    document = httpx.get(f"{server.base_url}/openapi.json").json()
+    for item in document["paths"].values():
+        for op in item.values():
+            assert f'id="{op["operationId"]}"' in r.text
+    assert "<script" not in r.text
+    assert re.findall(r'(?:src|href)="(?!/|#)', r.text) == []

@@ -166,15 +166,25 @@ def test_branches_restore_self_parent_and_another_at_an_lsn(
     assert _rows(preview_uri) == [1, 2]
 
 
-def test_a_connection_string_at_a_time_gets_a_clear_error(
+def test_a_connection_string_at_a_time_gets_a_clear_error_and_its_advice_works(
     hapi: Api, history_server: Server, tmp_path: Path
 ) -> None:
     neonctl = _neonctl(history_server, hapi, tmp_path)
-    project, pid, _ = _project(hapi)
-    moment = _in_ms(datetime.datetime.now(datetime.UTC).isoformat())
+    project, pid, uri = _project(hapi)
+    at_one, _ = _commit(uri, 1)
+    time.sleep(0.05)  # not synchronisation: _in_ms rounds up, the next commit must be later
+    _commit(uri, 2)
+    moment = _in_ms(at_one)
     branch = project["branch"]["id"]
     pit_uri = neonctl.run("connection-string", f"{branch}@{moment}", "--project-id", pid)
     text = pit_uri.stdout.strip()
     assert "neon_timestamp" in text, text
-    with pytest.raises(psycopg.OperationalError, match="point in time is not offered here"):
+    with pytest.raises(psycopg.OperationalError, match="point in time is not offered here") as e:
         psycopg.connect(text, hostaddr="127.0.0.1", connect_timeout=10)
+    # What the refusal recommends, as neonctl takes it, makes that branch.
+    assert "neonctl branches create --parent <timestamp or LSN>" in str(e.value), e.value
+    out = neonctl.json("branches", "create", "--parent", moment, "--project-id", pid)
+    assert out["branch"]["parent_id"] == branch, out
+    assert out["branch"]["parent_timestamp"] is not None, out
+    _settle(hapi, pid)
+    assert _rows(out["connection_uris"][0]["connection_uri"]) == [1]

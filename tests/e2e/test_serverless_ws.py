@@ -40,7 +40,7 @@ def _run(
         scenario,
         uri=uri,
         ws_proxy=f"127.0.0.1:{server.proxy_port}/v2",
-        ca_file=server.data_dir / "tls" / "proxy.crt",
+        ca_file=server.data_dir / "tls" / "ca.crt",
         **kw,
     )
 

@@ -176,7 +176,7 @@ def test_oversized_heads_bodies_and_frames_are_refused(walled: Server, owner: Ap
     _json_error(_exchange(port, big_body), 413, "PAYLOAD_TOO_LARGE")
     _json_error(_exchange(port, b"GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\n"), 404, "NOT_FOUND")
     # On TLS too: the proxy's certificate, HTTP by ALPN.
-    ca = ssl.create_default_context(cafile=str(walled.data_dir / "tls" / "proxy.crt"))
+    ca = ssl.create_default_context(cafile=str(walled.data_dir / "tls" / "ca.crt"))
     r = httpx.get(f"https://127.0.0.1:{port}/nowhere", verify=ca)
     assert (r.status_code, r.json()["code"]) == (404, "NOT_FOUND")
 
@@ -236,7 +236,7 @@ def test_every_door_on_the_one_port(walled: Server, owner: Api) -> None:
         with psycopg.connect(uri, connect_timeout=30, **mode) as conn:
             assert conn.execute("select 1").fetchone() == (1,)
             assert conn.info.pgconn.ssl_in_use is (mode.get("sslmode") != "disable")
-    ca = ssl.create_default_context(cafile=str(walled.data_dir / "tls" / "proxy.crt"))
+    ca = ssl.create_default_context(cafile=str(walled.data_dir / "tls" / "ca.crt"))
     for scheme, verify in (("http", False), ("https", ca)):
         with httpx.Client(verify=verify) as http:
             r = http.get(f"{scheme}://127.0.0.1:{walled.proxy_port}/nowhere")

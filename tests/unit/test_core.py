@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from pgplane.core import clock, ids, keys
@@ -15,6 +18,7 @@ from pgplane.core.operations import (
     check_transition,
     claimable,
 )
+from pgplane.serverlock import AlreadyServing, ServerLock
 
 
 def test_timestamps_round_trip_with_microseconds() -> None:
@@ -140,3 +144,15 @@ def test_retry_waits_for_its_time_and_blocks_successors() -> None:
 def test_project_wide_operation_waits_for_all_and_blocks_all() -> None:
     ops = [_op(1, "b1"), _op(2, None), _op(3, "b2")]
     assert [o.id for o in claimable(ops, now=10)] == ["op1"]
+
+
+def test_the_serve_lock_is_exclusive_and_names_its_holder(tmp_path: Path) -> None:
+    first = ServerLock(tmp_path)
+    first.acquire()
+    with pytest.raises(AlreadyServing) as refused:
+        ServerLock(tmp_path).acquire()
+    assert refused.value.pid == os.getpid()
+    first.release()
+    again = ServerLock(tmp_path)
+    again.acquire()  # released: free again
+    again.release()

@@ -32,9 +32,9 @@ from pgplane.proxy.doors.websocket import WebSocketSide
 from pgplane.proxy.pipe import Side
 from pgplane.proxy.scram import ScramError
 from pgplane.proxy.seam import RouteError
-from pgplane.proxy.server import Proxy
+from pgplane.proxy.server import ALPN, Proxy
 from pgplane.proxy.throttle import LoginThrottle
-from pgplane.tls import certificate_hash, ensure_certificate, server_context
+from pgplane.tls import ca_certificate, certificate_hash, ensure_certificate, server_context
 from tests.unit.test_proxy_server import (
     AUTH_OK,
     ENDPOINT,
@@ -84,13 +84,13 @@ async def proxied(
     compute = ScriptedCompute([AUTH_OK + READY])
     server = await asyncio.start_server(compute.serve, "127.0.0.1", 0)
     computes = Computes(server.sockets[0].getsockname()[1], OWN)
-    pair = ensure_certificate(tmp_path / "tls", "localhost")
+    tls = ensure_certificate(tmp_path / "tls", "localhost")
     proxy = Proxy(
         computes=computes,
         activity=Activity(),
         proxy_host="localhost",
-        server_tls=server_context(pair),
-        cert_hash=certificate_hash(pair),
+        server_tls=server_context(tls, alpn_protocols=ALPN),
+        cert_hash=certificate_hash(tls.pair),
         throttle=LoginThrottle(failures_per_minute=3),
         handshake_timeout=timeout,
         sql=sql,
@@ -98,7 +98,7 @@ async def proxied(
     )
     [(_, port)] = await proxy.start("127.0.0.1", 0)
     try:
-        yield port, computes, pair.cert
+        yield port, computes, ca_certificate(tmp_path / "tls")
     finally:
         await proxy.close()
         server.close()
@@ -360,13 +360,13 @@ async def test_past_the_caps_each_door_is_told_in_its_own_words(tmp_path: Path) 
     compute = ScriptedCompute([AUTH_OK + READY])
     server = await asyncio.start_server(compute.serve, "127.0.0.1", 0)
     computes = Computes(server.sockets[0].getsockname()[1], OWN)
-    pair = ensure_certificate(tmp_path / "tls", "localhost")
+    tls = ensure_certificate(tmp_path / "tls", "localhost")
     proxy = Proxy(
         computes=computes,
         activity=Activity(),
         proxy_host="localhost",
-        server_tls=server_context(pair),
-        cert_hash=certificate_hash(pair),
+        server_tls=server_context(tls, alpn_protocols=ALPN),
+        cert_hash=certificate_hash(tls.pair),
         gate=ConnectionGate(per_address=1, total=0),
     )
     [(_, port)] = await proxy.start("127.0.0.1", 0)

@@ -12,7 +12,7 @@ from litestar import Litestar, MediaType, Request, Response, Router, get
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
-from litestar.openapi.plugins import SwaggerRenderPlugin
+from litestar.openapi.plugins import JsonRenderPlugin
 from litestar.openapi.spec import Components, SecurityScheme
 from litestar.routes import HTTPRoute
 
@@ -21,6 +21,7 @@ from pgplane.api import bodies, document, health
 from pgplane.api.auth import AnyRequest, Platform, key_hook
 from pgplane.api.errors import on_http_error, on_platform_error, on_unexpected
 from pgplane.api.ratelimit import RateLimiter
+from pgplane.api.reference import reference_handler
 from pgplane.api.routes.account import Account
 from pgplane.api.routes.api_keys import ApiKeys
 from pgplane.api.routes.branches import Branches
@@ -165,7 +166,14 @@ def create_app(
         store=store, settings=settings, notify=notify, check_settings=check_settings
     )
     app = Litestar(
-        route_handlers=[api, openapi_document, health.live, health.ready, *console_handlers],
+        route_handlers=[
+            api,
+            openapi_document,
+            reference_handler(settings),
+            health.live,
+            health.ready,
+            *console_handlers,
+        ],
         state=State({"readiness": readiness or health.Readiness(store), "console": console_state}),
         template_config=templates(),
         before_send=[console_headers],
@@ -178,10 +186,11 @@ def create_app(
             title="pgplane management API",
             version=__version__,
             description="A Neon-compatible management API (v2) for self-hosted Postgres.",
-            # The interactive docs live outside /api/v2: their router would answer unknown
-            # /api/v2 paths with an HTML 404. The document itself is served by openapi_document.
-            path="/docs",
-            render_plugins=[SwaggerRenderPlugin(path="/")],
+            # The document is served by openapi_document, the reference page by
+            # api/reference.py (no renderer that loads code from a CDN); Litestar's own schema
+            # routes stay out of the way, and outside /api/v2, whose unknown paths answer JSON.
+            path="/schema",
+            render_plugins=[JsonRenderPlugin(path="/openapi.json")],
             components=Components(
                 security_schemes={"BearerAuth": SecurityScheme(type="http", scheme="bearer")}
             ),

@@ -1,49 +1,51 @@
-"""``pgplane serve``, ``pgplane api-keys create`` and ``pgplane accounts create/invite``."""
+"""``pgplane``: the command line. ``serve`` is here; the rest, a module each (api-keys,
+accounts, tls)."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 import sys
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, TypeVar
+from typing import Annotated
 
 import typer
 
+from pgplane.cli.accounts import accounts_app
+from pgplane.cli.common import DataDir
+from pgplane.cli.keys import api_keys_app
+from pgplane.cli.tls import tls_app
 from pgplane.config import settings_from_env
 
-if TYPE_CHECKING:
-    from pgplane.store import Tx
-
-T = TypeVar("T")
-
 app = typer.Typer(
+    rich_markup_mode=None,  # plain help: readable at 80 columns, nothing to escape
     name="pgplane",
     help="A self-hostable Postgres platform with a Neon-compatible management API.",
     no_args_is_help=True,
     add_completion=False,
 )
-api_keys_app = typer.Typer(
-    help="Manage API keys directly on a data directory.", no_args_is_help=True
-)
 app.add_typer(api_keys_app, name="api-keys")
-accounts_app = typer.Typer(
-    help="Console accounts, for headless installs (the console's own sign-up needs a link).",
-    no_args_is_help=True,
-)
 app.add_typer(accounts_app, name="accounts")
+app.add_typer(tls_app, name="tls")
 
-DataDir = Annotated[
-    Path | None,
-    typer.Option(
-        "--data-dir",
-        help="Where pgplane keeps its store and databases "
-        "[default: $PGPLANE_DATA_DIR, else ~/.local/share/pgplane]",
-        show_default=False,
-    ),
-]
+
+def _version(show: bool) -> None:
+    if show:
+        from importlib.metadata import version  # noqa: PLC0415
+
+        typer.echo(f"pgplane {version('pgplane')}")
+        raise typer.Exit
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit"
+        ),
+    ] = False,
+) -> None:
+    """A self-hostable Postgres platform with a Neon-compatible management API."""
 
 
 def _logging(level: str) -> None:
@@ -132,6 +134,14 @@ def serve(
             " (SQLSTATE 53100, as on Neon); 0: no limit [3072]"
         ),
     ] = None,
+    stop_computes: Annotated[
+        bool | None,
+        typer.Option(
+            "--stop-computes",
+            help="On SIGINT/SIGTERM, suspend every running compute before stopping (recorded"
+            " as operations); without it they keep running and the next start adopts them",
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
 ) -> None:
     """Run the API, the operations engine and the computes' supervisor in one process."""
@@ -160,101 +170,12 @@ def serve(
         min_pg_version=min_pg_version,
         disk_per_project=disk_per_project,
         branch_size_limit=branch_size_limit,
+        stop_computes=stop_computes,
     )
     if (settings.tls_cert is None) != (settings.tls_key is None):
         typer.echo("error: --tls-cert and --tls-key go together", err=True)
         raise typer.Exit(2)
     run(settings)
-
-
-@api_keys_app.command("create")
-def api_keys_create(
-    name: Annotated[str, typer.Option("--name", help="A name to recognise the key by")],
-    account: Annotated[
-        str, typer.Option("--account", help="Account e-mail; created if it does not exist")
-    ] = "admin@localhost",
-    data_dir: DataDir = None,
-) -> None:
-    """Create an API key (and its account if needed); print it once as JSON."""
-    from pgplane.services import accounts, api_keys  # noqa: PLC0415
-
-    async def create(tx: Tx) -> dict[str, object]:
-        owner = await accounts.ensure(tx, email=account)
-        created = await api_keys.create(tx, account_id=owner.id, name=name, created_by=owner.id)
-        return {"id": created.key.id, "key": created.value, "name": created.key.name}
-
-    result = _in_store(data_dir, create)
-    typer.echo(json.dumps(result))
-
-
-def _in_store(data_dir: Path | None, work: Callable[[Tx], Awaitable[T]]) -> T:
-    """Run ``work`` in one write transaction on the data directory's store; exit 2 with the
-    message on a platform error."""
-    from pgplane.errors import PgplaneError  # noqa: PLC0415
-    from pgplane.store.sqlite import SqliteStore  # noqa: PLC0415
-
-    settings = settings_from_env(data_dir=data_dir)
-
-    async def run() -> T:
-        store = SqliteStore(settings.store_path)
-        try:
-            async with store.write() as tx:
-                return await work(tx)
-        finally:
-            await store.close()
-
-    try:
-        return asyncio.run(run())
-    except PgplaneError as exc:
-        typer.echo(f"error: {exc.message}", err=True)
-        raise typer.Exit(2) from None
-
-
-@accounts_app.command("create")
-def accounts_create(
-    email: Annotated[str, typer.Argument(help="The account's e-mail, its sign-in name")],
-    password_stdin: Annotated[
-        bool, typer.Option("--password-stdin", help="Read the password from standard input")
-    ] = False,
-    data_dir: DataDir = None,
-) -> None:
-    """Create an account that signs in to the console (or set an existing one's password)."""
-    from pgplane.errors import BadRequest  # noqa: PLC0415
-    from pgplane.services import signin  # noqa: PLC0415
-
-    if password_stdin:
-        password = sys.stdin.readline().rstrip("\n")
-    else:
-        password = typer.prompt("Password", hide_input=True, confirmation_prompt=True)
-    try:
-        password_hash = asyncio.run(signin.hash_password(password))
-    except BadRequest as exc:
-        typer.echo(f"error: {exc.message}", err=True)
-        raise typer.Exit(2) from None
-
-    async def create(tx: Tx) -> str:
-        account = await signin.set_password(tx, address=email, password_hash=password_hash)
-        return account.email
-
-    typer.echo(json.dumps({"email": _in_store(data_dir, create)}))
-
-
-@accounts_app.command("invite")
-def accounts_invite(
-    email: Annotated[str, typer.Argument(help="Who the invitation is for")],
-    url: Annotated[
-        str, typer.Option("--url", help="The console's address, as the invited person reaches it")
-    ] = "http://127.0.0.1:8080/console",
-    data_dir: DataDir = None,
-) -> None:
-    """Print a one-time sign-up link for ``email`` (valid for 7 days)."""
-    from pgplane.services import signin  # noqa: PLC0415
-
-    async def invite(tx: Tx) -> str:
-        return await signin.new_signup_link(tx, for_email=email)
-
-    token = _in_store(data_dir, invite)
-    typer.echo(f"{url.rstrip('/')}/signup?token={token}")
 
 
 def main() -> None:

@@ -67,6 +67,13 @@ class RouteError(Exception):
         self.message = message
 
 
+class UnknownEndpoint(RouteError):
+    """No such endpoint (or its project is deleted)."""
+
+    def __init__(self, endpoint_id: str) -> None:
+        super().__init__(wire.CONNECTION_REJECTED, f"endpoint {endpoint_id} not found")
+
+
 class AddressNotAllowed(RouteError):
     """The client's address is not on the project's IP allow-list (``settings.allowed_ips``).
 

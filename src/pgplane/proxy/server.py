@@ -47,7 +47,11 @@ from pgplane.proxy.seam import Computes
 from pgplane.proxy.session import POINT_IN_TIME_REFUSED, Sessions
 from pgplane.proxy.throttle import LoginThrottle
 
-__all__ = ["POINT_IN_TIME_REFUSED", "Proxy"]
+__all__ = ["ALPN", "POINT_IN_TIME_REFUSED", "Proxy"]
+
+# The doors a client starting with TLS may ask for: every TLS context the proxy serves with
+# (pgplane.tls makes one per name, too) offers these.
+ALPN = (sniff.ALPN_POSTGRES, sniff.ALPN_HTTP)
 
 log = logging.getLogger(__name__)
 
@@ -92,10 +96,11 @@ class Proxy:
         self._refusing = 0  # refused clients given a moment to show their door
         self._tasks: set[asyncio.Task[None]] = set()
         if server_tls is not None:
-            server_tls.sni_callback = remember_sni
+            if server_tls.sni_callback is None:  # pgplane.tls's keeps the name, and more
+                server_tls.sni_callback = remember_sni
             # Offered to a client that starts with TLS: which door it wants. A client that names
             # neither (or after an SSLRequest, where the door is chosen already) is not refused.
-            server_tls.set_alpn_protocols([sniff.ALPN_POSTGRES, sniff.ALPN_HTTP])
+            server_tls.set_alpn_protocols(list(ALPN))
 
     @property
     def sessions(self) -> Sessions:

@@ -28,7 +28,7 @@ from socket import SO_PEERCRED, SOL_SOCKET
 
 from pgplane.core import clock
 from pgplane.core.ipallow import AllowList
-from pgplane.proxy import scram, wire
+from pgplane.proxy import endpoint_password, scram, wire
 from pgplane.proxy.activity import Activity
 from pgplane.proxy.framing import MAX_AUTH_FRAME, FrameError, KeySniffer
 from pgplane.proxy.login import NotReady, authenticate, check_cleartext, log_in
@@ -38,10 +38,12 @@ from pgplane.proxy.throttle import LoginThrottle
 
 log = logging.getLogger(__name__)
 
+# neonctl's --parent takes a branch or a time or an LSN, never both (a time or LSN branches from
+# the default branch); another branch's past is the API's parent_id with parent_timestamp/_lsn.
 POINT_IN_TIME_REFUSED = (
     "connecting to a branch as it was at a point in time is not offered here: create a branch"
-    " at that point (neonctl branches create --parent <branch>@<time or LSN>, or the API's"
-    " parent_timestamp / parent_lsn) and connect to it"
+    " at that point (neonctl branches create --parent <timestamp or LSN>, from the default"
+    " branch; or the API's parent_id with parent_timestamp or parent_lsn) and connect to it"
 )
 
 _CONNECT_ATTEMPTS = 5
@@ -97,12 +99,15 @@ class Sessions:
                     return
                 _refuse_point_in_time(first.startup)
                 option_endpoint, startup = wire.take_endpoint_option(first.startup)
-                endpoint_id = self._require_endpoint(
-                    first.endpoint or option_endpoint or first.fallback
-                )
+                named = first.endpoint or option_endpoint or first.fallback
                 user = startup.params["user"]
-                route = await self._computes.route(endpoint_id, user, client=client.peer_address())
-                await self._authenticate(client, endpoint_id, user, route, first)
+                if named is None:
+                    endpoint_id, route = await self._by_password(client, user, first)
+                else:
+                    endpoint_id = named
+                    host = client.peer_address()
+                    route = await self._computes.route(endpoint_id, user, client=host)
+                    await self._authenticate(client, endpoint_id, user, route, first)
             # Not under the handshake's time limit: a wake (or a reattach before it) takes as
             # long as it takes, and ends in a compute or an error the client is told.
             compute, target, reply = await self._open_compute(endpoint_id, startup, route)
@@ -142,7 +147,7 @@ class Sessions:
         """
         user = startup.params["user"]
         route = await self._computes.route(endpoint_id, user, client=peer)
-        self._check_throttle(endpoint_id, peer)
+        self._throttle.check(endpoint_id, peer)
         try:
             await check_cleartext(user, route.secret, password)
         except scram.ScramError:
@@ -151,19 +156,11 @@ class Sessions:
         compute, _target, reply = await self._open_compute(endpoint_id, startup, route)
         return compute, reply
 
-    def _check_throttle(self, endpoint_id: str, host: str) -> None:
-        if wait := self._throttle.wait(endpoint_id, host):
-            raise RouteError(
-                wire.CONNECTION_REJECTED,
-                f"too many failed logins to endpoint {endpoint_id} from your address;"
-                f" retry after {wait} s",
-            )
-
     async def _authenticate(
         self, client: Side, endpoint_id: str, user: str, route: Route, first: Startup
     ) -> None:
         host = client.peer_address()
-        self._check_throttle(endpoint_id, host)
+        self._throttle.check(endpoint_id, host)
         try:
             if first.cleartext:
                 client.write(wire.auth_message(wire.AUTH_CLEARTEXT))
@@ -202,14 +199,25 @@ class Sessions:
             for k in keys:
                 self._cancel_keys.pop(k, None)
 
-    def _require_endpoint(self, endpoint_id: str | None) -> str:
-        if endpoint_id is None:
-            raise RouteError(
-                wire.CONNECTION_REJECTED,
-                f"endpoint not specified: connect to ep-<id>.{self.proxy_host} (TLS with SNI)"
-                " or pass options=endpoint=<id>, as in the connection URI the API returns",
-            )
-        return endpoint_id
+    async def _by_password(self, client: Side, user: str, first: Startup) -> tuple[str, Route]:
+        """A client that named no endpoint: Neon's endpoint=<id>;<password>, on the Postgres
+        door over TLS only (:mod:`pgplane.proxy.endpoint_password`)."""
+        unnamed = RouteError(
+            wire.CONNECTION_REJECTED,
+            f"endpoint not specified: connect to ep-<id>.{self.proxy_host} (TLS with SNI),"
+            " pass options=endpoint=<id> as in the connection URI the API returns, or give"
+            " endpoint=<id>;<password> as the password (over TLS only)",
+        )
+        if first.cert_hash is None or first.cleartext:
+            raise unnamed  # never ask for a password in clear on a plaintext connection
+        named = endpoint_password.parse(await endpoint_password.ask(client))
+        if named is None:
+            raise unnamed
+        endpoint_id, password = named
+        route = await endpoint_password.authenticate(
+            client, user, endpoint_id, password, computes=self._computes, throttle=self._throttle
+        )
+        return endpoint_id, route
 
     async def _open_compute(
         self, endpoint_id: str, startup: wire.Startup, route: Route

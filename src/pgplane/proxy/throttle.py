@@ -11,6 +11,8 @@ from __future__ import annotations
 import time
 
 from pgplane.core.gcra import Limit, address_key
+from pgplane.proxy import wire
+from pgplane.proxy.seam import RouteError
 
 _SECOND = 1_000_000_000
 FAILURES_PER_MINUTE = 30
@@ -30,6 +32,15 @@ class LoginThrottle:
             return 0
         wait = self._limit.wait((endpoint_id, address_key(host)), time.monotonic_ns())
         return 0 if wait == 0 else max(1, -(-wait // _SECOND))
+
+    def check(self, endpoint_id: str, host: str) -> None:
+        """RouteError if this address may not try this endpoint now."""
+        if wait := self.wait(endpoint_id, host):
+            raise RouteError(
+                wire.CONNECTION_REJECTED,
+                f"too many failed logins to endpoint {endpoint_id} from your address;"
+                f" retry after {wait} s",
+            )
 
     def failed(self, endpoint_id: str, host: str) -> None:
         if self._limit is not None:

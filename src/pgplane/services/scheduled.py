@@ -10,7 +10,7 @@ from __future__ import annotations
 import msgspec
 
 from pgplane.core import clock
-from pgplane.core.models import Operation
+from pgplane.core.models import Endpoint, Operation
 from pgplane.core.operations import Action
 from pgplane.services import branches, operations
 from pgplane.store import Tx
@@ -19,12 +19,35 @@ from pgplane.store import Tx
 async def suspend_idle(tx: Tx, *, endpoint_id: str, idle_before: int) -> Operation | None:
     """``suspend_compute`` for an endpoint still active and unused since ``idle_before``."""
     endpoint = await tx.find_endpoint(endpoint_id)
-    if (
-        endpoint is None
-        or endpoint.current_state != "active"
-        or endpoint.pending_state is not None
-        or max(endpoint.last_active or 0, endpoint.started_at or 0) >= idle_before
-    ):
+    if endpoint is None or max(endpoint.last_active or 0, endpoint.started_at or 0) >= idle_before:
+        return None
+    return await _suspend(tx, endpoint)
+
+
+async def suspend_for_stop(tx: Tx, *, tried: set[str]) -> list[Operation]:
+    """``suspend_compute`` for every active endpoint not in ``tried``, used or not: ``serve
+    --stop-computes`` stopping. One with an operation under way is left for the next call."""
+    started = []
+    for endpoint in await tx.list_live_endpoints():
+        if endpoint.id in tried:
+            continue
+        op = await _suspend(tx, endpoint)
+        if op is not None:
+            started.append(op)
+    return started
+
+
+async def active_endpoints(tx: Tx) -> list[str]:
+    """Endpoints running or about to change (their compute may be up when this returns)."""
+    return [
+        e.id
+        for e in await tx.list_live_endpoints()
+        if e.current_state == "active" or e.pending_state is not None
+    ]
+
+
+async def _suspend(tx: Tx, endpoint: Endpoint) -> Operation | None:
+    if endpoint.current_state != "active" or endpoint.pending_state is not None:
         return None
     unsettled = await tx.list_unsettled_operations(project_id=endpoint.project_id)
     if any(o.endpoint_id == endpoint.id or o.branch_id is None for o in unsettled):

@@ -76,7 +76,7 @@ class PostgresHello:
                 endpoint=self._endpoint
                 or wire.endpoint_from_sni(self._server_name, self._proxy_host),
                 fallback=self._fallback,
-                cert_hash=self._cert_hash if self._tls else None,
+                cert_hash=channel_binding(client, self._cert_hash) if self._tls else None,
                 cleartext=self._cleartext,
             )
 
@@ -105,3 +105,11 @@ def remember_sni(ssl_object: object, server_name: str | None, _ctx: ssl.SSLConte
     # handshake. SSLObject instances take attributes.
     with contextlib.suppress(AttributeError):
         ssl_object.pgplane_sni = server_name  # type: ignore[attr-defined]
+
+
+def channel_binding(client: Side, default: bytes | None) -> bytes | None:
+    """The hash of the certificate this client was shown: one made for its name, when the
+    context's SNI callback (:mod:`pgplane.tls`) chose one, else the proxy's."""
+    ssl_object = client.transport.get_extra_info("ssl_object")
+    made: bytes | None = getattr(ssl_object, "pgplane_cert_hash", None)
+    return made or default

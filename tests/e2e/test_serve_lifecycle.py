@@ -1,0 +1,87 @@
+"""``serve``'s own life: one per data directory (a second refuses at once, naming the first's
+PID; a killed server's lock never blocks the next start), and what becomes of the computes when
+it stops (left running and named, or suspended with ``--stop-computes``)."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+from importlib.metadata import version
+
+import httpx
+
+from tests.crash import postmasters
+from tests.support import PGPLANE, Api, free_port, running_server
+
+
+def test_a_second_serve_on_the_same_data_directory_refuses_naming_the_holder() -> None:
+    with running_server() as server:
+        assert server.process is not None
+        first = server.process.pid
+        # Other ports than the first's, so only the data directory is shared.
+        second = subprocess.run(
+            [
+                *PGPLANE,
+                "serve",
+                "--data-dir",
+                str(server.data_dir),
+                "--port",
+                str(free_port()),
+                "--proxy-port",
+                str(free_port()),
+            ],
+            capture_output=True,
+            text=True,
+            env=server.env,
+            timeout=60,
+            check=False,
+        )
+        assert second.returncode != 0
+        assert f"pgplane serve (pid {first}) is already running on" in second.stderr
+        assert server.process.poll() is None  # the first one goes on serving
+        assert httpx.get(f"{server.base_url}/openapi.json").status_code == 200
+
+        # Killed outright, the first leaves no lock behind: the next start takes it.
+        server.stop(signal.SIGKILL)
+        server.start()
+        assert httpx.get(f"{server.base_url}/openapi.json").status_code == 200
+
+
+def _suspends(server_data: object) -> list[tuple[str, str]]:
+    with sqlite3.connect(f"{server_data}/pgplane.db") as db:
+        query = "SELECT endpoint_id, status FROM operations WHERE action = 'suspend_compute'"
+        return db.execute(query).fetchall()
+
+
+def test_stopping_names_the_computes_it_leaves_running_and_the_next_start_adopts_them() -> None:
+    with running_server() as server:
+        _, key = server.create_key("stop@example.com")
+        with Api(server, key) as api:
+            body = api.create_ready_project()
+        project, endpoint = body["project"]["id"], body["endpoints"][0]["id"]
+        server.stop()
+        assert f"leaving 1 compute(s) running: {endpoint};" in server.log()
+        assert sum(postmasters(server.data_dir / "projects").values()) == 1
+        assert _suspends(server.data_dir) == []
+        server.start()
+        with Api(server, key) as api:
+            assert api.endpoint(project, endpoint)["current_state"] == "active"
+        assert sum(postmasters(server.data_dir / "projects").values()) == 1  # the same one
+
+
+def test_stop_computes_suspends_each_one_as_an_operation() -> None:
+    with running_server(PGPLANE_STOP_COMPUTES="on") as server:
+        _, key = server.create_key("stop@example.com")
+        with Api(server, key) as api:
+            endpoints = [api.create_ready_project()["endpoints"][0]["id"] for _ in range(2)]
+        server.stop()
+        suspends = sorted(_suspends(server.data_dir))
+        assert suspends == [(e, "finished") for e in sorted(endpoints)], server.log()[-3000:]
+        assert sum(postmasters(server.data_dir / "projects").values()) == 0
+        assert "leaving" not in server.log()
+
+
+def test_version() -> None:
+    done = subprocess.run([*PGPLANE, "--version"], capture_output=True, text=True, check=True)
+    assert done.stdout == f"pgplane {version('pgplane')}\n"
