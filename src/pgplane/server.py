@@ -16,13 +16,16 @@ from collections.abc import Iterator
 
 import uvicorn
 
+from pgplane import __version__
 from pgplane.api import create_app
 from pgplane.api.health import Readiness
 from pgplane.api.http import HttpLimits, protocol_with
+from pgplane.api.logcontext import with_request_ids
 from pgplane.compute.local import LocalComputeDriver, LocalDriverConfig
 from pgplane.compute.local.tenants.volumes import MIN_BYTES as MIN_SHARE_BYTES
 from pgplane.config import Settings
 from pgplane.connlimits import ConnectionGate
+from pgplane.core.operations import Action
 from pgplane.engine import Engine
 from pgplane.engine.history_handlers import keep_history
 from pgplane.engine.reconcile import reconcile
@@ -32,8 +35,8 @@ from pgplane.errors import Unavailable
 from pgplane.fdlimit import Caps, raise_nofile, reserve, size_caps
 from pgplane.gateway import ComputeWaker
 from pgplane.proxy.activity import Activity
-from pgplane.proxy.seam import Computes
 from pgplane.proxy.server import ALPN, Proxy
+from pgplane.proxy.session import Sessions
 from pgplane.proxy.sqlhttp.handler import SqlOverHttp
 from pgplane.proxy.sqlhttp.pool import Pool
 from pgplane.proxy.sqlhttp.run import Limits
@@ -41,6 +44,8 @@ from pgplane.proxy.throttle import LoginThrottle
 from pgplane.serverlock import AlreadyServing, ServerLock
 from pgplane.services import signin
 from pgplane.store.sqlite import SqliteStore
+from pgplane.telemetry.metrics import NO_METRICS
+from pgplane.telemetry.prometheus import Prometheus
 from pgplane.tls import (
     CertPair,
     ProxyTLS,
@@ -86,6 +91,10 @@ async def _announce(server: uvicorn.Server, settings: Settings, store: SqliteSto
             shown = "localhost" if host in ("0.0.0.0", "::") else host  # noqa: S104
             console = console or f"http://{shown}:{port}/console"
     log.info("pgplane console: %s", console)
+    # For `pgplane accounts invite`, run later without the address: the links it prints
+    # point where this server serves.
+    with contextlib.suppress(OSError):
+        settings.console_url_path.write_text(f"{console}\n")
     log.info("pgplane data directory: %s", settings.data_dir)
     # A fresh platform has no account that can sign in: the first comes from a one-time link,
     # as notebook servers and Grafana do it (more: `pgplane accounts create/invite`).
@@ -108,33 +117,7 @@ async def _announce(server: uvicorn.Server, settings: Settings, store: SqliteSto
         )
 
 
-def _proxy(
-    settings: Settings,
-    computes: Computes,
-    activity: Activity,
-    tls: ProxyTLS,
-    gate: ConnectionGate,
-) -> tuple[Proxy, SqlOverHttp]:
-    # One throttle for every door: wrong passwords over TCP, WebSocket and HTTP count together.
-    throttle = LoginThrottle()
-    sql = _sql_over_http(settings, computes, activity, throttle)
-    proxy = Proxy(
-        computes=computes,
-        activity=activity,
-        proxy_host=settings.proxy_host,
-        server_tls=server_context(tls, alpn_protocols=ALPN),
-        cert_hash=certificate_hash(tls.pair),
-        throttle=throttle,
-        gate=gate,
-        handshake_timeout=settings.proxy_handshake_timeout_seconds,
-        sql=sql,
-    )
-    return proxy, sql
-
-
-def _sql_over_http(
-    settings: Settings, computes: Computes, activity: Activity, throttle: LoginThrottle
-) -> SqlOverHttp:
+def _sql_over_http(settings: Settings, sessions: Sessions) -> SqlOverHttp:
     """The proxy's ``POST /sql``, bounded as the settings say."""
     for name in (
         "sql_over_http_timeout_seconds",
@@ -146,10 +129,7 @@ def _sql_over_http(
         if getattr(settings, name) <= 0:
             raise SystemExit(f"pgplane: PGPLANE_{name.upper()} must be more than 0")
     return SqlOverHttp(
-        computes=computes,
-        activity=activity,
-        proxy_host=settings.proxy_host,
-        throttle=throttle,
+        sessions=sessions,
         limits=Limits(
             response_bytes=settings.sql_over_http_max_response_bytes,
             rows=settings.sql_over_http_max_rows,
@@ -251,17 +231,24 @@ async def _serve(settings: Settings) -> None:
     settings = dataclasses.replace(settings, pg_versions=tuple(driver.pg_versions()))
     log.info("PostgreSQL versions available: %s", ", ".join(map(str, settings.pg_versions)))
     await driver.apply_size_limit()
-    store = SqliteStore(settings.store_path)
+    metrics = Prometheus(version=__version__, actions=Action) if settings.metrics else NO_METRICS
+    store = SqliteStore(settings.store_path, metrics)
     await reconcile(store, driver)
-    engine = Engine(store=store, driver=driver, settings=settings)
-    activity = Activity()
-    proxy, sql = _proxy(
-        settings,
-        ComputeWaker(store=store, engine=engine, driver=driver, settings=settings),
-        activity,
-        tls,
-        proxy_gate,
+    engine = Engine(store=store, driver=driver, settings=settings, metrics=metrics)
+    activity = Activity(metrics)
+    proxy = Proxy(
+        computes=ComputeWaker(
+            store=store, engine=engine, driver=driver, settings=settings, metrics=metrics
+        ),
+        activity=activity,
+        throttle=LoginThrottle(metrics=metrics),
+        proxy_host=settings.proxy_host,
+        server_tls=server_context(tls, alpn_protocols=ALPN),
+        cert_hash=certificate_hash(tls.pair),
+        gate=proxy_gate,
+        handshake_timeout=settings.proxy_handshake_timeout_seconds,
     )
+    proxy.plug_sql(sql := _sql_over_http(settings, proxy.sessions))
     try:
         bound = await proxy.start(settings.proxy_listen, settings.proxy_port)
     except OSError as exc:
@@ -275,7 +262,12 @@ async def _serve(settings: Settings) -> None:
     for host, port in bound:
         log.info("pgplane Postgres proxy listening on %s:%d", host, port)
     scheduler = Scheduler(
-        store=store, engine=engine, driver=driver, settings=settings, activity=activity
+        store=store,
+        engine=engine,
+        driver=driver,
+        settings=settings,
+        activity=activity,
+        metrics=metrics,
     )
     readiness = Readiness(store)
     app = create_app(
@@ -286,10 +278,11 @@ async def _serve(settings: Settings) -> None:
         schema=driver.dump_schema,
         notify=engine.wake,
         readiness=readiness,
+        metrics=metrics,
     )
     server = _Server(
         uvicorn.Config(
-            app,
+            with_request_ids(app),
             host=settings.host,
             port=settings.port,
             # httptools, with deadlines, connection caps and the error body (api/http.py).

@@ -21,9 +21,11 @@ from pgplane.compute.local.layout import Layout
 from pgplane.proxy import wire
 from pgplane.proxy.activity import Activity
 from pgplane.proxy.seam import Password, Route, RouteError, Target
+from pgplane.proxy.session import Sessions
 from pgplane.proxy.sqlhttp.handler import Reply, SqlOverHttp
 from pgplane.proxy.sqlhttp.pool import Pool
 from pgplane.proxy.sqlhttp.run import Limits
+from pgplane.proxy.throttle import LoginThrottle
 from tests.support import Api, Server
 
 
@@ -102,13 +104,14 @@ def platform(server: Server, api: Api) -> Platform:
 
 def _engine(platform: Platform, **limits: Any) -> tuple[SqlOverHttp, Activity, Pool]:
     activity, pool = Activity(), Pool()
-    engine = SqlOverHttp(
+    sessions = Sessions(
         computes=platform,
         activity=activity,
         proxy_host="localhost",
-        limits=Limits(**limits),
-        pool=pool,
+        throttle=LoginThrottle(),
+        handshake_timeout=30,
     )
+    engine = SqlOverHttp(sessions=sessions, limits=Limits(**limits), pool=pool)
     return engine, activity, pool
 
 

@@ -1,55 +1,30 @@
-"""``pgplane serve``, ``pgplane api-keys create``, ``pgplane accounts create/invite`` and
-``pgplane tls ca-cert``."""
+"""``pgplane``: the command line. ``serve`` is here; the rest, a module each (api-keys,
+accounts, tls)."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-import logging
-import sys
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, TypeVar
+from typing import Annotated
 
 import typer
 
+from pgplane.cli.accounts import accounts_app
+from pgplane.cli.common import DataDir
+from pgplane.cli.keys import api_keys_app
+from pgplane.cli.tls import tls_app
 from pgplane.config import settings_from_env
-
-if TYPE_CHECKING:
-    from pgplane.store import Tx
-
-T = TypeVar("T")
+from pgplane.telemetry import logs
 
 app = typer.Typer(
+    rich_markup_mode=None,  # plain help: readable at 80 columns, nothing to escape
     name="pgplane",
     help="A self-hostable Postgres platform with a Neon-compatible management API.",
     no_args_is_help=True,
     add_completion=False,
 )
-api_keys_app = typer.Typer(
-    help="Manage API keys directly on a data directory.", no_args_is_help=True
-)
 app.add_typer(api_keys_app, name="api-keys")
-accounts_app = typer.Typer(
-    help="Console accounts, for headless installs (the console's own sign-up needs a link).",
-    no_args_is_help=True,
-)
 app.add_typer(accounts_app, name="accounts")
-tls_app = typer.Typer(
-    help="The proxy's TLS: the platform's certificate authority, for clients to trust.",
-    no_args_is_help=True,
-)
 app.add_typer(tls_app, name="tls")
-
-DataDir = Annotated[
-    Path | None,
-    typer.Option(
-        "--data-dir",
-        help="Where pgplane keeps its store and databases "
-        "[default: $PGPLANE_DATA_DIR, else ~/.local/share/pgplane]",
-        show_default=False,
-    ),
-]
 
 
 def _version(show: bool) -> None:
@@ -70,14 +45,6 @@ def _options(
     ] = False,
 ) -> None:
     """A self-hostable Postgres platform with a Neon-compatible management API."""
-
-
-def _logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
 
 
 @app.command()
@@ -166,12 +133,19 @@ def serve(
             " as operations); without it they keep running and the next start adopts them",
         ),
     ] = None,
+    metrics: Annotated[
+        bool | None,
+        typer.Option("--metrics/--no-metrics", help="GET /metrics on the API's port [on]"),
+    ] = None,
+    log_format: Annotated[
+        str | None,
+        typer.Option(help="text, or json: one object a line with the ids in context [text]"),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
 ) -> None:
     """Run the API, the operations engine and the computes' supervisor in one process."""
     from pgplane.server import run  # noqa: PLC0415 - keep `api-keys` free of server imports
 
-    _logging(log_level)
     settings = settings_from_env(
         data_dir=data_dir,
         host=host,
@@ -195,129 +169,18 @@ def serve(
         disk_per_project=disk_per_project,
         branch_size_limit=branch_size_limit,
         stop_computes=stop_computes,
+        metrics=metrics,
+        log_format=log_format,
     )
+    try:
+        logs.configure(log_level, settings.log_format)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     if (settings.tls_cert is None) != (settings.tls_key is None):
         typer.echo("error: --tls-cert and --tls-key go together", err=True)
         raise typer.Exit(2)
     run(settings)
-
-
-@api_keys_app.command("create")
-def api_keys_create(
-    name: Annotated[str, typer.Option("--name", help="A name to recognise the key by")],
-    account: Annotated[
-        str, typer.Option("--account", help="Account e-mail; created if it does not exist")
-    ] = "admin@localhost",
-    data_dir: DataDir = None,
-) -> None:
-    """Create an API key (and its account if needed); print it once as JSON."""
-    from pgplane.services import accounts, api_keys  # noqa: PLC0415
-
-    async def create(tx: Tx) -> dict[str, object]:
-        owner = await accounts.ensure(tx, email=account)
-        created = await api_keys.create(tx, account_id=owner.id, name=name, created_by=owner.id)
-        return {"id": created.key.id, "key": created.value, "name": created.key.name}
-
-    result = _in_store(data_dir, create)
-    typer.echo(json.dumps(result))
-
-
-def _in_store(data_dir: Path | None, work: Callable[[Tx], Awaitable[T]]) -> T:
-    """Run ``work`` in one write transaction on the data directory's store; exit 2 with the
-    message on a platform error."""
-    from pgplane.errors import PgplaneError  # noqa: PLC0415
-    from pgplane.store.sqlite import SqliteStore  # noqa: PLC0415
-
-    settings = settings_from_env(data_dir=data_dir)
-
-    async def run() -> T:
-        store = SqliteStore(settings.store_path)
-        try:
-            async with store.write() as tx:
-                return await work(tx)
-        finally:
-            await store.close()
-
-    try:
-        return asyncio.run(run())
-    except PgplaneError as exc:
-        typer.echo(f"error: {exc.message}", err=True)
-        raise typer.Exit(2) from None
-
-
-@accounts_app.command("create")
-def accounts_create(
-    email: Annotated[str, typer.Argument(help="The account's e-mail, its sign-in name")],
-    password_stdin: Annotated[
-        bool, typer.Option("--password-stdin", help="Read the password from standard input")
-    ] = False,
-    data_dir: DataDir = None,
-) -> None:
-    """Create an account that signs in to the console (or set an existing one's password)."""
-    from pgplane.errors import BadRequest  # noqa: PLC0415
-    from pgplane.services import signin  # noqa: PLC0415
-
-    if password_stdin:
-        password = sys.stdin.readline().rstrip("\n")
-    else:
-        password = typer.prompt("Password", hide_input=True, confirmation_prompt=True)
-    try:
-        password_hash = asyncio.run(signin.hash_password(password))
-    except BadRequest as exc:
-        typer.echo(f"error: {exc.message}", err=True)
-        raise typer.Exit(2) from None
-
-    async def create(tx: Tx) -> str:
-        account = await signin.set_password(tx, address=email, password_hash=password_hash)
-        return account.email
-
-    typer.echo(json.dumps({"email": _in_store(data_dir, create)}))
-
-
-@accounts_app.command("invite")
-def accounts_invite(
-    email: Annotated[str, typer.Argument(help="Who the invitation is for")],
-    url: Annotated[
-        str, typer.Option("--url", help="The console's address, as the invited person reaches it")
-    ] = "http://127.0.0.1:8080/console",
-    data_dir: DataDir = None,
-) -> None:
-    """Print a one-time sign-up link for ``email`` (valid for 7 days)."""
-    from pgplane.services import signin  # noqa: PLC0415
-
-    async def invite(tx: Tx) -> str:
-        return await signin.new_signup_link(tx, for_email=email)
-
-    token = _in_store(data_dir, invite)
-    typer.echo(f"{url.rstrip('/')}/signup?token={token}")
-
-
-@tls_app.command("ca-cert")
-def tls_ca_cert(
-    path: Annotated[
-        bool, typer.Option("--path", help="Print where the certificate is, not the certificate")
-    ] = False,
-    data_dir: DataDir = None,
-) -> None:
-    """Print the platform's CA certificate (PEM), which clients trust to verify the proxy:
-    sslrootcert= (libpq: psql, psycopg), NODE_EXTRA_CA_CERTS (node), or a system trust store."""
-    from pgplane.tls import ca_certificate  # noqa: PLC0415
-
-    settings = settings_from_env(data_dir=data_dir)
-    where = ca_certificate(settings.tls_dir)
-    try:
-        pem = where.read_text()
-    except FileNotFoundError:
-        typer.echo(
-            f"error: no certificate authority at {where}: `pgplane serve` makes it on its first"
-            " start (not when the proxy has a --tls-cert of its own)",
-            err=True,
-        )
-        raise typer.Exit(2) from None
-    except PermissionError:
-        typer.echo(f"error: {where} can be read by the platform's user only", err=True)
-        raise typer.Exit(2) from None
-    typer.echo(str(where) if path else pem, nl=path)
 
 
 def main() -> None:

@@ -76,7 +76,7 @@ class Sessions:
     ) -> None:
         self._computes = computes
         self._connector = Connector(computes)
-        self._activity = activity
+        self.activity = activity  # sessions' activity, which idle suspend reads
         self.proxy_host = proxy_host
         self._throttle = throttle
         self.handshake_timeout = handshake_timeout
@@ -87,6 +87,7 @@ class Sessions:
         """Serve one client from its first packet to its end; the handshake (everything up to
         an authenticated login) ends by ``deadline`` (loop time) or the client is dropped."""
         compute: Side | None = None
+        refusal: bytes | None = None
         try:
             async with asyncio.timeout_at(deadline):
                 first = await hello()
@@ -108,20 +109,67 @@ class Sessions:
             compute, target, reply = await self._connector.open(endpoint_id, startup, route)
             await self._pipe(client, compute, (target, route.allowed), endpoint_id, reply)
         except RouteError as exc:
-            client.write(wire.error_response(exc.code, exc.message, severity=exc.severity))
+            refusal = wire.error_response(exc.code, exc.message, severity=exc.severity)
         except scram.ScramError as exc:
-            client.write(wire.error_response(wire.INVALID_PASSWORD, str(exc)))
+            refusal = wire.error_response(wire.INVALID_PASSWORD, str(exc))
         except (wire.ProtocolViolation, FrameError) as exc:
-            client.write(wire.error_response(wire.PROTOCOL_VIOLATION, str(exc)))
+            refusal = wire.error_response(wire.PROTOCOL_VIOLATION, str(exc))
         except (Closed, ConnectionError, ssl.SSLError, TimeoutError):
             pass
         except Exception:
             log.exception("proxy connection failed")
-            client.write(wire.error_response(wire.CONNECTION_FAILURE, "internal proxy error"))
+            refusal = wire.error_response(wire.CONNECTION_FAILURE, "internal proxy error")
         finally:
-            client.close()
             if compute is not None:
                 compute.close()
+            if refusal is None:
+                client.close()
+        if refusal is not None:
+            client.write(refusal)
+            await client.close_after_reply()
+
+    async def open_with_password(
+        self, endpoint_id: str, startup: wire.Startup, password: str, *, peer: str
+    ) -> tuple[Side, bytes]:
+        """For a door whose client hands its password over with its request (SQL over HTTP):
+        the steps :meth:`serve` takes, in its order (the allow-list with the endpoint, the
+        throttle, the password, and only then a wake), returning the compute's connection,
+        logged in as ``startup``'s user, and the compute's replies up to ReadyForQuery, or
+        Postgres' own refusal (an ErrorResponse last: a database that does not exist, say).
+
+        RouteError (AddressNotAllowed among them) or ScramError when :meth:`serve` would refuse
+        a Postgres client; the caller closes the connection it gets. Activity for idle suspend
+        is the caller's to record (:attr:`activity`), while it uses the connection.
+        """
+        route = await self.check_password(endpoint_id, startup.params["user"], password, peer=peer)
+        compute, _target, reply = await self.open(endpoint_id, startup, route)
+        return compute, reply
+
+    async def check_password(
+        self, endpoint_id: str, user: str, password: str, *, peer: str
+    ) -> Route:
+        """The first half of :meth:`open_with_password`, for a door that checks every request
+        but keeps compute connections between them (SQL over HTTP's pool): the route, the
+        allow-list, the throttle and the password; nothing is woken."""
+        route = await self._computes.route(endpoint_id, user, client=peer)
+        self._throttle.check(endpoint_id, peer)
+        try:
+            await check_cleartext(user, route.secret, password)
+        except scram.ScramError:
+            self._throttle.failed(endpoint_id, peer)
+            raise
+        return route
+
+    async def open(
+        self, endpoint_id: str, startup: wire.Startup, route: Route
+    ) -> tuple[Side, Target, bytes]:
+        """The second half: a compute connection for a route whose password was proven,
+        through a wake if the compute sleeps (:meth:`Connector.open`)."""
+        return await self._connector.open(endpoint_id, startup, route)
+
+    async def dial(self, target: Target) -> Side:
+        """A connection to a compute, not logged in (for a CancelRequest)."""
+        return await self._connector.dial(target)
 
     async def _authenticate(
         self, client: Side, endpoint_id: str, user: str, route: Route, first: Startup
@@ -146,7 +194,7 @@ class Sessions:
         endpoint_id: str,
         reply: bytes,
     ) -> None:
-        session = self._activity.open(endpoint_id, clock.now_us())
+        session = self.activity.open(endpoint_id, clock.now_us())
         keys: list[tuple[int, bytes]] = []
         try:
             client.write(reply)
@@ -162,7 +210,7 @@ class Sessions:
             client.pipe_to(compute, session)
             await asyncio.wait([client.lost, compute.lost], return_when="FIRST_COMPLETED")
         finally:
-            self._activity.close(session, clock.now_us())
+            self.activity.close(session, clock.now_us())
             for k in keys:
                 self._cancel_keys.pop(k, None)
 

@@ -27,6 +27,10 @@ class AccountsTx(abc.ABC):
     async def insert_account(self, account: Account) -> None:
         """Insert; a duplicate email raises Conflict."""
 
+    @abc.abstractmethod
+    async def list_accounts(self) -> list[tuple[Account, bool]]:
+        """Every account, oldest first, with whether it has a console password."""
+
     # -- API keys -------------------------------------------------------------------------------
 
     @abc.abstractmethod

@@ -25,12 +25,10 @@ from dataclasses import dataclass, field
 from pgplane.core import clock
 from pgplane.errors import MethodNotAllowed, PgplaneError, SqlFailed
 from pgplane.proxy import scram, wire
-from pgplane.proxy.activity import Activity
-from pgplane.proxy.connect import Connector
 from pgplane.proxy.doors.http import HttpReply, HttpRequest
-from pgplane.proxy.login import check_cleartext
 from pgplane.proxy.pipe import Closed
-from pgplane.proxy.seam import Computes, Route, RouteError
+from pgplane.proxy.seam import Route, RouteError
+from pgplane.proxy.session import Sessions
 from pgplane.proxy.sqlhttp import messages, render
 from pgplane.proxy.sqlhttp.pool import Conn, Key, Pool
 from pgplane.proxy.sqlhttp.request import (
@@ -43,7 +41,6 @@ from pgplane.proxy.sqlhttp.request import (
     parse,
 )
 from pgplane.proxy.sqlhttp.run import Limits, Stale, execute, unwrap
-from pgplane.proxy.throttle import LoginThrottle
 
 log = logging.getLogger(__name__)
 
@@ -76,20 +73,10 @@ class Reply:
 
 class SqlOverHttp:
     def __init__(
-        self,
-        *,
-        computes: Computes,
-        activity: Activity,
-        proxy_host: str,
-        throttle: LoginThrottle | None = None,
-        limits: Limits | None = None,
-        pool: Pool | None = None,
+        self, *, sessions: Sessions, limits: Limits | None = None, pool: Pool | None = None
     ) -> None:
-        self._computes = computes
-        self._connector = Connector(computes)
-        self._activity = activity
-        self._proxy_host = proxy_host
-        self._throttle = throttle or LoginThrottle()
+        # The doors' shared steps: route, allow-list, throttle, password, wake, activity.
+        self._sessions = sessions
         self._limits = limits or Limits()
         self._pool = pool or Pool()
 
@@ -117,7 +104,7 @@ class SqlOverHttp:
             request = parse(
                 headers_of(headers),
                 body,
-                proxy_host=self._proxy_host,
+                proxy_host=self._sessions.proxy_host,
                 max_body=self._limits.request_bytes,
             )
             answer = await self._answer(request, peer)
@@ -132,30 +119,21 @@ class SqlOverHttp:
 
     async def _answer(self, request: SqlRequest, peer: str) -> str:
         login = request.login
-        route = await self._computes.route(login.endpoint_id, login.role, client=peer)
-        await self._authenticate(request, route, peer)
-        session = self._activity.open(login.endpoint_id, clock.now_us())
+        try:
+            route = await self._sessions.check_password(
+                login.endpoint_id, login.role, login.password, peer=peer
+            )
+        except scram.ScramError as exc:
+            raise SqlFailed(
+                str(exc), {"code": wire.INVALID_PASSWORD, "severity": "FATAL"}
+            ) from None
+        activity = self._sessions.activity
+        session = activity.open(login.endpoint_id, clock.now_us())
         try:
             return await self._run(request, route)
         finally:
             session.ticks += 1
-            self._activity.close(session, clock.now_us())
-
-    async def _authenticate(self, request: SqlRequest, route: Route, peer: str) -> None:
-        login = request.login
-        if wait := self._throttle.wait(login.endpoint_id, peer):
-            raise SqlFailed(
-                f"too many failed logins to endpoint {login.endpoint_id} from your address;"
-                f" retry after {wait} s",
-                {"code": wire.CONNECTION_REJECTED, "severity": "FATAL"},
-            )
-        try:
-            await check_cleartext(login.role, route.secret, login.password)
-        except scram.ScramError as exc:
-            self._throttle.failed(login.endpoint_id, peer)
-            raise SqlFailed(
-                str(exc), {"code": wire.INVALID_PASSWORD, "severity": "FATAL"}
-            ) from None
+            activity.close(session, clock.now_us())
 
     async def _run(self, request: SqlRequest, route: Route) -> str:
         login = request.login
@@ -204,7 +182,7 @@ class SqlOverHttp:
         params = {"user": login.role, "database": login.database, "client_encoding": "UTF8"}
         startup = wire.Startup(wire.PROTOCOL_3, {**params, **dict(login.params)})
         try:
-            side, target, reply = await self._connector.open(login.endpoint_id, startup, route)
+            side, target, reply = await self._sessions.open(login.endpoint_id, startup, route)
         except BaseException:
             self._pool.forfeit(key)
             raise
@@ -223,7 +201,7 @@ class SqlOverHttp:
         pid, secret = conn.cancel_key
         with contextlib.suppress(OSError, Closed, TimeoutError):
             async with asyncio.timeout(_CANCEL_SECONDS):
-                side = await self._connector.dial(conn.target)
+                side = await self._sessions.dial(conn.target)
                 side.write(wire.cancel_request(pid, secret))
                 side.close()
 

@@ -44,6 +44,15 @@ class AccountsMixin(Statements):
         ).fetchone()
         return Account(id=r[0], email=r[1], name=r[2], created_at=r[3]) if r else None
 
+    async def list_accounts(self) -> list[tuple[Account, bool]]:
+        rows = self._c.execute(
+            "SELECT id, email, name, created_at, password_hash IS NOT NULL FROM accounts"
+            " ORDER BY created_at, id"
+        ).fetchall()
+        return [
+            (Account(id=r[0], email=r[1], name=r[2], created_at=r[3]), bool(r[4])) for r in rows
+        ]
+
     async def insert_account(self, account: Account) -> None:
         self._write(
             "INSERT INTO accounts (id, email, name, created_at) VALUES (?, ?, ?, ?)",
