@@ -3,7 +3,8 @@
 
 :func:`install` puts a pinned set of packages into ``<repo>/.cache/serverless/<name>`` once (as
 tests/neonctl.py does for neonctl) and reuses it; :func:`run` runs ``tests/js/serverless.cjs``
-with it, a scenario per call, and returns what the script printed (JSON).
+(WebSockets) with it, :func:`run_http` ``tests/js/sqlhttp.cjs`` (``neon()`` over HTTP), a
+scenario per call, and returns what the script printed (JSON).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ DRIZZLE = "0.45.4"
 PG = "8.23.1"  # node-postgres over TCP: the baseline the WebSocket benchmark compares with
 CACHE_DIR = Path(__file__).resolve().parent.parent / ".cache" / "serverless"
 SCRIPT = Path(__file__).resolve().parent / "js" / "serverless.cjs"
+HTTP_SCRIPT = Path(__file__).resolve().parent / "js" / "sqlhttp.cjs"
 INSTALL_TIMEOUT = 600
 
 
@@ -105,10 +107,6 @@ def run(
 ) -> Any:
     """Run one scenario of tests/js/serverless.cjs: what it printed (JSON; ``{"error", "code"}``
     when the driver threw)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("NODE_", "PG"))}
-    env["NODE_PATH"] = str(installation.prefix / "node_modules")
-    if ca_file is not None:
-        env["NODE_EXTRA_CA_CERTS"] = str(ca_file)
     config = {
         "uri": uri,
         "wsProxy": ws_proxy,
@@ -116,9 +114,40 @@ def run(
         "pipeline": pipeline,
         "scenario": scenario,
     }
+    return _node(installation, SCRIPT, config, ca_file=ca_file, timeout=timeout)
+
+
+def run_http(
+    installation: Installation,
+    scenario: str,
+    *,
+    uri: str,
+    fetch_endpoint: str,
+    ca_file: Path | None = None,
+    timeout: float = 120,
+) -> Any:
+    """Run one scenario of tests/js/sqlhttp.cjs (``neon()`` posting to ``fetch_endpoint``):
+    what it printed (JSON; ``{"fatal"}`` when something threw)."""
+    config = {"uri": uri, "fetchEndpoint": fetch_endpoint, "scenario": scenario}
+    return _node(installation, HTTP_SCRIPT, config, ca_file=ca_file, timeout=timeout)
+
+
+def _node(
+    installation: Installation,
+    script: Path,
+    config: dict[str, Any],
+    *,
+    ca_file: Path | None,
+    timeout: float,
+) -> Any:
+    scenario = config["scenario"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NODE_", "PG"))}
+    env["NODE_PATH"] = str(installation.prefix / "node_modules")
+    if ca_file is not None:
+        env["NODE_EXTRA_CA_CERTS"] = str(ca_file)
     try:
         done = node(
-            [str(SCRIPT), json.dumps(config)],
+            [str(script), json.dumps(config)],
             return_completed_process=True,
             capture_output=True,
             text=True,

@@ -1,115 +1,55 @@
 """Neon's serverless driver (latest and 0.10.x) and Drizzle's ``neon-http``, unchanged, against a
-real server: ``neon()`` over HTTP to the proxy's ``POST /sql``.
+real server: ``neon()`` over HTTP to the proxy's ``POST /sql`` (tests/js/sqlhttp.cjs).
 
 The driver's default target is ``https://api.<host>/sql`` on port 443; this machine resolves no
 ``*.localhost`` name and the test server's proxy listens on a port of its own, so the scripts set
-``neonConfig.fetchEndpoint`` to the proxy's address (plain HTTP, which the proxy's one port also
-serves). Nothing else of the driver's configuration is changed; the connection string is the one
-the API returns.
+``neonConfig.fetchEndpoint`` to the proxy's address: HTTPS with the platform's CA trusted
+(``NODE_EXTRA_CA_CERTS``), as an app would, or plain HTTP, which the proxy's one port serves too.
+Nothing else of the driver's configuration is changed; the connection string is the one the API
+returns. Each project's compute is asleep first: the first query wakes it.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests import neondriver
+from tests import serverless
 from tests.support import Api, Server
-
-_SETUP = """
-const neonPackage = require(ARGS.package);
-const { neon, neonConfig } = neonPackage;
-neonConfig.fetchEndpoint = ARGS.endpoint;
-function failure(e) {
-  return { name: e.constructor.name, code: e.code, message: e.message,
-           constraint: e.constraint, position: e.position, severity: e.severity };
-}
-async function main(out) {
-"""
-_RUN = """
-}
-const out = {};
-main(out).then(() => console.log(JSON.stringify(out)),
-               (e) => { console.log(JSON.stringify({ fatal: String(e && e.stack || e) })); });
-"""
-
-_NEON = """
-  const sql = neon(ARGS.uri);
-  out.tagged = await sql`SELECT ${41}::int + 1 AS x, ${null}::text AS nothing,
-                                ${"it's"} AS quoted, ${[1, 2, 3]}::int[] AS arr,
-                                '2026-01-02T03:04:05Z'::timestamptz AS at, '{"a":1}'::jsonb AS j`;
-  const full = neon(ARGS.uri, { fullResults: true });
-  const fr = await full`SELECT 1 AS one`;
-  out.full = { command: fr.command, rowCount: fr.rowCount, rows: fr.rows,
-               fields: fr.fields.map((f) => [f.name, f.dataTypeID]) };
-  const arrays = neon(ARGS.uri, { arrayMode: true });
-  out.arrayMode = await arrays`SELECT 1 AS a, 'b' AS b`;
-  await sql`CREATE TABLE IF NOT EXISTS items (id int PRIMARY KEY, name text NOT NULL)`;
-  await sql`TRUNCATE items`;
-  out.tx = await sql.transaction(
-    [sql`INSERT INTO items VALUES (${1}, ${"one"})`, sql`SHOW transaction_isolation`,
-     sql`SELECT count(*)::int AS n FROM items`],
-    { isolationLevel: "Serializable" });
-  try {
-    await sql.transaction([sql`INSERT INTO items VALUES (2, 'two')`,
-                           sql`INSERT INTO items VALUES (1, 'again')`]);
-  } catch (e) { out.txError = failure(e); }
-  out.afterRollback = await sql`SELECT id FROM items ORDER BY id`;
-  try { await sql`SELECT nope FROM items`; } catch (e) { out.error = failure(e); }
-  const query = sql.query ? sql.query.bind(sql) : sql;
-  out.query = await query("SELECT $1::text AS v", ["by query()"]);
-"""
-
-_DRIZZLE = """
-  const { drizzle } = require("drizzle-orm/neon-http");
-  const { pgTable, integer, text } = require("drizzle-orm/pg-core");
-  const { eq } = require("drizzle-orm");
-  const sql = neon(ARGS.uri);
-  await sql`CREATE TABLE IF NOT EXISTS users (id integer PRIMARY KEY, name text NOT NULL)`;
-  const users = pgTable("users", { id: integer("id").primaryKey(), name: text("name").notNull() });
-  const db = drizzle(sql);
-  await db.delete(users);
-  await db.insert(users).values([{ id: 1, name: "ada" }, { id: 2, name: "grace" }]);
-  out.selected = await db.select().from(users).where(eq(users.id, 2));
-  out.batch = await db.batch([
-    db.update(users).set({ name: "Ada" }).where(eq(users.id, 1)).returning(),
-    db.select({ n: users.name }).from(users).orderBy(users.id),
-  ]);
-"""
-
-
-def _script(body: str) -> str:
-    return _SETUP + body + _RUN
-
-
-@pytest.fixture(scope="module")
-def prefix() -> Path:
-    return neondriver.install()
-
-
-def _args(server: Server, project: dict[str, Any], package: str) -> dict[str, str]:
-    return {
-        "package": package,
-        "uri": project["connection_uris"][0]["connection_uri"],
-        "endpoint": f"http://127.0.0.1:{server.proxy_port}/sql",
-    }
 
 
 def _starts(api: Api, pid: str) -> int:
     return sum(o["action"] == "start_compute" for o in api.operations(pid))
 
 
-@pytest.mark.parametrize("package", ["@neondatabase/serverless", neondriver.OLD_ALIAS])
-def test_neon_over_http(server: Server, api: Api, prefix: Path, package: str) -> None:
-    project = api.create_ready_project(name="driver-http")
-    pid, eid = project["project"]["id"], project["endpoints"][0]["id"]
-    # Asleep first: the first query wakes the compute.
-    api.suspend(pid, eid)
-    starts = _starts(api, pid)
-    out = neondriver.run(prefix, _script(_NEON), _args(server, project, package))
+def _asleep(api: Api, name: str) -> dict[str, Any]:
+    project = api.create_ready_project(name=name)
+    api.suspend(project["project"]["id"], project["endpoints"][0]["id"])
+    return project
+
+
+def _run(server: Server, project: dict[str, Any], scenario: str, driver: str, scheme: str) -> Any:
+    host = "localhost" if scheme == "https" else "127.0.0.1"  # a name the certificate has
+    out = serverless.run_http(
+        serverless.install(driver),
+        scenario,
+        uri=project["connection_uris"][0]["connection_uri"],
+        fetch_endpoint=f"{scheme}://{host}:{server.proxy_port}/sql",
+        ca_file=server.data_dir / "tls" / "ca.crt",
+    )
     assert "fatal" not in out, out["fatal"]
+    return out
+
+
+@pytest.mark.parametrize(
+    ("driver", "scheme"), [(serverless.LATEST, "https"), (serverless.OLD, "http")]
+)
+def test_neon_over_http(server: Server, api: Api, driver: str, scheme: str) -> None:
+    project = _asleep(api, "driver-http")
+    pid = project["project"]["id"]
+    starts = _starts(api, pid)
+    out = _run(server, project, "neon", driver, scheme)
     assert _starts(api, pid) == starts + 1
 
     assert out["tagged"] == [
@@ -138,13 +78,8 @@ def test_neon_over_http(server: Server, api: Api, prefix: Path, package: str) ->
     assert out["query"] == [{"v": "by query()"}]
 
 
-def test_drizzle_neon_http(server: Server, api: Api, prefix: Path) -> None:
-    project = api.create_ready_project(name="driver-drizzle")
-    pid, eid = project["project"]["id"], project["endpoints"][0]["id"]
-    api.suspend(pid, eid)
-    out = neondriver.run(
-        prefix, _script(_DRIZZLE), _args(server, project, "@neondatabase/serverless")
-    )
-    assert "fatal" not in out, out["fatal"]
+def test_drizzle_neon_http(server: Server, api: Api) -> None:
+    project = _asleep(api, "driver-drizzle")
+    out = _run(server, project, "drizzle", serverless.LATEST, "https")
     assert out["selected"] == [{"id": 2, "name": "grace"}]
     assert out["batch"] == [[{"id": 1, "name": "Ada"}], [{"n": "Ada"}, {"n": "grace"}]]
