@@ -1,11 +1,12 @@
 """``POST /sql``: one request, authenticated as the TCP door authenticates, run on the compute.
 
-In order, as on TCP: the request is read (bounded; anything malformed refused), the endpoint is
-routed with the client's address (the project's IP allow-list refuses before any password is
-looked at; another account's endpoint is refused as one that does not exist), wrong passwords
-are throttled per endpoint and address, the password is checked (the same work for every role,
-known or not), and only then is a compute woken, if it sleeps. The request counts as activity for
-idle suspend; the pooled connection it ran on does not.
+In order, through the steps every door shares (:class:`~pgplane.proxy.session.Sessions`): the
+request is read (bounded; anything malformed refused), the endpoint is routed with the client's
+address (the project's IP allow-list refuses before any password is looked at), wrong passwords
+are throttled per endpoint and address together with the other doors', the password is checked
+(the same work for every role, known or not), and only then is a compute woken, if it sleeps.
+Every refusal is the one a Postgres client of the TCP door gets, as Neon's error JSON. The
+request counts as activity for idle suspend; the pooled connection it ran on does not.
 
 The HTTP door hands every request to ``/sql`` to :meth:`SqlOverHttp.handle` (a
 :class:`~pgplane.proxy.doors.router.SqlHandler`): ``POST`` is answered by :meth:`SqlOverHttp.answer`
@@ -138,9 +139,9 @@ class SqlOverHttp:
     async def _run(self, request: SqlRequest, route: Route) -> str:
         login = request.login
         key: Key = (login.endpoint_id, login.role, login.database, login.params)
-        # A pooled connection found closed (its compute suspended) is replaced once.
+        # A pooled connection found closed (its compute suspended) is replaced once, by a new one.
         for attempt in range(2):
-            conn = await self._connection(request, key, route)
+            conn = await self._connection(request, key, route, fresh=attempt > 0)
             reusable = False
             try:
                 outcome = await execute(
@@ -174,8 +175,11 @@ class SqlOverHttp:
                 self._pool.release(conn, reusable=reusable)
         raise AssertionError("unreachable")
 
-    async def _connection(self, request: SqlRequest, key: Key, route: Route) -> Conn:
-        conn = await self._pool.acquire(key, wait=self._limits.seconds, fresh=not request.pooled)
+    async def _connection(
+        self, request: SqlRequest, key: Key, route: Route, *, fresh: bool
+    ) -> Conn:
+        fresh = fresh or not request.pooled
+        conn = await self._pool.acquire(key, wait=self._limits.seconds, fresh=fresh)
         if conn is not None:
             return conn
         login = request.login

@@ -153,6 +153,8 @@ class _Reader:
         if error is not None:
             message = error.get("M", "query failed")
             raise _Reusable(SqlFailed(message, render.error_fields(error)), reusable)
+        if len(self._results) != len(self._request.queries):  # never, from a sane compute
+            raise messages.MalformedMessage("a query got no answer")
         if self._request.batch is None:
             return Outcome(self._results[0], reusable)
         return Outcome('{"results":[' + ",".join(self._results) + "]}", reusable)
