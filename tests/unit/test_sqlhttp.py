@@ -8,8 +8,13 @@ import struct
 import pytest
 
 from pgplane.errors import PayloadTooLarge, SqlFailed
+from pgplane.proxy.activity import Activity
+from pgplane.proxy.doors.http import HttpRequest
 from pgplane.proxy.framing import frame
+from pgplane.proxy.seam import Route, Target
+from pgplane.proxy.session import Sessions
 from pgplane.proxy.sqlhttp import messages, render
+from pgplane.proxy.sqlhttp.handler import SqlOverHttp
 from pgplane.proxy.sqlhttp.messages import Field
 from pgplane.proxy.sqlhttp.request import (
     Login,
@@ -21,6 +26,7 @@ from pgplane.proxy.sqlhttp.request import (
     parse,
     parse_connection_string,
 )
+from pgplane.proxy.throttle import LoginThrottle
 
 EP = "ep-cool-lake-123456"
 URI = f"postgresql://alice:s%40cret@{EP}.localhost/neondb?sslmode=require"
@@ -242,3 +248,51 @@ def test_error_fields_are_named_as_the_driver_reads_them() -> None:
         "constraint": "c_pkey",
         "severity": "ERROR",
     }
+
+
+class _NoPlatform:
+    """A platform that must not be asked: the requests below are answered before any route."""
+
+    async def route(self, endpoint_id: str, role: str, *, client: str) -> Route:
+        raise AssertionError("routed")
+
+    async def wake(self, endpoint_id: str, *, force: bool) -> Target:
+        raise AssertionError("woken")
+
+
+def _handler() -> SqlOverHttp:
+    sessions = Sessions(
+        computes=_NoPlatform(),
+        activity=Activity(),
+        proxy_host="localhost",
+        throttle=LoginThrottle(),
+        handshake_timeout=30,
+    )
+    return SqlOverHttp(sessions=sessions)
+
+
+def _request(method: str, body: bytes = b"", **headers: str) -> HttpRequest:
+    return HttpRequest(
+        method=method,
+        target="/sql",
+        headers=[(k.replace("_", "-"), v) for k, v in headers.items()],
+        body=body,
+        peer="127.0.0.1",
+        tls=True,
+    )
+
+
+async def test_the_door_gets_a_preflight_a_405_and_refusals_before_any_route() -> None:
+    handler = _handler()
+    preflight = await handler.handle(_request("OPTIONS"))
+    assert preflight.status == 200
+    allowed = dict(preflight.headers)["Access-Control-Allow-Headers"]
+    assert "Neon-Connection-String" in allowed and "Neon-Batch-Deferrable" in allowed
+    wrong = await handler.handle(_request("GET"))
+    assert wrong.status == 405 and ("Allow", "OPTIONS, POST") in wrong.headers
+    bad = await handler.handle(_request("POST", b"{", neon_connection_string=URI))
+    assert bad.status == 400 and json.loads(bad.body) == {
+        "message": "the request body is not valid JSON"
+    }
+    nowhere = await handler.handle(_request("POST", b'{"query": "SELECT 1"}'))
+    assert nowhere.status == 400 and "Neon-Connection-String" in json.loads(nowhere.body)["message"]
