@@ -20,7 +20,7 @@ import httpx
 import psycopg
 import pytest
 
-from tests.support import Api, Server, running_server
+from tests.support import Api, Server, running_server, wait_for
 
 OTHER = "127.0.0.2"
 TIME_BOUND = 2.0
@@ -221,3 +221,24 @@ def test_bad_and_oversized_requests_are_refused(server: Server, api: Api) -> Non
     assert r.status_code == 400 and "token" in r.json()["message"]
     r = _sql(server, "postgresql://nobody@nowhere/db", {"query": "SELECT 1"})
     assert r.status_code == 400
+
+
+def test_pooled_connections_do_not_keep_a_compute_awake(server: Server, api: Api) -> None:
+    body = api.create_project(
+        name="walls-sql-idle", default_endpoint_settings={"suspend_timeout_seconds": 2}
+    )
+    pid, eid = body["project"]["id"], body["endpoints"][0]["id"]
+    api.wait_operations(pid, [o["id"] for o in body["operations"]])
+    r = _sql(server, _uri(body), {"query": "SELECT 1"})
+    assert r.status_code == 200, r.text
+    # The proxy keeps the connection the request ran on; the compute suspends all the same.
+    wait_for(
+        "the idle compute suspended",
+        lambda: api.endpoint(pid, eid)["current_state"] == "idle",
+        timeout=60,
+        server=server,
+    )
+    starts = _starts(api, pid)
+    r = _sql(server, _uri(body), {"query": "SELECT 2"})
+    assert (r.status_code, r.json()["rows"]) == (200, [["2"]])
+    assert _starts(api, pid) == starts + 1
