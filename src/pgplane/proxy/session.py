@@ -33,7 +33,7 @@ from pgplane.proxy.activity import Activity
 from pgplane.proxy.framing import MAX_AUTH_FRAME, FrameError, KeySniffer
 from pgplane.proxy.login import NotReady, authenticate, check_cleartext, log_in
 from pgplane.proxy.pipe import Closed, Side
-from pgplane.proxy.seam import Computes, Route, RouteError, Target
+from pgplane.proxy.seam import Computes, Route, RouteError, Target, UnknownEndpoint
 from pgplane.proxy.throttle import LoginThrottle
 
 log = logging.getLogger(__name__)
@@ -105,8 +105,7 @@ class Sessions:
                     endpoint_id, route = await self._by_password(client, user, first)
                 else:
                     endpoint_id = named
-                    host = client.peer_address()
-                    route = await self._computes.route(endpoint_id, user, client=host)
+                    route = await self._route(endpoint_id, user, client.peer_address())
                     await self._authenticate(client, endpoint_id, user, route, first)
             # Not under the handshake's time limit: a wake (or a reattach before it) takes as
             # long as it takes, and ends in a compute or an error the client is told.
@@ -146,7 +145,7 @@ class Sessions:
         is the caller's to record (:attr:`activity`), while it uses the connection.
         """
         user = startup.params["user"]
-        route = await self._computes.route(endpoint_id, user, client=peer)
+        route = await self._route(endpoint_id, user, peer)
         self._throttle.check(endpoint_id, peer)
         try:
             await check_cleartext(user, route.secret, password)
@@ -155,6 +154,18 @@ class Sessions:
             raise
         compute, _target, reply = await self._open_compute(endpoint_id, startup, route)
         return compute, reply
+
+    async def _route(self, endpoint_id: str, user: str, peer: str) -> Route:
+        """The endpoint's route; for one that does not exist, a route no password opens.
+
+        An endpoint nobody has then fails as a wrong password does, after the same exchange
+        and throttled the same way: another account's endpoint, where a stranger's password is
+        wrong too, must not answer otherwise than a made-up one.
+        """
+        try:
+            return await self._computes.route(endpoint_id, user, client=peer)
+        except UnknownEndpoint:
+            return Route(secret=None, target=None)
 
     async def _authenticate(
         self, client: Side, endpoint_id: str, user: str, route: Route, first: Startup
