@@ -18,9 +18,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from pgplane.compute.local.layout import Layout
-from pgplane.proxy import wire
 from pgplane.proxy.activity import Activity
-from pgplane.proxy.seam import Password, Route, RouteError, Target
+from pgplane.proxy.seam import Password, Route, Target, UnknownEndpoint
 from pgplane.proxy.session import Sessions
 from pgplane.proxy.sqlhttp.handler import Reply, SqlOverHttp
 from pgplane.proxy.sqlhttp.pool import Pool
@@ -42,7 +41,7 @@ class Platform:
 
     async def route(self, endpoint_id: str, role: str, *, client: str) -> Route:
         if endpoint_id != self.endpoint_id:
-            raise RouteError(wire.CONNECTION_REJECTED, f"endpoint {endpoint_id} not found")
+            raise UnknownEndpoint(endpoint_id)
         state = await asyncio.to_thread(self.api.endpoint, self.project_id, endpoint_id)
         running = state["current_state"] == "active"
         secret = Password(self.password) if role == self.role else None

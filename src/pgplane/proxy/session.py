@@ -30,7 +30,7 @@ from pgplane.proxy.connect import Connector
 from pgplane.proxy.framing import MAX_AUTH_FRAME, FrameError, KeySniffer
 from pgplane.proxy.login import authenticate, check_cleartext
 from pgplane.proxy.pipe import Closed, Side
-from pgplane.proxy.seam import Computes, Route, RouteError, Target
+from pgplane.proxy.seam import Computes, Route, RouteError, Target, UnknownEndpoint
 from pgplane.proxy.throttle import LoginThrottle
 
 log = logging.getLogger(__name__)
@@ -101,8 +101,7 @@ class Sessions:
                     endpoint_id, route = await self._by_password(client, user, first)
                 else:
                     endpoint_id = named
-                    host = client.peer_address()
-                    route = await self._computes.route(endpoint_id, user, client=host)
+                    route = await self._route(endpoint_id, user, client.peer_address())
                     await self._authenticate(client, endpoint_id, user, route, first)
             # Not under the handshake's time limit: a wake (or a reattach before it) takes as
             # long as it takes, and ends in a compute or an error the client is told.
@@ -151,7 +150,7 @@ class Sessions:
         """The first half of :meth:`open_with_password`, for a door that checks every request
         but keeps compute connections between them (SQL over HTTP's pool): the route, the
         allow-list, the throttle and the password; nothing is woken."""
-        route = await self._computes.route(endpoint_id, user, client=peer)
+        route = await self._route(endpoint_id, user, peer)
         self._throttle.check(endpoint_id, peer)
         try:
             await check_cleartext(user, route.secret, password)
@@ -170,6 +169,18 @@ class Sessions:
     async def dial(self, target: Target) -> Side:
         """A connection to a compute, not logged in (for a CancelRequest)."""
         return await self._connector.dial(target)
+
+    async def _route(self, endpoint_id: str, user: str, peer: str) -> Route:
+        """The endpoint's route; for one that does not exist, a route no password opens.
+
+        An endpoint nobody has then fails as a wrong password does, after the same exchange
+        and throttled the same way: another account's endpoint, where a stranger's password is
+        wrong too, must not answer otherwise than a made-up one.
+        """
+        try:
+            return await self._computes.route(endpoint_id, user, client=peer)
+        except UnknownEndpoint:
+            return Route(secret=None, target=None)
 
     async def _authenticate(
         self, client: Side, endpoint_id: str, user: str, route: Route, first: Startup

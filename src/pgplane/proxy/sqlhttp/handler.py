@@ -2,7 +2,8 @@
 
 In order, through the steps every door shares (:class:`~pgplane.proxy.session.Sessions`): the
 request is read (bounded; anything malformed refused), the endpoint is routed with the client's
-address (the project's IP allow-list refuses before any password is looked at), wrong passwords
+address (the project's IP allow-list refuses before any password is looked at; an endpoint
+nobody has, another account's as well, fails as a wrong password does), wrong passwords
 are throttled per endpoint and address together with the other doors', the password is checked
 (the same work for every role, known or not), and only then is a compute woken, if it sleeps.
 Every refusal is the one a Postgres client of the TCP door gets, as Neon's error JSON. The
