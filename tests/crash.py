@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import signal
 import sqlite3
+import time
 from collections import Counter
 from collections.abc import Collection, Iterator
 from pathlib import Path
@@ -68,9 +69,22 @@ class Crash:
     def kill_at(self, failpoint: str, timeout: float = 60) -> None:
         """Wait until the server reached ``failpoint``, SIGKILL it, restart it unarmed."""
         kill_at(self.server, failpoint, timeout)
-        self.at_kill = self.postmasters_now()
+        self.at_kill = self._settled_postmasters()
         self.server.env.pop("PGPLANE_FAILPOINTS")
         self.server.start()
+
+    def _settled_postmasters(self) -> dict[Path, int]:
+        """The postmasters once they stop changing: killed just after a spawn, the platform
+        leaves a sandbox that has not yet exec'd postgres (a moment on a busy machine), and the
+        postmaster it becomes is the one the next start must adopt."""
+        seen, deadline = self.postmasters_now(), time.monotonic() + 5
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            now = self.postmasters_now()
+            if now == seen:
+                break
+            seen = now
+        return seen
 
     def postmasters_now(self) -> dict[Path, int]:
         return postmaster_pids(self.server.data_dir / "projects" / self.pid)

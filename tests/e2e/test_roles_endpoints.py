@@ -368,11 +368,13 @@ def test_a_compute_that_cannot_start_with_its_settings_says_so() -> None:
         with pytest.raises(psycopg.OperationalError):
             psycopg.connect(base, connect_timeout=5).close()
 
+        # Corrected, the next connection wakes it (the start a failed one gave up leaves
+        # nothing pending: tests/e2e/test_failed_start.py).
         r = api.http.patch(
             path, json={"endpoint": {"settings": {"pg_settings": {"max_connections": "50"}}}}
         )
         _finish(api, pid, r.json())
-        assert api.http.get(path).json()["endpoint"]["current_state"] == "active"
-        with psycopg.connect(base) as conn:
+        with psycopg.connect(base, connect_timeout=30) as conn:
             assert conn.execute("SELECT answer FROM kept").fetchone() == (42,)
             assert conn.execute("SHOW max_connections").fetchone() == ("50",)
+        assert api.http.get(path).json()["endpoint"]["current_state"] == "active"
