@@ -17,6 +17,7 @@ from pgplane.core.models import (
     Project,
     Role,
 )
+from pgplane.core.usage import Totals
 from pgplane.services.annotations import OBJECT_TYPE
 from pgplane.services.connections import Connection
 
@@ -83,7 +84,10 @@ def api_key_revoked(key: ApiKey) -> s.ApiKeyRevoked:
     )
 
 
-def _project_fields(p: Project, settings: Settings) -> dict[str, Any]:
+_NONE = Totals()
+
+
+def _project_fields(p: Project, settings: Settings, used: Totals) -> dict[str, Any]:
     """The fields a project shows both in lists and on its own."""
     return {
         "id": p.id,
@@ -105,17 +109,25 @@ def _project_fields(p: Project, settings: Settings) -> dict[str, Any]:
         "updated_at": format_s(p.updated_at),
         "owner_id": p.account_id,
         "locked": p.locked,
-        "cpu_used_sec": 0,
+        "cpu_used_sec": used.cpu_used_sec,
     }
 
 
-def project_item(p: Project, settings: Settings) -> s.ProjectListItem:
-    return s.ProjectListItem(**_project_fields(p, settings), active_time=0)
+def project_item(p: Project, settings: Settings, used: Totals | None = None) -> s.ProjectListItem:
+    used = used or _NONE
+    return s.ProjectListItem(
+        **_project_fields(p, settings, used), active_time=used.active_time_seconds
+    )
 
 
-def project(p: Project, settings: Settings, *, owner_email: str) -> s.ProjectOut:
+def project(
+    p: Project, settings: Settings, *, owner_email: str, used: Totals | None = None
+) -> s.ProjectOut:
+    """``used``: the project's computes' usage since it was made (none is reset: there is no
+    billing period), its deleted computes' included, as Neon counts them."""
+    used = used or _NONE
     return s.ProjectOut(
-        **_project_fields(p, settings),
+        **_project_fields(p, settings, used),
         consumption_period_start=EPOCH_ZERO,
         consumption_period_end=EPOCH_ZERO,
         owner=s.ProjectOwner(
@@ -127,13 +139,14 @@ def project(p: Project, settings: Settings, *, owner_email: str) -> s.ProjectOut
         data_storage_bytes_hour=0,
         data_transfer_bytes=0,
         written_data_bytes=0,
-        compute_time_seconds=0,
-        active_time_seconds=0,
+        compute_time_seconds=used.compute_time_seconds,
+        active_time_seconds=used.active_time_seconds,
         deleted_at=_ts(p.deleted_at),
     )
 
 
-def branch(b: Branch) -> s.BranchOut:
+def branch(b: Branch, used: Totals | None = None) -> s.BranchOut:
+    used = used or _NONE
     return s.BranchOut(
         id=b.id,
         project_id=b.project_id,
@@ -149,9 +162,9 @@ def branch(b: Branch) -> s.BranchOut:
         primary=b.default,
         default=b.default,
         protected=b.protected,
-        cpu_used_sec=0,
-        compute_time_seconds=0,
-        active_time_seconds=0,
+        cpu_used_sec=used.cpu_used_sec,
+        compute_time_seconds=used.compute_time_seconds,
+        active_time_seconds=used.active_time_seconds,
         written_data_bytes=0,
         data_transfer_bytes=0,
         created_at=format_s(b.created_at),

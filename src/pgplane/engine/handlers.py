@@ -21,7 +21,7 @@ from pgplane.compute.driver import (
 from pgplane.core import clock
 from pgplane.core.models import Endpoint, Operation, Project
 from pgplane.core.operations import Action
-from pgplane.engine import rolesync
+from pgplane.engine import rolesync, usage
 from pgplane.engine.branch_config import apply_roles_and_databases, mark_active
 from pgplane.engine.context import (
     Context,
@@ -132,12 +132,17 @@ async def suspend_compute(ctx: Context, op: Operation) -> OnFinish | None:
     await ctx.driver.stop_compute(
         project_id=op.project_id, branch_id=branch_id, endpoint_id=endpoint_id
     )
+    # Its last figures, read by the driver as it stopped: recorded whole, with its suspend.
+    used = () if endpoint is None else await usage.read(ctx.driver, endpoint)
 
     async def idle(tx: Tx) -> None:
+        now = clock.now_us()
         await tx.set_endpoint_state(
-            endpoint_id=endpoint_id, current_state="idle", pending_state=None, now=clock.now_us()
+            endpoint_id=endpoint_id, current_state="idle", pending_state=None, now=now
         )
         await rolesync.write(tx, branch_id=branch_id, verifiers=synced)
+        if endpoint is not None:
+            await usage.record(tx, endpoint, used, now_us=now)
 
     return idle
 

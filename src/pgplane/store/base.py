@@ -37,6 +37,7 @@ from contextlib import AbstractAsyncContextManager
 
 from pgplane.core.models import Annotation, Branch, Database, Endpoint, Operation, Project, Role
 from pgplane.core.operations import Action
+from pgplane.core.usage import EndpointUsage, HourUsage, Totals
 from pgplane.store.accounts import AccountsTx
 
 
@@ -326,6 +327,30 @@ class Tx(AccountsTx):
     @abc.abstractmethod
     async def update_owned_operation(self, operation: Operation, *, owner: str) -> bool:
         """Write the operation's state if ``owner`` still holds its lease; False otherwise."""
+
+    # -- usage ----------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def get_endpoint_usage(self, endpoint_id: str) -> EndpointUsage | None:
+        """What is kept of the endpoint's usage (also once it is deleted)."""
+
+    @abc.abstractmethod
+    async def put_endpoint_usage(self, usage: EndpointUsage, hours: Sequence[HourUsage]) -> None:
+        """Keep ``usage`` and add ``hours`` to the hourly records."""
+
+    @abc.abstractmethod
+    async def branch_usage(self, project_id: str) -> dict[str, Totals]:
+        """The project's usage per branch, its deleted endpoints' included."""
+
+    @abc.abstractmethod
+    async def project_usage(self, project_ids: Sequence[str]) -> dict[str, Totals]:
+        """Each project's usage (absent: none yet)."""
+
+    @abc.abstractmethod
+    async def usage_hours(
+        self, project_id: str, *, from_hour: int, to_hour: int
+    ) -> list[HourUsage]:
+        """The project's hourly records in ``[from_hour, to_hour)`` (epoch seconds), by hour."""
 
 
 class Store(abc.ABC):

@@ -51,8 +51,9 @@ class Projects(Controller):
         store, settings = ctx.store, ctx.settings
         async with store.read() as tx:
             found = await projects.list_(tx, account_id=ctx.account_id, limit=limit, cursor=cursor)
+            used = await tx.project_usage([p.id for p in found])
         return ProjectsPage(
-            projects=[presenters.project_item(p, settings) for p in found],
+            projects=[presenters.project_item(p, settings, used.get(p.id)) for p in found],
             applications={},
             integrations={},
             pagination=Pagination(cursor=found[-1].id) if found else None,
@@ -130,7 +131,12 @@ class Projects(Controller):
         async with store.read() as tx:
             project = await projects.get(tx, account_id=ctx.account_id, project_id=project_id)
             email = await _owner_email(tx, ctx.account_id)
-        return ProjectResponse(project=presenters.project(project, settings, owner_email=email))
+            used = await tx.project_usage([project.id])
+        return ProjectResponse(
+            project=presenters.project(
+                project, settings, owner_email=email, used=used.get(project.id)
+            )
+        )
 
     @patch("/{project_id:str}", operation_id="updateProject", responses=error_responses(body=True))
     async def update(
@@ -159,10 +165,13 @@ class Projects(Controller):
                 check_settings=ctx.check_settings,
             )
             email = await _owner_email(tx, ctx.account_id)
+            used = await tx.project_usage([project.id])
         if ops:
             ctx.notify()
         return ProjectOperations(
-            project=presenters.project(project, settings, owner_email=email),
+            project=presenters.project(
+                project, settings, owner_email=email, used=used.get(project.id)
+            ),
             operations=presenters.operations(ops),
         )
 

@@ -18,6 +18,7 @@ from pgplane.compute.driver import (
     ComputeAddress,
     ComputeError,
     ComputeSpec,
+    ComputeUsage,
     ConfigChange,
     DatabaseSpec,
     HistoryBounds,
@@ -301,6 +302,11 @@ class LocalComputeDriver:
         ):
             return None
         return await last_client_activity(self.layout.socket_dir(spec.endpoint_id), spec.port)
+
+    async def compute_usage(
+        self, *, project_id: str, branch_id: str, endpoint_id: str
+    ) -> Sequence[ComputeUsage]:
+        return await self._postmasters.runs(self.layout.pgdata(project_id, branch_id), endpoint_id)
 
     async def login_roles(
         self, spec: ComputeSpec, *, names: Sequence[str] | None = None

@@ -1,0 +1,102 @@
+"""Compute usage as the store keeps it: per endpoint, summed, and per hour.
+
+The driver reports each run of an endpoint's compute (from its start to its stop) with the CPU
+time it used so far, by the kernel's accounting. The store keeps, per endpoint, the totals of
+every run and where the last one seen stood (its name, start, CPU and the time it was seen at).
+Folding a reading adds only what is new since then, so a reading seen twice, or an older one
+arriving after a newer one, adds nothing; a run newer than the one kept adds all it used since
+its start. Totals grow only with a run's own figures, so they never grow while the compute is
+suspended; they survive the compute's restarts (each is a new run) and the platform's (the
+kept run is taken up where it was). A crash of the compute loses what it used since the last
+sample of that run, no more.
+
+Neon's meanings (its API document): ``active_time_seconds``, wall-clock time the computes ran;
+``compute_time_seconds``, that time times the CPUs the compute had ("2 CPUs for 1 second is 2"),
+here its cgroup's quota when read, else its maximum compute units; ``cpu_used_sec``, the CPU time
+the compute's processes used as the kernel counted it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+US = 1_000_000
+HOUR_US = 3600 * US
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointUsage:
+    """An endpoint's totals over all its runs, and where its last run seen stood."""
+
+    endpoint_id: str
+    project_id: str
+    branch_id: str
+    run: str | None = None
+    run_started_us: int = 0
+    run_cpu_us: int = 0
+    run_seen_us: int = 0
+    cpu_us: int = 0
+    active_us: int = 0
+    cu_us: int = 0  # compute units x microseconds
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    """Usage summed over endpoints (of a branch, or a project), in Neon's units."""
+
+    cpu_us: int = 0
+    active_us: int = 0
+    cu_us: int = 0
+
+    def __add__(self, other: Totals) -> Totals:
+        return Totals(
+            self.cpu_us + other.cpu_us, self.active_us + other.active_us, self.cu_us + other.cu_us
+        )
+
+    @property
+    def cpu_used_sec(self) -> int:
+        return self.cpu_us // US
+
+    @property
+    def active_time_seconds(self) -> int:
+        return self.active_us // US
+
+    @property
+    def compute_time_seconds(self) -> int:
+        return self.cu_us // US
+
+
+@dataclass(frozen=True, slots=True)
+class HourUsage:
+    """What a branch's computes used within one hour (``hour``: its start, epoch seconds)."""
+
+    project_id: str
+    branch_id: str
+    hour: int
+    cpu_us: int = 0
+    active_us: int = 0
+    cu_us: int = 0
+
+
+def spread(
+    kept: EndpointUsage, *, start: int, end: int, cpu_us: int, cu_us: int
+) -> list[HourUsage]:
+    """CPU and compute-unit time spread evenly over ``[start, end)``, cut at hour boundaries
+    (a reading spanning no time puts its CPU in the hour it was read in)."""
+    if end <= start:
+        if cpu_us == 0:
+            return []
+        hour = end // HOUR_US * 3600
+        return [HourUsage(kept.project_id, kept.branch_id, hour, cpu_us=cpu_us)]
+    out: list[HourUsage] = []
+    at, wall, cpu_left, cu_left = start, end - start, cpu_us, cu_us
+    while at < end:
+        cut = min(end, (at // HOUR_US + 1) * HOUR_US)
+        last = cut == end
+        part = cut - at
+        cpu = cpu_left if last else cpu_us * part // wall
+        cu = cu_left if last else cu_us * part // wall
+        cpu_left, cu_left = cpu_left - cpu, cu_left - cu
+        out.append(HourUsage(kept.project_id, kept.branch_id, at // HOUR_US * 3600, cpu, part, cu))
+        at = cut
+    return out

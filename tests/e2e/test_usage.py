@@ -1,0 +1,135 @@
+"""Compute usage is the kernel's own figures, kept across suspends and restarts (issue 23).
+
+A compute burns CPU with a real query; its cgroup's counter, read here straight from the
+kernel's file, says how much. The project's and branch's ``cpu_used_sec`` must grow by at least
+that once the compute is suspended, stay put while it sleeps, and keep growing over a new run
+and over a restart of ``serve`` (the compute adopted, its run taken up where it was).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgplane.compute.local.layout import Layout
+from pgplane.compute.local.tenants.cgroups import Cgroups
+from pgplane.compute.local.tenants.walls import cgroup_name
+from tests.support import Api, Server, running_server, wait_for
+
+SAMPLE_SECONDS = 0.3
+BURN = "SELECT sum(sqrt(g)) FROM generate_series(1, 25000000) g"  # ~2 s of one CPU here
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    with running_server(PGPLANE_USAGE_SECONDS=str(SAMPLE_SECONDS)) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def api(server: Server) -> Iterator[Api]:
+    _, key = server.create_key("usage@example.com")
+    with Api(server, key) as client:
+        yield client
+
+
+class Compute:
+    def __init__(self, server: Server, body: dict[str, Any]) -> None:
+        self.project_id = body["project"]["id"]
+        self.branch_id = body["branch"]["id"]
+        self.endpoint_id = body["endpoints"][0]["id"]
+        self.uri = body["connection_uris"][0]["connection_uri"]
+        self.pgdata = Layout(server.data_dir.resolve()).pgdata(self.project_id, self.branch_id)
+
+    def query(self, statement: str) -> None:
+        with psycopg.connect(self.uri, connect_timeout=60, autocommit=True) as conn:
+            conn.execute(statement).fetchall()
+
+    def kernel_cpu_seconds(self) -> float:
+        """The compute's cgroup's CPU time, from the kernel's file itself."""
+        cgroups, said = Cgroups.find()
+        assert cgroups is not None, said
+        name = cgroup_name(self.pgdata)
+        if cgroups.version == 2:
+            stat = (cgroups.parents[0] / name / "cpu.stat").read_text()
+            return int(dict(line.split() for line in stat.splitlines())["usage_usec"]) / 1e6
+        assert len(cgroups.parents) == 4, "no cpuacct hierarchy: v1 without CPU accounting"
+        usage = cgroups.parents[-1]  # cpu, memory, pids, then cpuacct
+        return int((usage / name / "cpuacct.usage").read_text()) / 1e9
+
+
+def _figures(api: Api, c: Compute) -> dict[str, int]:
+    project = api.http.get(f"/projects/{c.project_id}").json()["project"]
+    branch = api.http.get(f"/projects/{c.project_id}/branches/{c.branch_id}").json()["branch"]
+    listed = api.http.get("/projects").json()["projects"]
+    item = next(p for p in listed if p["id"] == c.project_id)
+    # One branch, one compute: the project's figures are its branch's, the list's the same.
+    for field in ("cpu_used_sec", "compute_time_seconds", "active_time_seconds"):
+        assert branch[field] == project[field], (field, branch, project)
+    assert item["cpu_used_sec"] == project["cpu_used_sec"]
+    assert item["active_time"] == project["active_time_seconds"]
+    return {f: project[f] for f in ("cpu_used_sec", "compute_time_seconds", "active_time_seconds")}
+
+
+@pytest.fixture(scope="module")
+def compute(api: Api, server: Server) -> Compute:
+    if os.geteuid() != 0:
+        pytest.skip("the kernel's figure for a compute is its cgroup's: cgroups need root")
+    body = api.create_ready_project(autoscaling_limit_min_cu=1, autoscaling_limit_max_cu=1)
+    return Compute(server, body)
+
+
+def test_cpu_used_sec_grows_by_what_a_query_burned_and_not_while_suspended(
+    api: Api, compute: Compute
+) -> None:
+    compute.query("SELECT 1")
+    before = _figures(api, compute)
+    kernel_before = compute.kernel_cpu_seconds()
+    started = time.monotonic()
+    compute.query(BURN)
+    wall = time.monotonic() - started
+    burned = compute.kernel_cpu_seconds() - kernel_before
+    assert burned >= 1.5, f"the query burned only {burned:.2f} s of CPU"
+    api.suspend(compute.project_id, compute.endpoint_id)
+    after = _figures(api, compute)
+    assert after["cpu_used_sec"] - before["cpu_used_sec"] >= int(burned), (before, after, burned)
+    # It ran at least as long as the query did, with 1 CU: compute time is that time x 1.
+    assert after["active_time_seconds"] - before["active_time_seconds"] >= int(wall)
+    assert abs(after["compute_time_seconds"] - after["active_time_seconds"]) <= 1, after
+    # Suspended: many sample periods pass and nothing grows.
+    time.sleep(SAMPLE_SECONDS * 6)
+    assert _figures(api, compute) == after
+
+
+def test_usage_adds_up_over_a_new_run_and_a_restart_of_serve(
+    api: Api, server: Server, compute: Compute
+) -> None:
+    start = _figures(api, compute)
+    compute.query(BURN)  # wakes it: a new run of the compute
+    server.stop()  # the compute runs on; the next serve adopts it
+    server.start()
+    compute.query(BURN)
+    kernel_run = compute.kernel_cpu_seconds()  # this run's whole CPU, both burns
+    api.suspend(compute.project_id, compute.endpoint_id)
+    end = _figures(api, compute)
+    assert end["cpu_used_sec"] - start["cpu_used_sec"] >= int(kernel_run), (start, end)
+    assert end["active_time_seconds"] > start["active_time_seconds"]
+
+
+def test_a_compute_that_runs_is_sampled(api: Api, compute: Compute) -> None:
+    compute.query("SELECT 1")
+    start = _figures(api, compute)
+    compute.query(BURN)
+    burned_total = compute.kernel_cpu_seconds()
+    # No suspend: the scheduler's samples bring the figures up while it runs.
+    wait_for(
+        "the running compute's CPU sampled",
+        lambda: _figures(api, compute)["cpu_used_sec"] - start["cpu_used_sec"] >= 1,
+        timeout=30,
+    )
+    assert _figures(api, compute)["cpu_used_sec"] <= start["cpu_used_sec"] + burned_total + 1
