@@ -9,8 +9,10 @@ and over a restart of ``serve`` (the compute adopted, its run taken up where it 
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -48,7 +50,7 @@ class Compute:
 
     def query(self, statement: str) -> None:
         with psycopg.connect(self.uri, connect_timeout=60, autocommit=True) as conn:
-            conn.execute(statement).fetchall()
+            conn.execute(statement)
 
     def kernel_cpu_seconds(self) -> float:
         """The compute's cgroup's CPU time, from the kernel's file itself."""
@@ -133,3 +135,57 @@ def test_a_compute_that_runs_is_sampled(api: Api, compute: Compute) -> None:
         timeout=30,
     )
     assert _figures(api, compute)["cpu_used_sec"] <= start["cpu_used_sec"] + burned_total + 1
+
+
+def _du(*paths: Path) -> int:
+    """What ``du`` says the paths take, in bytes (each inode once, as our own count)."""
+    done = subprocess.run(
+        ["du", "-s", "-c", "-B1", *(str(p) for p in paths if p.exists())],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(done.stdout.splitlines()[-1].split()[0])
+
+
+def _near(ours: int | None, theirs: int) -> bool:
+    return ours is not None and abs(ours - theirs) <= 0.05 * theirs
+
+
+def test_a_branch_s_sizes_match_du_and_postgres(api: Api, server: Server) -> None:
+    body = api.create_ready_project()
+    c = Compute(server, body)
+    c.query(
+        "CREATE TABLE filler AS SELECT g, repeat('x', 200) AS pad FROM generate_series(1, 100000) g"
+    )
+    with psycopg.connect(c.uri, connect_timeout=60, autocommit=True) as conn:
+        row = conn.execute("SELECT sum(pg_database_size(oid))::bigint FROM pg_database").fetchone()
+    assert row is not None
+    postgres_says = int(row[0])
+    branch_url = f"/projects/{c.project_id}/branches/{c.branch_id}"
+
+    def branch() -> dict[str, Any]:
+        return dict(api.http.get(branch_url).json()["branch"])
+
+    # Sampled while it runs: the logical size is what Postgres reports (within the 5% a
+    # checkpoint or a vacuum moves it by).
+    wait_for("the logical size sampled", lambda: _near(branch().get("logical_size"), postgres_says))
+    api.suspend(c.project_id, c.endpoint_id)
+    branch_dir = c.pgdata.parent
+    data_du = _du(c.pgdata)
+    history_du = _du(branch_dir / "wal", branch_dir / "base")
+    # Suspended, nothing writes: a sample of every branch's storage comes round and matches du.
+    wait_for(
+        "on-disk sizes matching du",
+        lambda: (
+            _near(branch().get("on_disk_bytes"), data_du)
+            and _near(branch().get("history_bytes"), history_du)
+        ),
+        server=server,
+    )
+    shown = branch()
+    assert _near(shown["logical_size"], postgres_says)  # kept while it sleeps
+    project = api.http.get(f"/projects/{c.project_id}").json()["project"]
+    assert project["on_disk_bytes"] == shown["on_disk_bytes"]
+    assert project["history_bytes"] == shown["history_bytes"]
+    assert project["synthetic_storage_size"] == shown["logical_size"] + shown["history_bytes"]

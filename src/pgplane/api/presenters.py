@@ -17,7 +17,7 @@ from pgplane.core.models import (
     Project,
     Role,
 )
-from pgplane.core.usage import Totals
+from pgplane.core.usage import BranchSizes, StorageTotals, Totals
 from pgplane.services.annotations import OBJECT_TYPE
 from pgplane.services.connections import Connection
 
@@ -87,7 +87,9 @@ def api_key_revoked(key: ApiKey) -> s.ApiKeyRevoked:
 _NONE = Totals()
 
 
-def _project_fields(p: Project, settings: Settings, used: Totals) -> dict[str, Any]:
+def _project_fields(
+    p: Project, settings: Settings, used: Totals, stored: StorageTotals | None
+) -> dict[str, Any]:
     """The fields a project shows both in lists and on its own."""
     return {
         "id": p.id,
@@ -110,24 +112,35 @@ def _project_fields(p: Project, settings: Settings, used: Totals) -> dict[str, A
         "owner_id": p.account_id,
         "locked": p.locked,
         "cpu_used_sec": used.cpu_used_sec,
+        "synthetic_storage_size": None if stored is None else stored.synthetic,
     }
 
 
-def project_item(p: Project, settings: Settings, used: Totals | None = None) -> s.ProjectListItem:
+def project_item(
+    p: Project,
+    settings: Settings,
+    used: Totals | None = None,
+    stored: StorageTotals | None = None,
+) -> s.ProjectListItem:
     used = used or _NONE
     return s.ProjectListItem(
-        **_project_fields(p, settings, used), active_time=used.active_time_seconds
+        **_project_fields(p, settings, used, stored), active_time=used.active_time_seconds
     )
 
 
 def project(
-    p: Project, settings: Settings, *, owner_email: str, used: Totals | None = None
+    p: Project,
+    settings: Settings,
+    *,
+    owner_email: str,
+    used: Totals | None = None,
+    stored: StorageTotals | None = None,
 ) -> s.ProjectOut:
     """``used``: the project's computes' usage since it was made (none is reset: there is no
     billing period), its deleted computes' included, as Neon counts them."""
     used = used or _NONE
     return s.ProjectOut(
-        **_project_fields(p, settings, used),
+        **_project_fields(p, settings, used, stored),
         consumption_period_start=EPOCH_ZERO,
         consumption_period_end=EPOCH_ZERO,
         owner=s.ProjectOwner(
@@ -136,16 +149,18 @@ def project(
             branches_limit=settings.branches_per_project,
             subscription_type="UNKNOWN",
         ),
-        data_storage_bytes_hour=0,
+        data_storage_bytes_hour=0 if stored is None else stored.byte_hours,
         data_transfer_bytes=0,
         written_data_bytes=0,
         compute_time_seconds=used.compute_time_seconds,
         active_time_seconds=used.active_time_seconds,
         deleted_at=_ts(p.deleted_at),
+        on_disk_bytes=None if stored is None else stored.data,
+        history_bytes=None if stored is None else stored.history,
     )
 
 
-def branch(b: Branch, used: Totals | None = None) -> s.BranchOut:
+def branch(b: Branch, used: Totals | None = None, sizes: BranchSizes | None = None) -> s.BranchOut:
     used = used or _NONE
     return s.BranchOut(
         id=b.id,
@@ -171,6 +186,9 @@ def branch(b: Branch, used: Totals | None = None) -> s.BranchOut:
         updated_at=format_s(b.updated_at),
         expires_at=_ts(b.expires_at),
         ttl_interval_seconds=b.ttl_interval_seconds,
+        logical_size=None if sizes is None else sizes.logical,
+        on_disk_bytes=None if sizes is None else sizes.data,
+        history_bytes=None if sizes is None else sizes.history,
     )
 
 

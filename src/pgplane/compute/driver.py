@@ -159,6 +159,17 @@ class ComputeUsage:
     ended_us: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class BranchStorage:
+    """What a branch takes (bytes; None: not known now). ``logical`` is its databases' size as
+    Postgres reports it, known only while a compute of the branch runs; ``data`` the blocks its
+    data directory takes on disk; ``history`` those of its history (WAL archive, base states)."""
+
+    logical: int | None
+    data: int | None
+    history: int | None
+
+
 class ComputeDriver(Protocol):
     def pg_versions(self) -> Sequence[int]:
         """Postgres major versions this driver can serve, ascending."""
@@ -306,6 +317,10 @@ class ComputeDriver(Protocol):
     ) -> Sequence[ComputeUsage]:
         """The endpoint's runs this driver has figures for, oldest first: the ones that ended
         lately (their last figures, read as they stopped) and the one running now."""
+        ...
+
+    async def branch_storage(self, *, project_id: str, branch_id: str) -> BranchStorage:
+        """What the branch takes now (blocking work done off the event loop)."""
         ...
 
     async def login_roles(

@@ -76,6 +76,72 @@ class HourUsage:
     cpu_us: int = 0
     active_us: int = 0
     cu_us: int = 0
+    logical_byte_s: int = 0
+    data_byte_s: int = 0
+    history_byte_s: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BranchSizes:
+    """What a branch takes as last sampled (bytes; None: never known): its databases' size as
+    Postgres reports it (``logical``, kept while no compute runs), its data's blocks on disk
+    (``data``) and its history's (``history``: WAL archive and base states)."""
+
+    project_id: str
+    branch_id: str
+    logical: int | None
+    data: int | None
+    history: int | None
+    sampled_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class StorageTotals:
+    """Branches' sizes summed (what is unknown counts as 0)."""
+
+    logical: int = 0
+    data: int = 0
+    history: int = 0
+    byte_hours: int = 0  # logical size and history over time (Neon's data_storage_bytes_hour)
+
+    def __add__(self, other: StorageTotals) -> StorageTotals:
+        return StorageTotals(
+            self.logical + other.logical,
+            self.data + other.data,
+            self.history + other.history,
+            self.byte_hours + other.byte_hours,
+        )
+
+    @property
+    def synthetic(self) -> int:
+        """Neon's synthetic storage size: logical data and WAL (here: the history)."""
+        return self.logical + self.history
+
+    @classmethod
+    def of(cls, sizes: BranchSizes) -> StorageTotals:
+        return cls(sizes.logical or 0, sizes.data or 0, sizes.history or 0)
+
+
+def integrate(kept: BranchSizes, *, end: int) -> list[HourUsage]:
+    """The storage ``kept`` says the branch took from when it was sampled to ``end``, as
+    byte-seconds per hour (the sizes held until the next sample)."""
+    out: list[HourUsage] = []
+    at = kept.sampled_us
+    while at < end:
+        cut = min(end, (at // HOUR_US + 1) * HOUR_US)
+        seconds = (cut - at) / US
+        out.append(
+            HourUsage(
+                kept.project_id,
+                kept.branch_id,
+                at // HOUR_US * 3600,
+                logical_byte_s=int((kept.logical or 0) * seconds),
+                data_byte_s=int((kept.data or 0) * seconds),
+                history_byte_s=int((kept.history or 0) * seconds),
+            )
+        )
+        at = cut
+    return out
 
 
 def spread(

@@ -66,6 +66,7 @@ class Scheduler:
         self._next_checks = 0.0
         self._next_detach = 0.0
         self._next_usage = 0.0
+        self._usage = usage.Sampler(store, driver)
         # Endpoints whose compute could not be asked for its activity (warned about once).
         self._unaskable: set[str] = set()
         # Expired branches that may not be deleted (warned about once).
@@ -105,7 +106,7 @@ class Scheduler:
             started += await self._check_availability(live, now)
         if self._settings.usage_seconds > 0 and loop_now >= self._next_usage:
             self._next_usage = loop_now + self._settings.usage_seconds
-            await usage.sample(self._store, self._driver, live)
+            self._usage.start(live)  # apart: a slow disk walk must not delay a suspend
         if self._settings.detach_after_seconds > 0 and loop_now >= self._next_detach:
             self._next_detach = loop_now + min(_SCAN_SECONDS, self._settings.detach_after_seconds)
             started += await self._detach(now)

@@ -7,21 +7,31 @@ its start. Totals grow only with a run's own figures, so never while the compute
 they survive the compute's restarts (each is a new run) and the platform's (the kept run is
 taken up where it stood). The scheduler samples running computes every ``usage_seconds``; a
 suspend records its compute's last figures, read by the driver as it stopped.
+
+Storage is sampled on the same tick for the branches whose compute runs (their data changes),
+and every ``_STORAGE_EVERY`` ticks for all (history is taken and freed without a compute). A
+branch's logical size is known only while its compute runs; the last one is kept meanwhile.
+Between samples a branch is taken to hold what it was last seen to: that is what the hourly
+records integrate.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import replace
 
-from pgplane.compute.driver import ComputeDriver, ComputeUsage
+from pgplane.compute.driver import BranchStorage, ComputeDriver, ComputeUsage
 from pgplane.core import clock
 from pgplane.core.models import Endpoint
-from pgplane.core.usage import US, EndpointUsage, HourUsage, spread
+from pgplane.core.usage import US, BranchSizes, EndpointUsage, HourUsage, integrate, spread
+from pgplane.errors import Unavailable
 from pgplane.store import Store, Tx
 
 log = logging.getLogger(__name__)
+
+_STORAGE_EVERY = 10  # ticks between samples of every branch's storage
 
 
 def fold(
@@ -99,3 +109,81 @@ async def sample(store: Store, driver: ComputeDriver, endpoints: Sequence[Endpoi
     async with store.write() as tx:
         for endpoint, readings in taken:
             await record(tx, endpoint, readings, now_us=now)
+
+
+def sizes_now(
+    kept: BranchSizes | None, got: BranchStorage, *, project_id: str, branch_id: str, now_us: int
+) -> tuple[BranchSizes, list[HourUsage]]:
+    """The branch's sizes with what was just read (what was not known now kept as it was), and
+    its storage over the time since the last sample."""
+
+    def pick(new: int | None, old: int | None) -> int | None:
+        return new if new is not None else old
+
+    sizes = BranchSizes(
+        project_id=project_id,
+        branch_id=branch_id,
+        logical=pick(got.logical, kept.logical if kept else None),
+        data=pick(got.data, kept.data if kept else None),
+        history=pick(got.history, kept.history if kept else None),
+        sampled_us=now_us,
+    )
+    return sizes, [] if kept is None else integrate(kept, end=now_us)
+
+
+async def sample_storage(
+    store: Store, driver: ComputeDriver, branches: Sequence[tuple[str, str]]
+) -> None:
+    """Read what each branch takes and record it, in one write."""
+    taken: list[tuple[str, str, BranchStorage]] = []
+    for project_id, branch_id in branches:
+        try:
+            got = await driver.branch_storage(project_id=project_id, branch_id=branch_id)
+        except Exception as exc:  # one branch unreadable: the others still count
+            log.warning("storage of branch %s not read: %s", branch_id, exc)
+            continue
+        taken.append((project_id, branch_id, got))
+    if not taken:
+        return
+    now = clock.now_us()
+    async with store.write() as tx:
+        for project_id, branch_id, got in taken:
+            kept = await tx.get_branch_sizes(branch_id)
+            sizes, hours = sizes_now(
+                kept, got, project_id=project_id, branch_id=branch_id, now_us=now
+            )
+            await tx.put_branch_sizes(sizes, hours)
+
+
+class Sampler:
+    """The scheduler's usage duty: computes every tick, storage as the module says."""
+
+    def __init__(self, store: Store, driver: ComputeDriver) -> None:
+        self._store = store
+        self._driver = driver
+        self._ticks = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self, live: Sequence[Endpoint]) -> None:
+        """Sample in a task of its own, unless the last sample still runs."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._tick(live), name="usage sample")
+
+    async def _tick(self, live: Sequence[Endpoint]) -> None:
+        try:
+            await self.tick(live)
+        except Unavailable as exc:
+            log.warning("usage not recorded: %s", exc.message)
+        except Exception:
+            log.exception("usage sample failed; next one as usual")
+
+    async def tick(self, live: Sequence[Endpoint]) -> None:
+        await sample(self._store, self._driver, live)
+        if self._ticks % _STORAGE_EVERY == 0:
+            async with self._store.read() as tx:
+                branches = await tx.storage_targets()
+        else:
+            running = {(e.project_id, e.branch_id) for e in live if e.current_state == "active"}
+            branches = sorted(running)
+        self._ticks += 1
+        await sample_storage(self._store, self._driver, branches)

@@ -37,7 +37,7 @@ from contextlib import AbstractAsyncContextManager
 
 from pgplane.core.models import Annotation, Branch, Database, Endpoint, Operation, Project, Role
 from pgplane.core.operations import Action
-from pgplane.core.usage import EndpointUsage, HourUsage, Totals
+from pgplane.core.usage import BranchSizes, EndpointUsage, HourUsage, StorageTotals, Totals
 from pgplane.store.accounts import AccountsTx
 
 
@@ -345,6 +345,26 @@ class Tx(AccountsTx):
     @abc.abstractmethod
     async def project_usage(self, project_ids: Sequence[str]) -> dict[str, Totals]:
         """Each project's usage (absent: none yet)."""
+
+    @abc.abstractmethod
+    async def get_branch_sizes(self, branch_id: str) -> BranchSizes | None:
+        """The branch's sizes as last sampled."""
+
+    @abc.abstractmethod
+    async def put_branch_sizes(self, sizes: BranchSizes, hours: Sequence[HourUsage]) -> None:
+        """Keep ``sizes`` and add ``hours`` (storage over time) to the hourly records."""
+
+    @abc.abstractmethod
+    async def list_branch_sizes(self, project_id: str) -> dict[str, BranchSizes]:
+        """The sizes of the project's branches that are not deleted, by branch id."""
+
+    @abc.abstractmethod
+    async def project_storage(self, project_ids: Sequence[str]) -> dict[str, StorageTotals]:
+        """Each project's branches' sizes summed (absent: none sampled yet)."""
+
+    @abc.abstractmethod
+    async def storage_targets(self) -> list[tuple[str, str]]:
+        """(project id, branch id) of every ready branch of an attached, live project."""
 
     @abc.abstractmethod
     async def usage_hours(

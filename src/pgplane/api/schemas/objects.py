@@ -29,6 +29,11 @@ class BranchOut(Struct, kw_only=True, omit_defaults=True):
     last_reset_at: str | None = None
     expires_at: str | None = None
     ttl_interval_seconds: int | None = None
+    logical_size: int | None = None  # bytes, as Postgres last reported them (absent: unknown)
+    # Not Neon's: the blocks its data and its history (WAL archive, base states) take on disk,
+    # as du counts them. Clients that do not know them ignore extra fields.
+    on_disk_bytes: int | None = None
+    history_bytes: int | None = None
 
 
 class AnnotationObject(Struct, kw_only=True):

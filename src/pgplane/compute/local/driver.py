@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pgplane.compute.driver import (
+    BranchStorage,
     ComputeAddress,
     ComputeError,
     ComputeSpec,
@@ -43,6 +44,7 @@ from pgplane.compute.local.postgres.monitor import check_readable, last_client_a
 from pgplane.compute.local.postgres.postmaster import Postmasters
 from pgplane.compute.local.postgres.verifiers import read_verifiers
 from pgplane.compute.local.skeleton import Skeleton
+from pgplane.compute.local.storage import branch_storage
 from pgplane.compute.local.tenants.projects import Tenants, ids
 from pgplane.compute.local.tenants.sockets import remove_socket_dir
 from pgplane.compute.local.tenants.user import RunAs
@@ -307,6 +309,10 @@ class LocalComputeDriver:
         self, *, project_id: str, branch_id: str, endpoint_id: str
     ) -> Sequence[ComputeUsage]:
         return await self._postmasters.runs(self.layout.pgdata(project_id, branch_id), endpoint_id)
+
+    async def branch_storage(self, *, project_id: str, branch_id: str) -> BranchStorage:
+        dirs = self._histories.dirs(project_id, branch_id)
+        return await branch_storage(dirs, self._postmasters.running(dirs.pgdata))
 
     async def login_roles(
         self, spec: ComputeSpec, *, names: Sequence[str] | None = None

@@ -167,3 +167,21 @@ async def _activity(socket_dir: Path, port: int) -> tuple[Any, ...] | None:
     async with await _monitor_session(socket_dir, port, "postgres") as conn:
         cur = await conn.execute(_ACTIVITY, (ADMIN_USER, MONITOR_USER))
         return await cur.fetchone()
+
+
+_LOGICAL_SIZE = (
+    "SELECT pg_catalog.sum(pg_catalog.pg_database_size(oid))::bigint FROM pg_catalog.pg_database"
+)
+
+
+async def logical_size(socket_dir: Path, port: int) -> int:
+    """The size of every database of the compute, as Postgres reports it (pg_monitor reads
+    every database's size: pg_read_all_stats)."""
+    try:
+        async with asyncio.timeout(_CHECK_TIMEOUT):
+            async with await _monitor_session(socket_dir, port, "postgres") as conn:
+                cur = await conn.execute(_LOGICAL_SIZE)
+                row = await cur.fetchone()
+    except (psycopg.Error, TimeoutError) as exc:
+        raise ComputeError(f"could not ask the compute its size: {exc}") from exc
+    return int(row[0]) if row is not None and row[0] is not None else 0

@@ -1,0 +1,66 @@
+"""What a branch takes on disk: its data and its history, counted as ``du`` counts them.
+
+The figures are allocated blocks (``st_blocks``, what the filesystem gave, holes not counted),
+each inode once however many links it has within what is counted, directories included. The
+trees are the tenant's, so they are walked by directory descriptors without following links
+(``os.fwalk``): a link a tenant planted is counted as the link it is, never followed elsewhere;
+nothing is opened or read but directories. A tree of more entries than a walk gets through in
+``WALK_SECONDS`` (a tenant's million empty files) gives no figure rather than hold a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from pathlib import Path
+
+from pgplane.compute.driver import BranchStorage
+from pgplane.compute.local.history.archiving import HistoryDirs
+from pgplane.compute.local.postgres.monitor import logical_size
+from pgplane.compute.local.postgres.records import Running
+
+WALK_SECONDS = 30.0
+_BLOCK = 512  # st_blocks' unit, whatever the filesystem's block size
+
+
+def allocated_bytes(*tops: Path, time_limit: float = WALK_SECONDS) -> int | None:
+    """Bytes allocated to ``tops`` and all beneath them (0 for one that does not exist); None
+    when the walk ran past ``time_limit`` (blocking: run it in a thread)."""
+    deadline = time.monotonic() + time_limit
+    seen: set[tuple[int, int]] = set()
+    total = 0
+
+    def count(st: os.stat_result) -> int:
+        if st.st_nlink > 1:
+            key = (st.st_dev, st.st_ino)
+            if key in seen:
+                return 0
+            seen.add(key)
+        return st.st_blocks * _BLOCK
+
+    for top in tops:
+        try:
+            total += count(os.lstat(top))
+        except FileNotFoundError:
+            continue
+        if not os.path.isdir(top) or os.path.islink(top):
+            continue
+        for _, dirs, files, fd in os.fwalk(top, follow_symlinks=False):
+            for name in (*dirs, *files):
+                with contextlib.suppress(FileNotFoundError):  # removed meanwhile
+                    total += count(os.stat(name, dir_fd=fd, follow_symlinks=False))
+            if time.monotonic() > deadline:
+                return None
+    return total
+
+
+async def branch_storage(dirs: HistoryDirs, running: Running | None) -> BranchStorage:
+    """The branch's figures: its logical size asked of its endpoint's compute when one runs."""
+    logical = None
+    if running is not None and running.endpoint_id is not None:
+        logical = await logical_size(running.socket_dir, running.port)
+    data = await asyncio.to_thread(allocated_bytes, dirs.pgdata)
+    history = await asyncio.to_thread(allocated_bytes, dirs.wal, dirs.bases)
+    return BranchStorage(logical=logical, data=data, history=history)
