@@ -369,8 +369,9 @@ class Tx(AccountsTx):
     @abc.abstractmethod
     async def usage_hours(
         self, project_id: str, *, from_hour: int, to_hour: int
-    ) -> list[HourUsage]:
-        """The project's hourly records in ``[from_hour, to_hour)`` (epoch seconds), by hour."""
+    ) -> list[tuple[HourUsage, bool]]:
+        """The project's hourly records in ``[from_hour, to_hour)`` (epoch seconds), by hour,
+        each with whether its branch is a root branch (a deleted one counts as a child)."""
 
 
 class Store(abc.ABC):

@@ -148,11 +148,12 @@ class UsageMixin(Statements):
 
     async def usage_hours(
         self, project_id: str, *, from_hour: int, to_hour: int
-    ) -> list[HourUsage]:
-        """The project's hourly records with ``from_hour <= hour < to_hour``, oldest first."""
+    ) -> list[tuple[HourUsage, bool]]:
+        cols = ", ".join("h." + c.strip() for c in _HOUR_COLUMNS.split(","))
         rows = self._c.execute(
-            f"SELECT {_HOUR_COLUMNS} FROM usage_hours"
-            " WHERE project_id = ? AND hour >= ? AND hour < ? ORDER BY hour, branch_id",
+            f"SELECT {cols}, b.parent_id IS NULL AND b.id IS NOT NULL FROM usage_hours h"
+            " LEFT JOIN branches b ON b.id = h.branch_id"
+            " WHERE h.project_id = ? AND h.hour >= ? AND h.hour < ? ORDER BY h.hour, h.branch_id",
             (project_id, from_hour, to_hour),
         ).fetchall()
-        return [HourUsage(*r) for r in rows]
+        return [(HourUsage(*r[:-1]), bool(r[-1])) for r in rows]
