@@ -9,6 +9,7 @@ and over a restart of ``serve`` (the compute adopted, its run taken up where it 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -21,7 +22,8 @@ import pytest
 from pgplane.compute.local.layout import Layout
 from pgplane.compute.local.tenants.cgroups import Cgroups
 from pgplane.compute.local.tenants.walls import cgroup_name
-from tests.support import Api, Server, running_server, wait_for
+from tests.console import PASSWORD, Browser
+from tests.support import Api, Server, run_cli, running_server, wait_for
 
 SAMPLE_SECONDS = 0.3
 BURN = "SELECT sum(sqrt(g)) FROM generate_series(1, 25000000) g"  # ~2 s of one CPU here
@@ -189,3 +191,44 @@ def test_a_branch_s_sizes_match_du_and_postgres(api: Api, server: Server) -> Non
     assert project["on_disk_bytes"] == shown["on_disk_bytes"]
     assert project["history_bytes"] == shown["history_bytes"]
     assert project["synthetic_storage_size"] == shown["logical_size"] + shown["history_bytes"]
+
+
+def _usage_cells(page: str) -> list[list[str]]:
+    usage = page[page.index('data-testid="usage"') :]
+    rows = re.findall(r'<tr[^>]*data-testid="usage-row">(.*?)</tr>', usage, re.S)
+    return [re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", row) for row in rows]
+
+
+def test_the_console_s_project_page_shows_the_figures(server: Server) -> None:
+    email = "usage-console@example.com"
+    done = run_cli(
+        "accounts", "create", email, "--password-stdin", data_dir=server.data_dir, stdin=PASSWORD
+    )
+    assert done.returncode == 0, done.stderr
+    with Browser(server) as browser:
+        assert browser.sign_in(email).status_code == 303
+        with Api(server, browser.create_key("usage")) as api:
+            body = api.create_ready_project(name="metered")
+            c = Compute(server, body)
+            url = f"/projects/{c.project_id}/branches/{c.branch_id}"
+            # The logical size is asked of a running compute, by a sample while it runs.
+            wait_for(
+                "the logical size sampled",
+                lambda: api.http.get(url).json()["branch"].get("logical_size"),
+            )
+            api.suspend(c.project_id, c.endpoint_id)
+
+            def shown() -> list[list[str]] | None:
+                page = browser.get(f"/console/projects/{c.project_id}")
+                assert page.status_code == 200, page.text
+                cells = _usage_cells(page.text)
+                on_disk = api.http.get(url).json()["branch"]["on_disk_bytes"]
+                # Equal unless a sample landed between the two reads: then read both again.
+                return cells if cells[1][5] == f"{on_disk / 1024**2:.1f} MiB" else None
+
+            cells = wait_for("the page showing the branch's figures", shown)
+    assert len(cells) == 2, cells  # the project, its one branch
+    assert cells[0][0] == "Project" and cells[1][0] == body["branch"]["name"]
+    assert all("CU-h" in row[2] for row in cells)
+    assert cells[0][5] == cells[1][5], cells  # one branch: the project's sum is its figure
+    assert "not known yet" not in cells[1][4]  # the logical size, kept while it sleeps

@@ -65,6 +65,11 @@ class Totals:
     def compute_time_seconds(self) -> int:
         return self.cu_us // US
 
+    @property
+    def compute_us_hours(self) -> float:
+        """Compute-unit hours (what Neon's console shows compute time in)."""
+        return self.cu_us / US / 3600
+
 
 @dataclass(frozen=True, slots=True)
 class HourUsage:
