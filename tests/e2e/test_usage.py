@@ -232,3 +232,19 @@ def test_the_console_s_project_page_shows_the_figures(server: Server) -> None:
     assert all("CU-h" in row[2] for row in cells)
     assert cells[0][5] == cells[1][5], cells  # one branch: the project's sum is its figure
     assert "not known yet" not in cells[1][4]  # the logical size, kept while it sleeps
+
+
+def test_a_deleted_compute_s_use_stays_counted(api: Api, server: Server) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the kernel's figure for a compute is its cgroup's: cgroups need root")
+    c = Compute(
+        server, api.create_ready_project(autoscaling_limit_min_cu=1, autoscaling_limit_max_cu=1)
+    )
+    c.query(BURN)
+    burned = c.kernel_cpu_seconds()  # the run's whole CPU so far
+    r = api.http.delete(f"/projects/{c.project_id}/endpoints/{c.endpoint_id}")
+    assert r.status_code == 200, r.text
+    ops = api.wait_operations(c.project_id, [o["id"] for o in r.json()["operations"]])
+    assert [o["status"] for o in ops] == ["finished"], ops
+    project = api.http.get(f"/projects/{c.project_id}").json()["project"]
+    assert project["cpu_used_sec"] >= int(burned), (project["cpu_used_sec"], burned)

@@ -132,8 +132,11 @@ async def suspend_compute(ctx: Context, op: Operation) -> OnFinish | None:
     await ctx.driver.stop_compute(
         project_id=op.project_id, branch_id=branch_id, endpoint_id=endpoint_id
     )
-    # Its last figures, read by the driver as it stopped: recorded whole, with its suspend.
-    used = () if endpoint is None else await usage.read(ctx.driver, endpoint)
+    # Its last figures, read by the driver as it stopped: recorded whole, with its suspend
+    # (also when the endpoint was deleted: a project's figures count its deleted computes).
+    used = await ctx.driver.compute_usage(
+        project_id=op.project_id, branch_id=branch_id, endpoint_id=endpoint_id
+    )
 
     async def idle(tx: Tx) -> None:
         now = clock.now_us()
@@ -141,8 +144,17 @@ async def suspend_compute(ctx: Context, op: Operation) -> OnFinish | None:
             endpoint_id=endpoint_id, current_state="idle", pending_state=None, now=now
         )
         await rolesync.write(tx, branch_id=branch_id, verifiers=synced)
-        if endpoint is not None:
-            await usage.record(tx, endpoint, used, now_us=now)
+        await usage.record(
+            tx,
+            used,
+            endpoint_id=endpoint_id,
+            project_id=op.project_id,
+            branch_id=branch_id,
+            default_cpus=usage.DELETED_CPUS
+            if endpoint is None
+            else endpoint.autoscaling_limit_max_cu,
+            now_us=now,
+        )
 
     return idle
 

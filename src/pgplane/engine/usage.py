@@ -67,23 +67,47 @@ def fold(
     return updated, hours
 
 
+# A deleted endpoint's size is not kept: its last run is counted at Neon's smallest (without a
+# cgroup's quota to say better).
+DELETED_CPUS = 0.25
+
+
 async def record(
-    tx: Tx, endpoint: Endpoint, readings: Sequence[ComputeUsage], *, now_us: int
+    tx: Tx,
+    readings: Sequence[ComputeUsage],
+    *,
+    endpoint_id: str,
+    project_id: str,
+    branch_id: str,
+    default_cpus: float,
+    now_us: int,
 ) -> None:
     """Fold an endpoint's readings (oldest run first) into what the store keeps of it."""
     if not readings:
         return
-    kept = await tx.get_endpoint_usage(endpoint.id) or EndpointUsage(
-        endpoint_id=endpoint.id, project_id=endpoint.project_id, branch_id=endpoint.branch_id
+    kept = await tx.get_endpoint_usage(endpoint_id) or EndpointUsage(
+        endpoint_id=endpoint_id, project_id=project_id, branch_id=branch_id
     )
     before, hours = kept, list[HourUsage]()
     for reading in readings:
-        kept, more = fold(
-            kept, reading, now_us=now_us, default_cpus=endpoint.autoscaling_limit_max_cu
-        )
+        kept, more = fold(kept, reading, now_us=now_us, default_cpus=default_cpus)
         hours += more
     if kept != before or hours:
         await tx.put_endpoint_usage(kept, hours)
+
+
+async def record_endpoint(
+    tx: Tx, endpoint: Endpoint, readings: Sequence[ComputeUsage], *, now_us: int
+) -> None:
+    await record(
+        tx,
+        readings,
+        endpoint_id=endpoint.id,
+        project_id=endpoint.project_id,
+        branch_id=endpoint.branch_id,
+        default_cpus=endpoint.autoscaling_limit_max_cu,
+        now_us=now_us,
+    )
 
 
 async def read(driver: ComputeDriver, endpoint: Endpoint) -> Sequence[ComputeUsage]:
@@ -108,7 +132,7 @@ async def sample(store: Store, driver: ComputeDriver, endpoints: Sequence[Endpoi
     now = clock.now_us()
     async with store.write() as tx:
         for endpoint, readings in taken:
-            await record(tx, endpoint, readings, now_us=now)
+            await record_endpoint(tx, endpoint, readings, now_us=now)
 
 
 def sizes_now(
