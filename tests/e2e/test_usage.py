@@ -157,17 +157,29 @@ def _near(ours: int | None, theirs: int) -> bool:
 def test_a_branch_s_sizes_match_du_and_postgres(api: Api, server: Server) -> None:
     body = api.create_ready_project()
     c = Compute(server, body)
-    c.query(
-        "CREATE TABLE filler AS SELECT g, repeat('x', 200) AS pad FROM generate_series(1, 100000) g"
-    )
-    with psycopg.connect(c.uri, connect_timeout=60, autocommit=True) as conn:
-        row = conn.execute("SELECT sum(pg_database_size(oid))::bigint FROM pg_database").fetchone()
-    assert row is not None
-    postgres_says = int(row[0])
     branch_url = f"/projects/{c.project_id}/branches/{c.branch_id}"
 
     def branch() -> dict[str, Any]:
         return dict(api.http.get(branch_url).json()["branch"])
+
+    # Where its WAL stands is first seen by a sample: what it writes after counts.
+    wait_for("a first sample", lambda: branch().get("logical_size"))
+    written_before = branch()["written_data_bytes"]
+    with psycopg.connect(c.uri, connect_timeout=60, autocommit=True) as conn:
+        start = conn.execute(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint"
+        ).fetchone()
+        conn.execute(
+            "CREATE TABLE filler AS SELECT g, repeat('x', 200) AS pad"
+            " FROM generate_series(1, 100000) g"
+        )
+        row = conn.execute(
+            "SELECT sum(pg_database_size(oid))::bigint,"
+            " (SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0'))::bigint FROM pg_database"
+        ).fetchone()
+    assert row is not None and start is not None
+    postgres_says, wal_written = int(row[0]), int(row[1]) - int(start[0])
+    assert wal_written > 20 << 20, wal_written  # ~25 MB of rows, WAL-logged
 
     # Sampled while it runs: the logical size is what Postgres reports (within the 5% a
     # checkpoint or a vacuum moves it by).
@@ -187,10 +199,13 @@ def test_a_branch_s_sizes_match_du_and_postgres(api: Api, server: Server) -> Non
     )
     shown = branch()
     assert _near(shown["logical_size"], postgres_says)  # kept while it sleeps
+    # Its WAL's advance, read as it was suspended: at least what the test wrote.
+    assert shown["written_data_bytes"] - written_before >= wal_written
     project = api.http.get(f"/projects/{c.project_id}").json()["project"]
     assert project["on_disk_bytes"] == shown["on_disk_bytes"]
     assert project["history_bytes"] == shown["history_bytes"]
     assert project["synthetic_storage_size"] == shown["logical_size"] + shown["history_bytes"]
+    assert project["written_data_bytes"] == shown["written_data_bytes"]
 
 
 def _usage_cells(page: str) -> list[list[str]]:

@@ -162,12 +162,14 @@ class ComputeUsage:
 @dataclass(frozen=True, slots=True)
 class BranchStorage:
     """What a branch takes (bytes; None: not known now). ``logical`` is its databases' size as
-    Postgres reports it, known only while a compute of the branch runs; ``data`` the blocks its
-    data directory takes on disk; ``history`` those of its history (WAL archive, base states)."""
+    Postgres reports it, known only while a compute of the branch runs, as is ``wal_lsn``, where
+    its WAL stands (how much it has written, as a byte position); ``data`` the blocks its data
+    directory takes on disk; ``history`` those of its history (WAL archive, base states)."""
 
     logical: int | None
     data: int | None
     history: int | None
+    wal_lsn: int | None = None
 
 
 class ComputeDriver(Protocol):
@@ -319,8 +321,11 @@ class ComputeDriver(Protocol):
         lately (their last figures, read as they stopped) and the one running now."""
         ...
 
-    async def branch_storage(self, *, project_id: str, branch_id: str) -> BranchStorage:
-        """What the branch takes now (blocking work done off the event loop)."""
+    async def branch_storage(
+        self, *, project_id: str, branch_id: str, walk: bool = True
+    ) -> BranchStorage:
+        """What the branch takes now (blocking work done off the event loop); ``walk=False``
+        asks only its running compute (its data and history left unknown)."""
         ...
 
     async def login_roles(

@@ -98,6 +98,8 @@ class BranchSizes:
     data: int | None
     history: int | None
     sampled_us: int
+    wal_lsn: int | None = None  # where its WAL stood when last seen by a running compute
+    written: int = 0  # WAL bytes its computes wrote (Neon's written_data_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +110,7 @@ class StorageTotals:
     data: int = 0
     history: int = 0
     byte_hours: int = 0  # logical size and history over time (Neon's data_storage_bytes_hour)
+    written: int = 0  # WAL written (Neon's written_data_bytes)
 
     def __add__(self, other: StorageTotals) -> StorageTotals:
         return StorageTotals(
@@ -115,6 +118,7 @@ class StorageTotals:
             self.data + other.data,
             self.history + other.history,
             self.byte_hours + other.byte_hours,
+            self.written + other.written,
         )
 
     @property
@@ -124,7 +128,7 @@ class StorageTotals:
 
     @classmethod
     def of(cls, sizes: BranchSizes) -> StorageTotals:
-        return cls(sizes.logical or 0, sizes.data or 0, sizes.history or 0)
+        return cls(sizes.logical or 0, sizes.data or 0, sizes.history or 0, written=sizes.written)
 
 
 def integrate(kept: BranchSizes, *, end: int) -> list[HourUsage]:

@@ -144,6 +144,12 @@ def sizes_now(
     def pick(new: int | None, old: int | None) -> int | None:
         return new if new is not None else old
 
+    before = kept.wal_lsn if kept else None
+    written = kept.written if kept else 0
+    if got.wal_lsn is not None and before is not None:
+        # Only forward: a restore puts the branch back at an earlier position, from which its
+        # new writes count again.
+        written += max(0, got.wal_lsn - before)
     sizes = BranchSizes(
         project_id=project_id,
         branch_id=branch_id,
@@ -151,6 +157,8 @@ def sizes_now(
         data=pick(got.data, kept.data if kept else None),
         history=pick(got.history, kept.history if kept else None),
         sampled_us=now_us,
+        wal_lsn=pick(got.wal_lsn, before),
+        written=written,
     )
     return sizes, [] if kept is None else integrate(kept, end=now_us)
 
@@ -172,11 +180,15 @@ async def sample_storage(
     now = clock.now_us()
     async with store.write() as tx:
         for project_id, branch_id, got in taken:
-            kept = await tx.get_branch_sizes(branch_id)
-            sizes, hours = sizes_now(
-                kept, got, project_id=project_id, branch_id=branch_id, now_us=now
-            )
-            await tx.put_branch_sizes(sizes, hours)
+            await record_sizes(tx, got, project_id=project_id, branch_id=branch_id, now_us=now)
+
+
+async def record_sizes(
+    tx: Tx, got: BranchStorage, *, project_id: str, branch_id: str, now_us: int
+) -> None:
+    kept = await tx.get_branch_sizes(branch_id)
+    sizes, hours = sizes_now(kept, got, project_id=project_id, branch_id=branch_id, now_us=now_us)
+    await tx.put_branch_sizes(sizes, hours)
 
 
 class Sampler:

@@ -310,9 +310,11 @@ class LocalComputeDriver:
     ) -> Sequence[ComputeUsage]:
         return await self._postmasters.runs(self.layout.pgdata(project_id, branch_id), endpoint_id)
 
-    async def branch_storage(self, *, project_id: str, branch_id: str) -> BranchStorage:
+    async def branch_storage(
+        self, *, project_id: str, branch_id: str, walk: bool = True
+    ) -> BranchStorage:
         dirs = self._histories.dirs(project_id, branch_id)
-        return await branch_storage(dirs, self._postmasters.running(dirs.pgdata))
+        return await branch_storage(dirs, self._postmasters.running(dirs.pgdata), walk=walk)
 
     async def login_roles(
         self, spec: ComputeSpec, *, names: Sequence[str] | None = None

@@ -56,11 +56,16 @@ def allocated_bytes(*tops: Path, time_limit: float = WALK_SECONDS) -> int | None
     return total
 
 
-async def branch_storage(dirs: HistoryDirs, running: Running | None) -> BranchStorage:
-    """The branch's figures: its logical size asked of its endpoint's compute when one runs."""
-    logical = None
+async def branch_storage(
+    dirs: HistoryDirs, running: Running | None, *, walk: bool = True
+) -> BranchStorage:
+    """The branch's figures: its logical size and WAL position asked of its endpoint's compute
+    when one runs, its trees walked unless ``walk`` is False."""
+    logical = lsn = None
     if running is not None and running.endpoint_id is not None:
-        logical = await logical_size(running.socket_dir, running.port)
+        logical, lsn = await logical_size(running.socket_dir, running.port)
+    if not walk:
+        return BranchStorage(logical=logical, data=None, history=None, wal_lsn=lsn)
     data = await asyncio.to_thread(allocated_bytes, dirs.pgdata)
     history = await asyncio.to_thread(allocated_bytes, dirs.wal, dirs.bases)
-    return BranchStorage(logical=logical, data=data, history=history)
+    return BranchStorage(logical=logical, data=data, history=history, wal_lsn=lsn)

@@ -13,7 +13,10 @@ _HOUR_COLUMNS = (
     " history_byte_s"
 )
 _ADDED = ("cpu_us", "active_us", "cu_us", "logical_byte_s", "data_byte_s", "history_byte_s")
-_SIZES = "project_id, branch_id, logical_bytes, data_bytes, history_bytes, sampled_us"
+_SIZES = (
+    "project_id, branch_id, logical_bytes, data_bytes, history_bytes, sampled_us, wal_lsn,"
+    " written_bytes"
+)
 _COLUMNS = (
     "endpoint_id, project_id, branch_id, run, run_started_us, run_cpu_us, run_seen_us,"
     " cpu_us, active_us, cu_us"
@@ -78,8 +81,17 @@ class UsageMixin(Statements):
     async def put_branch_sizes(self, sizes: BranchSizes, hours: Sequence[HourUsage]) -> None:
         s = sizes
         self._c.execute(
-            f"INSERT OR REPLACE INTO branch_storage ({_SIZES}) VALUES (?,?,?,?,?,?)",
-            (s.project_id, s.branch_id, s.logical, s.data, s.history, s.sampled_us),
+            f"INSERT OR REPLACE INTO branch_storage ({_SIZES}) VALUES (?,?,?,?,?,?,?,?)",
+            (
+                s.project_id,
+                s.branch_id,
+                s.logical,
+                s.data,
+                s.history,
+                s.sampled_us,
+                s.wal_lsn,
+                s.written,
+            ),
         )
         self._add_hours(hours)
 
@@ -99,13 +111,14 @@ class UsageMixin(Statements):
             chunk = project_ids[start : start + 500]
             rows = self._c.execute(
                 "SELECT s.project_id, coalesce(sum(s.logical_bytes), 0),"
-                " coalesce(sum(s.data_bytes), 0), coalesce(sum(s.history_bytes), 0)"
+                " coalesce(sum(s.data_bytes), 0), coalesce(sum(s.history_bytes), 0),"
+                " sum(s.written_bytes)"
                 " FROM branch_storage s JOIN branches b ON b.id = s.branch_id"
                 f" WHERE s.project_id IN ({','.join('?' * len(chunk))})"
                 " AND b.deleted_at IS NULL GROUP BY s.project_id",
                 tuple(chunk),
             ).fetchall()
-            found |= {r[0]: StorageTotals(r[1], r[2], r[3]) for r in rows}
+            found |= {r[0]: StorageTotals(r[1], r[2], r[3], written=r[4]) for r in rows}
             hours = self._c.execute(
                 "SELECT project_id, sum(logical_byte_s + history_byte_s) / 3600 FROM usage_hours"
                 f" WHERE project_id IN ({','.join('?' * len(chunk))}) GROUP BY project_id",

@@ -1,7 +1,8 @@
 -- Usage (core/usage.py). Per endpoint, its computes' totals over all their runs and where the
 -- last run seen stood, kept after the endpoint is deleted (a project's figures include its
 -- deleted computes, as Neon's do). Per branch, what it takes (bytes; NULL: never known) as last
--- sampled, the logical size kept while no compute runs. Per branch and hour, what its computes
+-- sampled, the logical size kept while no compute runs; the WAL it wrote (from its position,
+-- each advance counted once). Per branch and hour, what its computes
 -- used then and its storage integrated over time (byte-seconds), for the consumption history.
 -- Times in microseconds, hours as their start in epoch seconds.
 
@@ -38,6 +39,8 @@ CREATE TABLE branch_storage (
     logical_bytes   INTEGER,
     data_bytes      INTEGER,
     history_bytes   INTEGER,
+    wal_lsn         INTEGER,
+    written_bytes   INTEGER NOT NULL DEFAULT 0,
     sampled_us      INTEGER NOT NULL
 );
 CREATE INDEX branch_storage_project ON branch_storage (project_id);
