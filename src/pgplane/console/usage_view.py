@@ -39,6 +39,7 @@ class UsageRow:
     logical: str
     on_disk: str
     history: str
+    written: str
 
 
 def _row(name: str, used: Totals, stored: StorageTotals | BranchSizes | None) -> UsageRow:
@@ -50,6 +51,7 @@ def _row(name: str, used: Totals, stored: StorageTotals | BranchSizes | None) ->
         logical=size(None if stored is None else stored.logical),
         on_disk=size(None if stored is None else stored.data),
         history=size(None if stored is None else stored.history),
+        written=size(None if stored is None else stored.written),
     )
 
 
