@@ -25,6 +25,7 @@ so, never a made-up 0.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -54,6 +55,9 @@ _UNMEASURED = (
     "private_network_transfer_bytes",
     "extra_branches_month",
 )
+# One id, or a comma-separated list of them, as Neon's document states it.
+PROJECT_IDS_PATTERN = "^([a-z0-9-]{1,60}(,[a-z0-9-]{1,60}){0,99})?$"
+_PROJECT_ID = re.compile("[a-z0-9-]{1,60}")
 PERIOD_PLAN = "none"  # no billing plans here: one period, from the project's creation
 _PERIODS = uuid.UUID("6d1f4b7e-2c1a-4c55-9a39-2a1e4f0c7b10")  # names each project's period
 
@@ -172,7 +176,8 @@ def parse(
         raise BadRequest(f"limit must be between 1 and {MAX_LIMIT}")
     wanted = _listed(project_ids, "project_ids")
     for project_id in wanted:
-        if not ids.is_valid_id(project_id):
+        # Of the form of an id: one that names nothing is left out as another account's is.
+        if _PROJECT_ID.fullmatch(project_id) is None:
             raise BadRequest(f"project_ids: {project_id[:64]!r} is not a project id")
     return Query(
         start_us=start,

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from litestar import Controller, get
-from litestar.params import Parameter
+from litestar.params import Parameter, QueryParameter
 
 from pgplane.api.auth import AnyRequest, authorized
 from pgplane.api.responses import error_responses
@@ -20,7 +20,13 @@ from pgplane.api.schemas.operations import Pagination
 from pgplane.core.clock import format_s
 from pgplane.services import consumption
 
-_LIST = Parameter(max_items=100, description="repeated, or comma-separated")
+_ONE = "|".join(consumption.METRICS)
+# What a query may name, stated as the document can: a list of names, each item one or several
+# comma-separated (the service checks the same, with reasons).
+_METRIC = Annotated[str, Parameter(pattern=f"^({_ONE})(,({_ONE}))*$")]
+_METRICS = QueryParameter(min_items=1, max_items=100, description="repeated, or comma-separated")
+_ID = Annotated[str, Parameter(pattern=consumption.PROJECT_IDS_PATTERN)]
+_IDS = QueryParameter(max_items=100, description="repeated, or comma-separated")
 
 
 class Consumption(Controller):
@@ -35,11 +41,11 @@ class Consumption(Controller):
     async def per_project(
         self,
         request: AnyRequest,
-        metrics: Annotated[list[str], _LIST],
-        from_: str = Parameter(query="from", max_length=64, description="RFC 3339 date-time"),
-        to: str = Parameter(max_length=64, description="RFC 3339 date-time"),
-        granularity: str = Parameter(max_length=16, description="hourly, daily or monthly"),
-        project_ids: Annotated[list[str] | None, _LIST] = None,
+        metrics: Annotated[list[_METRIC], _METRICS],
+        granularity: Annotated[Literal["hourly", "daily", "monthly"], QueryParameter()],
+        from_: Annotated[str, QueryParameter(name="from", max_length=64, format="date-time")],
+        to: Annotated[str, QueryParameter(max_length=64, format="date-time")],
+        project_ids: Annotated[list[_ID] | None, _IDS] = None,
         limit: int | None = Parameter(default=None, ge=1, le=100, description="10 when absent"),
         cursor: str | None = Parameter(default=None, max_length=60),
         org_id: str | None = Parameter(default=None, max_length=60),
