@@ -71,10 +71,13 @@ def _figures(api: Api, c: Compute) -> dict[str, int]:
     project = api.http.get(f"/projects/{c.project_id}").json()["project"]
     branch = api.http.get(f"/projects/{c.project_id}/branches/{c.branch_id}").json()["branch"]
     listed = api.http.get("/projects").json()["projects"]
+    endpoint = api.endpoint(c.project_id, c.endpoint_id)
+    (in_list,) = api.http.get(f"/projects/{c.project_id}/endpoints").json()["endpoints"]
     item = next(p for p in listed if p["id"] == c.project_id)
     # One branch, one compute: the project's figures are its branch's, the list's the same.
     for field in ("cpu_used_sec", "compute_time_seconds", "active_time_seconds"):
         assert branch[field] == project[field], (field, branch, project)
+        assert endpoint.get(field, 0) == in_list.get(field, 0) == project[field], field
     assert item["cpu_used_sec"] == project["cpu_used_sec"]
     assert item["active_time"] == project["active_time_seconds"]
     return {f: project[f] for f in ("cpu_used_sec", "compute_time_seconds", "active_time_seconds")}

@@ -202,7 +202,7 @@ def annotation(branch_id: str, a: Annotation | None) -> s.AnnotationOut:
     )
 
 
-def endpoint(e: Endpoint, settings: Settings) -> s.EndpointOut:
+def endpoint(e: Endpoint, settings: Settings, used: Totals | None = None) -> s.EndpointOut:
     return s.EndpointOut(
         host=settings.endpoint_host(e.id),
         id=e.id,
@@ -228,6 +228,9 @@ def endpoint(e: Endpoint, settings: Settings) -> s.EndpointOut:
         last_active=_ts(e.last_active),
         started_at=_ts(e.started_at),
         suspended_at=_ts(e.suspended_at),
+        cpu_used_sec=None if used is None else used.cpu_used_sec,
+        compute_time_seconds=None if used is None else used.compute_time_seconds,
+        active_time_seconds=None if used is None else used.active_time_seconds,
     )
 
 

@@ -53,6 +53,10 @@ class Totals:
             self.cpu_us + other.cpu_us, self.active_us + other.active_us, self.cu_us + other.cu_us
         )
 
+    @classmethod
+    def of(cls, usage: EndpointUsage) -> Totals:
+        return cls(usage.cpu_us, usage.active_us, usage.cu_us)
+
     @property
     def cpu_used_sec(self) -> int:
         return self.cpu_us // US

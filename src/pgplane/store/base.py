@@ -335,6 +335,10 @@ class Tx(AccountsTx):
         """What is kept of the endpoint's usage (also once it is deleted)."""
 
     @abc.abstractmethod
+    async def list_endpoint_usage(self, project_id: str) -> dict[str, EndpointUsage]:
+        """What is kept of the project's endpoints' usage, by endpoint id."""
+
+    @abc.abstractmethod
     async def put_endpoint_usage(self, usage: EndpointUsage, hours: Sequence[HourUsage]) -> None:
         """Keep ``usage`` and add ``hours`` to the hourly records."""
 

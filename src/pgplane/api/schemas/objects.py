@@ -79,6 +79,11 @@ class EndpointOut(Struct, kw_only=True, omit_defaults=True):
     last_active: str | None = None
     started_at: str | None = None
     suspended_at: str | None = None
+    # Not Neon's (its endpoints carry no usage): this compute's own share of its branch's and
+    # project's figures, in the same names. Absent until it first ran.
+    cpu_used_sec: int | None = None
+    compute_time_seconds: int | None = None
+    active_time_seconds: int | None = None
 
 
 class RoleOut(Struct, kw_only=True, omit_defaults=True):

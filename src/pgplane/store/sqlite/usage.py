@@ -32,6 +32,12 @@ class UsageMixin(Statements):
         ).fetchone()
         return EndpointUsage(*r) if r else None
 
+    async def list_endpoint_usage(self, project_id: str) -> dict[str, EndpointUsage]:
+        rows = self._c.execute(
+            f"SELECT {_COLUMNS} FROM endpoint_usage WHERE project_id = ?", (project_id,)
+        ).fetchall()
+        return {r[0]: EndpointUsage(*r) for r in rows}
+
     async def put_endpoint_usage(self, usage: EndpointUsage, hours: Sequence[HourUsage]) -> None:
         u = usage
         self._c.execute(
