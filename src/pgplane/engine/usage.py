@@ -32,6 +32,9 @@ from pgplane.store import Store, Tx
 log = logging.getLogger(__name__)
 
 _STORAGE_EVERY = 10  # ticks between samples of every branch's storage
+# Hourly records kept: the consumption history answers a year of months at most (as Neon's),
+# and a little more so the oldest month is whole.
+KEEP_HOURS = 400 * 24
 
 
 def fold(
@@ -216,8 +219,9 @@ class Sampler:
     async def tick(self, live: Sequence[Endpoint]) -> None:
         await sample(self._store, self._driver, live)
         if self._ticks % _STORAGE_EVERY == 0:
-            async with self._store.read() as tx:
+            async with self._store.write() as tx:
                 branches = await tx.storage_targets()
+                await tx.prune_usage_hours(before_hour=clock.now_us() // US - KEEP_HOURS * 3600)
         else:
             running = {(e.project_id, e.branch_id) for e in live if e.current_state == "active"}
             branches = sorted(running)

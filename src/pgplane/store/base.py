@@ -328,15 +328,14 @@ class Tx(AccountsTx):
     async def update_owned_operation(self, operation: Operation, *, owner: str) -> bool:
         """Write the operation's state if ``owner`` still holds its lease; False otherwise."""
 
-    # -- usage ----------------------------------------------------------------------------------
+    # -- usage (core/usage.py) -------------------------------------------------------------------
+    # Per endpoint (kept once it is deleted), per branch (its sizes) and per branch and hour.
 
     @abc.abstractmethod
-    async def get_endpoint_usage(self, endpoint_id: str) -> EndpointUsage | None:
-        """What is kept of the endpoint's usage (also once it is deleted)."""
+    async def get_endpoint_usage(self, endpoint_id: str) -> EndpointUsage | None: ...
 
     @abc.abstractmethod
-    async def list_endpoint_usage(self, project_id: str) -> dict[str, EndpointUsage]:
-        """What is kept of the project's endpoints' usage, by endpoint id."""
+    async def list_endpoint_usage(self, project_id: str) -> dict[str, EndpointUsage]: ...
 
     @abc.abstractmethod
     async def put_endpoint_usage(self, usage: EndpointUsage, hours: Sequence[HourUsage]) -> None:
@@ -344,15 +343,13 @@ class Tx(AccountsTx):
 
     @abc.abstractmethod
     async def branch_usage(self, project_id: str) -> dict[str, Totals]:
-        """The project's usage per branch, its deleted endpoints' included."""
+        """The project's endpoints' usage summed per branch, deleted endpoints' included."""
 
     @abc.abstractmethod
-    async def project_usage(self, project_ids: Sequence[str]) -> dict[str, Totals]:
-        """Each project's usage (absent: none yet)."""
+    async def project_usage(self, project_ids: Sequence[str]) -> dict[str, Totals]: ...
 
     @abc.abstractmethod
-    async def get_branch_sizes(self, branch_id: str) -> BranchSizes | None:
-        """The branch's sizes as last sampled."""
+    async def get_branch_sizes(self, branch_id: str) -> BranchSizes | None: ...
 
     @abc.abstractmethod
     async def put_branch_sizes(self, sizes: BranchSizes, hours: Sequence[HourUsage]) -> None:
@@ -364,11 +361,14 @@ class Tx(AccountsTx):
 
     @abc.abstractmethod
     async def project_storage(self, project_ids: Sequence[str]) -> dict[str, StorageTotals]:
-        """Each project's branches' sizes summed (absent: none sampled yet)."""
+        """Each project's live branches' sizes summed (absent: none sampled yet)."""
 
     @abc.abstractmethod
     async def storage_targets(self) -> list[tuple[str, str]]:
         """(project id, branch id) of every ready branch of an attached, live project."""
+
+    @abc.abstractmethod
+    async def prune_usage_hours(self, *, before_hour: int) -> int: ...
 
     @abc.abstractmethod
     async def usage_hours(

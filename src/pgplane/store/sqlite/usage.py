@@ -165,6 +165,9 @@ class UsageMixin(Statements):
             found |= {r[0]: Totals(r[1], r[2], r[3]) for r in rows}
         return found
 
+    async def prune_usage_hours(self, *, before_hour: int) -> int:
+        return self._c.execute("DELETE FROM usage_hours WHERE hour < ?", (before_hour,)).rowcount
+
     async def usage_hours(
         self, project_id: str, *, from_hour: int, to_hour: int
     ) -> list[tuple[HourUsage, bool]]:
