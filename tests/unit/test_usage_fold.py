@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-from pgplane.compute.driver import ComputeUsage
+import asyncio
+import contextlib
+from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
+
+from pgplane.compute.driver import ComputeDriver, ComputeUsage
+from pgplane.core.models import Endpoint
 from pgplane.core.usage import HOUR_US, US, EndpointUsage
-from pgplane.engine.usage import fold
+from pgplane.engine.usage import Sampler, fold
+from pgplane.store.sqlite.store import SqliteStore
 
 T0 = 1_000 * HOUR_US  # an hour's start
 EMPTY = EndpointUsage(endpoint_id="ep-a", project_id="p", branch_id="br")
@@ -58,3 +66,35 @@ def test_without_a_quota_compute_time_is_at_the_compute_s_size() -> None:
     reading = ComputeUsage(run="1:1", started_us=T0, cpu_seconds=0.5, measured="processes")
     kept, _ = fold(EMPTY, reading, now_us=T0 + 10 * US, default_cpus=0.25)
     assert kept.cu_us == int(2.5 * US)
+
+
+async def test_a_sample_never_outlives_the_task_that_started_it(tmp_path: Path) -> None:
+    """A slow sample (a disk walk) runs apart from the scheduler's tick, and ends with it."""
+    store = SqliteStore(tmp_path / "pgplane.db")
+    reading = asyncio.Event()
+
+    class Slow:
+        async def compute_usage(self, **_: str) -> list[ComputeUsage]:
+            reading.set()
+            await asyncio.Event().wait()  # a reading that never comes
+            return []
+
+    sampler = Sampler(store, cast("ComputeDriver", Slow()))
+    endpoint = cast("Endpoint", SimpleNamespace(id="ep-a", project_id="p", branch_id="br"))
+
+    async def scheduler() -> None:
+        sampler.start([endpoint])
+        await asyncio.Event().wait()
+
+    owner = asyncio.create_task(scheduler())
+    await reading.wait()
+    owner.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await owner
+    task = sampler._task
+    assert task is not None
+    with contextlib.suppress(asyncio.CancelledError):
+        async with asyncio.timeout(10):  # a sample left running would hang here: fail instead
+            await task
+    assert task.cancelled()
+    await store.close()

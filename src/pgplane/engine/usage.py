@@ -202,11 +202,20 @@ class Sampler:
         self._driver = driver
         self._ticks = 0
         self._task: asyncio.Task[None] | None = None
+        self._owner: asyncio.Task[object] | None = None
 
     def start(self, live: Sequence[Endpoint]) -> None:
-        """Sample in a task of its own, unless the last sample still runs."""
+        """Sample in a task of its own, unless the last sample still runs; it ends with the
+        task that started it (the scheduler's), never outliving it."""
+        if self._owner is None and (owner := asyncio.current_task()) is not None:
+            self._owner = owner
+            owner.add_done_callback(lambda _: self.stop())
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._tick(live), name="usage sample")
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
 
     async def _tick(self, live: Sequence[Endpoint]) -> None:
         try:
