@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import time
 from pathlib import Path
 
-from pgplane.compute.driver import BranchStorage
+from pgplane.compute.driver import BranchStorage, ComputeError
 from pgplane.compute.local.history.archiving import HistoryDirs
 from pgplane.compute.local.postgres.monitor import logical_size
 from pgplane.compute.local.postgres.records import Running
+
+log = logging.getLogger(__name__)
 
 WALK_SECONDS = 30.0
 _BLOCK = 512  # st_blocks' unit, whatever the filesystem's block size
@@ -63,9 +66,18 @@ async def branch_storage(
     when one runs, its trees walked unless ``walk`` is False."""
     logical = lsn = None
     if running is not None and running.endpoint_id is not None:
-        logical, lsn = await logical_size(running.socket_dir, running.port)
+        try:
+            logical, lsn = await logical_size(running.socket_dir, running.port)
+        except ComputeError as exc:  # starting, stopping, or too busy: its sizes come next time
+            log.info("branch %s: logical size not read: %s", dirs.branch_dir.name, exc)
     if not walk:
         return BranchStorage(logical=logical, data=None, history=None, wal_lsn=lsn)
     data = await asyncio.to_thread(allocated_bytes, dirs.pgdata)
     history = await asyncio.to_thread(allocated_bytes, dirs.wal, dirs.bases)
+    if data is None or history is None:
+        log.warning(
+            "branch %s: its files took over %.0f s to count; its sizes stay as last counted",
+            dirs.branch_dir.name,
+            WALK_SECONDS,
+        )
     return BranchStorage(logical=logical, data=data, history=history, wal_lsn=lsn)
