@@ -60,65 +60,79 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument(
+        "--walls-off-too",
+        action="store_true",
+        help="also a server with the walls off (as root): direct and proxy there, interleaved",
+    )
     args = parser.parse_args()
-    with running_server() as server:
-        _, key = server.create_key("bench@example.com")
-        with Api(server, key) as api:
-            body = api.create_ready_project(name="pgbench")
-            pid, eid = body["project"]["id"], body["endpoints"][0]["id"]
-            # As big as the machine: the proxy is measured, not the compute's CPU quota (as
-            # root a compute's cgroup holds it to its compute units; 0.25 CU by default).
-            size = float(min(16, os.cpu_count() or 1))
-            change = {"autoscaling_limit_min_cu": size, "autoscaling_limit_max_cu": size}
-            r = api.http.patch(f"/projects/{pid}/endpoints/{eid}", json={"endpoint": change})
-            assert r.status_code == 200, r.text
-            api.wait_operations(pid, [o["id"] for o in r.json()["operations"]])
-        bid = body["branch"]["id"]
-        params = body["connection_uris"][0]["connection_parameters"]
-        layout = Layout(server.data_dir.resolve())
-        running = Records(layout.postmaster_records).get(layout.pgdata(pid, bid))
-        assert running is not None
-        who = f"user={params['role']} dbname={params['database']}"
-        sides = {
-            # Its own socket: a sandboxed compute has no TCP port on the machine.
-            "direct": f"host={running.socket_dir} port={running.port} {who} sslmode=disable",
-            "proxy": f"host=127.0.0.1 port={server.proxy_port} {who} sslmode=disable"
-            f" options=endpoint={eid}",
-        }
-        global _TOOL  # noqa: PLW0603 - chosen once per run
-        _TOOL = tls_pgbench()
-        tls = _TOOL is not None
-        if tls:
-            sides["proxy, TLS"] = (
-                f"host=127.0.0.1 port={server.proxy_port} {who} sslmode=require"
-                f" options=endpoint={eid}"
-            )
-        else:
-            print("no pgbench with TLS here (the bundled wheel's has none): no TLS sides")
-        password = params["password"]
-        pgbench(sides["direct"], password, "-i", "-q", "-s", "1")
+    global _TOOL  # noqa: PLW0603 - chosen once per run
+    _TOOL = tls_pgbench()
+    if _TOOL is None:
+        print("no pgbench with TLS here (the bundled wheel's has none): no TLS sides")
+    with contextlib.ExitStack() as stack:
+        sides, middlemen, password = serve_sides(stack, tls=_TOOL is not None, bouncer=True)
+        if args.walls_off_too:
+            off, off_middlemen, _ = serve_sides(stack, tls=False, bouncer=False, walls="off")
+            sides.update({f"{k}, walls off": v for k, v in off.items()})
+            middlemen.update({f"{k}, walls off": v for k, v in off_middlemen.items()})
+        results, cpu = run_rounds(sides, password, args, middlemen)
+    return verdict(report(results, cpu, args))
+
+
+def serve_sides(
+    stack: contextlib.ExitStack, *, tls: bool, bouncer: bool, walls: str | None = None
+) -> tuple[dict[str, str], dict[str, int], str]:
+    """A server with one compute as big as the machine (and pgbouncer in front of it): each
+    side's conninfo (the role's password in it: each server's project has its own), each
+    middleman's pid, and the password."""
+    server = stack.enter_context(running_server(**({"PGPLANE_WALLS": walls} if walls else {})))
+    _, key = server.create_key("bench@example.com")
+    with Api(server, key) as api:
+        body = api.create_ready_project(name="pgbench")
+        pid, eid = body["project"]["id"], body["endpoints"][0]["id"]
+        # As big as the machine: the proxy is measured, not the compute's CPU quota (as root a
+        # compute's cgroup holds it to its compute units; 0.25 CU by default).
+        size = float(min(16, os.cpu_count() or 1))
+        change = {"autoscaling_limit_min_cu": size, "autoscaling_limit_max_cu": size}
+        r = api.http.patch(f"/projects/{pid}/endpoints/{eid}", json={"endpoint": change})
+        assert r.status_code == 200, r.text
+        api.wait_operations(pid, [o["id"] for o in r.json()["operations"]])
+    params = body["connection_uris"][0]["connection_parameters"]
+    layout = Layout(server.data_dir.resolve())
+    running = Records(layout.postmaster_records).get(layout.pgdata(pid, body["branch"]["id"]))
+    assert running is not None and server.process is not None
+    password = params["password"]
+    who = f"user={params['role']} dbname={params['database']} password={password}"
+    proxy = f"host=127.0.0.1 port={server.proxy_port} {who} options=endpoint={eid}"
+    sides = {
+        # Its own socket: a sandboxed compute has no TCP port on the machine.
+        "direct": f"host={running.socket_dir} port={running.port} {who} sslmode=disable",
+        "proxy": f"{proxy} sslmode=disable",
+    }
+    if tls:
+        sides["proxy, TLS"] = f"{proxy} sslmode=require"
+    pgbench(sides["direct"], password, "-i", "-q", "-s", "1")
+    # Whose CPU each side's middleman spends: the platform's process (the proxy is in it),
+    # pgbouncer's. Less noisy than throughput on a shared machine.
+    middlemen = {"proxy": server.process.pid, "proxy, TLS": server.process.pid}
+    if bouncer:
         tls_dir = server.data_dir / "tls"
-        with contextlib.ExitStack() as stack:
-            bouncer, bouncer_pid = stack.enter_context(
-                pgbouncer(
-                    socket_dir=running.socket_dir,
-                    port=running.port,
-                    database=params["database"],
-                    role=params["role"],
-                    password=password,
-                    tls=(tls_dir / "proxy.crt", tls_dir / "proxy.key") if tls else None,
-                )
+        port, bouncer_pid = stack.enter_context(
+            pgbouncer(
+                socket_dir=running.socket_dir,
+                port=running.port,
+                database=params["database"],
+                role=params["role"],
+                password=password,
+                tls=(tls_dir / "proxy.crt", tls_dir / "proxy.key") if tls else None,
             )
-            sides["pgbouncer"] = f"host=127.0.0.1 port={bouncer} {who} sslmode=disable"
-            if tls:
-                sides["pgbouncer, TLS"] = f"host=127.0.0.1 port={bouncer} {who} sslmode=require"
-            # Whose CPU each side's middleman spends: the platform's process (the proxy is in
-            # it), pgbouncer's. Less noisy than throughput on a shared machine.
-            assert server.process is not None
-            middlemen = {"proxy": server.process.pid, "pgbouncer": bouncer_pid}
-            middlemen.update({f"{k}, TLS": v for k, v in middlemen.items()})
-            results, cpu = run_rounds(sides, password, args, middlemen)
-        return verdict(report(results, cpu, args))
+        )
+        sides["pgbouncer"] = f"host=127.0.0.1 port={port} {who} sslmode=disable"
+        if tls:
+            sides["pgbouncer, TLS"] = f"host=127.0.0.1 port={port} {who} sslmode=require"
+        middlemen.update({"pgbouncer": bouncer_pid, "pgbouncer, TLS": bouncer_pid})
+    return sides, middlemen, password
 
 
 def report(
@@ -142,6 +156,13 @@ def report(
         "through the proxy >= 40% of direct": proxy >= 0.4 * direct,
         "through the proxy >= pgbouncer (plaintext)": proxy >= bouncer,
     }
+    if "proxy, walls off" in results:
+        on = proxy / direct
+        off = median(results["proxy, walls off"]) / median(results["direct, walls off"])
+        print(f", proxy's share of direct: {on:.0%} walls on, {off:.0%} walls off", end="")
+        checks["the walls cost the proxy nothing beside direct (share >= 0.9x walls off)"] = (
+            on >= 0.9 * off
+        )
     if "proxy, TLS" in results:
         ratio = median(results["proxy, TLS"]) / median(results["pgbouncer, TLS"])
         print(f", {ratio:.2f}x TLS", end="")

@@ -77,6 +77,10 @@ class Settings:
     # On SIGINT/SIGTERM: suspend every running compute first (engine/shutdown.py). Off, they
     # outlive the process and the next start adopts them.
     stop_computes: bool = False
+    # GET /metrics on the API's port (telemetry/metrics.py); off, nothing is counted at all (the
+    # bench compares the two). The log's form: text for people, json for log collectors.
+    metrics: bool = True
+    log_format: str = "text"
 
     # Operations engine.
     workers: int = 4
@@ -227,6 +231,16 @@ def settings_from_env(**overrides: object) -> Settings:
         if stop not in ("on", "off"):
             raise ValueError(f"PGPLANE_STOP_COMPUTES={stop!r}: expected on or off")
         env["stop_computes"] = stop == "on"
+    metrics = os.environ.get("PGPLANE_METRICS")
+    if metrics:
+        if metrics not in ("on", "off"):
+            raise ValueError(f"PGPLANE_METRICS={metrics!r}: expected on or off")
+        env["metrics"] = metrics == "on"
+    log_format = os.environ.get("PGPLANE_LOG_FORMAT")
+    if log_format:
+        if log_format not in ("text", "json"):
+            raise ValueError(f"PGPLANE_LOG_FORMAT={log_format!r}: expected text or json")
+        env["log_format"] = log_format
     bins = os.environ.get("PGPLANE_PG_BIN_DIRS")
     if bins:
         env["pg_bin_dirs"] = tuple(Path(p) for p in bins.split(os.pathsep) if p)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from pathlib import Path
 
 from pgplane.compute.driver import ComputeDriver, ComputeError
@@ -39,6 +40,7 @@ from pgplane.proxy.seam import (
 )
 from pgplane.services import endpoints, names, project_settings
 from pgplane.store import Store, Tx
+from pgplane.telemetry.metrics import NO_METRICS, Metrics
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +50,16 @@ _START_TIME_LIMIT = 600.0
 
 class ComputeWaker:
     def __init__(
-        self, *, store: Store, engine: Engine, driver: ComputeDriver, settings: Settings
+        self,
+        *,
+        store: Store,
+        engine: Engine,
+        driver: ComputeDriver,
+        settings: Settings,
+        metrics: Metrics = NO_METRICS,
     ) -> None:
         self._store = store
+        self._metrics = metrics
         self._engine = engine
         self._driver = driver
         self._settings = settings  # the account quotas a wake is checked against
@@ -149,6 +158,17 @@ class ComputeWaker:
         return endpoint, project, self._target(endpoint) if running else None
 
     async def _wake(self, endpoint_id: str) -> Target:
+        """The shared start of one endpoint's compute, timed (once, however many clients wait)."""
+        began = time.monotonic()
+        try:
+            target = await self._start(endpoint_id)
+        except Exception:
+            self._metrics.wake(time.monotonic() - began, failed=True)
+            raise
+        self._metrics.wake(time.monotonic() - began, failed=False)
+        return target
+
+    async def _start(self, endpoint_id: str) -> Target:
         try:
             async with self._store.write() as tx:
                 op = await endpoints.wake(tx, endpoint_id=endpoint_id, settings=self._settings)

@@ -16,13 +16,16 @@ from collections.abc import Iterator
 
 import uvicorn
 
+from pgplane import __version__
 from pgplane.api import create_app
 from pgplane.api.health import Readiness
 from pgplane.api.http import HttpLimits, protocol_with
+from pgplane.api.logcontext import with_request_ids
 from pgplane.compute.local import LocalComputeDriver, LocalDriverConfig
 from pgplane.compute.local.tenants.volumes import MIN_BYTES as MIN_SHARE_BYTES
 from pgplane.config import Settings
 from pgplane.connlimits import ConnectionGate
+from pgplane.core.operations import Action
 from pgplane.engine import Engine
 from pgplane.engine.history_handlers import keep_history
 from pgplane.engine.reconcile import reconcile
@@ -33,9 +36,12 @@ from pgplane.fdlimit import Caps, raise_nofile, reserve, size_caps
 from pgplane.gateway import ComputeWaker
 from pgplane.proxy.activity import Activity
 from pgplane.proxy.server import ALPN, Proxy
+from pgplane.proxy.throttle import LoginThrottle
 from pgplane.serverlock import AlreadyServing, ServerLock
 from pgplane.services import signin
 from pgplane.store.sqlite import SqliteStore
+from pgplane.telemetry.metrics import NO_METRICS
+from pgplane.telemetry.prometheus import Prometheus
 from pgplane.tls import (
     CertPair,
     ProxyTLS,
@@ -196,13 +202,17 @@ async def _serve(settings: Settings) -> None:
     settings = dataclasses.replace(settings, pg_versions=tuple(driver.pg_versions()))
     log.info("PostgreSQL versions available: %s", ", ".join(map(str, settings.pg_versions)))
     await driver.apply_size_limit()
-    store = SqliteStore(settings.store_path)
+    metrics = Prometheus(version=__version__, actions=Action) if settings.metrics else NO_METRICS
+    store = SqliteStore(settings.store_path, metrics)
     await reconcile(store, driver)
-    engine = Engine(store=store, driver=driver, settings=settings)
-    activity = Activity()
+    engine = Engine(store=store, driver=driver, settings=settings, metrics=metrics)
+    activity = Activity(metrics)
     proxy = Proxy(
-        computes=ComputeWaker(store=store, engine=engine, driver=driver, settings=settings),
+        computes=ComputeWaker(
+            store=store, engine=engine, driver=driver, settings=settings, metrics=metrics
+        ),
         activity=activity,
+        throttle=LoginThrottle(metrics=metrics),
         proxy_host=settings.proxy_host,
         server_tls=server_context(tls, alpn_protocols=ALPN),
         cert_hash=certificate_hash(tls.pair),
@@ -222,7 +232,12 @@ async def _serve(settings: Settings) -> None:
     for host, port in bound:
         log.info("pgplane Postgres proxy listening on %s:%d", host, port)
     scheduler = Scheduler(
-        store=store, engine=engine, driver=driver, settings=settings, activity=activity
+        store=store,
+        engine=engine,
+        driver=driver,
+        settings=settings,
+        activity=activity,
+        metrics=metrics,
     )
     readiness = Readiness(store)
     app = create_app(
@@ -233,10 +248,11 @@ async def _serve(settings: Settings) -> None:
         schema=driver.dump_schema,
         notify=engine.wake,
         readiness=readiness,
+        metrics=metrics,
     )
     server = _Server(
         uvicorn.Config(
-            app,
+            with_request_ids(app),
             host=settings.host,
             port=settings.port,
             # httptools, with deadlines, connection caps and the error body (api/http.py).

@@ -12,6 +12,7 @@ ones the README shows).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Iterator
@@ -212,3 +213,54 @@ def _another_account_sees_none_of_it(chromium: Browser, server: Server, pid: str
     response = other.goto(f"/console/projects/{pid}")
     assert response is not None and response.status == 404
     context.close()
+
+
+def test_a_compute_that_cannot_start_says_why_and_its_settings_are_mended_here(
+    chromium: Browser,
+) -> None:
+    # Two attempts, not five: the reason is the same each time.
+    with running_server(PGPLANE_MAX_ATTEMPTS="2") as server:
+        made = run_cli(
+            "accounts", "create", "me@example.com", "--password-stdin",
+            data_dir=server.data_dir, stdin=f"{PASSWORD}\n",
+        )  # fmt: skip
+        assert made.returncode == 0, made.stderr
+        key = json.loads(
+            run_cli("api-keys", "create", "--name", "k", data_dir=server.data_dir).stdout
+        )
+        with httpx.Client(
+            base_url=server.base_url, headers={"Authorization": f"Bearer {key['key']}"}
+        ) as api:
+            r = api.post("/projects", json={"project": {"name": "broken"}})
+            assert r.status_code == 201, r.text
+            pid, eid = r.json()["project"]["id"], r.json()["endpoints"][0]["id"]
+            # Valid to Postgres' check of the value, refused by its start-up.
+            broken = {"settings": {"pg_settings": {"max_connections": "1"}}}
+            assert api.patch(
+                f"/projects/{pid}/endpoints/{eid}", json={"endpoint": broken}
+            ).is_success
+        context = _context(chromium, server)
+        page = context.new_page()
+        page.goto("/console/signin")
+        page.get_by_label("Email").fill("me@example.com")
+        page.get_by_label("Password").fill(PASSWORD)
+        page.get_by_role("button", name="Sign in").click()
+        page.goto(f"/console/projects/{pid}")
+        failure = page.get_by_test_id("start-failure")
+        expect(failure).to_be_visible(timeout=60_000)  # the page updates itself until then
+        failure.locator("summary").click()
+        expect(failure).to_contain_text('"max_connections" (1)')
+        computes = page.locator("tr[data-endpoint]")
+        expect(computes).not_to_contain_text("→")  # nothing pretends to be under way
+        # Its retries show as attempts, and what it took is what the user waited.
+        expect(page.get_by_test_id("operations")).to_contain_text("2 attempts")
+        _shot(page, "compute-failed")
+
+        settings = page.get_by_test_id("pg-settings")
+        expect(settings).to_have_value("max_connections = 1\n")
+        settings.fill("max_connections = 20\n")
+        page.get_by_role("button", name="Save settings").click()
+        computes.get_by_role("button", name="Start", exact=True).click()
+        expect(computes).to_contain_text("active", timeout=60_000)
+        expect(page.get_by_test_id("start-failure")).to_have_count(0)
+        context.close()

@@ -156,8 +156,9 @@ def test_errors_are_postgres_errors(api: Api, server: Server) -> None:
     assert len(_starts(api, pid)) == before
     assert _endpoint(api, pid, eid)["current_state"] == "idle"
 
+    # An endpoint nobody has fails as a wrong password: so does another account's.
     unknown = uri.replace(eid, "ep-no-such-endpoint-12345678")
-    with pytest.raises(psycopg.OperationalError, match="not found"):
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
         psycopg.connect(unknown, connect_timeout=30)
     anonymous = uri.split("&options=")[0]
     with pytest.raises(psycopg.OperationalError, match="endpoint not specified"):

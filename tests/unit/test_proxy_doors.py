@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 import ssl
 import struct
@@ -18,11 +19,19 @@ import psycopg
 import pytest
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
+from websockets.frames import Frame, Opcode
+from websockets.protocol import State
+from websockets.server import ServerProtocol
 
+from pgplane.connlimits import ConnectionGate
 from pgplane.proxy import wire
 from pgplane.proxy.activity import Activity
 from pgplane.proxy.doors.http import HttpLimits, HttpReply, HttpRequest
 from pgplane.proxy.doors.sniff import Door, classify, peek
+from pgplane.proxy.doors.websocket import WebSocketSide
+from pgplane.proxy.pipe import Side
+from pgplane.proxy.scram import ScramError
+from pgplane.proxy.seam import RouteError
 from pgplane.proxy.server import ALPN, Proxy
 from pgplane.proxy.throttle import LoginThrottle
 from pgplane.tls import ca_certificate, certificate_hash, ensure_certificate, server_context
@@ -246,3 +255,137 @@ def test_peek_leaves_the_bytes_on_the_socket() -> None:
         a.sendall(b"\x16\x03")
         assert asyncio.run(peek(b, 1)) == b"\x16"
         assert b.recv(2) == b"\x16\x03"
+
+
+class _Transport:
+    """A transport that records what is written and whether reading is paused."""
+
+    def __init__(self) -> None:
+        self.paused = False
+        self.written = b""
+        self.closed = False
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def close(self) -> None:
+        self.closed = True
+
+    def set_write_buffer_limits(self, high: int) -> None:
+        pass
+
+    def set_protocol(self, protocol: object) -> None:
+        pass
+
+    def get_extra_info(self, name: str) -> None:
+        return None
+
+
+async def test_a_websocket_pipe_pauses_the_side_that_outruns_the_other() -> None:
+    client_transport, compute_transport = _Transport(), _Transport()
+    raw = Side()
+    raw.connection_made(client_transport)  # type: ignore[arg-type]
+    ws = ServerProtocol(state=State.OPEN)
+    client = WebSocketSide.take_over(raw, ws, b"HTTP/1.1 101 \r\n\r\n", b"")
+    compute = Side()
+    compute.connection_made(compute_transport)  # type: ignore[arg-type]
+    session = Activity().open(ENDPOINT, 0)
+    compute.pipe_to(client, session)
+    client.pipe_to(compute, session)
+
+    # Frames in, bytes out; bytes in, binary frames out.
+    client.data_received(Frame(Opcode.BINARY, b"query").serialize(mask=True, extensions=[]))
+    assert compute_transport.written == b"query"
+    compute.data_received(b"rows")
+    assert client_transport.written.endswith(Frame(Opcode.BINARY, b"rows").serialize(mask=False))
+
+    # The compute's buffer fills (the compute reads slowly): the client is paused, and resumed.
+    compute.pause_writing()
+    assert client_transport.paused
+    compute.resume_writing()
+    assert not client_transport.paused
+    # The client's buffer fills (the client reads slowly): the compute is paused, and resumed.
+    client.pause_writing()
+    assert compute_transport.paused
+    client.resume_writing()
+    assert not compute_transport.paused
+
+    # A text frame is no Postgres: the connection is closed (1003).
+    client.data_received(Frame(Opcode.TEXT, b"select 1").serialize(mask=True, extensions=[]))
+    assert client_transport.closed
+
+
+async def test_a_handler_logs_in_with_a_password_through_the_same_walls(tmp_path: Path) -> None:
+    compute = ScriptedCompute([AUTH_OK + READY])
+    server = await asyncio.start_server(compute.serve, "127.0.0.1", 0)
+    computes = Computes(server.sockets[0].getsockname()[1], OWN)
+    proxy = Proxy(
+        computes=computes,
+        activity=Activity(),
+        proxy_host="localhost",
+        server_tls=None,
+        cert_hash=None,
+        throttle=LoginThrottle(failures_per_minute=3),
+    )
+    startup = wire.Startup(wire.PROTOCOL_3, {"user": "u", "database": "d"})
+    try:
+        conn, reply = await proxy.sessions.open_with_password(
+            ENDPOINT, startup, PASSWORD, peer="127.0.0.1"
+        )
+        assert reply == AUTH_OK + READY
+        conn.close()
+        for _ in range(3):
+            with pytest.raises(ScramError, match='password authentication failed for user "u"'):
+                await proxy.sessions.open_with_password(ENDPOINT, startup, "x", peer="127.0.0.2")
+        with pytest.raises(RouteError, match="too many failed logins"):
+            await proxy.sessions.open_with_password(ENDPOINT, startup, PASSWORD, peer="127.0.0.2")
+        assert computes.wakes == []
+        assert compute.connections == 1
+    finally:
+        await proxy.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_past_the_caps_each_door_is_told_in_its_own_words(tmp_path: Path) -> None:
+    compute = ScriptedCompute([AUTH_OK + READY])
+    server = await asyncio.start_server(compute.serve, "127.0.0.1", 0)
+    computes = Computes(server.sockets[0].getsockname()[1], OWN)
+    tls = ensure_certificate(tmp_path / "tls", "localhost")
+    proxy = Proxy(
+        computes=computes,
+        activity=Activity(),
+        proxy_host="localhost",
+        server_tls=server_context(tls, alpn_protocols=ALPN),
+        cert_hash=certificate_hash(tls.pair),
+        gate=ConnectionGate(per_address=1, total=0),
+    )
+    [(_, port)] = await proxy.start("127.0.0.1", 0)
+    try:
+        _, holder = await asyncio.open_connection("127.0.0.1", port)  # the address' one place
+        http = await _raw_exchange(port, b"GET /v2 HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert http.startswith(b"HTTP/1.1 429 "), http
+        assert b"Retry-After: 1\r\n" in http
+        body = json.loads(http.partition(b"\r\n\r\n")[2])
+        assert body == {"code": "TOO_MANY_REQUESTS", "message": body["message"]}
+        assert "at most 1" in body["message"]
+        postgres = await _raw_exchange(port, SSL_REQUEST)
+        assert postgres.startswith(b"E") and b"C53300\0" in postgres, postgres
+        silent = await _raw_exchange(port, b"")
+        assert silent.startswith(b"E") and b"C53300\0" in silent, silent
+        # TLS is not started for a client past the caps: it is closed.
+        assert await _raw_exchange(port, b"\x16\x03\x01\x00\x05hello") == b""
+        holder.close()
+    finally:
+        await proxy.close()
+        server.close()
+        await server.wait_closed()

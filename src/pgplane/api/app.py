@@ -20,6 +20,8 @@ from pgplane import __version__
 from pgplane.api import bodies, document, health
 from pgplane.api.auth import AnyRequest, Platform, key_hook
 from pgplane.api.errors import on_http_error, on_platform_error, on_unexpected
+from pgplane.api.logcontext import note_path_ids
+from pgplane.api.metrics import scrape
 from pgplane.api.ratelimit import RateLimiter
 from pgplane.api.reference import reference_handler
 from pgplane.api.routes.account import Account
@@ -41,6 +43,7 @@ from pgplane.services.compute_settings import SettingsCheck
 from pgplane.services.history import HistoryLookup, unknown_history
 from pgplane.services.schemas import SchemaDumper, no_dumps
 from pgplane.store import Store
+from pgplane.telemetry.metrics import NO_METRICS, Metrics
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +85,11 @@ def create_app(
     schema: SchemaDumper = no_dumps,
     notify: Callable[[], None] = _nothing,
     readiness: health.Readiness | None = None,
+    metrics: Metrics = NO_METRICS,
 ) -> Litestar:
     """The API over ``store``; ``notify`` is called after a request starts operations,
-    ``check_settings`` (the compute driver's) judges pg_settings values, and ``readiness`` (by
-    default the store's alone) answers ``/readyz``."""
+    ``check_settings`` (the compute driver's) judges pg_settings values, ``readiness`` (by
+    default the store's alone) answers ``/readyz``, and ``metrics``, when on, ``/metrics``."""
     recorder = api_keys.UseRecorder()
 
     @contextlib.asynccontextmanager
@@ -137,6 +141,7 @@ def create_app(
     async def before_request(request: AnyRequest) -> Response[None] | None:
         """Every request: the key first (a stranger learns nothing, not even a 400), then whether
         the path can name anything, then OPTIONS, then the body's form."""
+        note_path_ids(request.path_params)
         await authenticate(request)
         if _ENCODED_SLASH in (request.scope.get("raw_path") or b"").lower():
             # Routing sees the decoded path, where %2F is a separator: /projects/%2F would be
@@ -174,9 +179,16 @@ def create_app(
             reference_handler(settings),
             health.live,
             health.ready,
+            *([scrape] if metrics.enabled else []),
             *console_handlers,
         ],
-        state=State({"readiness": readiness or health.Readiness(store), "console": console_state}),
+        state=State(
+            {
+                "readiness": readiness or health.Readiness(store),
+                "console": console_state,
+                "metrics": metrics,
+            }
+        ),
         template_config=templates(),
         before_send=[console_headers],
         exception_handlers={

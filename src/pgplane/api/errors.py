@@ -14,6 +14,7 @@ from litestar.exceptions import HTTPException, ValidationException
 from pgplane.api.schemas import ErrorBody
 from pgplane.core import keys
 from pgplane.errors import BadRequest, PgplaneError
+from pgplane.telemetry import logs
 
 log = logging.getLogger(__name__)
 
@@ -26,15 +27,24 @@ _CODES = {cls.status: cls.code for cls in PgplaneError.__subclasses__()}
 
 
 def request_id(request: AnyRequest) -> str:
-    """The client's ``X-Request-ID`` when it is sane, else a fresh one.
+    """The request's id as its log lines have it (api/logcontext.py); else the client's
+    ``X-Request-ID`` when it is sane, else a fresh one."""
+    return (
+        logs.request_id.get()
+        or sane_request_id(request.headers.get("x-request-id"))
+        or uuid.uuid4().hex
+    )
 
-    Never one that looks like an API key: a client that put its key there by mistake would see it
-    echoed in error bodies, which may be logged or shown where the key must never appear.
+
+def sane_request_id(given: str | None) -> str | None:
+    """A client's request id, if short and plain, and not one that looks like an API key.
+
+    A client that put its key there by mistake would see it echoed in error bodies and written
+    in the log, where a key must never appear.
     """
-    given = request.headers.get("x-request-id")
     if given and _REQUEST_ID.match(given) and not given.startswith(keys.PREFIX):
         return given
-    return uuid.uuid4().hex
+    return None
 
 
 def _render(

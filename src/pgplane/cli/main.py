@@ -3,8 +3,6 @@ accounts, tls)."""
 
 from __future__ import annotations
 
-import logging
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -15,6 +13,7 @@ from pgplane.cli.common import DataDir
 from pgplane.cli.keys import api_keys_app
 from pgplane.cli.tls import tls_app
 from pgplane.config import settings_from_env
+from pgplane.telemetry import logs
 
 app = typer.Typer(
     rich_markup_mode=None,  # plain help: readable at 80 columns, nothing to escape
@@ -46,14 +45,6 @@ def _options(
     ] = False,
 ) -> None:
     """A self-hostable Postgres platform with a Neon-compatible management API."""
-
-
-def _logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
 
 
 @app.command()
@@ -142,12 +133,19 @@ def serve(
             " as operations); without it they keep running and the next start adopts them",
         ),
     ] = None,
+    metrics: Annotated[
+        bool | None,
+        typer.Option("--metrics/--no-metrics", help="GET /metrics on the API's port [on]"),
+    ] = None,
+    log_format: Annotated[
+        str | None,
+        typer.Option(help="text, or json: one object a line with the ids in context [text]"),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
 ) -> None:
     """Run the API, the operations engine and the computes' supervisor in one process."""
     from pgplane.server import run  # noqa: PLC0415 - keep `api-keys` free of server imports
 
-    _logging(log_level)
     settings = settings_from_env(
         data_dir=data_dir,
         host=host,
@@ -171,7 +169,14 @@ def serve(
         disk_per_project=disk_per_project,
         branch_size_limit=branch_size_limit,
         stop_computes=stop_computes,
+        metrics=metrics,
+        log_format=log_format,
     )
+    try:
+        logs.configure(log_level, settings.log_format)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     if (settings.tls_cert is None) != (settings.tls_key is None):
         typer.echo("error: --tls-cert and --tls-key go together", err=True)
         raise typer.Exit(2)

@@ -37,9 +37,21 @@ def when(us: int | None) -> str:
     return "" if us is None else clock.format_us(us)[:19].replace("T", " ") + " UTC"
 
 
+def took(op: Operation) -> str:
+    """How long an operation took, as its user waited: from its creation until it settled,
+    retries and the pauses between them included (the API's ``total_duration_ms`` counts its
+    attempts only); with its attempts when there were several."""
+    if not op.status.settled:
+        return ""
+    ms = (op.updated_at - op.created_at) // 1000
+    text = f"{ms} ms" if ms < 10_000 else f"{ms / 1000:.0f} s"
+    attempts = op.failures_count + (op.status == "finished")
+    return f"{text}, {attempts} attempts" if attempts > 1 else text
+
+
 def templates() -> TemplateConfig[JinjaTemplateEngine]:
     def setup(engine: JinjaTemplateEngine) -> None:
-        engine.engine.filters.update(label=label, when=when)
+        engine.engine.filters.update(label=label, when=when, took=took)
 
     return TemplateConfig(
         directory=HERE / "templates", engine=JinjaTemplateEngine, engine_callback=setup

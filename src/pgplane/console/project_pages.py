@@ -19,6 +19,7 @@ from pgplane.console.pages import form, page, unsettled
 from pgplane.console.session import PREFIX, AnyRequest, SignedIn, signed_in
 from pgplane.console.usage_view import usage_view
 from pgplane.core.models import Branch, Endpoint, Operation, Project
+from pgplane.core.operations import Action, Status
 from pgplane.errors import BadRequest, LimitExceeded, NotFound, PgplaneError
 from pgplane.services import branches, endpoints, operations, projects, roles
 from pgplane.services.connections import find as find_connection
@@ -29,6 +30,8 @@ _ENDPOINT_ACTIONS: dict[str, Callable[..., Awaitable[tuple[Endpoint, list[Operat
     "suspend": endpoints.suspend,
     "restart": endpoints.restart,
 }
+# The operations that bring a compute up: the latest of them, failed, is why it is not.
+_STARTS = frozenset({Action.START_COMPUTE, Action.APPLY_CONFIG})
 
 
 @dataclass
@@ -166,6 +169,8 @@ class ProjectsPage(Controller):
         action: FromPath[str],
     ) -> Redirect:
         me = signed_in(request)
+        if action == "settings":
+            return await _endpoint_settings(request, me, project_id, endpoint_id)
         change = _ENDPOINT_ACTIONS.get(action)
         if change is None:
             raise NotFound("not found")
@@ -183,6 +188,53 @@ class ProjectsPage(Controller):
         return Redirect(
             path=f"{_project_path(project_id)}?branch={endpoint.branch_id}", status_code=303
         )
+
+
+async def _endpoint_settings(
+    request: AnyRequest, me: SignedIn, project_id: str, endpoint_id: str
+) -> Redirect:
+    """A compute's Postgres settings, one ``name = value`` a line, as the API's PATCH takes
+    them (checked by its Postgres; a running compute restarts with them)."""
+    text = (await form(request)).get("pg_settings", "")
+    pg_settings: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        name, equals, value = line.partition("=")
+        if not equals or not name.strip():
+            raise BadRequest(f"settings line {number}: write it as name = value")
+        pg_settings[name.strip()] = value.strip()
+    async with me.console.store.write() as tx:
+        endpoint, _ = await endpoints.update(
+            tx,
+            account_id=me.account_id,
+            project_id=project_id,
+            endpoint_id=endpoint_id,
+            changes=endpoints.EndpointChanges(pg_settings=pg_settings),
+            settings=me.console.settings,
+            check_settings=me.console.check_settings,
+        )
+    return changed(me, project_id, endpoint.branch_id)
+
+
+def _start_failures(computes: list[Endpoint], ops: list[Operation]) -> dict[str, str]:
+    """Each compute that is not running, nor asked to, because its latest start (or restart
+    with new settings) failed for good since it last ran: why."""
+    found: dict[str, str] = {}
+    for e in computes:
+        if e.current_state == "active" or e.pending_state is not None:
+            continue
+        failed = next(
+            (
+                op
+                for op in ops  # newest first
+                if op.endpoint_id == e.id and op.action in _STARTS and op.status == Status.FAILED
+            ),
+            None,
+        )
+        if failed is not None and failed.error and failed.updated_at > (e.started_at or 0):
+            found[e.id] = failed.error
+    return found
 
 
 def changed(me: SignedIn, project_id: str, branch_id: str) -> Redirect:
@@ -257,4 +309,5 @@ async def project_context(
         "operations": page_.operations,
         "next_cursor": page_.cursor,
         "live": unsettled(page_.operations),
+        "start_failures": _start_failures(computes, page_.operations),
     }

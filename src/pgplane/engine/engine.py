@@ -39,6 +39,8 @@ from pgplane.engine.context import Context, Handler, PermanentError
 from pgplane.engine.handlers import GIVEN_UP, HANDLERS
 from pgplane.errors import PgplaneError, Unavailable
 from pgplane.store import Store, Tx
+from pgplane.telemetry import logs
+from pgplane.telemetry.metrics import NO_METRICS, Metrics
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +60,10 @@ class Engine:
         driver: ComputeDriver,
         settings: Settings,
         handlers: dict[Action, Handler] | None = None,
+        metrics: Metrics = NO_METRICS,
     ) -> None:
         self._store = store
+        self._metrics = metrics
         self._settings = settings
         self._context = Context(store=store, driver=driver, settings=settings)
         self._handlers: dict[Action, Handler] = dict(HANDLERS if handlers is None else handlers)
@@ -166,6 +170,10 @@ class Engine:
             self._running[claimed.id] = task
 
     async def _attempt(self, op: Operation, slots: asyncio.Semaphore, long: bool) -> None:
+        # The attempt's own task: its log lines name the operation, and no other task's do.
+        logs.in_operation(
+            op.id, project=op.project_id, branch=op.branch_id, endpoint=op.endpoint_id
+        )
         heartbeat = asyncio.create_task(self._heartbeat(op))
         try:
             await self._run_handler(op)
@@ -223,6 +231,7 @@ class Engine:
 
         await self._record(op, finish)
         self._settled(op.id)
+        self._metrics.operation_settled(op.action, "finished", done.total_duration_ms / 1000)
         log.info("operation %s %s finished in %d ms", op.id, op.action, (now - started) // 1000)
 
     def _handler_for(self, op: Operation) -> Handler:
@@ -271,6 +280,9 @@ class Engine:
         await self._record(op, fail)
         if final:
             self._settled(op.id)
+            self._metrics.operation_settled(op.action, "failed", failed.total_duration_ms / 1000)
+        else:
+            self._metrics.operation_retried(op.action)
 
     async def _record(self, op: Operation, write: Callable[[Tx], Awaitable[None]]) -> None:
         """Write an attempt's outcome, waiting out a store outage (a full disk, an I/O error).

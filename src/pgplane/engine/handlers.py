@@ -278,11 +278,32 @@ async def _suspend_given_up(tx: Tx, op: Operation) -> None:
         )
 
 
+async def _start_given_up(tx: Tx, op: Operation) -> None:
+    """A start (or a restart with new settings) that failed for good: the endpoint says so.
+
+    Left pending ``active``, it would read "idle → active" for ever. Its compute is not
+    running (the attempts stopped what they started); the next connection or start tries
+    again, and the failed operation says why this one could not.
+    """
+    if op.endpoint_id is None:
+        return
+    endpoint = await tx.get_endpoint(project_id=op.project_id, endpoint_id=op.endpoint_id)
+    if endpoint is not None and endpoint.pending_state == "active":
+        await tx.set_endpoint_state(
+            endpoint_id=endpoint.id,
+            current_state=endpoint.current_state,
+            pending_state=None,
+            now=clock.now_us(),
+        )
+
+
 GivenUp = Callable[[Tx, Operation], Awaitable[None]]
 
 # What an action that failed for good must undo, written with its failure.
 GIVEN_UP: dict[Action, GivenUp] = {
     Action.SUSPEND_COMPUTE: _suspend_given_up,
+    Action.START_COMPUTE: _start_given_up,
+    Action.APPLY_CONFIG: _start_given_up,
     Action.CREATE_TIMELINE: restore_given_up,
 }
 

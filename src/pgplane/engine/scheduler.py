@@ -27,6 +27,7 @@ from pgplane.engine.engine import Engine
 from pgplane.errors import Conflict, Unavailable
 from pgplane.services import scheduled
 from pgplane.store import Store
+from pgplane.telemetry.metrics import NO_METRICS, Metrics
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +58,10 @@ class Scheduler:
         driver: ComputeDriver,
         settings: Settings,
         activity: Activity,
+        metrics: Metrics = NO_METRICS,
     ) -> None:
         self._store = store
+        self._metrics = metrics
         self._engine = engine
         self._driver = driver
         self._settings = settings
@@ -73,7 +76,12 @@ class Scheduler:
         self._undeletable: set[str] = set()
 
     async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        due = loop.time()
         while True:
+            # Late when the event loop was held (a blocking call, a collector pause): every timer
+            # of the process, the proxy's and the API's too, was late by as much.
+            self._metrics.scheduler_tick(max(0.0, loop.time() - due))
             try:
                 await self.tick()
             except asyncio.CancelledError:
@@ -82,6 +90,7 @@ class Scheduler:
                 log.warning("scheduler waits for the store: %s", exc.message)
             except Exception:
                 log.exception("scheduler tick failed; continuing")
+            due = loop.time() + self._settings.scheduler_seconds
             await asyncio.sleep(self._settings.scheduler_seconds)
 
     async def tick(self) -> None:
@@ -96,6 +105,7 @@ class Scheduler:
                 raise
         async with self._store.read() as tx:
             live = await tx.list_live_endpoints()
+        self._metrics.computes(e.current_state for e in live)
         started = await self._suspend_idle(live, now)
         started += await self._expire(now)
         loop_now = asyncio.get_running_loop().time()

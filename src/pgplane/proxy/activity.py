@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from pgplane.telemetry.metrics import NO_METRICS, Metrics
+
 
 class Session:
     """One client connection through the proxy to an endpoint."""
@@ -21,7 +23,9 @@ class Session:
 
 
 class Activity:
-    def __init__(self) -> None:
+    def __init__(self, metrics: Metrics = NO_METRICS) -> None:
+        # Every session the proxy joins to a compute opens and closes here, whatever the door.
+        self._metrics = metrics
         self._open: defaultdict[str, set[Session]] = defaultdict(set)
         self._changed: dict[str, int] = {}
 
@@ -29,14 +33,16 @@ class Activity:
         session = Session(endpoint_id)
         self._open[endpoint_id].add(session)
         self._changed[endpoint_id] = now
+        self._metrics.proxy_opened()
         return session
 
     def close(self, session: Session, now: int) -> None:
         sessions = self._open.get(session.endpoint_id)
-        if sessions is not None:
+        if sessions is not None and session in sessions:
             sessions.discard(session)
             if not sessions:
                 del self._open[session.endpoint_id]
+            self._metrics.proxy_closed()
         if session.ticks != session.seen:
             self._changed[session.endpoint_id] = now
 

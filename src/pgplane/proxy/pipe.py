@@ -10,6 +10,7 @@ peer that cannot keep up pauses this side (its write buffer's high-water mark).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from typing import Protocol, cast
 
@@ -17,6 +18,7 @@ from pgplane.proxy.activity import Session
 from pgplane.proxy.framing import HEADER, payload_length
 
 HANDSHAKE_BUFFER = 128 * 1024
+LINGER = 2.0  # seconds a refused peer has to read its refusal and close
 _HIGH_WATER = 256 * 1024
 
 
@@ -74,6 +76,11 @@ class Side(asyncio.Protocol):
             self.made.set_result(None)
 
     def data_received(self, data: bytes) -> None:
+        self._received(data)
+
+    def _received(self, data: bytes) -> None:
+        """The side's bytes (for a framed side, its frames' payloads): kept for the handshake,
+        or passed on to the peer once piped."""
         peer = self._peer
         if peer is not None:
             peer.write(data)
@@ -173,6 +180,25 @@ class Side(asyncio.Protocol):
         if self._transport is not None:
             self._transport.close()
 
+    async def close_after_reply(self, linger: float = LINGER) -> None:
+        """Close once the peer has had what was written (a refusal), waiting at most ``linger``
+        seconds for it to close its side.
+
+        Closed with bytes of the peer's still unread (a pipelined password, a body), the kernel
+        would reset the connection, and the peer could lose the reply. Our side is shut for
+        writing first where the transport can; what the peer sends meanwhile is held as in the
+        handshake (bounded, then reading pauses).
+        """
+        try:
+            transport = self._transport
+            if transport is not None and not transport.is_closing() and transport.can_write_eof():
+                transport.write_eof()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(linger):
+                    await asyncio.shield(self.lost)
+        finally:
+            self.close()
+
     def pipe_to(
         self,
         peer: Side,
@@ -186,7 +212,7 @@ class Side(asyncio.Protocol):
         self.transport.set_write_buffer_limits(high=_HIGH_WATER)
         if self._buffer:
             pending, self._buffer = bytes(self._buffer), bytearray()
-            self.data_received(pending)
+            self._received(pending)
         if self._paused:
             self._paused = False
             self.transport.resume_reading()

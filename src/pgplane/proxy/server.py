@@ -27,7 +27,7 @@ import socket
 import ssl
 from collections.abc import Coroutine
 
-from pgplane.connlimits import ConnectionGate
+from pgplane.connlimits import ConnectionGate, Refusal
 from pgplane.proxy import wire
 from pgplane.proxy.activity import Activity
 from pgplane.proxy.doors import sniff, websocket
@@ -37,6 +37,7 @@ from pgplane.proxy.doors.http import (
     HttpReply,
     HttpRequest,
     Upgrade,
+    raw_reply,
     serve_http,
 )
 from pgplane.proxy.doors.postgres import PostgresHello, remember_sni, server_name
@@ -56,6 +57,8 @@ log = logging.getLogger(__name__)
 
 _HANDSHAKE_TIMEOUT = 30.0
 _BACKLOG = 1024
+_REFUSAL_GRACE = 0.5  # seconds a refused client has to show which door it came for
+_REFUSALS_AT_ONCE = 64
 
 
 class Proxy:
@@ -89,6 +92,8 @@ class Proxy:
         self._http_limits = http_limits or HttpLimits(request_seconds=handshake_timeout)
         self._body_budget = BodyBudget()
         self._listeners: list[socket.socket] = []
+        self._accepting: list[asyncio.Task[None]] = []
+        self._refusing = 0  # refused clients given a moment to show their door
         self._tasks: set[asyncio.Task[None]] = set()
         if server_tls is not None:
             if server_tls.sni_callback is None:  # pgplane.tls's keeps the name, and more
@@ -96,6 +101,11 @@ class Proxy:
             # Offered to a client that starts with TLS: which door it wants. A client that names
             # neither (or after an SSLRequest, where the door is chosen already) is not refused.
             server_tls.set_alpn_protocols(list(ALPN))
+
+    @property
+    def sessions(self) -> Sessions:
+        """The steps every door shares, for a handler plugged in (``/sql``) to log in with."""
+        return self._sessions
 
     def plug_sql(self, sql: SqlHandler) -> None:
         """Serve ``/sql`` with ``sql`` from now on."""
@@ -120,10 +130,14 @@ class Proxy:
             self._close_listeners()
             raise
         for listener in self._listeners:
-            self._spawn(self._accept_loop(listener))
+            self._accepting.append(loop.create_task(self._accept_loop(listener)))
         return bound
 
     async def close(self) -> None:
+        # The accept loops first: a listening socket is closed once nothing waits on it.
+        for task in self._accepting:
+            task.cancel()
+        await asyncio.gather(*self._accepting, return_exceptions=True)
         self._close_listeners()
         for task in list(self._tasks):
             task.cancel()
@@ -161,34 +175,83 @@ class Proxy:
         host = address[0] if isinstance(address, tuple) and address else ""
         admission = self._gate.admit(str(host) or None)
         if admission is None:
-            # Told so as Postgres tells it, before a byte of it is read: the caps protect
-            # descriptors, and reading to learn the door would hold this one longer.
-            with contextlib.suppress(OSError):
-                sock.send(
-                    wire.error_response(wire.TOO_MANY_CONNECTIONS, self._gate.refusal_message())
-                )
-            sock.close()
+            await self._refuse(sock)
             return
         try:
             await self._open_door(sock)
         finally:
             admission.release()
 
+    async def _refuse(self, sock: socket.socket) -> None:
+        """Tell a client past the caps so in its door's words, and close it.
+
+        The caps protect descriptors, so a refused client is given little: a moment to show
+        its door (a Postgres client sends its first packet at once), and only while few others
+        are being refused; otherwise, or when it says nothing, it is told as Postgres tells it
+        (53300). An HTTP client gets the JSON error (429 for its address' share, 503 for the
+        proxy's), a TLS client only the close: answering it would take a TLS handshake.
+        """
+        try:
+            await self._tell_refused(sock)
+        finally:
+            sock.close()
+
+    async def _tell_refused(self, sock: socket.socket) -> None:
+        message = self._gate.refusal_message()  # read now: others may be refused meanwhile
+        status = 429 if self._gate.last_refusal is Refusal.PER_ADDRESS else 503
+        first = b""
+        if self._refusing < _REFUSALS_AT_ONCE:
+            self._refusing += 1
+            try:
+                with contextlib.suppress(OSError, TimeoutError):
+                    async with asyncio.timeout(_REFUSAL_GRACE):
+                        first = await sniff.peek(sock)
+            finally:
+                self._refusing -= 1
+        door = sniff.classify(first)
+        answer = wire.error_response(wire.TOO_MANY_CONNECTIONS, message)
+        if door is sniff.Door.HTTP:
+            answer = raw_reply(HttpReply.error(status, message, headers=[("Retry-After", "1")]))
+        elif door is sniff.Door.TLS:
+            answer = b""
+        with contextlib.suppress(OSError):
+            # What it sent is read first: closed unread, the kernel would reset the connection,
+            # and the client could lose the answer.
+            if first:
+                sock.recv(65536)
+            sock.send(answer)
+
     async def _open_door(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._handshake_timeout if self._handshake_timeout else None
+        made: list[Side] = []
+
+        def side() -> Side:
+            # The loop's answer names a TLS layer's protocol, not this one (uvloop): kept here.
+            made.append(Side())
+            return made[-1]
+
         try:
             async with asyncio.timeout_at(deadline):
                 door = sniff.classify(await sniff.peek(sock))
                 tls = self._server_tls if door is sniff.Door.TLS else None
-                _, client = await loop.connect_accepted_socket(
-                    Side,
-                    sock,
-                    ssl=tls,
-                )
+                await loop.connect_accepted_socket(side, sock, ssl=tls)
         except (OSError, TimeoutError, ssl.SSLError):
             sock.close()
             return
+        except BaseException:  # cancelled (the proxy closes): the socket is still ours
+            sock.close()
+            raise
+        client = made[0]
+        try:
+            await self._enter(client, door, tls is not None, deadline)
+        except Exception:
+            log.exception("proxy connection failed")
+            client.close()
+
+    async def _enter(
+        self, client: Side, door: sniff.Door, tls: bool, deadline: float | None
+    ) -> None:
         if door is sniff.Door.POSTGRES:
             await self._postgres(client, deadline)
             return
@@ -203,7 +266,7 @@ class Proxy:
             router,
             limits=self._http_limits,
             budget=self._body_budget,
-            tls=tls is not None,
+            tls=tls,
             server_name=name,
         )
 

@@ -33,7 +33,7 @@ from pgplane.proxy.activity import Activity
 from pgplane.proxy.framing import MAX_AUTH_FRAME, FrameError, KeySniffer
 from pgplane.proxy.login import NotReady, authenticate, check_cleartext, log_in
 from pgplane.proxy.pipe import Closed, Side
-from pgplane.proxy.seam import Computes, Route, RouteError, Target
+from pgplane.proxy.seam import Computes, Route, RouteError, Target, UnknownEndpoint
 from pgplane.proxy.throttle import LoginThrottle
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ class Sessions:
         handshake_timeout: float,
     ) -> None:
         self._computes = computes
-        self._activity = activity
+        self.activity = activity  # sessions' activity, which idle suspend reads
         self.proxy_host = proxy_host
         self._throttle = throttle
         self.handshake_timeout = handshake_timeout
@@ -91,6 +91,7 @@ class Sessions:
         """Serve one client from its first packet to its end; the handshake (everything up to
         an authenticated login) ends by ``deadline`` (loop time) or the client is dropped."""
         compute: Side | None = None
+        refusal: bytes | None = None
         try:
             async with asyncio.timeout_at(deadline):
                 first = await hello()
@@ -104,28 +105,67 @@ class Sessions:
                     endpoint_id, route = await self._by_password(client, user, first)
                 else:
                     endpoint_id = named
-                    host = client.peer_address()
-                    route = await self._computes.route(endpoint_id, user, client=host)
+                    route = await self._route(endpoint_id, user, client.peer_address())
                     await self._authenticate(client, endpoint_id, user, route, first)
             # Not under the handshake's time limit: a wake (or a reattach before it) takes as
             # long as it takes, and ends in a compute or an error the client is told.
             compute, target, reply = await self._open_compute(endpoint_id, startup, route)
             await self._pipe(client, compute, (target, route.allowed), endpoint_id, reply)
         except RouteError as exc:
-            client.write(wire.error_response(exc.code, exc.message, severity=exc.severity))
+            refusal = wire.error_response(exc.code, exc.message, severity=exc.severity)
         except scram.ScramError as exc:
-            client.write(wire.error_response(wire.INVALID_PASSWORD, str(exc)))
+            refusal = wire.error_response(wire.INVALID_PASSWORD, str(exc))
         except (wire.ProtocolViolation, FrameError) as exc:
-            client.write(wire.error_response(wire.PROTOCOL_VIOLATION, str(exc)))
+            refusal = wire.error_response(wire.PROTOCOL_VIOLATION, str(exc))
         except (Closed, ConnectionError, ssl.SSLError, TimeoutError):
             pass
         except Exception:
             log.exception("proxy connection failed")
-            client.write(wire.error_response(wire.CONNECTION_FAILURE, "internal proxy error"))
+            refusal = wire.error_response(wire.CONNECTION_FAILURE, "internal proxy error")
         finally:
-            client.close()
             if compute is not None:
                 compute.close()
+            if refusal is None:
+                client.close()
+        if refusal is not None:
+            client.write(refusal)
+            await client.close_after_reply()
+
+    async def open_with_password(
+        self, endpoint_id: str, startup: wire.Startup, password: str, *, peer: str
+    ) -> tuple[Side, bytes]:
+        """For a door whose client hands its password over with its request (SQL over HTTP):
+        the steps :meth:`serve` takes, in its order (the allow-list with the endpoint, the
+        throttle, the password, and only then a wake), returning the compute's connection,
+        logged in as ``startup``'s user, and the compute's replies up to ReadyForQuery, or
+        Postgres' own refusal (an ErrorResponse last: a database that does not exist, say).
+
+        RouteError (AddressNotAllowed among them) or ScramError when :meth:`serve` would refuse
+        a Postgres client; the caller closes the connection it gets. Activity for idle suspend
+        is the caller's to record (:attr:`activity`), while it uses the connection.
+        """
+        user = startup.params["user"]
+        route = await self._route(endpoint_id, user, peer)
+        self._throttle.check(endpoint_id, peer)
+        try:
+            await check_cleartext(user, route.secret, password)
+        except scram.ScramError:
+            self._throttle.failed(endpoint_id, peer)
+            raise
+        compute, _target, reply = await self._open_compute(endpoint_id, startup, route)
+        return compute, reply
+
+    async def _route(self, endpoint_id: str, user: str, peer: str) -> Route:
+        """The endpoint's route; for one that does not exist, a route no password opens.
+
+        An endpoint nobody has then fails as a wrong password does, after the same exchange
+        and throttled the same way: another account's endpoint, where a stranger's password is
+        wrong too, must not answer otherwise than a made-up one.
+        """
+        try:
+            return await self._computes.route(endpoint_id, user, client=peer)
+        except UnknownEndpoint:
+            return Route(secret=None, target=None)
 
     async def _authenticate(
         self, client: Side, endpoint_id: str, user: str, route: Route, first: Startup
@@ -150,7 +190,7 @@ class Sessions:
         endpoint_id: str,
         reply: bytes,
     ) -> None:
-        session = self._activity.open(endpoint_id, clock.now_us())
+        session = self.activity.open(endpoint_id, clock.now_us())
         keys: list[tuple[int, bytes]] = []
         try:
             client.write(reply)
@@ -166,7 +206,7 @@ class Sessions:
             client.pipe_to(compute, session)
             await asyncio.wait([client.lost, compute.lost], return_when="FIRST_COMPLETED")
         finally:
-            self._activity.close(session, clock.now_us())
+            self.activity.close(session, clock.now_us())
             for k in keys:
                 self._cancel_keys.pop(k, None)
 

@@ -13,13 +13,18 @@ import time
 from pgplane.core.gcra import Limit, address_key
 from pgplane.proxy import wire
 from pgplane.proxy.seam import RouteError
+from pgplane.telemetry.metrics import NO_METRICS, Metrics
 
 _SECOND = 1_000_000_000
 FAILURES_PER_MINUTE = 30
 
 
 class LoginThrottle:
-    def __init__(self, failures_per_minute: int = FAILURES_PER_MINUTE) -> None:
+    def __init__(
+        self, failures_per_minute: int = FAILURES_PER_MINUTE, metrics: Metrics = NO_METRICS
+    ) -> None:
+        # Every failed login reaches failed(), whatever the door: the one place to count them.
+        self._metrics = metrics
         self._limit = (
             Limit(per_second=failures_per_minute / 60, burst=failures_per_minute)
             if failures_per_minute > 0
@@ -43,5 +48,6 @@ class LoginThrottle:
             )
 
     def failed(self, endpoint_id: str, host: str) -> None:
+        self._metrics.proxy_auth_failed()
         if self._limit is not None:
             self._limit.take((endpoint_id, address_key(host)), time.monotonic_ns())

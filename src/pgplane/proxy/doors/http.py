@@ -30,6 +30,7 @@ _REASONS = {
     404: "Not Found",
     405: "Method Not Allowed",
     408: "Request Timeout",
+    429: "Too Many Requests",
     413: "Payload Too Large",
     426: "Upgrade Required",
     431: "Request Header Fields Too Large",
@@ -41,6 +42,7 @@ _CODES = {
     404: "NOT_FOUND",
     405: "METHOD_NOT_ALLOWED",
     408: "REQUEST_TIMEOUT",
+    429: "TOO_MANY_REQUESTS",
     413: "PAYLOAD_TOO_LARGE",
     431: "REQUEST_HEADER_FIELDS_TOO_LARGE",
     500: "INTERNAL",
@@ -109,8 +111,15 @@ class HttpReply:
         return cls(status, json.dumps(value).encode(), headers or [])
 
     @classmethod
-    def error(cls, status: int, message: str, code: str | None = None) -> HttpReply:
-        return cls.json(status, {"code": code or _CODES.get(status, "ERROR"), "message": message})
+    def error(
+        cls,
+        status: int,
+        message: str,
+        code: str | None = None,
+        headers: list[tuple[str, str]] | None = None,
+    ) -> HttpReply:
+        body = {"code": code or _CODES.get(status, "ERROR"), "message": message}
+        return cls.json(status, body, headers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +194,8 @@ async def serve_http(
                 return
             conn.start_next_cycle()
     except _Refused as refused:
-        client.write(_raw(refused.reply))
+        client.write(raw_reply(refused.reply))
+        await client.close_after_reply()  # the client may be sending still: a body refused
     finally:
         client.close()
 
@@ -272,7 +282,7 @@ def _reply(conn: h11.Connection, reply: HttpReply) -> bytes:
     return conn.send(head) + conn.send(h11.Data(data=reply.body)) + conn.send(h11.EndOfMessage())
 
 
-def _raw(reply: HttpReply) -> bytes:
+def raw_reply(reply: HttpReply) -> bytes:
     """A reply written without the parser's state (it may be broken): the connection closes."""
     lines = [f"HTTP/1.1 {reply.status} {_REASONS.get(reply.status, 'Error')}"]
     lines += [f"{k}: {v}" for k, v in [*_headers(reply), ("Connection", "close")]]

@@ -15,8 +15,14 @@ class SqlHandler(Protocol):
     It is given every request to ``/sql``, whatever its method (a browser's CORS preflight is an
     ``OPTIONS``), whole and bounded (:class:`~pgplane.proxy.doors.http.HttpLimits`), with the
     client's address in :attr:`HttpRequest.peer` for the allow-list and the throttle, and
-    returns the reply; the door sets ``Content-Type: application/json`` and the length. An
-    exception it lets out becomes a JSON 500 (and is logged): errors it means are replies.
+    returns the reply; the door sets ``Content-Type: application/json`` and the length, and
+    keeps the connection alive after it. An exception it lets out becomes a JSON 500 (and is
+    logged): errors it means are replies. The door bounds the request, not the handler's work:
+    the handler bounds its own time and results.
+
+    To log in it uses the doors' shared steps,
+    :meth:`pgplane.proxy.session.Sessions.open_with_password` (``Proxy.sessions``): the
+    allow-list, the wrong-password throttle and no wake before the password, as on TCP.
     """
 
     async def handle(self, request: HttpRequest) -> HttpReply: ...

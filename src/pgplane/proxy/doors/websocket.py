@@ -15,6 +15,9 @@ other, as on TCP (:mod:`pgplane.proxy.pipe`).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 from collections.abc import Callable
 from urllib.parse import parse_qsl
 
@@ -27,7 +30,11 @@ from websockets.server import ServerProtocol
 from pgplane.proxy import wire
 from pgplane.proxy.activity import Session
 from pgplane.proxy.doors.http import HttpReply, HttpRequest
-from pgplane.proxy.pipe import Side, Sink
+from pgplane.proxy.pipe import LINGER, Side, Sink
+
+# The library logs every connection opened at INFO: one line per client is not the proxy's way.
+_library_log = logging.getLogger(__name__ + ".library")
+_library_log.setLevel(logging.WARNING)
 
 LOGIN_FRAME = 64 * 1024  # a StartupMessage (10 000 at most) and a password message fit
 MAX_FRAME = 16 << 20  # tungstenite's default, which Neon's proxy runs with
@@ -38,7 +45,7 @@ def handshake(request: HttpRequest) -> tuple[ServerProtocol, bytes] | HttpReply:
     caller takes the connection over); or the JSON refusal of a request that is no WebSocket
     handshake."""
     # No extensions: compression would cost memory and CPU at a rate the client sets.
-    checker = ServerProtocol()
+    checker = ServerProtocol(logger=_library_log)
     response = checker.accept(Request(path=request.target, headers=Headers(request.headers)))
     if response.status_code != 101:
         reason = str(checker.handshake_exc) if checker.handshake_exc else "bad handshake"
@@ -46,7 +53,7 @@ def handshake(request: HttpRequest) -> tuple[ServerProtocol, bytes] | HttpReply:
     checker.send_response(response)
     # The request was read by the HTTP door, not by this protocol: the frames go to one that
     # starts open.
-    ws = ServerProtocol(state=State.OPEN, max_size=(None, LOGIN_FRAME))
+    ws = ServerProtocol(state=State.OPEN, max_size=(None, LOGIN_FRAME), logger=_library_log)
     return ws, b"".join(checker.data_to_send())
 
 
@@ -100,7 +107,7 @@ class WebSocketSide(Side):
                 ws.fail(CloseCode.UNSUPPORTED_DATA, "binary frames only: the Postgres protocol")
         self._flush()
         if payload:
-            super().data_received(bytes(payload))
+            self._received(bytes(payload))
 
     def _flush(self) -> None:
         transport = self._transport
@@ -122,6 +129,19 @@ class WebSocketSide(Side):
             self._ws.send_close(CloseCode.NORMAL_CLOSURE)
             self._flush()
         super().close()
+
+    async def close_after_reply(self, linger: float = LINGER) -> None:
+        # The closing handshake: the client answers the closing frame once it has read what
+        # came before, and the library then ends the connection (see _flush).
+        try:
+            if self._ws.state is State.OPEN:
+                self._ws.send_close(CloseCode.NORMAL_CLOSURE)
+                self._flush()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(linger):
+                    await asyncio.shield(self.lost)
+        finally:
+            super().close()
 
     def sink(self) -> Sink:
         return self._framed

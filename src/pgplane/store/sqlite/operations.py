@@ -72,6 +72,8 @@ def _operation(r: Sequence[Any]) -> Operation:
 class OperationsMixin(Statements):
     """The operation part of :class:`pgplane.store.base.Tx` for SQLite."""
 
+    queued: list[Operation]  # what this transaction inserted (the store logs it once committed)
+
     async def insert_operations(self, operations: Sequence[Operation]) -> list[Operation]:
         latest: dict[str, int] = {}
         stored = []
@@ -113,6 +115,7 @@ class OperationsMixin(Statements):
                 ),
             )
             stored.append(op)
+        self.queued.extend(stored)
         return stored
 
     async def get_operation(self, *, project_id: str, operation_id: str) -> Operation | None:

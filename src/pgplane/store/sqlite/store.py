@@ -20,6 +20,7 @@ import logging
 import os
 import sqlite3
 import stat
+import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -30,6 +31,8 @@ from pgplane.errors import Unavailable
 from pgplane.store.base import Store, Tx
 from pgplane.store.sqlite.migrate import migrate
 from pgplane.store.sqlite.tx import SqliteTx
+from pgplane.telemetry import logs
+from pgplane.telemetry.metrics import NO_METRICS, Metrics
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +51,25 @@ def store_fault(exc: BaseException | None) -> TypeGuard[sqlite3.Error]:
     what SQLite raises for a damaged file, "database disk image is malformed".
     """
     return isinstance(exc, sqlite3.OperationalError) or type(exc) is sqlite3.DatabaseError
+
+
+# SQLite's primary result codes of the faults, as the reasons /metrics counts them by.
+_REASONS = {
+    sqlite3.SQLITE_BUSY: "locked",
+    sqlite3.SQLITE_LOCKED: "locked",
+    sqlite3.SQLITE_FULL: "full",
+    sqlite3.SQLITE_IOERR: "io",
+    sqlite3.SQLITE_CORRUPT: "corrupt",
+    sqlite3.SQLITE_NOTADB: "corrupt",
+    sqlite3.SQLITE_READONLY: "readonly",
+    sqlite3.SQLITE_CANTOPEN: "io",
+}
+
+
+def fault_reason(exc: sqlite3.Error) -> str:
+    """One of a few words for a store fault, never its message (bounded, for a label)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return "other" if code is None else _REASONS.get(code & 0xFF, "other")
 
 
 def unavailable(exc: sqlite3.Error) -> Unavailable:
@@ -84,12 +106,16 @@ def _make_private(path: Path) -> None:
 
 
 class _Reading:
-    """``async with store.read() as tx``: readers need no transaction of their own in WAL mode."""
+    """``async with store.read() as tx``: readers need no transaction of their own in WAL mode.
 
-    __slots__ = ("_tx",)
+    Not timed: reads are the hot path of every request, each tens of microseconds.
+    """
 
-    def __init__(self, tx: SqliteTx) -> None:
+    __slots__ = ("_metrics", "_tx")
+
+    def __init__(self, tx: SqliteTx, metrics: Metrics) -> None:
         self._tx = tx
+        self._metrics = metrics
 
     async def __aenter__(self) -> Tx:
         return self._tx
@@ -98,12 +124,14 @@ class _Reading:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
     ) -> None:
         if store_fault(exc):  # not a bug of ours
+            self._metrics.store_error(fault_reason(exc))
             raise unavailable(exc) from exc
 
 
 class SqliteStore(Store):
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, metrics: Metrics = NO_METRICS) -> None:
         self.path = path
+        self._metrics = metrics
         path.parent.mkdir(parents=True, exist_ok=True)
         _make_private(path)
         self._writer = _connect(path, int(BUSY_SECONDS * 1000))
@@ -111,7 +139,7 @@ class SqliteStore(Store):
         # Past migrations, the writer never waits inside SQLite: write() waits without blocking.
         self._writer.execute("PRAGMA busy_timeout = 0")
         self._reader = _connect(path, _READER_BUSY_MS)
-        self._read = _Reading(SqliteTx(self._reader))
+        self._read = _Reading(SqliteTx(self._reader), metrics)
         self._write_lock = asyncio.Lock()
 
     def read(self) -> AbstractAsyncContextManager[Tx]:
@@ -120,10 +148,13 @@ class SqliteStore(Store):
 
     @asynccontextmanager
     async def write(self) -> AsyncIterator[Tx]:
+        asked = time.monotonic()
         async with self._write_lock:
             await self._begin()
+            begun = time.monotonic()
+            tx = SqliteTx(self._writer)
             try:
-                yield SqliteTx(self._writer)
+                yield tx
                 # The commit waits for fsync (synchronous=FULL), which can take long on a busy
                 # disk; off the event loop, readers keep being served meanwhile.
                 await asyncio.to_thread(self._writer.execute, "COMMIT")
@@ -131,8 +162,11 @@ class SqliteStore(Store):
                 if self._writer.in_transaction:
                     self._writer.execute("ROLLBACK")
                 if store_fault(exc):  # a full disk, say
+                    self._metrics.store_error(fault_reason(exc))
                     raise unavailable(exc) from exc
                 raise
+            self._metrics.store_write(begun - asked, time.monotonic() - begun)
+        _committed(tx)
 
     async def _begin(self) -> None:
         """BEGIN IMMEDIATE, waiting asynchronously while another process holds the lock."""
@@ -146,6 +180,7 @@ class SqliteStore(Store):
                 code = exc.sqlite_errorcode & 0xFF
                 locked = code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
                 if not locked or asyncio.get_running_loop().time() >= deadline:
+                    self._metrics.store_error(fault_reason(exc))
                     raise unavailable(exc) from exc
                 if pause == _FIRST_PAUSE:  # once per wait: another program holds the file
                     log.info(
@@ -169,3 +204,20 @@ class SqliteStore(Store):
     async def close(self) -> None:
         self._reader.close()
         self._writer.close()
+
+
+def _committed(tx: SqliteTx) -> None:
+    """Say which operations a transaction queued, once they are sure to exist (committed)."""
+    for op in tx.queued:
+        log.info(
+            "operation %s %s queued",
+            op.id,
+            op.action,
+            extra={
+                "operation_id": op.id,
+                "project_id": op.project_id,
+                "branch_id": op.branch_id,
+                "endpoint_id": op.endpoint_id,
+            },
+        )
+        logs.queued(op.id)

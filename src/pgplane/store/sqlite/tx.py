@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 
+from pgplane.core.models import Operation
 from pgplane.store.base import Tx
 from pgplane.store.sqlite.accounts import AccountsMixin, ApiKeysMixin
 from pgplane.store.sqlite.annotations import AnnotationsMixin
@@ -34,3 +35,4 @@ class SqliteTx(
 ):
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._c = conn
+        self.queued: list[Operation] = []  # operations inserted, said once committed

@@ -25,6 +25,7 @@ from pgplane.compute.driver import ComputeError, ComputeUsage
 from pgplane.compute.local.postgres.pidfile import alive, processes_in
 from pgplane.compute.local.postgres.readiness import (
     READY_TIMEOUT,
+    log_size,
     stale_pid_file,
     wait_ready,
 )
@@ -130,6 +131,7 @@ class Postmasters:
         )
         # Spawned first: its leader found, its record written and its cgroup made while it
         # starts up (each cost a wake its share, ~3 ms in all, when done before the spawn).
+        log_from = await asyncio.to_thread(log_size, log_path)  # this start's words come after
         child = await asyncio.to_thread(
             self._spawn_walled, record, pgdata, run_as, log_path, env, readable
         )
@@ -154,6 +156,8 @@ class Postmasters:
                     port,
                     alive=lambda: child.poll() is None,
                     log_path=log_path,
+                    log_from=log_from,
+                    status=child.poll,
                     time_limit=ready_timeout,
                     stale=stale_mtime,
                     confirm=False,  # its own pid file, newer than any a killed one left

@@ -7,7 +7,9 @@ is up (``pg_ctl -w``'s question), never where a compute is (:mod:`.records` says
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,13 +26,39 @@ _STATUS_LINE = 7  # of postmaster.pid: LOCK_FILE_LINE_PM_STATUS (miscadmin.h), 1
 _POLL = 0.001
 
 
-def log_tail(path: Path, size: int = 2000) -> str:
+def log_tail(path: Path, size: int = 2000, *, start: int = 0) -> str:
+    """The last ``size`` bytes the log has past offset ``start`` (what this start wrote)."""
     try:
         with path.open("rb") as f:  # root's: logs/ and branch directories are root's
-            f.seek(max(0, f.seek(0, os.SEEK_END) - size))
+            f.seek(max(start, f.seek(0, os.SEEK_END) - size))
             return f.read().decode(errors="replace").strip()
     except OSError as exc:
         return f"(log unreadable: {exc})"
+
+
+def log_size(path: Path) -> int:
+    """Where the log ends now: what a start writes comes after it."""
+    try:
+        return path.stat().st_size  # root's: logs/ and branch directories are root's
+    except OSError:
+        return 0
+
+
+def exit_said(status: int | None) -> str:
+    """How a postmaster that exited during start-up ended, in words (``status``: its exit
+    status as Popen gives it, or a sandbox's, which reports a signal as 128 + its number)."""
+    if status is None:
+        return ""
+    signo = -status if status < 0 else status - 128 if status > 128 else None
+    if signo == signal.SIGKILL:
+        return (
+            " (killed: most often out of memory for its compute size; settings such as"
+            " shared_buffers or max_connections ask for more than its compute units give)"
+        )
+    if signo is not None:
+        with contextlib.suppress(ValueError):
+            return f" (killed by {signal.Signals(signo).name})"
+    return f" (exit status {status})"
 
 
 async def wait_ready(
@@ -40,6 +68,8 @@ async def wait_ready(
     *,
     alive: Callable[[], bool],
     log_path: Path,
+    log_from: int = 0,
+    status: Callable[[], int | None] = lambda: None,
     time_limit: float = READY_TIMEOUT,
     stale: int | None = None,
     confirm: bool = True,
@@ -64,14 +94,18 @@ async def wait_ready(
     while True:
         # Alive first: a postmaster that died leaves a pid file and a socket that say "ready".
         if not alive():
-            raise ComputeError(f"postmaster exited during start-up; log: {log_tail(log_path)}")
+            said = log_tail(log_path, start=log_from) or "(nothing: it logged no word)"
+            raise ComputeError(
+                f"postmaster exited during start-up{exit_said(status())}; its log: {said}"
+            )
         if await asyncio.to_thread(_says_ready, pgdata, socket, stale) and (
             not confirm or await _logs_in(socket_dir, port)
         ):
             return
         if loop.time() >= deadline:
             raise ComputeError(
-                f"postmaster not ready after {time_limit:.0f} s; log: {log_tail(log_path)}"
+                f"postmaster not ready after {time_limit:.0f} s; its log:"
+                f" {log_tail(log_path, start=log_from)}"
             )
         await asyncio.sleep(_POLL)
 

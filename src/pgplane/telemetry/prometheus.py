@@ -1,0 +1,188 @@
+"""The platform's figures kept for Prometheus, in a registry of their own (``prometheus_client``)
+and exposed in its text format at ``GET /metrics``.
+
+Every label takes a value from a small fixed set (an action, a status, a state, a reason): no
+project, endpoint, account or address ever becomes a label, so the number of series is bounded
+whatever tenants do, and nothing a scrape shows names a tenant. Names follow Prometheus' naming
+guide: the ``pgplane_`` prefix, base units (seconds) in the name, ``_total`` on counters.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
+
+from pgplane.telemetry.metrics import Metrics
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+# A scrape renders at most once a second: /metrics answers without a key, and a flood of scrapes
+# then costs what a flood of /livez does, not a rendering each.
+REUSE_SECONDS = 1.0
+
+# Operations take from milliseconds (a config change) to an hour (a copy of a large branch).
+_OPERATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800)
+# A wake is a postmaster start, perhaps after a reattach from the cold archive.
+_WAKE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 600)
+# A write transaction is tens of microseconds plus an fsync; seconds only when something is wrong.
+_STORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+# A tick is late when the event loop was busy: milliseconds are normal, a second is a stall.
+_LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class Prometheus(Metrics):
+    """The figures kept, in a registry of this object's own."""
+
+    enabled = True
+
+    def __init__(self, *, version: str, actions: Iterable[str]) -> None:
+        # prometheus_client adds a ``…_created`` series per counter and histogram by default: a
+        # timestamp no alert uses, and ``pgplane_operations_created`` reads as a count it is not.
+        disable_created_metrics()  # type: ignore[no-untyped-call]
+        self.registry = registry = CollectorRegistry()
+        ProcessCollector(registry=registry)  # memory, CPU and descriptors of this process
+        Gauge(
+            "pgplane_build_info", "The running pgplane's version.", ["version"], registry=registry
+        ).labels(version).set(1)
+        self._operations = Counter(
+            "pgplane_operations_total",
+            "Operations that ended, by action and status (finished or failed).",
+            ["action", "status"],
+            registry=registry,
+        )
+        self._retries = Counter(
+            "pgplane_operation_retries_total",
+            "Failed attempts of operations that were then tried again, by action.",
+            ["action"],
+            registry=registry,
+        )
+        self._durations = Histogram(
+            "pgplane_operation_duration_seconds",
+            "Time operations spent in their attempts, counted when they end, by action.",
+            ["action"],
+            buckets=_OPERATION_BUCKETS,
+            registry=registry,
+        )
+        for action in actions:  # every series from the start, so a first failure shows as one
+            for status in ("finished", "failed"):
+                self._operations.labels(action, status)
+            self._retries.labels(action)
+        self._wakes = Histogram(
+            "pgplane_compute_wake_seconds",
+            "Time from a client's connection needing a compute to the compute started.",
+            buckets=_WAKE_BUCKETS,
+            registry=registry,
+        )
+        self._wake_failures = Counter(
+            "pgplane_compute_wake_failures_total",
+            "Compute starts for proxy clients that failed or timed out.",
+            registry=registry,
+        )
+        self._computes = Gauge(
+            "pgplane_computes",
+            "Computes by state, as of the scheduler's last tick.",
+            ["state"],
+            registry=registry,
+        )
+        # An endpoint's current_state: each shown from the start, at 0 when no compute is in it.
+        self._states = {"init", "active", "idle"}
+        self._open = Gauge(
+            "pgplane_proxy_open_connections",
+            "Client connections through the proxy joined to a compute, now.",
+            registry=registry,
+        )
+        self._opened = Counter(
+            "pgplane_proxy_connections_total",
+            "Client connections through the proxy joined to a compute.",
+            registry=registry,
+        )
+        self._auth_failures = Counter(
+            "pgplane_proxy_auth_failures_total",
+            "Failed logins through the proxy.",
+            registry=registry,
+        )
+        self._write_wait = Histogram(
+            "pgplane_store_write_wait_seconds",
+            "Time write transactions waited for the store's writer (ours or another process').",
+            buckets=_STORE_BUCKETS,
+            registry=registry,
+        )
+        self._write = Histogram(
+            "pgplane_store_write_seconds",
+            "Time write transactions held the store's writer, commit included.",
+            buckets=_STORE_BUCKETS,
+            registry=registry,
+        )
+        self._store_errors = Counter(
+            "pgplane_store_errors_total",
+            "Times the store was unavailable, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self._lag = Histogram(
+            "pgplane_scheduler_lag_seconds",
+            "How late the scheduler's ticks began.",
+            buckets=_LAG_BUCKETS,
+            registry=registry,
+        )
+        self._page = b""
+        self._rendered_at = -REUSE_SECONDS
+
+    def operation_settled(self, action: str, status: str, seconds: float) -> None:
+        self._operations.labels(action, status).inc()
+        self._durations.labels(action).observe(seconds)
+
+    def operation_retried(self, action: str) -> None:
+        self._retries.labels(action).inc()
+
+    def wake(self, seconds: float, *, failed: bool) -> None:
+        if failed:
+            self._wake_failures.inc()
+        else:
+            self._wakes.observe(seconds)
+
+    def proxy_opened(self) -> None:
+        self._opened.inc()
+        self._open.inc()
+
+    def proxy_closed(self) -> None:
+        self._open.dec()
+
+    def proxy_auth_failed(self) -> None:
+        self._auth_failures.inc()
+
+    def store_write(self, wait: float, held: float) -> None:
+        self._write_wait.observe(wait)
+        self._write.observe(held)
+
+    def store_error(self, reason: str) -> None:
+        self._store_errors.labels(reason).inc()
+
+    def scheduler_tick(self, lag: float) -> None:
+        self._lag.observe(lag)
+
+    def computes(self, states: Iterable[str]) -> None:
+        counts: dict[str, int] = dict.fromkeys(self._states, 0)
+        for state in states:
+            counts[state] = counts.get(state, 0) + 1
+        self._states.update(counts)  # a state once seen stays, as the usual ones do
+        for state, count in counts.items():
+            self._computes.labels(state).set(count)
+
+    def render(self) -> bytes:
+        """The exposition, rendered again at most once per ``REUSE_SECONDS``."""
+        now = time.monotonic()
+        if now - self._rendered_at >= REUSE_SECONDS:
+            self._page = generate_latest(self.registry)
+            self._rendered_at = now
+        return self._page
