@@ -50,6 +50,10 @@ _NEON = (
     "snapshot_storage_bytes_month",
 )
 METRICS = (*_NEON, "active_time_seconds", "cpu_seconds")
+# Per branch, Neon's four that are measured here (it names network transfer too).
+BRANCH_METRICS = _NEON[:4]
+BRANCH_DEFAULT_LIMIT = 100
+BRANCH_MAX_LIMIT = 1000
 _UNMEASURED = (
     "public_network_transfer_bytes",
     "private_network_transfer_bytes",
@@ -142,6 +146,9 @@ def parse(
     limit: int | None,
     cursor: str | None,
     org_id: str | None,
+    allowed: Sequence[str] = METRICS,
+    default_limit: int = DEFAULT_LIMIT,
+    max_limit: int = MAX_LIMIT,
 ) -> Query:
     """The query as asked, checked: every refusal says what to change."""
     if org_id is not None:
@@ -151,13 +158,13 @@ def parse(
         raise BadRequest("granularity must be one of hourly, daily, monthly")
     names = _listed(metrics, "metrics")
     if not names:
-        raise BadRequest(f"metrics is required: any of {', '.join(METRICS)}")
+        raise BadRequest(f"metrics is required: any of {', '.join(allowed)}")
     unmeasured = [n for n in names if n in _UNMEASURED]
     if unmeasured:
         raise BadRequest(f"metrics not measured on this platform: {', '.join(unmeasured)}")
-    unknown = [n for n in names if n not in METRICS]
+    unknown = [n for n in names if n not in allowed]
     if unknown:
-        raise BadRequest(f"unknown metrics {', '.join(unknown)}: any of {', '.join(METRICS)}")
+        raise BadRequest(f"unknown metrics {', '.join(unknown)}: any of {', '.join(allowed)}")
     start = floor(_time(from_, "from"), granularity)
     end = floor(_time(to, "to"), granularity)
     if end <= start:
@@ -171,9 +178,9 @@ def parse(
                 f" {_MAX_FRAMES[granularity]} {granularity} timeframes: narrow it or choose"
                 " another granularity"
             )
-    size = DEFAULT_LIMIT if limit is None else limit
-    if not 1 <= size <= MAX_LIMIT:
-        raise BadRequest(f"limit must be between 1 and {MAX_LIMIT}")
+    size = default_limit if limit is None else limit
+    if not 1 <= size <= max_limit:
+        raise BadRequest(f"limit must be between 1 and {max_limit}")
     wanted = _listed(project_ids, "project_ids")
     for project_id in wanted:
         # Of the form of an id: one that names nothing is left out as another account's is.
@@ -249,19 +256,81 @@ async def per_project(
     page, cursor = await _projects(tx, account_id, query)
     out = []
     for project in page:
-        hours = await tx.usage_hours(
-            project.id, from_hour=query.start_us // US, to_hour=query.end_us // US
-        )
-        frames, at, i = [], query.start_us, 0
-        while at < query.end_us:
-            end = following(at, query.granularity)
-            inside = []
-            while i < len(hours) and hours[i][0].hour * US < end:
-                inside.append(hours[i])
-                i += 1
-            if end > floor(project.created_at, "hourly"):  # nothing before the project was
-                frames.append(Frame(at, end, _values(inside, query.metrics)))
-            at = end
-        period = uuid.uuid5(_PERIODS, project.id)
-        out.append(ProjectConsumption(project.id, str(period), project.created_at, frames))
+        hours = await _hours(tx, project.id, query)
+        frames = _frames(hours, query, project.created_at)
+        out.append(ProjectConsumption(project.id, _period(project), project.created_at, frames))
     return out, cursor
+
+
+def _period(project: Project) -> str:
+    return str(uuid.uuid5(_PERIODS, project.id))
+
+
+async def _hours(tx: Tx, project_id: str, query: Query) -> list[tuple[HourUsage, bool]]:
+    return await tx.usage_hours(
+        project_id, from_hour=query.start_us // US, to_hour=query.end_us // US
+    )
+
+
+def _frames(hours: Sequence[tuple[HourUsage, bool]], query: Query, created_us: int) -> list[Frame]:
+    """The query's timeframes, oldest first, from when the object was made, with ``hours``
+    (in order) summed into each."""
+    frames, at, i = [], query.start_us, 0
+    while at < query.end_us:
+        end = following(at, query.granularity)
+        inside = []
+        while i < len(hours) and hours[i][0].hour * US < end:
+            inside.append(hours[i])
+            i += 1
+        if end > floor(created_us, "hourly"):  # nothing before it was made
+            frames.append(Frame(at, end, _values(inside, query.metrics)))
+        at = end
+    return frames
+
+
+@dataclass(frozen=True, slots=True)
+class BranchConsumption:
+    project_id: str
+    branch_id: str
+    period_id: str
+    period_start_us: int
+    frames: list[Frame]
+
+
+async def per_branch(
+    tx: Tx, *, account_id: str, query: Query
+) -> tuple[list[BranchConsumption], str | None]:
+    """Each branch of the projects asked for (its deleted ones too, while their records last),
+    by project id then branch id; the cursor of the next page, if any."""
+    if not query.project_ids:
+        raise BadRequest("project_ids is required: 1 to 100 projects")
+    found = [
+        p
+        for p in [
+            await tx.get_project(account_id=account_id, project_id=project_id)
+            for project_id in query.project_ids
+        ]
+        if p is not None  # another account's is left out as one that does not exist
+    ]
+    rows: list[tuple[str, BranchConsumption]] = []
+    for project in sorted(found, key=lambda p: p.id):
+        by_branch: dict[str, list[tuple[HourUsage, bool]]] = {}
+        for hour in await _hours(tx, project.id, query):
+            by_branch.setdefault(hour[0].branch_id, []).append(hour)
+        live = {b.id: b.created_at for b in await tx.list_branches(project.id)}
+        for branch_id in sorted(set(by_branch) | set(live)):
+            made = live.get(branch_id, project.created_at)
+            frames = _frames(by_branch.get(branch_id, []), query, made)
+            key = f"{project.id}/{branch_id}"
+            rows.append(
+                (key, BranchConsumption(project.id, branch_id, _period(project), made, frames))
+            )
+    start = 0
+    if query.cursor is not None:
+        keys = [key for key, _ in rows]
+        if query.cursor not in keys:
+            raise BadRequest("cursor must be the pagination.cursor of a previous page")
+        start = keys.index(query.cursor) + 1
+    page = rows[start : start + query.limit]
+    more = start + query.limit < len(rows)
+    return [b for _, b in page], page[-1][0] if more and page else None

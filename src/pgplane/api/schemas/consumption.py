@@ -34,3 +34,14 @@ class ProjectConsumption(Struct, kw_only=True):
 class ProjectsConsumption(Struct, kw_only=True, omit_defaults=True):
     projects: list[ProjectConsumption]
     pagination: Pagination | None = None
+
+
+class BranchConsumption(Struct, kw_only=True):
+    project_id: str
+    branch_id: str
+    periods: list[ConsumptionPeriod]
+
+
+class BranchesConsumption(Struct, kw_only=True, omit_defaults=True):
+    branches: list[BranchConsumption]
+    pagination: Pagination | None = None
