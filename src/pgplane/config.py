@@ -58,6 +58,9 @@ class Settings:
     default_suspend_timeout_seconds: int = 300  # what suspend_timeout_seconds 0 means
     availability_check_seconds: float = 3600.0  # per branch with a compute; 0: never
     detach_after_seconds: float = 30 * 86400.0  # idle time before tenant_detach; 0: never
+    # How often running computes' usage (CPU, time, storage) is read and recorded: a compute
+    # that crashes loses at most this much of its figures (a suspend records them whole).
+    usage_seconds: float = 60.0
     # History: how often base states due are taken and what left each window is freed, and how
     # much WAL a branch archives before its next base state (or its data's size, if more).
     history_seconds: float = 60.0
@@ -185,6 +188,7 @@ def settings_from_env(**overrides: object) -> Settings:
         ("default_suspend_timeout_seconds", int),
         ("availability_check_seconds", float),
         ("detach_after_seconds", float),
+        ("usage_seconds", float),
         ("history_seconds", float),
         ("history_base_bytes", int),
         ("schema_max_bytes", int),

@@ -79,6 +79,13 @@ class MethodNotAllowed(PgplaneError):
     code = "METHOD_NOT_ALLOWED"
 
 
+class NotAcceptable(PgplaneError):
+    """Neon's answer to a consumption range its granularity does not allow."""
+
+    status = 406
+    code = "NOT_ACCEPTABLE"
+
+
 class Conflict(PgplaneError):
     status = 409
     code = "CONFLICT"

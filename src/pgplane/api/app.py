@@ -27,6 +27,7 @@ from pgplane.api.reference import reference_handler
 from pgplane.api.routes.account import Account
 from pgplane.api.routes.api_keys import ApiKeys
 from pgplane.api.routes.branches import Branches
+from pgplane.api.routes.consumption import Consumption
 from pgplane.api.routes.endpoints import Endpoints
 from pgplane.api.routes.operations import Operations
 from pgplane.api.routes.projects import Projects
@@ -163,6 +164,7 @@ def create_app(
             Endpoints,
             Roles,
             Databases,
+            Consumption,
         ],
         security=[{"BearerAuth": []}],
         before_request=before_request,

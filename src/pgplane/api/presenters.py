@@ -17,6 +17,7 @@ from pgplane.core.models import (
     Project,
     Role,
 )
+from pgplane.core.usage import BranchSizes, StorageTotals, Totals
 from pgplane.services.annotations import OBJECT_TYPE
 from pgplane.services.connections import Connection
 
@@ -83,7 +84,12 @@ def api_key_revoked(key: ApiKey) -> s.ApiKeyRevoked:
     )
 
 
-def _project_fields(p: Project, settings: Settings) -> dict[str, Any]:
+_NONE = Totals()
+
+
+def _project_fields(
+    p: Project, settings: Settings, used: Totals, stored: StorageTotals | None
+) -> dict[str, Any]:
     """The fields a project shows both in lists and on its own."""
     return {
         "id": p.id,
@@ -105,17 +111,36 @@ def _project_fields(p: Project, settings: Settings) -> dict[str, Any]:
         "updated_at": format_s(p.updated_at),
         "owner_id": p.account_id,
         "locked": p.locked,
-        "cpu_used_sec": 0,
+        "cpu_used_sec": used.cpu_used_sec,
+        "synthetic_storage_size": None if stored is None else stored.synthetic,
     }
 
 
-def project_item(p: Project, settings: Settings) -> s.ProjectListItem:
-    return s.ProjectListItem(**_project_fields(p, settings), active_time=0)
+def project_item(
+    p: Project,
+    settings: Settings,
+    used: Totals | None = None,
+    stored: StorageTotals | None = None,
+) -> s.ProjectListItem:
+    used = used or _NONE
+    return s.ProjectListItem(
+        **_project_fields(p, settings, used, stored), active_time=used.active_time_seconds
+    )
 
 
-def project(p: Project, settings: Settings, *, owner_email: str) -> s.ProjectOut:
+def project(
+    p: Project,
+    settings: Settings,
+    *,
+    owner_email: str,
+    used: Totals | None = None,
+    stored: StorageTotals | None = None,
+) -> s.ProjectOut:
+    """``used``: the project's computes' usage since it was made (none is reset: there is no
+    billing period), its deleted computes' included, as Neon counts them."""
+    used = used or _NONE
     return s.ProjectOut(
-        **_project_fields(p, settings),
+        **_project_fields(p, settings, used, stored),
         consumption_period_start=EPOCH_ZERO,
         consumption_period_end=EPOCH_ZERO,
         owner=s.ProjectOwner(
@@ -124,16 +149,19 @@ def project(p: Project, settings: Settings, *, owner_email: str) -> s.ProjectOut
             branches_limit=settings.branches_per_project,
             subscription_type="UNKNOWN",
         ),
-        data_storage_bytes_hour=0,
+        data_storage_bytes_hour=0 if stored is None else stored.byte_hours,
         data_transfer_bytes=0,
-        written_data_bytes=0,
-        compute_time_seconds=0,
-        active_time_seconds=0,
+        written_data_bytes=0 if stored is None else stored.written,
+        compute_time_seconds=used.compute_time_seconds,
+        active_time_seconds=used.active_time_seconds,
         deleted_at=_ts(p.deleted_at),
+        on_disk_bytes=None if stored is None else stored.data,
+        history_bytes=None if stored is None else stored.history,
     )
 
 
-def branch(b: Branch) -> s.BranchOut:
+def branch(b: Branch, used: Totals | None = None, sizes: BranchSizes | None = None) -> s.BranchOut:
+    used = used or _NONE
     return s.BranchOut(
         id=b.id,
         project_id=b.project_id,
@@ -149,15 +177,18 @@ def branch(b: Branch) -> s.BranchOut:
         primary=b.default,
         default=b.default,
         protected=b.protected,
-        cpu_used_sec=0,
-        compute_time_seconds=0,
-        active_time_seconds=0,
-        written_data_bytes=0,
+        cpu_used_sec=used.cpu_used_sec,
+        compute_time_seconds=used.compute_time_seconds,
+        active_time_seconds=used.active_time_seconds,
+        written_data_bytes=0 if sizes is None else sizes.written,
         data_transfer_bytes=0,
         created_at=format_s(b.created_at),
         updated_at=format_s(b.updated_at),
         expires_at=_ts(b.expires_at),
         ttl_interval_seconds=b.ttl_interval_seconds,
+        logical_size=None if sizes is None else sizes.logical,
+        on_disk_bytes=None if sizes is None else sizes.data,
+        history_bytes=None if sizes is None else sizes.history,
     )
 
 
@@ -171,7 +202,7 @@ def annotation(branch_id: str, a: Annotation | None) -> s.AnnotationOut:
     )
 
 
-def endpoint(e: Endpoint, settings: Settings) -> s.EndpointOut:
+def endpoint(e: Endpoint, settings: Settings, used: Totals | None = None) -> s.EndpointOut:
     return s.EndpointOut(
         host=settings.endpoint_host(e.id),
         id=e.id,
@@ -197,6 +228,9 @@ def endpoint(e: Endpoint, settings: Settings) -> s.EndpointOut:
         last_active=_ts(e.last_active),
         started_at=_ts(e.started_at),
         suspended_at=_ts(e.suspended_at),
+        cpu_used_sec=None if used is None else used.cpu_used_sec,
+        compute_time_seconds=None if used is None else used.compute_time_seconds,
+        active_time_seconds=None if used is None else used.active_time_seconds,
     )
 
 

@@ -140,6 +140,38 @@ class RunningCompute:
     endpoint_id: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class ComputeUsage:
+    """What one run of a compute (a postmaster, from its start to its stop) used so far.
+
+    ``run`` names the run (a restarted compute is another run); ``started_us`` is when it
+    started (epoch microseconds; None where the machine does not say); ``cpu_seconds`` the CPU
+    time it used since, by the kernel's accounting (``measured``: ``cgroup``, or ``processes``:
+    the postmaster's and its children's own figures without cgroups); ``cpus`` the CPUs its
+    quota allowed when read (None: no quota); ``ended_us`` when it stopped, None while it runs.
+    """
+
+    run: str
+    started_us: int | None
+    cpu_seconds: float
+    measured: str
+    cpus: float | None = None
+    ended_us: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BranchStorage:
+    """What a branch takes (bytes; None: not known now). ``logical`` is its databases' size as
+    Postgres reports it, known only while a compute of the branch runs, as is ``wal_lsn``, where
+    its WAL stands (how much it has written, as a byte position); ``data`` the blocks its data
+    directory takes on disk; ``history`` those of its history (WAL archive, base states)."""
+
+    logical: int | None
+    data: int | None
+    history: int | None
+    wal_lsn: int | None = None
+
+
 class ComputeDriver(Protocol):
     def pg_versions(self) -> Sequence[int]:
         """Postgres major versions this driver can serve, ascending."""
@@ -280,6 +312,20 @@ class ComputeDriver(Protocol):
         """When a client last used the running compute (epoch seconds), as Postgres sees it;
         None when it has no client or is not running; ComputeError when it runs but cannot be
         asked."""
+        ...
+
+    async def compute_usage(
+        self, *, project_id: str, branch_id: str, endpoint_id: str
+    ) -> Sequence[ComputeUsage]:
+        """The endpoint's runs this driver has figures for, oldest first: the ones that ended
+        lately (their last figures, read as they stopped) and the one running now."""
+        ...
+
+    async def branch_storage(
+        self, *, project_id: str, branch_id: str, walk: bool = True
+    ) -> BranchStorage:
+        """What the branch takes now (blocking work done off the event loop); ``walk=False``
+        asks only its running compute (its data and history left unknown)."""
         ...
 
     async def login_roles(

@@ -17,6 +17,7 @@ from litestar.response import Redirect, Template
 
 from pgplane.console.pages import form, page, unsettled
 from pgplane.console.session import PREFIX, AnyRequest, SignedIn, signed_in
+from pgplane.console.usage_view import usage_view
 from pgplane.core.models import Branch, Endpoint, Operation, Project
 from pgplane.core.operations import Action, Status
 from pgplane.errors import BadRequest, LimitExceeded, NotFound, PgplaneError
@@ -291,7 +292,9 @@ async def project_context(
             uri = found.uri
         except PgplaneError as exc:
             uri_error = exc.message
+        usage = await usage_view(tx, project.id, all_branches)
     return {
+        **usage,
         "project": project,
         "tree": _tree(all_branches, computes, page_.operations),
         "branches": all_branches,

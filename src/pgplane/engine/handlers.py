@@ -13,6 +13,7 @@ import msgspec
 
 from pgplane import failpoints
 from pgplane.compute.driver import (
+    BranchStorage,
     ComputeError,
     DatabaseSpec,
     PortInUse,
@@ -21,7 +22,7 @@ from pgplane.compute.driver import (
 from pgplane.core import clock
 from pgplane.core.models import Endpoint, Operation, Project
 from pgplane.core.operations import Action
-from pgplane.engine import rolesync
+from pgplane.engine import rolesync, usage
 from pgplane.engine.branch_config import apply_roles_and_databases, mark_active
 from pgplane.engine.context import (
     Context,
@@ -129,17 +130,51 @@ async def suspend_compute(ctx: Context, op: Operation) -> OnFinish | None:
         else await rolesync.read(ctx.driver, compute_spec(project, endpoint))
     )
     await failpoints.reached("suspend_compute:roles_read")
+    sizes = await _last_sizes(ctx, op.project_id, branch_id) if endpoint is not None else None
     await ctx.driver.stop_compute(
+        project_id=op.project_id, branch_id=branch_id, endpoint_id=endpoint_id
+    )
+    # Its last figures, read by the driver as it stopped: recorded whole, with its suspend
+    # (also when the endpoint was deleted: a project's figures count its deleted computes).
+    used = await ctx.driver.compute_usage(
         project_id=op.project_id, branch_id=branch_id, endpoint_id=endpoint_id
     )
 
     async def idle(tx: Tx) -> None:
+        now = clock.now_us()
         await tx.set_endpoint_state(
-            endpoint_id=endpoint_id, current_state="idle", pending_state=None, now=clock.now_us()
+            endpoint_id=endpoint_id, current_state="idle", pending_state=None, now=now
         )
         await rolesync.write(tx, branch_id=branch_id, verifiers=synced)
+        if sizes is not None:
+            await usage.record_sizes(
+                tx, sizes, project_id=op.project_id, branch_id=branch_id, now_us=now
+            )
+        await usage.record(
+            tx,
+            used,
+            endpoint_id=endpoint_id,
+            project_id=op.project_id,
+            branch_id=branch_id,
+            default_cpus=usage.DELETED_CPUS
+            if endpoint is None
+            else endpoint.autoscaling_limit_max_cu,
+            now_us=now,
+        )
 
     return idle
+
+
+async def _last_sizes(ctx: Context, project_id: str, branch_id: str) -> BranchStorage | None:
+    """The branch's logical size and WAL position, asked of its compute before it stops (the
+    disk is walked by the next sample); None when it cannot say, which never stops a suspend."""
+    try:
+        return await ctx.driver.branch_storage(
+            project_id=project_id, branch_id=branch_id, walk=False
+        )
+    except ComputeError as exc:
+        log.warning("branch %s: sizes not read before the suspend: %s", branch_id, exc)
+        return None
 
 
 async def create_branch(ctx: Context, op: Operation) -> OnFinish | None:

@@ -21,6 +21,7 @@ from pgplane.config import Settings
 from pgplane.core import clock
 from pgplane.core.models import Endpoint
 from pgplane.core.operations import Action
+from pgplane.engine import usage
 from pgplane.engine.context import compute_spec
 from pgplane.engine.engine import Engine
 from pgplane.errors import Conflict, Unavailable
@@ -67,6 +68,8 @@ class Scheduler:
         self._activity = activity
         self._next_checks = 0.0
         self._next_detach = 0.0
+        self._next_usage = 0.0
+        self._usage = usage.Sampler(store, driver)
         # Endpoints whose compute could not be asked for its activity (warned about once).
         self._unaskable: set[str] = set()
         # Expired branches that may not be deleted (warned about once).
@@ -111,6 +114,9 @@ class Scheduler:
                 _SCAN_SECONDS, self._settings.availability_check_seconds
             )
             started += await self._check_availability(live, now)
+        if self._settings.usage_seconds > 0 and loop_now >= self._next_usage:
+            self._next_usage = loop_now + self._settings.usage_seconds
+            self._usage.start(live)  # apart: a slow disk walk must not delay a suspend
         if self._settings.detach_after_seconds > 0 and loop_now >= self._next_detach:
             self._next_detach = loop_now + min(_SCAN_SECONDS, self._settings.detach_after_seconds)
             started += await self._detach(now)

@@ -37,6 +37,7 @@ from contextlib import AbstractAsyncContextManager
 
 from pgplane.core.models import Annotation, Branch, Database, Endpoint, Operation, Project, Role
 from pgplane.core.operations import Action
+from pgplane.core.usage import BranchSizes, EndpointUsage, HourUsage, StorageTotals, Totals
 from pgplane.store.accounts import AccountsTx
 
 
@@ -326,6 +327,55 @@ class Tx(AccountsTx):
     @abc.abstractmethod
     async def update_owned_operation(self, operation: Operation, *, owner: str) -> bool:
         """Write the operation's state if ``owner`` still holds its lease; False otherwise."""
+
+    # -- usage (core/usage.py) -------------------------------------------------------------------
+    # Per endpoint (kept once it is deleted), per branch (its sizes) and per branch and hour.
+
+    @abc.abstractmethod
+    async def get_endpoint_usage(self, endpoint_id: str) -> EndpointUsage | None: ...
+
+    @abc.abstractmethod
+    async def list_endpoint_usage(self, project_id: str) -> dict[str, EndpointUsage]: ...
+
+    @abc.abstractmethod
+    async def put_endpoint_usage(self, usage: EndpointUsage, hours: Sequence[HourUsage]) -> None:
+        """Keep ``usage`` and add ``hours`` to the hourly records."""
+
+    @abc.abstractmethod
+    async def branch_usage(self, project_id: str) -> dict[str, Totals]:
+        """The project's endpoints' usage summed per branch, deleted endpoints' included."""
+
+    @abc.abstractmethod
+    async def project_usage(self, project_ids: Sequence[str]) -> dict[str, Totals]: ...
+
+    @abc.abstractmethod
+    async def get_branch_sizes(self, branch_id: str) -> BranchSizes | None: ...
+
+    @abc.abstractmethod
+    async def put_branch_sizes(self, sizes: BranchSizes, hours: Sequence[HourUsage]) -> None:
+        """Keep ``sizes`` and add ``hours`` (storage over time) to the hourly records."""
+
+    @abc.abstractmethod
+    async def list_branch_sizes(self, project_id: str) -> dict[str, BranchSizes]:
+        """The sizes of the project's branches that are not deleted, by branch id."""
+
+    @abc.abstractmethod
+    async def project_storage(self, project_ids: Sequence[str]) -> dict[str, StorageTotals]:
+        """Each project's live branches' sizes summed (absent: none sampled yet)."""
+
+    @abc.abstractmethod
+    async def storage_targets(self) -> list[tuple[str, str]]:
+        """(project id, branch id) of every ready branch of an attached, live project."""
+
+    @abc.abstractmethod
+    async def prune_usage_hours(self, *, before_hour: int) -> int: ...
+
+    @abc.abstractmethod
+    async def usage_hours(
+        self, project_id: str, *, from_hour: int, to_hour: int
+    ) -> list[tuple[HourUsage, bool]]:
+        """The project's hourly records in ``[from_hour, to_hour)`` (epoch seconds), by hour,
+        each with whether its branch is a root branch (a deleted one counts as a child)."""
 
 
 class Store(abc.ABC):

@@ -79,8 +79,10 @@ class Branches(Controller):
                 sort_order=sort_order,
                 search=search,
             )
+            used = await tx.branch_usage(project_id)
+            sizes = await tx.list_branch_sizes(project_id)
         return BranchesPage(
-            branches=[presenters.branch(b) for b in page.branches],
+            branches=[presenters.branch(b, used.get(b.id), sizes.get(b.id)) for b in page.branches],
             annotations={k: presenters.annotation(k, a) for k, a in page.annotations.items()},
             pagination=BranchPagination(
                 next=page.next, sort_by=page.sort_by, sort_order=page.sort_order.upper()
@@ -180,8 +182,10 @@ class Branches(Controller):
             branch, annotation = await branches.get_annotated(
                 tx, account_id=ctx.account_id, project_id=project_id, branch_id=branch_id
             )
+            used = await tx.branch_usage(project_id)
+            sizes = await tx.get_branch_sizes(branch.id)
         return BranchResponse(
-            branch=presenters.branch(branch),
+            branch=presenters.branch(branch, used.get(branch.id), sizes),
             annotation=presenters.annotation(branch.id, annotation),
         )
 

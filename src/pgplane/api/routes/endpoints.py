@@ -18,6 +18,7 @@ from pgplane.api.schemas import (
     EndpointUpdateRequest,
 )
 from pgplane.core.models import Endpoint, Operation
+from pgplane.core.usage import EndpointUsage, Totals
 from pgplane.errors import BadRequest
 from pgplane.services import endpoints
 
@@ -53,6 +54,10 @@ async def _act(
     return _answer(ctx, endpoint, ops)
 
 
+def _totals(used: EndpointUsage | None) -> Totals | None:
+    return None if used is None else Totals.of(used)
+
+
 class Endpoints(Controller):
     path = "/projects/{project_id:str}/endpoints"
     tags = ["Endpoint"]  # noqa: RUF012 - Litestar reads it as an instance attribute
@@ -62,7 +67,10 @@ class Endpoints(Controller):
         ctx = authorized(request)
         async with ctx.store.read() as tx:
             found = await endpoints.list_(tx, account_id=ctx.account_id, project_id=project_id)
-        return EndpointsResponse(endpoints=[presenters.endpoint(e, ctx.settings) for e in found])
+            used = await tx.list_endpoint_usage(project_id)
+        return EndpointsResponse(
+            endpoints=[presenters.endpoint(e, ctx.settings, _totals(used.get(e.id))) for e in found]
+        )
 
     @post(
         status_code=201,
@@ -106,7 +114,8 @@ class Endpoints(Controller):
             endpoint = await endpoints.get(
                 tx, account_id=ctx.account_id, project_id=project_id, endpoint_id=endpoint_id
             )
-        return EndpointResponse(endpoint=presenters.endpoint(endpoint, ctx.settings))
+            used = await tx.get_endpoint_usage(endpoint.id)
+        return EndpointResponse(endpoint=presenters.endpoint(endpoint, ctx.settings, _totals(used)))
 
     @patch(
         "/{endpoint_id:str}",

@@ -13,15 +13,31 @@ from pgplane.api.schemas import (
     ProjectCreated,
     ProjectCreateRequest,
     ProjectOperations,
+    ProjectOut,
     ProjectResponse,
     ProjectsPage,
     ProjectUpdateRequest,
     ProjectWarning,
     to_builtins,
 )
+from pgplane.config import Settings
+from pgplane.core.models import Project
 from pgplane.services import projects
 from pgplane.services.connections import connection
 from pgplane.store import Tx
+
+
+async def _with_usage(tx: Tx, project: Project, settings: Settings, email: str) -> ProjectOut:
+    """The project as shown, with its usage and storage figures."""
+    used = await tx.project_usage([project.id])
+    stored = await tx.project_storage([project.id])
+    return presenters.project(
+        project,
+        settings,
+        owner_email=email,
+        used=used.get(project.id),
+        stored=stored.get(project.id),
+    )
 
 
 async def _owner_email(tx: Tx, account_id: str) -> str:
@@ -51,8 +67,13 @@ class Projects(Controller):
         store, settings = ctx.store, ctx.settings
         async with store.read() as tx:
             found = await projects.list_(tx, account_id=ctx.account_id, limit=limit, cursor=cursor)
+            ids = [p.id for p in found]
+            used, stored = await tx.project_usage(ids), await tx.project_storage(ids)
         return ProjectsPage(
-            projects=[presenters.project_item(p, settings) for p in found],
+            projects=[
+                presenters.project_item(p, settings, used.get(p.id), stored.get(p.id))
+                for p in found
+            ],
             applications={},
             integrations={},
             pagination=Pagination(cursor=found[-1].id) if found else None,
@@ -129,8 +150,8 @@ class Projects(Controller):
         store, settings = ctx.store, ctx.settings
         async with store.read() as tx:
             project = await projects.get(tx, account_id=ctx.account_id, project_id=project_id)
-            email = await _owner_email(tx, ctx.account_id)
-        return ProjectResponse(project=presenters.project(project, settings, owner_email=email))
+            shown = await _with_usage(tx, project, settings, await _owner_email(tx, ctx.account_id))
+        return ProjectResponse(project=shown)
 
     @patch("/{project_id:str}", operation_id="updateProject", responses=error_responses(body=True))
     async def update(
@@ -158,11 +179,11 @@ class Projects(Controller):
                 changes=changes,
                 check_settings=ctx.check_settings,
             )
-            email = await _owner_email(tx, ctx.account_id)
+            shown = await _with_usage(tx, project, settings, await _owner_email(tx, ctx.account_id))
         if ops:
             ctx.notify()
         return ProjectOperations(
-            project=presenters.project(project, settings, owner_email=email),
+            project=shown,
             operations=presenters.operations(ops),
         )
 

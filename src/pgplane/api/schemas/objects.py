@@ -29,6 +29,11 @@ class BranchOut(Struct, kw_only=True, omit_defaults=True):
     last_reset_at: str | None = None
     expires_at: str | None = None
     ttl_interval_seconds: int | None = None
+    logical_size: int | None = None  # bytes, as Postgres last reported them (absent: unknown)
+    # Not Neon's: the blocks its data and its history (WAL archive, base states) take on disk,
+    # as du counts them. Clients that do not know them ignore extra fields.
+    on_disk_bytes: int | None = None
+    history_bytes: int | None = None
 
 
 class AnnotationObject(Struct, kw_only=True):
@@ -74,6 +79,11 @@ class EndpointOut(Struct, kw_only=True, omit_defaults=True):
     last_active: str | None = None
     started_at: str | None = None
     suspended_at: str | None = None
+    # Not Neon's (its endpoints carry no usage): this compute's own share of its branch's and
+    # project's figures, in the same names. Absent until it first ran.
+    cpu_used_sec: int | None = None
+    compute_time_seconds: int | None = None
+    active_time_seconds: int | None = None
 
 
 class RoleOut(Struct, kw_only=True, omit_defaults=True):

@@ -54,6 +54,8 @@ class ProjectFields(Struct, kw_only=True, omit_defaults=True):
     updated_at: str
     owner_id: str
     locked: bool
+    # Its branches' logical sizes and histories, summed (bytes); absent until first sampled.
+    synthetic_storage_size: int | None = None
 
 
 class ProjectListItem(ProjectFields, kw_only=True, omit_defaults=True):
@@ -72,6 +74,9 @@ class ProjectOut(ProjectFields, kw_only=True, omit_defaults=True):
     active_time_seconds: int
     compute_last_active_at: str | None = None
     deleted_at: str | None = None
+    # Not Neon's: its branches' data and histories on disk, summed (bytes, as du counts).
+    on_disk_bytes: int | None = None
+    history_bytes: int | None = None
 
 
 class ProjectsPage(Struct, kw_only=True, omit_defaults=True):

@@ -15,9 +15,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pgplane.compute.driver import (
+    BranchStorage,
     ComputeAddress,
     ComputeError,
     ComputeSpec,
+    ComputeUsage,
     ConfigChange,
     DatabaseSpec,
     HistoryBounds,
@@ -42,6 +44,7 @@ from pgplane.compute.local.postgres.monitor import check_readable, last_client_a
 from pgplane.compute.local.postgres.postmaster import Postmasters
 from pgplane.compute.local.postgres.verifiers import read_verifiers
 from pgplane.compute.local.skeleton import Skeleton
+from pgplane.compute.local.storage import branch_storage
 from pgplane.compute.local.tenants.projects import Tenants, ids
 from pgplane.compute.local.tenants.sockets import remove_socket_dir
 from pgplane.compute.local.tenants.user import RunAs
@@ -301,6 +304,17 @@ class LocalComputeDriver:
         ):
             return None
         return await last_client_activity(self.layout.socket_dir(spec.endpoint_id), spec.port)
+
+    async def compute_usage(
+        self, *, project_id: str, branch_id: str, endpoint_id: str
+    ) -> Sequence[ComputeUsage]:
+        return await self._postmasters.runs(self.layout.pgdata(project_id, branch_id), endpoint_id)
+
+    async def branch_storage(
+        self, *, project_id: str, branch_id: str, walk: bool = True
+    ) -> BranchStorage:
+        dirs = self._histories.dirs(project_id, branch_id)
+        return await branch_storage(dirs, self._postmasters.running(dirs.pgdata), walk=walk)
 
     async def login_roles(
         self, spec: ComputeSpec, *, names: Sequence[str] | None = None

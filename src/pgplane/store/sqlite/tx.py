@@ -14,6 +14,7 @@ from pgplane.store.sqlite.endpoints import EndpointsMixin
 from pgplane.store.sqlite.operations import OperationsMixin
 from pgplane.store.sqlite.projects import ProjectsMixin
 from pgplane.store.sqlite.roles import DatabasesMixin, RolesMixin
+from pgplane.store.sqlite.usage import UsageMixin
 from pgplane.store.sqlite.verifiers import RoleVerifiersMixin
 
 
@@ -29,6 +30,7 @@ class SqliteTx(
     RoleVerifiersMixin,
     DatabasesMixin,
     OperationsMixin,
+    UsageMixin,
     Tx,
 ):
     def __init__(self, conn: sqlite3.Connection) -> None:

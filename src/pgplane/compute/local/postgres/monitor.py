@@ -167,3 +167,25 @@ async def _activity(socket_dir: Path, port: int) -> tuple[Any, ...] | None:
     async with await _monitor_session(socket_dir, port, "postgres") as conn:
         cur = await conn.execute(_ACTIVITY, (ADMIN_USER, MONITOR_USER))
         return await cur.fetchone()
+
+
+_LOGICAL_SIZE = (
+    "SELECT pg_catalog.sum(pg_catalog.pg_database_size(oid))::bigint,"
+    " (SELECT pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), '0/0'))::bigint"
+    " FROM pg_catalog.pg_database"
+)
+
+
+async def logical_size(socket_dir: Path, port: int) -> tuple[int, int | None]:
+    """The size of every database of the compute, as Postgres reports it (pg_monitor reads
+    every database's size: pg_read_all_stats), and where its WAL stands (bytes)."""
+    try:
+        async with asyncio.timeout(_CHECK_TIMEOUT):
+            async with await _monitor_session(socket_dir, port, "postgres") as conn:
+                cur = await conn.execute(_LOGICAL_SIZE)
+                row = await cur.fetchone()
+    except (psycopg.Error, TimeoutError) as exc:
+        raise ComputeError(f"could not ask the compute its size: {exc}") from exc
+    if row is None:
+        return 0, None
+    return int(row[0] or 0), None if row[1] is None else int(row[1])

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pgplane import failpoints
-from pgplane.compute.driver import ComputeError
+from pgplane.compute.driver import ComputeError, ComputeUsage
 from pgplane.compute.local.postgres.pidfile import alive, processes_in
 from pgplane.compute.local.postgres.readiness import (
     READY_TIMEOUT,
@@ -36,6 +36,7 @@ from pgplane.compute.local.postgres.records import (
     is_alive,
     start_time,
 )
+from pgplane.compute.local.tenants.accounting import Ended, measure
 from pgplane.compute.local.tenants.cgroups import Limits
 from pgplane.compute.local.tenants.user import RunAs, postgres_env
 from pgplane.compute.local.tenants.walls import Walls, cgroup_name
@@ -65,6 +66,7 @@ class Postmasters:
         self._children: dict[Path, _Child] = {}
         self._records = Records(records)
         self.walls = walls or Walls.none()
+        self.ended = Ended()  # endpoints' runs' last figures, read as they stopped
 
     def running(self, pgdata: Path) -> Running | None:
         """The live postmaster the platform started on ``pgdata``, or None."""
@@ -220,10 +222,13 @@ class Postmasters:
         if record is None:
             dead = self._records.get(pgdata)
             if dead is not None:  # it died on its own: what it left of its walls goes too
+                await self._last_figures(pgdata, dead, None, counted=dead.cgroup is not None)
                 if dead.cgroup is not None:
                     await self.walls.end_cgroup(dead.cgroup)
                 await asyncio.to_thread(self._records.drop, pgdata)
             return False
+        # Without a cgroup, what a run used is read from its processes: before they go.
+        before = await self.usage(record)
         for sig, time_limit in _STOP_STEPS:
             postmaster = record.postmaster()
             if postmaster is not None:
@@ -235,6 +240,7 @@ class Postmasters:
             if await self._wait_gone(pgdata, record, time_limit):
                 if sig == signal.SIGKILL and not record.sandboxed:  # its backends may run on
                     await self._end_leftovers(pgdata, None)
+                await self._last_figures(pgdata, record, before, counted=True)
                 if record.cgroup is not None:  # nothing of the tenant outlives its compute
                     await self.walls.end_cgroup(record.cgroup)
                 await asyncio.to_thread(self._records.drop, pgdata)
@@ -277,6 +283,33 @@ class Postmasters:
             if loop.time() >= deadline:
                 return False
             await asyncio.sleep(_POLL)
+
+    async def usage(self, record: Running) -> ComputeUsage | None:
+        """What an endpoint's run used so far (None for the platform's own postmasters)."""
+        if record.endpoint_id is None:
+            return None
+        return await asyncio.to_thread(measure, record, self.walls.cgroups)
+
+    async def runs(self, pgdata: Path, endpoint_id: str) -> list[ComputeUsage]:
+        """The endpoint's runs on ``pgdata`` with figures: lately ended ones, then its current."""
+        runs = self.ended.of(pgdata, endpoint_id)
+        current = self.running(pgdata)
+        if current is not None and current.endpoint_id == endpoint_id:
+            now = await self.usage(current)
+            if now is not None:
+                runs.append(now)
+        return runs
+
+    async def _last_figures(
+        self, pgdata: Path, record: Running, before: ComputeUsage | None, *, counted: bool
+    ) -> None:
+        """Keep a stopped run's last figures: its cgroup's, read once its processes are gone
+        (``counted``: the cgroup still holds them), or those read before it was stopped."""
+        final = await self.usage(record) if counted and record.cgroup is not None else None
+        if final is None or (before is not None and before.cpu_seconds > final.cpu_seconds):
+            final = before
+        if final is not None:
+            self.ended.put(pgdata, record.endpoint_id, final)
 
     def watch_adopted(self, record: Running) -> None:
         """Autoscale a compute an earlier ``serve`` started (its range as recorded then)."""
