@@ -1,0 +1,114 @@
+"""Neon's MCP server (``@neondatabase/mcp-server-neon``, the registry's latest), unchanged, run over
+stdio as its users run it (``start <API key>``, ``NEON_API_HOST`` at pgplane's API) and driven by an
+MCP client (tests/mcp.py): its SQL tools against a real project, waking its compute.
+
+What the server needed from this machine, and nothing else: every SQL tool asks the API for the
+connection URI and calls the driver's ``neon(uri)``, which posts to ``https://api.<host>/sql`` on
+443. The server has no setting for that; this machine resolves no ``*.localhost`` name and the test
+server's proxy has a port of its own, so ``neonConfig.fetchEndpoint`` is set to the proxy's address
+by a preload script (``node --import`` through ``NODE_OPTIONS``, tests/js/mcp-preload.mjs), and
+``NODE_EXTRA_CA_CERTS`` names the platform's CA, as the README says for the driver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import mcp
+from tests.support import Api, Server
+
+SQL_TOOLS = {"run_sql", "run_sql_transaction", "describe_table_schema", "get_database_tables"}
+
+
+@pytest.fixture(scope="module")
+def prefix() -> Path:
+    return mcp.install()
+
+
+@pytest.fixture
+def client(server: Server, api: Api, prefix: Path) -> Iterator[mcp.McpClient]:
+    with mcp.McpClient(
+        prefix,
+        api_key=api.key,
+        api_host=server.base_url,
+        fetch_endpoint=f"https://localhost:{server.proxy_port}/sql",  # a name the cert has
+        ca_file=server.data_dir / "tls" / "ca.crt",
+    ) as found:
+        info = found.initialize()
+        assert info["serverInfo"]["version"] == mcp.VERSION
+        yield found
+
+
+def _starts(api: Api, pid: str) -> int:
+    return sum(o["action"] == "start_compute" for o in api.operations(pid))
+
+
+def _asleep(api: Api, name: str) -> dict[str, Any]:
+    project = api.create_ready_project(name=name)
+    api.suspend(project["project"]["id"], project["endpoints"][0]["id"])
+    return project
+
+
+def _ok(result: mcp.ToolResult) -> Any:
+    assert not result.is_error, result.text
+    return result.json()
+
+
+def test_sql_tools_wake_a_suspended_compute(client: mcp.McpClient, api: Api) -> None:
+    assert {t["name"] for t in client.tools()} >= SQL_TOOLS
+    project = _asleep(api, "mcp-sql")
+    pid = project["project"]["id"]
+    starts = _starts(api, pid)
+
+    created = client.call(
+        "run_sql",
+        projectId=pid,
+        sql="CREATE TABLE users (id serial PRIMARY KEY, email text NOT NULL UNIQUE)",
+    )
+    _ok(created)
+    assert _starts(api, pid) == starts + 1  # the first query woke it, once
+
+    assert _ok(
+        client.call(
+            "run_sql_transaction",
+            projectId=pid,
+            sqlStatements=[
+                "INSERT INTO users (email) VALUES ('ada@example.com')",
+                "INSERT INTO users (email) VALUES ('grace@example.com')",
+                "SELECT count(*)::int AS n FROM users",
+            ],
+        )
+    ) == [[], [], [{"n": 2}]]
+    rows = _ok(client.call("run_sql", projectId=pid, sql="SELECT id, email FROM users ORDER BY id"))
+    assert rows == [{"id": 1, "email": "ada@example.com"}, {"id": 2, "email": "grace@example.com"}]
+
+    tables = _ok(client.call("get_database_tables", projectId=pid))
+    assert {"table_schema": "public", "table_name": "users", "table_type": "BASE TABLE"} in tables
+
+    described = _ok(client.call("describe_table_schema", projectId=pid, tableName="users"))["raw"]
+    assert [(c["name"], c["type"], c["nullable"]) for c in described["columns"]] == [
+        ("id", "integer", False),
+        ("email", "text", False),
+    ]
+    assert {i["name"] for i in described["indexes"]} == {"users_pkey", "users_email_key"}
+    assert {"name": "users_email_key", "type": "UNIQUE", "definition": "UNIQUE (email)"} in (
+        described["constraints"]
+    )
+
+    # A failing statement is the tool's error, with Postgres' message; the batch left nothing.
+    failed = client.call(
+        "run_sql_transaction",
+        projectId=pid,
+        sqlStatements=[
+            "INSERT INTO users (email) VALUES ('linus@example.com')",
+            "INSERT INTO users (email) VALUES ('ada@example.com')",
+        ],
+    )
+    assert failed.is_error
+    assert 'duplicate key value violates unique constraint "users_email_key"' in failed.text
+    count = _ok(client.call("run_sql", projectId=pid, sql="SELECT count(*)::int AS n FROM users"))
+    assert count == [{"n": 2}]
