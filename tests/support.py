@@ -271,6 +271,9 @@ def running_server(
         "PGPLANE_RATE_LIMIT_PER_MINUTE": "0",
         "PGPLANE_RATE_LIMIT_BURST_PER_SECOND": "0",
         "PGPLANE_AUTH_FAILURES_PER_MINUTE": "0",
+        # No usage sample in the background: a test that compares an object before and after
+        # must not see its figures move by themselves (the usage suites set their own period).
+        "PGPLANE_USAGE_SECONDS": "0",
         **env_overrides,
     }
     server = Server(data_dir=data_dir, port=free_port(), env=env, log_path=data_dir / "serve.log")

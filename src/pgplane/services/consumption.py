@@ -94,7 +94,9 @@ class ProjectConsumption:
 
 def _listed(values: Sequence[str] | None, name: str) -> list[str]:
     """Repeated parameters and comma-separated lists alike, as Neon takes them."""
-    out = [v.strip() for value in values or () for v in value.split(",") if v.strip()]
+    # Named twice counts once: the document allows 100 items, each a comma-separated list.
+    out = list(dict.fromkeys(v.strip() for value in values or () for v in value.split(",")))
+    out = [v for v in out if v]
     if len(out) > MAX_PROJECT_IDS:
         raise BadRequest(f"{name}: at most {MAX_PROJECT_IDS} values")
     return out
