@@ -2,18 +2,20 @@
 
 The figures are allocated blocks (``st_blocks``, what the filesystem gave, holes not counted),
 each inode once however many links it has within what is counted, directories included. The
-trees are the tenant's, so they are walked by directory descriptors without following links
-(``os.fwalk``): a link a tenant planted is counted as the link it is, never followed elsewhere;
-nothing is opened or read but directories. A tree of more entries than a walk gets through in
+trees are the tenant's, so they are walked by directory descriptors, each opened as a
+directory only, without following a link and without waiting (``os.fwalk`` opens with
+O_RDONLY alone: a FIFO swapped in for a directory after its stat would hold the thread for
+ever): a link a tenant planted is counted as the link it is, never followed elsewhere; nothing
+is opened or read but directories. A tree of more entries than a walk gets through in
 ``WALK_SECONDS`` (a tenant's million empty files) gives no figure rather than hold a thread.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
+import stat
 import time
 from pathlib import Path
 
@@ -28,12 +30,23 @@ WALK_SECONDS = 30.0
 _BLOCK = 512  # st_blocks' unit, whatever the filesystem's block size
 
 
+# A directory of the tenant's is opened only as a directory, never through a link, and never
+# waiting: a FIFO (or anything not a directory) swapped in after its stat fails to open at once.
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# Deeper than this (a tenant's chain of empty directories) the tree gets no figure: each level
+# holds a descriptor while its children are counted.
+MAX_DEPTH = 256
+
+
+class _TooLong(Exception):
+    """The walk ran past its time or depth."""
+
+
 def allocated_bytes(*tops: Path, time_limit: float = WALK_SECONDS) -> int | None:
     """Bytes allocated to ``tops`` and all beneath them (0 for one that does not exist); None
-    when the walk ran past ``time_limit`` (blocking: run it in a thread)."""
+    when the walk ran past ``time_limit`` or :data:`MAX_DEPTH` (blocking: run it in a thread)."""
     deadline = time.monotonic() + time_limit
     seen: set[tuple[int, int]] = set()
-    total = 0
 
     def count(st: os.stat_result) -> int:
         if st.st_nlink > 1:
@@ -43,19 +56,48 @@ def allocated_bytes(*tops: Path, time_limit: float = WALK_SECONDS) -> int | None
             seen.add(key)
         return st.st_blocks * _BLOCK
 
-    for top in tops:
-        try:
-            total += count(os.lstat(top))
-        except FileNotFoundError:
-            continue
-        if not os.path.isdir(top) or os.path.islink(top):
-            continue
-        for _, dirs, files, fd in os.fwalk(top, follow_symlinks=False):
-            for name in (*dirs, *files):
-                with contextlib.suppress(FileNotFoundError):  # removed meanwhile
-                    total += count(os.stat(name, dir_fd=fd, follow_symlinks=False))
-            if time.monotonic() > deadline:
-                return None
+    def below(fd: int, depth: int) -> int:
+        if depth > MAX_DEPTH or time.monotonic() > deadline:
+            raise _TooLong
+        total = 0
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                try:
+                    st = entry.stat(follow_symlinks=False)  # safe: fstatat, no link followed
+                except FileNotFoundError:  # removed meanwhile
+                    continue
+                total += count(st)
+                if stat.S_ISDIR(st.st_mode):
+                    try:
+                        child = os.open(entry.name, _DIR_FLAGS, dir_fd=fd)  # safe: see flags
+                    except OSError:  # gone, or no longer a directory
+                        continue
+                    try:
+                        total += below(child, depth + 1)
+                    finally:
+                        os.close(child)
+        return total
+
+    total = 0
+    try:
+        for top in tops:
+            try:
+                st = os.lstat(top)
+            except FileNotFoundError:
+                continue
+            total += count(st)
+            if not stat.S_ISDIR(st.st_mode):
+                continue
+            try:
+                fd = os.open(top, _DIR_FLAGS)  # safe: see flags
+            except OSError:
+                continue
+            try:
+                total += below(fd, 1)
+            finally:
+                os.close(fd)
+    except _TooLong:
+        return None
     return total
 
 
