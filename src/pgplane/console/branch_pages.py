@@ -1,4 +1,5 @@
-"""A branch's roles and databases: create, delete, reveal and reset a password.
+"""A branch's roles and databases (create, delete, reveal and reset a password), and when the
+branch is deleted by itself (its expiry).
 
 As every console action, each calls the service the API route calls, scoped to the signed-in
 account, in one write transaction; the project's page it redirects to shows the operations.
@@ -12,15 +13,32 @@ from litestar import Controller, post
 from litestar.params import FromPath
 from litestar.response import Redirect
 
-from pgplane.console.pages import form, page
+from pgplane.console.pages import expires_at, form, page
 from pgplane.console.project_pages import changed, project_context
 from pgplane.console.session import PREFIX, AnyRequest, signed_in
 from pgplane.errors import NotFound
-from pgplane.services import roles
+from pgplane.services import branches, roles
 
 
 class BranchObjectsPage(Controller):
     path = f"{PREFIX}/projects/{{project_id:str}}/branches/{{branch_id:str}}"
+
+    @post("/expiry")
+    async def set_expiry(
+        self, request: AnyRequest, project_id: FromPath[str], branch_id: FromPath[str]
+    ) -> Redirect:
+        me = signed_in(request)
+        fields = await form(request)
+        changes = branches.BranchChanges(expires_at=expires_at(fields.get("expires_in", "")))
+        async with me.console.store.write() as tx:
+            await branches.update(
+                tx,
+                account_id=me.account_id,
+                project_id=project_id,
+                branch_id=branch_id,
+                changes=changes,
+            )
+        return changed(me, project_id, branch_id)
 
     @post("/roles")
     async def create_role(

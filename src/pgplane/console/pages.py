@@ -14,7 +14,7 @@ from pgplane import __version__
 from pgplane.console.session import PREFIX, AnyRequest, maybe_signed_in
 from pgplane.core import clock
 from pgplane.core.models import Operation
-from pgplane.errors import PgplaneError
+from pgplane.errors import BadRequest, PgplaneError
 
 HERE = Path(__file__).parent
 MAX_FIELD = 4096
@@ -30,6 +30,26 @@ def label(status: str) -> str:
 
 def unsettled(ops: list[Operation]) -> bool:
     return any(not op.status.settled for op in ops)
+
+
+# The console's "delete after" choices for a branch, in seconds ("" keeps it). As Neon's
+# console, a new branch is deleted after a day unless the user keeps it: preview branches are
+# the ones people forget (services/expiry.py says which branches cannot expire, and why).
+EXPIRY_CHOICES = (
+    ("", "never"),
+    ("3600", "in 1 hour"),
+    ("86400", "in 1 day"),
+    ("604800", "in 7 days"),
+)
+DEFAULT_EXPIRY = "86400"
+
+
+def expires_at(choice: str, field: str = "expires_in") -> int | None:
+    """The time a "delete after" choice means from now (us), None for never; a 400 naming the
+    field for anything the form does not offer."""
+    if choice not in dict(EXPIRY_CHOICES):
+        raise BadRequest(f"{field}: choose one of the offered times, not {choice[:40]!r}")
+    return None if not choice else (clock.now_us() // 1_000_000 + int(choice)) * 1_000_000
 
 
 def when(us: int | None) -> str:

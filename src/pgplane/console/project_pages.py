@@ -15,13 +15,13 @@ from litestar import Controller, get, post
 from litestar.params import FromPath, FromQuery
 from litestar.response import Redirect, Template
 
-from pgplane.console.pages import form, page, unsettled
+from pgplane.console.pages import DEFAULT_EXPIRY, EXPIRY_CHOICES, expires_at, form, page, unsettled
 from pgplane.console.session import PREFIX, AnyRequest, SignedIn, signed_in
 from pgplane.console.usage_view import usage_view
 from pgplane.core.models import Branch, Endpoint, Operation, Project
 from pgplane.core.operations import Action, Status
 from pgplane.errors import BadRequest, LimitExceeded, NotFound, PgplaneError
-from pgplane.services import branches, endpoints, operations, projects, roles
+from pgplane.services import branches, endpoints, expiry, operations, projects, roles
 from pgplane.services.connections import find as find_connection
 
 RECENT_OPERATIONS = 10
@@ -145,6 +145,7 @@ class ProjectsPage(Controller):
             name=fields.get("name") or None,
             parent_id=fields.get("parent_id") or None,
             endpoints=[endpoints.EndpointSpec()] if fields.get("with_compute") else [],
+            expires_at=expires_at(fields.get("expires_in", "")),
         )
         async with me.console.store.write() as tx:
             created = await branches.create(
@@ -270,11 +271,10 @@ async def project_context(
     async with me.console.store.read() as tx:
         project: Project = await projects.get(tx, **scope)
         page_ = await operations.list_(tx, **scope, limit=RECENT_OPERATIONS, cursor=None)
-        all_branches = (
-            await branches.list_(
-                tx, **scope, limit=None, cursor=None, sort_by=None, sort_order=None, search=None
-            )
-        ).branches
+        listed = await branches.list_(
+            tx, **scope, limit=None, cursor=None, sort_by=None, sort_order=None, search=None
+        )
+        all_branches = listed.branches
         computes = await endpoints.list_(tx, **scope)
         selected = next((b for b in all_branches if b.id == branch_id), None)
         if selected is None:
@@ -293,12 +293,17 @@ async def project_context(
         except PgplaneError as exc:
             uri_error = exc.message
         usage = await usage_view(tx, project.id, all_branches)
+        parents = {b.parent_id for b in all_branches}
     return {
         **usage,
         "project": project,
         "tree": _tree(all_branches, computes, page_.operations),
         "branches": all_branches,
         "selected": selected,
+        "annotations": {bid: a.value for bid, a in listed.annotations.items()},
+        "keeps": expiry.why_not(selected, has_children=selected.id in parents),
+        "expiry_choices": EXPIRY_CHOICES,
+        "default_expiry": DEFAULT_EXPIRY,
         "computes": [e for e in computes if e.branch_id == selected.id],
         "roles": branch_roles,
         "databases": branch_databases,
