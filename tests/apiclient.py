@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,15 +29,18 @@ def install(version: str = VERSION, cache_dir: Path = CACHE_DIR) -> Path:
     return npm.install(cache_dir / version, {PACKAGE: version})
 
 
-def run(prefix: Path, script: str, env: dict[str, str], timeout: float = 60) -> Any:
-    """Run ``script`` (CommonJS, the client resolvable) and return the JSON it printed."""
+def run(
+    prefix: Path, script: str, env: dict[str, str], timeout: float = 60, args: Sequence[str] = ()
+) -> Any:
+    """Run ``script`` (CommonJS, the client resolvable) with ``args`` and return the JSON it
+    printed."""
     scripts = prefix / "scripts"
     scripts.mkdir(exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=scripts, suffix=".cjs", delete=False) as f:
         f.write(script)
     try:
         done = node(
-            [f.name],
+            [f.name, *args],
             return_completed_process=True, capture_output=True, text=True,
             env={**os.environ, **env}, timeout=timeout, check=False,
         )  # fmt: skip
