@@ -1,5 +1,7 @@
 """Fields the platform owns, and routes outside its document (scenarios B2, I5): ids, owners,
-statuses and timestamps a caller sends are ignored, and no path the document lacks is served."""
+statuses and timestamps a caller sends are ignored (a branch's or a compute's body refuses them
+with a 400 naming the field: those bodies take only their own), and no path the document lacks
+is served."""
 
 from __future__ import annotations
 
@@ -77,17 +79,6 @@ def test_fields_the_platform_owns_are_ignored(api: Api, other_api: Api) -> None:
 
     calls: list[tuple[str, str, dict[str, Any]]] = [
         ("PATCH", f"/projects/{pid}", _with_hostile({"project": {"name": "m2"}}, "project", set())),
-        ("PATCH", branch_path, _with_hostile({"branch": {"name": "m3"}}, "branch", {"protected"})),
-        (
-            "POST",
-            f"/projects/{pid}/branches",
-            _with_hostile({"branch": {"name": "m4"}}, "branch", {"protected"}),
-        ),
-        (
-            "PATCH",
-            f"/projects/{pid}/endpoints/{eid}",
-            _with_hostile({"endpoint": {"suspend_timeout_seconds": 600}}, "endpoint", set()),
-        ),
         ("POST", f"{branch_path}/roles", _with_hostile({"role": {"name": "m5"}}, "role", set())),
         (
             "POST",
@@ -125,6 +116,67 @@ def test_fields_the_platform_owns_are_ignored(api: Api, other_api: Api) -> None:
     ops = api.http.get(f"/projects/{pid}/operations", params={"limit": 1000}).json()
     assert not {o["action"] for o in ops["operations"]} & PLATFORM_ONLY_ACTIONS
     api.wait_operations(pid, [o["id"] for o in ops["operations"]])
+
+
+def test_a_branch_or_compute_body_refuses_fields_it_does_not_take(api: Api) -> None:
+    """A branch's and a compute's bodies take only their own fields: any other (the platform's,
+    or one of Neon's this platform does not serve) is a 400 naming it, and nothing changes."""
+    made = api.create_project(name="strict")
+    pid, bid = made["project"]["id"], made["branch"]["id"]
+    eid = made["endpoints"][0]["id"]
+    branch_path = f"/projects/{pid}/branches/{bid}"
+    refused: list[tuple[str, str, dict[str, Any], str]] = [
+        (
+            "PATCH",
+            branch_path,
+            _with_hostile({"branch": {"name": "m3"}}, "branch", {"protected"}),
+            "unknown field",
+        ),
+        (
+            "POST",
+            f"/projects/{pid}/branches",
+            _with_hostile({"branch": {"name": "m4"}}, "branch", {"protected"}),
+            "unknown field",
+        ),
+        (
+            "PATCH",
+            f"/projects/{pid}/endpoints/{eid}",
+            _with_hostile({"endpoint": {"suspend_timeout_seconds": 600}}, "endpoint", set()),
+            "unknown field",
+        ),
+        (
+            "POST",
+            f"/projects/{pid}/branches",
+            {"branch": {"name": "m5"}, "endpoints": [{"type": "read_write", "cu": 1}]},
+            "unknown field `cu`",
+        ),
+        ("PATCH", f"/projects/{pid}/endpoints/{eid}", {"endpoint": {"pooler_enabled": True}},
+         "endpoint.pooler_enabled"),
+        ("PATCH", f"/projects/{pid}/endpoints/{eid}", {"endpoint": {"passwordless_access": True}},
+         "endpoint.passwordless_access"),
+        ("PATCH", f"/projects/{pid}/endpoints/{eid}", {"endpoint": {"name": "reporting"}},
+         "unknown field `name`"),
+        ("PATCH", f"/projects/{pid}/endpoints/{eid}", {"endpoint": {"pooler_mode": "session"}},
+         "endpoint.pooler_mode"),
+        ("PATCH", f"/projects/{pid}/endpoints/{eid}", {"endpoint": {"provisioner": "k8s-neonvm"}},
+         "endpoint.provisioner"),
+    ]  # fmt: skip
+    for method, url, body, named in refused:
+        r = api.http.request(method, url, json=body)
+        assert r.status_code == 400, (method, url, r.text)
+        assert named in r.json()["message"], (url, r.text)
+    # What the platform is, said back, is taken: Neon's clients send these defaults.
+    same = {"pooler_enabled": False, "passwordless_access": False, "pooler_mode": "transaction",
+            "provisioner": "k8s-pod"}  # fmt: skip
+    r = api.http.patch(f"/projects/{pid}/endpoints/{eid}", json={"endpoint": same})
+    assert r.status_code == 200, r.text
+    branch = api.http.get(branch_path).json()["branch"]
+    assert branch["name"] == made["branch"]["name"] and branch["protected"] is False
+    listed = api.http.get(f"/projects/{pid}/branches").json()["branches"]
+    assert [b["id"] for b in listed] == [bid]
+    endpoint = api.http.get(f"/projects/{pid}/endpoints/{eid}").json()["endpoint"]
+    assert endpoint["suspend_timeout_seconds"] == made["endpoints"][0]["suspend_timeout_seconds"]
+    assert endpoint["pooler_enabled"] is False and endpoint["passwordless_access"] is False
 
 
 async def _never_called(*, pg_version: int, settings: Mapping[str, str]) -> None:

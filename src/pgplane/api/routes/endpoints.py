@@ -17,6 +17,7 @@ from pgplane.api.schemas import (
     EndpointsResponse,
     EndpointUpdateRequest,
 )
+from pgplane.api.unserved import refuse_switches
 from pgplane.core.models import Endpoint, Operation
 from pgplane.core.usage import EndpointUsage, Totals
 from pgplane.errors import BadRequest
@@ -83,6 +84,7 @@ class Endpoints(Controller):
         """A compute for a branch (one read_write per branch); starts it."""
         ctx = authorized(request)
         req = data.endpoint
+        refuse_switches(req, "endpoint")
         if req.region_id is not None and req.region_id != ctx.settings.region_id:
             raise BadRequest(f"region_id must be the project's region, {ctx.settings.region_id!r}")
         spec = endpoints.EndpointSpec(
@@ -132,6 +134,7 @@ class Endpoints(Controller):
         """Resize, retune (``apply_config``), change the suspend timeout, disable or enable."""
         ctx = authorized(request)
         req = data.endpoint
+        refuse_switches(req, "endpoint")
         changes = endpoints.EndpointChanges(
             autoscaling_limit_min_cu=req.autoscaling_limit_min_cu,
             autoscaling_limit_max_cu=req.autoscaling_limit_max_cu,

@@ -11,6 +11,7 @@ from pgplane.api.schemas.common import (
     EndpointType,
     Name256,
     PgSettings,
+    Provisioner,
     SuspendTimeout,
     documented,
 )
@@ -75,7 +76,7 @@ class BranchCreated(Struct, kw_only=True, omit_defaults=True):
     connection_uris: list[ConnectionDetails] | None = None
 
 
-class EndpointSettingsIn(Struct, kw_only=True):
+class EndpointSettingsIn(Struct, kw_only=True, forbid_unknown_fields=True):
     pg_settings: PgSettings | None = None
 
 
@@ -109,16 +110,16 @@ ExpiresAt = Annotated[
 ]
 
 
-class BranchEndpointSpec(Struct, kw_only=True):
+class BranchEndpointSpec(Struct, kw_only=True, forbid_unknown_fields=True):
     type: EndpointType
     settings: EndpointSettingsIn | None = None
     autoscaling_limit_min_cu: CU | None = None
     autoscaling_limit_max_cu: CU | None = None
-    provisioner: Annotated[str, Meta(max_length=64)] | None = None
+    provisioner: Provisioner | None = None
     suspend_timeout_seconds: SuspendTimeout | None = None
 
 
-class BranchCreateSpec(Struct, kw_only=True):
+class BranchCreateSpec(Struct, kw_only=True, forbid_unknown_fields=True):
     parent_id: Annotated[str, Meta(max_length=60)] | None = None
     name: Name256 | None = None
     # A point of the parent's history rather than its head (one of the two).
@@ -154,27 +155,27 @@ AnnotationValue = Annotated[
 ]
 
 
-class BranchCreateRequest(Struct, kw_only=True):
+class BranchCreateRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     branch: BranchCreateSpec | None = None
     endpoints: Annotated[list[BranchEndpointSpec], Meta(max_length=10)] | None = None
     annotation_value: AnnotationValue | None = None
 
 
-class BranchRestoreRequest(Struct, kw_only=True):
+class BranchRestoreRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     source_branch_id: Annotated[str, Meta(min_length=1, max_length=60)]
     source_lsn: Lsn | None = None
     source_timestamp: Timestamp | None = None
     preserve_under_name: Name256 | None = None
 
 
-class BranchUpdateSpec(Struct, kw_only=True):
+class BranchUpdateSpec(Struct, kw_only=True, forbid_unknown_fields=True):
     name: Name256 | None = None
     protected: bool | None = None
     # Absent: unchanged; null: the branch no longer expires.
     expires_at: ExpiresAt | UnsetType | None = UNSET
 
 
-class BranchUpdateRequest(Struct, kw_only=True):
+class BranchUpdateRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     branch: BranchUpdateSpec
     # pgplane's, beside Neon's fields as on create: replaces the annotation ({} removes it).
     annotation_value: AnnotationValue | None = None

@@ -69,6 +69,24 @@ CU = Annotated[float, Meta(ge=0.25, le=16, multiple_of=0.25)]
 SuspendTimeout = Annotated[int, Meta(ge=-1, le=604800)]
 # Litestar leaves a bound of 0 out of the document (it tests the bound for truth): restated.
 HistoryRetention = Annotated[int, Meta(ge=0, le=2592000, extra_json_schema=documented(minimum=0))]
+# Neon's names for what runs a compute; this platform has one kind, and names it as Neon's
+# pods. Another value is a 400 naming the field rather than a request quietly not kept.
+Provisioner = Annotated[
+    Literal["k8s-pod"],
+    Meta(description="what runs the compute: k8s-pod, the one kind this platform has"),
+]
+# Neon's pooler setting: the only mode its API accepts, and the one the -pooler host serves.
+PoolerMode = Annotated[Literal["transaction"], Meta(description="transaction, the only mode")]
+# Neon's on/off switches this platform does not have: false (or absent) is what holds here;
+# true is a 400 naming the field (api/unserved.py), never a setting quietly dropped.
+OffOnly = Annotated[
+    bool,
+    Meta(
+        description="not served here: false or absent",
+        extra_json_schema=documented(enum=[False, None]),
+    ),
+]
+
 EndpointType = Annotated[
     Literal["read_write"],
     Meta(description="read_only computes need replicas, which this platform does not run yet"),

@@ -7,7 +7,14 @@ from typing import Annotated
 from msgspec import Meta, Struct
 
 from pgplane.api.schemas.branches import EndpointSettingsIn
-from pgplane.api.schemas.common import CU, EndpointType, SuspendTimeout
+from pgplane.api.schemas.common import (
+    CU,
+    EndpointType,
+    OffOnly,
+    PoolerMode,
+    Provisioner,
+    SuspendTimeout,
+)
 from pgplane.api.schemas.objects import EndpointOut
 from pgplane.api.schemas.operations import OperationOut
 
@@ -25,39 +32,37 @@ class EndpointOperations(Struct, kw_only=True):
     operations: list[OperationOut]
 
 
-class EndpointCreateSpec(Struct, kw_only=True):
+class EndpointCreateSpec(Struct, kw_only=True, forbid_unknown_fields=True):
     branch_id: Annotated[str, Meta(min_length=1, max_length=60)]
     type: EndpointType
     region_id: Annotated[str, Meta(max_length=64)] | None = None
     settings: EndpointSettingsIn | None = None
     autoscaling_limit_min_cu: CU | None = None
     autoscaling_limit_max_cu: CU | None = None
-    provisioner: Annotated[str, Meta(max_length=64)] | None = None
-    pooler_enabled: bool | None = None
-    pooler_mode: Annotated[str, Meta(max_length=16)] | None = None
+    provisioner: Provisioner | None = None
+    pooler_enabled: OffOnly | None = None
+    pooler_mode: PoolerMode | None = None
     disabled: bool | None = None
-    passwordless_access: bool | None = None
+    passwordless_access: OffOnly | None = None
     suspend_timeout_seconds: SuspendTimeout | None = None
-    name: Annotated[str, Meta(min_length=1, max_length=64)] | None = None
 
 
-class EndpointCreateRequest(Struct, kw_only=True):
+class EndpointCreateRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     endpoint: EndpointCreateSpec
 
 
-class EndpointUpdateSpec(Struct, kw_only=True):
+class EndpointUpdateSpec(Struct, kw_only=True, forbid_unknown_fields=True):
     branch_id: Annotated[str, Meta(min_length=1, max_length=60)] | None = None
     settings: EndpointSettingsIn | None = None
     autoscaling_limit_min_cu: CU | None = None
     autoscaling_limit_max_cu: CU | None = None
-    provisioner: Annotated[str, Meta(max_length=64)] | None = None
-    pooler_enabled: bool | None = None
-    pooler_mode: Annotated[str, Meta(max_length=16)] | None = None
+    provisioner: Provisioner | None = None
+    pooler_enabled: OffOnly | None = None
+    pooler_mode: PoolerMode | None = None
     disabled: bool | None = None
-    passwordless_access: bool | None = None
+    passwordless_access: OffOnly | None = None
     suspend_timeout_seconds: SuspendTimeout | None = None
-    name: Annotated[str, Meta(min_length=1, max_length=64)] | None = None
 
 
-class EndpointUpdateRequest(Struct, kw_only=True):
+class EndpointUpdateRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     endpoint: EndpointUpdateSpec

@@ -155,6 +155,7 @@ class ProjectCreateSpec(Struct, kw_only=True):
     settings: ProjectSettings | None = None
     history_retention_seconds: HistoryRetention | None = None
     store_passwords: bool | None = None
+    # Owned by the platform, and ignored as the contract's mass-assignment rule asks (B2).
     provisioner: Annotated[str, Meta(max_length=64)] | None = None
     autoscaling_limit_min_cu: CU | None = None
     autoscaling_limit_max_cu: CU | None = None
