@@ -70,11 +70,8 @@ async def new_endpoint(
     now: int,
 ) -> Endpoint:
     """Build and insert an endpoint (no operations): creating one, or a branch with one."""
-    if spec.type != "read_write":
-        raise BadRequest(
-            "only read_write endpoints are supported: a read_only compute needs a replica,"
-            " which this platform does not run yet"
-        )
+    if spec.type not in ("read_write", "read_only"):
+        raise BadRequest(f"unknown endpoint type {spec.type!r}: read_write or read_only")
     defaults = project.default_endpoint_settings
     low, high = compute_settings.limits(
         compute_settings.cu(

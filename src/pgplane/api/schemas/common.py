@@ -70,8 +70,13 @@ SuspendTimeout = Annotated[int, Meta(ge=-1, le=604800)]
 # Litestar leaves a bound of 0 out of the document (it tests the bound for truth): restated.
 HistoryRetention = Annotated[int, Meta(ge=0, le=2592000, extra_json_schema=documented(minimum=0))]
 EndpointType = Annotated[
-    Literal["read_write"],
-    Meta(description="read_only computes need replicas, which this platform does not run yet"),
+    Literal["read_write", "read_only"],
+    Meta(
+        description=(
+            "read_write: the branch's one writable compute; read_only: a hot standby of the"
+            " branch (several per branch) that follows its writes and refuses its own"
+        )
+    ),
 ]
 
 
