@@ -124,11 +124,20 @@ def test_several_replicas_and_no_primary(api: Api, server: Server) -> None:
     api.settled(pid, r)
     for uri in uris:
         _seen_within(uri, "SELECT count(*) FROM pg_roles WHERE rolname = 'later'", 1, 30)
+    # A read-write compute added: the replicas stream from it.
+    r = api.http.post(
+        f"/projects/{pid}/endpoints", json={"endpoint": {"branch_id": bid, "type": "read_write"}}
+    )
+    api.settled(pid, r)
+    with psycopg.connect(_uri(api, pid), autocommit=True) as conn:
+        conn.execute("INSERT INTO t VALUES (3)")
+    for uri in uris:
+        _seen_within(uri, "SELECT max(n) FROM t", 3, FOLLOW_SECONDS)
     third = _replica(api, pid, bid)
     with psycopg.connect(_uri(api, pid, third["id"], role="later")) as conn:
         assert conn.execute("SELECT current_user").fetchone() == ("later",)
     with psycopg.connect(_uri(api, pid, third["id"])) as conn:
-        assert conn.execute("SELECT max(n) FROM t").fetchone() == (2,)
+        assert conn.execute("SELECT max(n) FROM t").fetchone() == (3,)
 
     # Deleting an endpoint, then the branch's others with it, removes their data.
     r = api.http.delete(f"/projects/{pid}/endpoints/{replicas[0]['id']}")
@@ -139,13 +148,30 @@ def test_several_replicas_and_no_primary(api: Api, server: Server) -> None:
         pid,
         api.http.post(
             f"/projects/{pid}/branches",
-            json={"branch": {"parent_id": bid}, "endpoints": [{"type": "read_only"}]},
+            json={
+                "branch": {"parent_id": bid},
+                "endpoints": [{"type": "read_write"}, {"type": "read_only"}],
+            },
         ),
     )
-    assert [e["type"] for e in child["endpoints"]] == ["read_only"]
+    assert [e["type"] for e in child["endpoints"]] == ["read_write", "read_only"]
     child_id = child["branch"]["id"]
-    child_uri = _uri(api, pid, child["endpoints"][0]["id"], bid=child_id)
-    with psycopg.connect(child_uri) as conn:
-        assert conn.execute("SELECT max(n) FROM t").fetchone() == (2,)
+    child_rw = _uri(api, pid, child["endpoints"][0]["id"], bid=child_id)
+    child_ro = _uri(api, pid, child["endpoints"][1]["id"], bid=child_id)
+    with psycopg.connect(child_rw, autocommit=True) as conn:
+        conn.execute("INSERT INTO t VALUES (100)")
+    _seen_within(child_ro, "SELECT max(n) FROM t", 100, FOLLOW_SECONDS)
+
+    # Reset from its parent: the child's replica holds the parent's data, and follows on.
+    r = api.http.post(
+        f"/projects/{pid}/branches/{child_id}/restore", json={"source_branch_id": bid}
+    )
+    api.settled(pid, r)
+    assert api.endpoint(pid, child["endpoints"][1]["id"])["current_state"] == "active"
+    _seen_within(child_ro, "SELECT max(n) FROM t", 3, FOLLOW_SECONDS)
+    with psycopg.connect(child_rw, autocommit=True) as conn:
+        conn.execute("INSERT INTO t VALUES (101)")
+    _seen_within(child_ro, "SELECT max(n) FROM t", 101, FOLLOW_SECONDS)
+
     api.settled(pid, api.http.delete(f"/projects/{pid}/branches/{child_id}"))
     assert not (server.data_dir / "projects" / pid / "branches" / child_id).exists()

@@ -156,6 +156,14 @@ async def create(
         now=clock.now_us(),
     )
     starts = [] if endpoint.disabled else [start_op(endpoint)]
+    if endpoint.type == "read_write":
+        # The branch's running replicas follow the archive alone until they restart knowing
+        # where their new primary listens (after its start: same branch, in order).
+        starts += [
+            operations.Start(Action.APPLY_CONFIG, branch_id=branch.id, endpoint_id=e.id)
+            for e in await tx.list_endpoints(project.id)
+            if e.branch_id == branch.id and e.type == "read_only" and not e.disabled
+        ]
     ops = await operations.start(tx, project_id=project.id, starts=starts) if starts else []
     return endpoint, ops
 

@@ -238,6 +238,8 @@ class LocalComputeDriver:
         restore_id: str,
     ) -> int | None:
         self.installation(pg_version)
+        # Its replicas follow the data being replaced: stopped, copied anew as they start.
+        await self._replicas.stop_branch(project_id, branch_id)
         return await self._copies.restore(
             project_id=project_id,
             branch_id=branch_id,
