@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from psycopg import errors
 
-from tests.support import Api, Server
+from tests.support import Api, Server, running_server, wait_for
 
 # A commit on the primary is on every replica within this (the issue's bound).
 FOLLOW_SECONDS = 1.0
@@ -175,3 +175,31 @@ def test_several_replicas_and_no_primary(api: Api, server: Server) -> None:
 
     api.settled(pid, api.http.delete(f"/projects/{pid}/branches/{child_id}"))
     assert not (server.data_dir / "projects" / pid / "branches" / child_id).exists()
+
+
+def test_idle_replica_and_primary_suspend_on_their_own_and_wake() -> None:
+    """Scale to zero: the stream between them is no client of either; each suspends when its
+    clients are idle, and a connection wakes each."""
+    with running_server(
+        PGPLANE_DEFAULT_SUSPEND_TIMEOUT_SECONDS="2", PGPLANE_SCHEDULER_SECONDS="0.2"
+    ) as quick:
+        _, key = quick.create_key("idle-replica@example.com")
+        with Api(quick, key) as api:
+            project = api.create_ready_project(name="idle-replica")
+            pid, bid = project["project"]["id"], project["branch"]["id"]
+            primary_id = project["endpoints"][0]["id"]
+            primary = project["connection_uris"][0]["connection_uri"]
+            with psycopg.connect(primary, autocommit=True) as conn:
+                conn.execute("CREATE TABLE t AS SELECT 1 AS n")
+            replica = _replica(api, pid, bid)
+            uri = _uri(api, pid, replica["id"])
+            for eid in (primary_id, replica["id"]):
+                wait_for(
+                    f"{eid} suspended when idle",
+                    lambda e=eid: api.endpoint(pid, e)["current_state"] == "idle",
+                    server=quick,
+                )
+            with psycopg.connect(uri, connect_timeout=30) as conn:
+                assert conn.execute("SELECT max(n) FROM t").fetchone() == (1,)
+            assert api.endpoint(pid, replica["id"])["current_state"] == "active"
+            assert api.endpoint(pid, primary_id)["current_state"] == "idle"
