@@ -79,7 +79,8 @@ def run(api: Api, *, seconds: int, clients: int, every_ms: int) -> dict[str, boo
     r = api.http.post(
         f"/projects/{pid}/endpoints", json={"endpoint": {"branch_id": bid, "type": "read_only"}}
     )
-    replica = _uri(api, pid, api.settled(pid, r)["endpoint"]["id"])
+    replica_id = api.settled(pid, r)["endpoint"]["id"]
+    replica = _uri(api, pid, replica_id)
     every = every_ms / 1000
 
     print(
@@ -104,6 +105,19 @@ def run(api: Api, *, seconds: int, clients: int, every_ms: int) -> dict[str, boo
     _, p99 = _report(f"pgbench -c {clients}", loaded)
     print(f"  pgbench on the primary meanwhile: {tps.strip()}")
     print(f"  target: p99 under load < 100 ms: {p99:.2f} ms")
+
+    # What a replica's wake costs: its copy of the branch is made as it starts (no target).
+    wakes = []
+    for _ in range(5):
+        api.suspend(pid, replica_id)
+        started = time.perf_counter()
+        with psycopg.connect(replica, connect_timeout=60) as conn:
+            conn.execute("SELECT 1").fetchone()
+        wakes.append(time.perf_counter() - started)
+    print(
+        f"replica wake (suspended, primary running, pgbench -s 10 data): connect to first row"
+        f" p50 {median(wakes) * 1000:.0f} ms, max {max(wakes) * 1000:.0f} ms"
+    )
     return {
         "replica lag p99 under pgbench < 100 ms": p99 < 100,
         "pgbench ran": load.returncode == 0,
