@@ -229,7 +229,8 @@ def assert_consistent(server: Server, api: Api, pid: str, *, failed: Collection[
     names = [b["name"] for b in branches]
     assert len(names) == len(set(names))
     endpoints = api.http.get(f"/projects/{pid}/endpoints").json()["endpoints"]
-    assert len({e["branch_id"] for e in endpoints}) == len(endpoints)  # one per branch here
+    writable = [e["branch_id"] for e in endpoints if e["type"] == "read_write"]
+    assert len(set(writable)) == len(writable)  # one read-write compute per branch
 
     project_dir = server.data_dir / "projects" / pid
     if project_dir.exists():  # attached: one data directory per branch, nothing half-built
@@ -245,12 +246,28 @@ def assert_consistent(server: Server, api: Api, pid: str, *, failed: Collection[
             )
             # No temporary copy left behind (a rebuild's, a restore's); its history beside it.
             data = {p.name for p in branch_dir.iterdir() if not p.name.endswith(".log")}
-            assert data - {"wal", "base", "restored"} == {"pgdata"}, (branch_dir, data)
+            assert data - {"wal", "base", "restored", "replicas"} == {"pgdata"}, (branch_dir, data)
+            # A replica's data only while it runs, whole (its copy renamed into place).
+            replicas = branch_dir / "replicas"
+            held = {p.name: sorted(c.name for c in p.iterdir()) for p in _listed(replicas)}
+            assert held == {
+                e["id"]: ["pgdata"]
+                for e in endpoints
+                if e["type"] == "read_only"
+                and e["branch_id"] == branch["id"]
+                and e["current_state"] == "active"
+            }, held
     running = postmasters(server.data_dir)
     assert all(n == 1 for n in running.values()), running
     expected = {
         project_dir / "branches" / e["branch_id"] / "pgdata"
+        if e["type"] == "read_write"
+        else project_dir / "branches" / e["branch_id"] / "replicas" / e["id"] / "pgdata"
         for e in endpoints
         if e["current_state"] == "active"
     }
     assert {p for p in running if p.is_relative_to(project_dir)} == expected
+
+
+def _listed(directory: Path) -> list[Path]:
+    return sorted(directory.iterdir()) if directory.is_dir() else []

@@ -27,7 +27,9 @@ exists, not yet ready), ``stop_compute:signalled`` (told to stop, maybe not gone
 check or a change), ``suspend_compute:roles_read``, ``apply_config:executed`` (after each
 statement of a change),
 ``create_branch:backup_started`` (an online copy inside the parent's backup),
-``create_branch:copied`` (the copy is durable, not yet in place), ``expire_branch:due`` (the
+``create_branch:copied`` (the copy is durable, not yet in place; both also inside a read-only
+compute's start, which copies its branch), ``start_replica:copied`` (a read-only compute's copy
+in place, its standby not yet started), ``expire_branch:due`` (the
 scheduler found an expired branch, its deletion not yet recorded), ``delete_timeline:stopped``
 and ``delete_tenant:stopped`` (computes stopped, files still there), ``tenant_detach:packed``
 (the archive is verified, the hot copy still there), ``tenant_reattach:unpacked`` (the data is

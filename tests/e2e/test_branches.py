@@ -170,7 +170,7 @@ def test_branch_rules(api: Api, other_api: Api) -> None:
         {"branch": {"parent_id": "br-missing-branch-00000000"}},
         {"branch": {"parent_lsn": "0/16B3748"}},
         {"branch": {"init_source": "schema-only"}},
-        {"endpoints": [{"type": "read_only"}]},
+        {"endpoints": [{"type": "read_many"}]},
         {"endpoints": [{"type": "read_write"}, {"type": "read_write"}]},
     ):
         r = api.http.post(f"/projects/{pid}/branches", json=body)

@@ -82,6 +82,11 @@ class ComputeSpec:
     # compute for the maximum; pg_settings override what it derives from it.
     autoscaling_limit_min_cu: float = 0.25
     autoscaling_limit_max_cu: float = 0.25
+    # A read-only compute: a hot standby of the branch's data that follows the branch's
+    # read-write compute (its port: ``primary_port``, None when the branch has none) while it
+    # runs, and the branch's archived WAL otherwise.
+    read_only: bool = False
+    primary_port: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,3 +75,19 @@ async def apply_roles_and_databases(
         await rolesync.write(tx, branch_id=branch_id, verifiers=synced)
 
     return applied
+
+
+async def restart_replicas(ctx: Context, project: Project, branch_id: str) -> None:
+    """Start the branch's read-only computes that should run (after a restore stopped them: a
+    replica's data is a copy of the branch's, made anew as it starts)."""
+    async with ctx.store.read() as tx:
+        endpoints = await tx.list_endpoints(project.id)
+    primary = rolesync.branch_compute(endpoints, branch_id)
+    for e in endpoints:
+        if (
+            e.branch_id == branch_id
+            and e.type == "read_only"
+            and not e.disabled
+            and "active" in (e.current_state, e.pending_state)
+        ):
+            await ctx.driver.start_compute(compute_spec(project, e, primary))

@@ -41,8 +41,14 @@ def require_branch(op: Operation) -> str:
     return op.branch_id
 
 
-def compute_spec(project: Project, endpoint: Endpoint) -> ComputeSpec:
+def compute_spec(
+    project: Project, endpoint: Endpoint, primary: Endpoint | None = None
+) -> ComputeSpec:
+    """The driver's view of an endpoint; ``primary``: a read-only one's branch's read-write
+    compute, which it follows."""
     return ComputeSpec(
+        read_only=endpoint.type == "read_only",
+        primary_port=primary.port if primary is not None and endpoint.type == "read_only" else None,
         project_id=project.id,
         branch_id=endpoint.branch_id,
         endpoint_id=endpoint.id,

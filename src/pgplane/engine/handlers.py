@@ -94,13 +94,18 @@ async def start_compute(ctx: Context, op: Operation) -> OnFinish | None:
 
 async def _start(ctx: Context, project: Project, endpoint: Endpoint) -> None:
     """Start (or restart with changed settings) the endpoint's compute."""
+    primary = None
+    if endpoint.type == "read_only":  # it follows its branch's read-write compute
+        async with ctx.store.read() as tx:
+            found = await tx.list_endpoints(project.id)
+        primary = rolesync.branch_compute(found, endpoint.branch_id)
     try:
-        await ctx.driver.start_compute(compute_spec(project, endpoint))
+        await ctx.driver.start_compute(compute_spec(project, endpoint, primary))
     except PortInUse as exc:
         # Another program took the port while the compute was down. Clients never see it (the
         # proxy reaches the compute by its own socket), so the compute moves to a free one.
         endpoint = await _move_port(ctx, endpoint, exc.port)
-        await ctx.driver.start_compute(compute_spec(project, endpoint))
+        await ctx.driver.start_compute(compute_spec(project, endpoint, primary))
 
 
 async def _move_port(ctx: Context, endpoint: Endpoint, taken: int) -> Endpoint:
@@ -124,9 +129,10 @@ async def suspend_compute(ctx: Context, op: Operation) -> OnFinish | None:
     async with ctx.store.read() as tx:
         endpoint = await tx.get_endpoint(project_id=project.id, endpoint_id=endpoint_id)
     # Its roles, read while it still runs: once suspended, only the store can tell the proxy.
+    # (A read-only compute's are its primary's, maybe older: not read.)
     synced = (
         None
-        if endpoint is None
+        if endpoint is None or endpoint.type != "read_write"
         else await rolesync.read(ctx.driver, compute_spec(project, endpoint))
     )
     await failpoints.reached("suspend_compute:roles_read")

@@ -21,7 +21,7 @@ from pgplane.compute.driver import ComputeDriver, Point
 from pgplane.config import Settings
 from pgplane.core import clock
 from pgplane.core.models import Operation
-from pgplane.engine.branch_config import apply_roles_and_databases
+from pgplane.engine.branch_config import apply_roles_and_databases, restart_replicas
 from pgplane.engine.context import Context, OnFinish, PermanentError, project_of, require_branch
 from pgplane.store import Tx
 
@@ -70,6 +70,7 @@ async def restore_branch(ctx: Context, op: Operation) -> OnFinish | None:
         restore_id=op.id,
     )
     applied = await apply_roles_and_databases(ctx, project, branch_id)
+    await restart_replicas(ctx, project, branch_id)  # the restore stopped them
 
     async def restored(tx: Tx) -> None:
         if applied is not None:

@@ -70,11 +70,8 @@ async def new_endpoint(
     now: int,
 ) -> Endpoint:
     """Build and insert an endpoint (no operations): creating one, or a branch with one."""
-    if spec.type != "read_write":
-        raise BadRequest(
-            "only read_write endpoints are supported: a read_only compute needs a replica,"
-            " which this platform does not run yet"
-        )
+    if spec.type not in ("read_write", "read_only"):
+        raise BadRequest(f"unknown endpoint type {spec.type!r}: read_write or read_only")
     defaults = project.default_endpoint_settings
     low, high = compute_settings.limits(
         compute_settings.cu(
@@ -159,6 +156,14 @@ async def create(
         now=clock.now_us(),
     )
     starts = [] if endpoint.disabled else [start_op(endpoint)]
+    if endpoint.type == "read_write":
+        # The branch's running replicas follow the archive alone until they restart knowing
+        # where their new primary listens (after its start: same branch, in order).
+        starts += [
+            operations.Start(Action.APPLY_CONFIG, branch_id=branch.id, endpoint_id=e.id)
+            for e in await tx.list_endpoints(project.id)
+            if e.branch_id == branch.id and e.type == "read_only" and not e.disabled
+        ]
     ops = await operations.start(tx, project_id=project.id, starts=starts) if starts else []
     return endpoint, ops
 

@@ -88,8 +88,13 @@ OffOnly = Annotated[
 ]
 
 EndpointType = Annotated[
-    Literal["read_write"],
-    Meta(description="read_only computes need replicas, which this platform does not run yet"),
+    Literal["read_write", "read_only"],
+    Meta(
+        description=(
+            "read_write: the branch's one writable compute; read_only: a hot standby of the"
+            " branch (several per branch) that follows its writes and refuses its own"
+        )
+    ),
 ]
 
 

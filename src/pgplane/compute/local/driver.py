@@ -43,6 +43,7 @@ from pgplane.compute.local.postgres.limits.size_limit import SizeLimit
 from pgplane.compute.local.postgres.monitor import check_readable, last_client_activity
 from pgplane.compute.local.postgres.postmaster import Postmasters
 from pgplane.compute.local.postgres.verifiers import read_verifiers
+from pgplane.compute.local.replicas.replicas import Replicas
 from pgplane.compute.local.skeleton import Skeleton
 from pgplane.compute.local.storage import branch_storage
 from pgplane.compute.local.tenants.projects import Tenants, ids
@@ -91,6 +92,15 @@ class LocalComputeDriver:
             tenants=self._tenants,
             install=self._install,
             size_limit=self._size_limit,
+        )
+        self._replicas = Replicas(
+            layout=self.layout,
+            postmasters=self._postmasters,
+            locks=self._locks,
+            tenants=self._tenants,
+            computes=self._computes,
+            install=self._install,
+            disk_reserve_bytes=config.disk_reserve_bytes,
         )
         self._spares = SparePool(self.layout.spares)
         if self.volumes.active:
@@ -228,6 +238,8 @@ class LocalComputeDriver:
         restore_id: str,
     ) -> int | None:
         self.installation(pg_version)
+        # Its replicas follow the data being replaced: stopped, copied anew as they start.
+        await self._replicas.stop_branch(project_id, branch_id)
         return await self._copies.restore(
             project_id=project_id,
             branch_id=branch_id,
@@ -254,6 +266,7 @@ class LocalComputeDriver:
         await self._reads.sweep()
 
     async def delete_timeline(self, *, project_id: str, branch_id: str) -> None:
+        await self._replicas.stop_branch(project_id, branch_id)
         await self._tenants.delete_branch(project_id, branch_id)
 
     async def apply_config(
@@ -308,7 +321,10 @@ class LocalComputeDriver:
     async def compute_usage(
         self, *, project_id: str, branch_id: str, endpoint_id: str
     ) -> Sequence[ComputeUsage]:
-        return await self._postmasters.runs(self.layout.pgdata(project_id, branch_id), endpoint_id)
+        replica = self.layout.replica_pgdata(project_id, branch_id, endpoint_id)
+        runs = await self._postmasters.runs(replica, endpoint_id)
+        pgdata = self.layout.pgdata(project_id, branch_id)
+        return runs + await self._postmasters.runs(pgdata, endpoint_id)
 
     async def branch_storage(
         self, *, project_id: str, branch_id: str, walk: bool = True
@@ -331,6 +347,9 @@ class LocalComputeDriver:
 
     async def start_compute(self, spec: ComputeSpec) -> None:
         self.installation(spec.pg_version)
+        if spec.read_only:
+            await self._replicas.start(spec)
+            return
         argv, run_as = await self._computes.argv(spec)
         pgdata = self.layout.pgdata(spec.project_id, spec.branch_id)
         async with self._locks["postmaster", pgdata]:
@@ -341,10 +360,17 @@ class LocalComputeDriver:
         return ComputeAddress(host=self._config.listen_host, port=port, unix_socket=str(socket))
 
     async def stop_compute(self, *, project_id: str, branch_id: str, endpoint_id: str) -> None:
+        if self._replicas.is_replica(project_id, branch_id, endpoint_id):
+            await self._replicas.stop(project_id, branch_id, endpoint_id)
+            return
         pgdata = self.layout.pgdata(project_id, branch_id)
         socket_dir = self.layout.socket_dir(endpoint_id)
         async with self._locks["postmaster", pgdata]:
-            await self._computes.stop_archived(pgdata, signalled="stop_compute:signalled")
+            current = self._postmasters.running(pgdata)
+            # Another endpoint's (the branch's read-write compute, a read-only one is stopped):
+            # left running.
+            if current is None or current.endpoint_id in (None, endpoint_id):
+                await self._computes.stop_archived(pgdata, signalled="stop_compute:signalled")
         await asyncio.to_thread(remove_socket_dir, socket_dir)
 
     async def is_compute_running(
@@ -353,10 +379,13 @@ class LocalComputeDriver:
         pgdata = self.layout.pgdata(project_id, branch_id)
         socket_dir = self.layout.socket_dir(endpoint_id)
         current = self._postmasters.running(pgdata)
-        return current is not None and current.socket_dir == socket_dir
+        if current is not None and current.socket_dir == socket_dir:
+            return True
+        return self._replicas.running(project_id, branch_id, endpoint_id) is not None
 
     async def running_computes(self) -> Sequence[RunningCompute]:
-        return await self._computes.adopt_running()
+        found = list(await self._computes.adopt_running())
+        return found + await self._replicas.adopt_running()
 
     async def apply_storage_config(
         self, *, project_id: str, history_retention_seconds: int
@@ -374,6 +403,7 @@ class LocalComputeDriver:
 
     async def detach_tenant(self, *, project_id: str) -> None:
         await self._prepare()
+        await self._replicas.stop_project(project_id)
         await self._tenants.detach(project_id)
 
     async def reattach_tenant(self, *, project_id: str) -> None:
@@ -386,6 +416,7 @@ class LocalComputeDriver:
 
     async def delete_tenant(self, *, project_id: str) -> None:
         await self._prepare()
+        await self._replicas.stop_project(project_id)
         await self._tenants.delete(project_id)
 
     async def close(self) -> None:

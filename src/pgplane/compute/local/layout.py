@@ -18,6 +18,10 @@
       conf/computes/<project_id>/<branch_id>.conf    a compute's config_file (postgres/limits/)
       extensions/                                    libraries built for computes (postgres/limits/)
       projects/<project_id>/branches/<branch_id>/<endpoint_id>.log   its postmaster's stderr
+      projects/<project_id>/branches/<branch_id>/replicas/<endpoint_id>/pgdata   a read-only
+                                                     compute's standby copy (replicas/)
+      run/wal-<hash>/                                the socket a branch's read-write compute
+                                                     also listens on, for its replicas
       run/<endpoint_id>/                             unix socket directory of the postmaster
 
 As root, who may read what (DESIGN §6: a compute's OS user reaches its own project only): the
@@ -157,8 +161,25 @@ class Layout:
     def pgdata(self, project_id: str, branch_id: str) -> Path:
         return self.branch_dir(project_id, branch_id) / "pgdata"
 
+    def replicas_dir(self, project_id: str, branch_id: str) -> Path:
+        """Root's, 0711: one directory per read-only compute of the branch."""
+        return self.branch_dir(project_id, branch_id) / "replicas"
+
+    def replica_pgdata(self, project_id: str, branch_id: str, endpoint_id: str) -> Path:
+        """A read-only compute's own data directory: a standby copy of the branch's."""
+        endpoint = check_id("endpoint id", endpoint_id)
+        return self.replicas_dir(project_id, branch_id) / endpoint / "pgdata"
+
     def socket_dir(self, endpoint_id: str) -> Path:
         return self.run_root / check_id("endpoint id", endpoint_id)
+
+    def wal_socket_dir(self, project_id: str, branch_id: str) -> Path:
+        """Where the branch's read-write compute also puts its socket, for its replicas' WAL
+        streams: one directory for the branch's life (not the endpoint's, whose socket
+        directory is a new filesystem at each start), so a replica started before the primary
+        restarted still reaches it. Only the branch's own sandboxes mount it."""
+        key = f"{check_id('project id', project_id)}/{check_id('branch id', branch_id)}"
+        return self.run_root / f"wal-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
     def init_socket_dir(self, project_id: str, branch_id: str) -> Path:
         """Socket directory of the temporary postmaster that creates a timeline's roles."""

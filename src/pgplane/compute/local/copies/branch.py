@@ -26,7 +26,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any, LiteralString
@@ -78,12 +78,15 @@ async def build_branch(
     label: str,
     spares: SparePool | None = None,
     disk_reserve_bytes: int | None = None,
+    extra_files: Mapping[str, bytes] | None = None,
 ) -> CopyStats:
     """Create ``pgdata`` as a copy of ``parent``; the caller holds the parent's postmaster lock.
 
     ``spares``: empty files and directories made ahead, renamed into place rather than created.
     ``disk_reserve_bytes``: free space the copy must leave (None: 5% of the disk, at most 1 GiB;
     negative: no check before copying, so a full disk is met as ENOSPC in the middle of it).
+    ``extra_files``: written into the copy (by name) before it is handed over, such as the
+    ``standby.signal`` of a read-only compute's copy.
     """
     tmp = temporary_pgdata(pgdata)
     await postmasters.stop(tmp)
@@ -102,6 +105,8 @@ async def build_branch(
             # Marked while the copy is root's (the tenant's user may run meanwhile: nothing of
             # its may stand where root writes), published only by the rename below.
             await asyncio.to_thread(write_atomic, tmp / TIMELINE_MARKER, b"")
+            for name, content in (extra_files or {}).items():
+                await asyncio.to_thread(write_atomic, tmp / name, content)
             # The project's user gets the copy whole, bottom-up (see ownership.py).
             await asyncio.to_thread(hand_over, tmp, {os.geteuid()}, run_as)
             # Everything was written through the page cache only; one syncfs flushes it all.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pgplane.compute.driver import InvalidSettings
@@ -87,14 +87,20 @@ def postmaster_argv(
     listen: str,
     settings: Mapping[str, str],
     hba_file: Path,
+    more_socket_dirs: Sequence[Path] = (),
 ) -> list[str]:
     """The command line; what routing and security depend on comes last, so no setting can
-    override it (``hba_file`` too: see :mod:`pgplane.compute.local.postgres.hba`)."""
+    override it (``hba_file`` too: see :mod:`pgplane.compute.local.postgres.hba`).
+
+    ``more_socket_dirs``: where else the postmaster puts a socket (a read-write compute's for
+    its replicas, :mod:`..replicas`); ``socket_dir`` stays the first, where it is reached."""
     argv = [str(install.postgres), "-D", str(pgdata)]
     for name, value in settings.items():
         argv += ["-c", f"{name}={value}"]
+    # Postgres splits the list at commas: a directory whose path has one is left out.
+    dirs = [str(socket_dir), *(str(d) for d in more_socket_dirs if "," not in str(d))]
     # On the command line, not in postgresql.conf: ALTER SYSTEM cannot break them (as patroni).
-    argv += ["-p", str(port), "-k", str(socket_dir), "-c", f"listen_addresses={listen}"]
+    argv += ["-p", str(port), "-k", ",".join(dirs), "-c", f"listen_addresses={listen}"]
     argv += ["-c", "unix_socket_permissions=0700", "-c", "logging_collector=off"]
     # A compute started before hba_file was passed differs from this command line, so _serves
     # restarts it once, at its next start or apply_config, and it follows the platform's rule.

@@ -67,7 +67,7 @@ class Computes:
     ) -> None:
         self.layout = layout
         self._size_limit = size_limit
-        self._listen_host = listen_host
+        self.listen_host = listen_host
         self._postmasters = postmasters
         self._locks = locks
         self._tenants = tenants
@@ -165,9 +165,11 @@ class Computes:
             port=spec.port,
             socket_dir=socket_dir,
             # In a sandbox of its own the network is its own: only its unix socket is reached.
-            listen="" if self._postmasters.walls.sandboxed(run_as) else self._listen_host,
+            listen="" if self._postmasters.walls.sandboxed(run_as) else self.listen_host,
             settings=settings,
             hba_file=self.layout.hba_file,
+            # Its replicas' WAL streams come from there (compute/local/replicas/).
+            more_socket_dirs=[self.layout.wal_socket_dir(spec.project_id, spec.branch_id)],
         )
         return argv, run_as
 
@@ -202,8 +204,8 @@ class Computes:
             await self._postmasters.stop(pgdata)
             current = None
         if current is not None:
-            if _serves(current, argv, spec.port, socket_dir):
-                await self._postmasters.resize(pgdata, _limits(spec, argv))
+            if serves(current, argv, spec.port, socket_dir):
+                await self._postmasters.resize(pgdata, limits_for(spec, argv))
                 await wait_ready(
                     pgdata,
                     socket_dir,
@@ -215,12 +217,14 @@ class Computes:
             log.info("restarting the postmaster of %s: its command line changed", pgdata)
             await self._postmasters.stop(pgdata, signalled="restart_compute:signalled")
         await self._tenants.claim(pgdata, run_as)
-        await asyncio.to_thread(self._prepare_endpoint, spec.project_id, spec.endpoint_id, run_as)
+        await asyncio.to_thread(self.prepare_endpoint, spec.project_id, spec.endpoint_id, run_as)
+        wal_sockets = self.layout.wal_socket_dir(spec.project_id, spec.branch_id)
+        await asyncio.to_thread(self.make_wal_socket_dir, wal_sockets, run_as)
         # Checked first: Postgres would only say so in its log, after its start-up. A sandboxed
         # compute listens on no port of the machine (its network is its own): nothing to check.
         sandboxed = self._postmasters.walls.sandboxed(run_as)
         if not sandboxed and not await asyncio.to_thread(
-            ports.is_free, spec.port, self._listen_host
+            ports.is_free, spec.port, self.listen_host
         ):
             raise PortInUse(spec.port)
         await self._postmasters.start(
@@ -233,7 +237,8 @@ class Computes:
             spawned="start_compute:spawned",
             endpoint_id=spec.endpoint_id,
             readable=config_files(argv),
-            limits=_limits(spec, argv),
+            limits=limits_for(spec, argv),
+            writable=[wal_sockets],
         )
 
     def reload_configuration(self) -> int:
@@ -278,7 +283,11 @@ class Computes:
                         adopted.append(current)
         return found, adopted
 
-    def _prepare_endpoint(self, project_id: str, endpoint_id: str, run_as: RunAs) -> None:
+    def make_wal_socket_dir(self, path: Path, run_as: RunAs) -> None:
+        """The branch's replication socket directory, kept for the branch's life (blocking)."""
+        make_socket_dir(path, run_as, own_filesystem=self._tenants.volumes.active)
+
+    def prepare_endpoint(self, project_id: str, endpoint_id: str, run_as: RunAs) -> None:
         # Recorded so delete_tenant finds the endpoint's socket directory and log.
         records = ensure_dir(self.layout.endpoint_records(project_id), 0o700)
         (records / endpoint_id).touch()
@@ -286,7 +295,7 @@ class Computes:
         make_socket_dir(socket_dir, run_as, own_filesystem=self._tenants.volumes.active)
 
 
-def _serves(current: Running, argv: Sequence[str], port: int, socket_dir: Path) -> bool:
+def serves(current: Running, argv: Sequence[str], port: int, socket_dir: Path) -> bool:
     """Whether the running postmaster is the one we would start (same port, socket, settings),
     as the platform recorded its command line (the binary's path may differ: a relocated copy)."""
     if current.port != port or current.socket_dir != socket_dir:
@@ -294,7 +303,7 @@ def _serves(current: Running, argv: Sequence[str], port: int, socket_dir: Path) 
     return list(current.argv[1:]) == list(argv[1:])
 
 
-def _limits(spec: ComputeSpec, argv: Sequence[str]) -> Limits:
+def limits_for(spec: ComputeSpec, argv: Sequence[str]) -> Limits:
     """The cgroup of an endpoint of ``autoscaling_limit_max_cu``, with room for the
     connections its command line allows (the size's, or the endpoint's own setting)."""
     connections = 0

@@ -10,6 +10,11 @@ and read-only to compute users, and is named by ``-c hba_file=`` on the postmast
 (which outranks ``postgresql.conf`` and ``ALTER SYSTEM``). So clusters made before this rule, whose
 own ``pg_hba.conf`` still says otherwise, follow it too, and no tenant can change it.
 
+Replication (a read-only compute's WAL stream, :mod:`..replicas`) is allowed to the platform's
+superuser over the socket alone: the socket directories are the project user's, so only a
+project's own replicas (which run as that user, in sandboxes that mount only their branch's
+primary's socket) can reach it; TCP has no replication line at all.
+
 Trust over the socket depends on the proxy authenticating every login before it pipes: a proxy
 that leaves a role it does not know (one created with SQL) to Postgres would let it in with any
 password.
@@ -27,6 +32,7 @@ PG_HBA = """\
 # authenticated the client, or by the platform) are trusted; TCP logins prove a password.
 # TYPE  DATABASE  USER  ADDRESS     METHOD
 local   all       all               trust
+local   replication cloud_admin         trust
 host    all       all   0.0.0.0/0   scram-sha-256
 host    all       all   ::/0        scram-sha-256
 """

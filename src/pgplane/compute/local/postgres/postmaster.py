@@ -98,6 +98,7 @@ class Postmasters:
         endpoint_id: str | None = None,
         readable: Sequence[Path] = (),
         limits: Limits | None = None,
+        writable: Sequence[Path] = (),
     ) -> None:
         """Spawn the postmaster (walled), record it, and return once it says it serves and is in
         its cgroup.
@@ -106,6 +107,7 @@ class Postmasters:
         ``ready_timeout``: how long it may take (a recovery replays WAL first).
         ``endpoint_id``: the endpoint it serves (None for the platform's own postmasters).
         ``readable``: more than the data, socket and installation the sandbox lets it read.
+        ``writable``: more than the data and socket directory it may write (another socket's).
         ``limits``: its cgroup's (an endpoint's size); None runs it in none (platform work).
         """
         env = postgres_env()
@@ -133,7 +135,7 @@ class Postmasters:
         # starts up (each cost a wake its share, ~3 ms in all, when done before the spawn).
         log_from = await asyncio.to_thread(log_size, log_path)  # this start's words come after
         child = await asyncio.to_thread(
-            self._spawn_walled, record, pgdata, run_as, log_path, env, readable
+            self._spawn_walled, record, pgdata, run_as, log_path, env, readable, writable
         )
         self._children[pgdata] = child
 
@@ -177,6 +179,7 @@ class Postmasters:
         log_path: Path,
         env: dict[str, str],
         readable: Sequence[Path],
+        writable: Sequence[Path] = (),
     ) -> _Child:
         walled, switches = self.walls.wrap(
             record.argv,
@@ -184,6 +187,7 @@ class Postmasters:
             pgdata=pgdata,
             socket_dir=record.socket_dir,
             readable=readable,
+            writable=writable,
         )
         return _spawn(walled, RunAs.current() if switches else run_as, log_path, env)
 

@@ -99,6 +99,8 @@ class Tenants:
                     await self._postmasters.stop(data_dir)
             init_sockets = self._layout.init_socket_dir(project_id, branch_id)
             await asyncio.to_thread(shutil.rmtree, init_sockets, True)
+            wal_sockets = self._layout.wal_socket_dir(project_id, branch_id)
+            await asyncio.to_thread(remove_socket_dir, wal_sockets)
         run_as = await asyncio.to_thread(self._users.find, project_id)
         if run_as is not None:
             await asyncio.to_thread(end_processes, run_as)
@@ -118,6 +120,8 @@ class Tenants:
                     await asyncio.to_thread(remove_socket_dir, current.socket_dir)
             init_sockets = self._layout.init_socket_dir(project_id, branch_id)
             await asyncio.to_thread(shutil.rmtree, init_sockets, True)
+            wal_sockets = self._layout.wal_socket_dir(project_id, branch_id)
+            await asyncio.to_thread(remove_socket_dir, wal_sockets)
             await failpoints.reached("delete_timeline:stopped")
             # Under the history keeper's locks (its order: base, then history): a keeper pass
             # that listed the branch before it went would otherwise write its catalog into a

@@ -70,12 +70,14 @@ class Walls:
         pgdata: Path,
         socket_dir: Path,
         readable: Sequence[Path],
+        writable: Sequence[Path] = (),
     ) -> tuple[list[str], bool]:
         """The command line that runs ``argv`` walled, and whether it switches user itself.
 
         The sandbox sees the directory holding the data directory (the branch's: its WAL
         archive sits beside the data, and hard links do not cross mounts), the socket
-        directory, the installation ``argv[0]`` belongs to and ``readable``.
+        directory, the installation ``argv[0]`` belongs to and ``readable``; it may write the
+        first two and ``writable``.
         """
         wrapped = list(argv)
         switches = False
@@ -84,7 +86,7 @@ class Walls:
                 argv,
                 run_as=run_as,
                 readable=[*_installation(Path(argv[0])), *self.readable, *readable],
-                writable=[pgdata.parent, socket_dir],
+                writable=[pgdata.parent, socket_dir, *writable],
             )
             switches = True
         return wrapped, switches
