@@ -19,7 +19,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from tests.support import Api, Server, running_server
+from tests.support import Api, Server, pg_versions, running_server
 
 PARENT_SCHEMA = """
 CREATE ROLE app_reader LOGIN PASSWORD 'reader-secret-1';
@@ -233,3 +233,42 @@ def test_schema_only_fields(api: Api, parent: dict[str, Any]) -> None:
     ):
         r = api.http.post(f"/projects/{pid}/branches", json={"branch": branch})
         assert r.status_code == 400 and field in r.json()["message"], r.text
+
+
+def test_a_suspended_parent_is_not_woken(api: Api, parent: dict[str, Any]) -> None:
+    pid, main = parent["project"]["id"], parent["branch"]["id"]
+    endpoint = parent["endpoints"][0]["id"]
+    api.suspend(pid, endpoint)
+    starts = sum(o["action"] == "start_compute" for o in api.operations(pid))
+    body = create_schema_only(api, pid, name="from-a-sleeping-parent", parent_id=main)
+    assert api.endpoint(pid, endpoint)["current_state"] == "idle"
+    # The one start is the new branch's own compute's.
+    assert sum(o["action"] == "start_compute" for o in api.operations(pid)) == starts + 1
+    with psycopg.connect(body["connection_uris"][0]["connection_uri"]) as conn:
+        assert conn.execute("SELECT count(*) FROM app.people").fetchone() == (0,)
+
+
+@pytest.mark.skipif(15 not in pg_versions(), reason="no Postgres 15 on this machine")
+def test_an_older_major(api: Api) -> None:
+    """Postgres 15: memberships without INHERIT/SET options, CREATEROLE as it was then."""
+    created = api.create_ready_project(name="schema-only-15", pg_version=15)
+    pid = created["project"]["id"]
+    with psycopg.connect(created["connection_uris"][0]["connection_uri"], autocommit=True) as c:
+        c.execute(
+            "CREATE ROLE writer LOGIN PASSWORD 'writer-secret-2'; GRANT writer TO CURRENT_USER;"
+            " CREATE SCHEMA s;"
+            " GRANT CREATE, USAGE ON SCHEMA s TO writer; CREATE TABLE s.t (id int);"
+            " ALTER TABLE s.t OWNER TO writer; REVOKE CREATE ON SCHEMA s FROM writer;"
+            " INSERT INTO s.t VALUES (1)"
+        )
+    body = create_schema_only(api, pid, name="old")
+    uri = body["connection_uris"][0]["connection_uri"]
+    with psycopg.connect(uri) as conn:
+        assert conn.execute("SELECT count(*) FROM s.t").fetchone() == (0,)
+        owner = conn.execute("SELECT relowner::regrole::text FROM pg_class WHERE relname = 't'")
+        assert owner.fetchone() == ("writer",)
+        assert conn.execute("SELECT has_schema_privilege('writer', 's', 'CREATE')").fetchone() == (
+            False,
+        )
+    with psycopg.connect(with_login(uri, "writer", "writer-secret-2")) as conn:
+        assert conn.execute("SELECT current_user").fetchone() == ("writer",)
