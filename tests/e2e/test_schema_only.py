@@ -61,6 +61,10 @@ INSERT INTO app.readers_own SELECT generate_series(1, 10);
 REFRESH MATERIALIZED VIEW app.census;
 SELECT nextval('app.counter'), nextval('app.counter');
 ALTER ROLE app_reader SET search_path = app, public;
+ALTER ROLE app_reader IN DATABASE neondb SET work_mem = '8MB';
+ALTER DATABASE neondb SET statement_timeout = '45s';
+COMMENT ON DATABASE neondb IS 'the main one';
+GRANT TEMPORARY ON DATABASE neondb TO app_reader WITH GRANT OPTION;
 """
 TABLES = ("app.people", "app.pets", "app.readers_own")
 
@@ -81,9 +85,17 @@ def api(server: Server) -> Iterator[Api]:
 @pytest.fixture(scope="module")
 def parent(api: Api) -> dict[str, Any]:
     created = api.create_ready_project(name="schema-only")
+    pid, main = created["project"]["id"], created["branch"]["id"]
+    r = api.http.post(
+        f"/projects/{pid}/branches/{main}/databases",
+        json={"database": {"name": "analytics", "owner_name": "neondb_owner"}},
+    )
+    api.settled(pid, r)
     uri = created["connection_uris"][0]["connection_uri"]
     with psycopg.connect(uri, autocommit=True) as conn:
         conn.execute(PARENT_SCHEMA)
+    with psycopg.connect(uri.replace("/neondb?", "/analytics?"), autocommit=True) as conn:
+        conn.execute("CREATE TABLE events AS SELECT generate_series(1, 30) AS id")
     return created
 
 
@@ -91,6 +103,12 @@ def with_login(uri: str, user: str, password: str) -> str:
     parts = urlsplit(uri)
     host = parts.netloc.rpartition("@")[2]
     return urlunsplit(parts._replace(netloc=f"{quote(user)}:{quote(password)}@{host}"))
+
+
+def neondb_uri(body: dict[str, Any]) -> str:
+    return next(
+        u["connection_uri"] for u in body["connection_uris"] if "/neondb?" in u["connection_uri"]
+    )
 
 
 def create_schema_only(api: Api, pid: str, **branch: Any) -> dict[str, Any]:
@@ -118,7 +136,7 @@ def test_a_schema_only_branch_has_every_object_and_no_rows(
     listed = api.http.get(f"/projects/{pid}/branches").json()["branches"]
     assert {b["id"]: b["init_source"] for b in listed}[main] == "parent-data"
 
-    uri = body["connection_uris"][0]["connection_uri"]  # neondb_owner, its password as before
+    uri = neondb_uri(body)  # neondb_owner, its password as before
     assert (
         urlsplit(uri).password == urlsplit(parent["connection_uris"][0]["connection_uri"]).password
     )
@@ -187,10 +205,30 @@ def test_a_schema_only_branch_has_every_object_and_no_rows(
             conn.execute("INSERT INTO app.people (name, n) VALUES ('y', -1)")
 
     assert_sql_role_logs_in(uri)
+    assert_databases_carried(uri)
 
     # The parent keeps its rows.
     with psycopg.connect(parent["connection_uris"][0]["connection_uri"]) as conn:
         assert conn.execute("SELECT count(*) FROM app.people").fetchone() == (50,)
+
+
+def assert_databases_carried(uri: str) -> None:
+    """Every database, with its comment, settings and privileges; no rows in any."""
+    with psycopg.connect(uri) as conn:
+        row = conn.execute(
+            "SELECT shobj_description(oid, 'pg_database'), datacl::text[] FROM pg_database"
+            " WHERE datname = 'neondb'"
+        ).fetchone()
+        assert row is not None and row[0] == "the main one"
+        assert "app_reader=T*/neondb_owner" in row[1] and "=Tc/neondb_owner" in row[1], row
+        settings = {
+            s
+            for (config,) in conn.execute("SELECT setconfig FROM pg_db_role_setting").fetchall()
+            for s in config
+        }
+        assert {"statement_timeout=45s", "work_mem=8MB", "search_path=app, public"} <= settings
+    with psycopg.connect(uri.replace("/neondb?", "/analytics?")) as conn:
+        assert conn.execute("SELECT count(*) FROM events").fetchone() == (0,)
 
 
 def assert_sql_role_logs_in(uri: str) -> None:
@@ -219,7 +257,7 @@ def test_a_schema_only_branch_at_a_point_before_a_migration(
         api, pid, name="before-migration", parent_id=main, parent_timestamp=when
     )
     assert body["branch"]["init_source"] == "schema-only"
-    with psycopg.connect(body["connection_uris"][0]["connection_uri"]) as conn:
+    with psycopg.connect(neondb_uri(body)) as conn:
         tables = {r[0] for r in conn.execute("SELECT tablename FROM pg_tables").fetchall()}
         assert {"people", "pets"} <= tables and "after_the_point" not in tables
         assert conn.execute("SELECT count(*) FROM app.people").fetchone() == (0,)
@@ -244,7 +282,7 @@ def test_a_suspended_parent_is_not_woken(api: Api, parent: dict[str, Any]) -> No
     assert api.endpoint(pid, endpoint)["current_state"] == "idle"
     # The one start is the new branch's own compute's.
     assert sum(o["action"] == "start_compute" for o in api.operations(pid)) == starts + 1
-    with psycopg.connect(body["connection_uris"][0]["connection_uri"]) as conn:
+    with psycopg.connect(neondb_uri(body)) as conn:
         assert conn.execute("SELECT count(*) FROM app.people").fetchone() == (0,)
 
 
