@@ -2,7 +2,9 @@
 
 Creating a branch writes it with its parent's roles (same passwords) and databases, any computes
 asked for, and ``create_branch``, which copies the parent's data once the parent's earlier work
-is done (see :class:`pgplane.core.operations.Scope`).
+is done (see :class:`pgplane.core.operations.Scope`). A schema-only branch (Neon's
+``init_source``) is written the same way but as a root (no parent, no point shown): its
+``create_branch`` names the parent only as the source of the schema and roles it is built from.
 """
 
 from __future__ import annotations
