@@ -20,7 +20,7 @@ import subprocess
 import threading
 from pathlib import Path
 
-from pgplane.compute.driver import RestoreFailed
+from pgplane.compute.driver import ComputeError, RestoreFailed
 from pgplane.compute.local.postgres.binaries import PgInstall
 from pgplane.compute.local.postgres.sessions import conninfo
 from pgplane.compute.local.tenants.user import C_LOCALE, RunAs, postgres_env
@@ -93,9 +93,14 @@ def _run(argv: list[str], run_as: RunAs, sql: bytes, time_limit: float, dbname: 
         raise RestoreFailed(
             f"restoring the schema of database {dbname!r} took longer than {time_limit:.0f} s"
         )
-    errors = [line for line in text.splitlines() if "ERROR:" in line or "FATAL:" in line]
-    reason = (errors[0] if errors else text.strip()[-1000:]).replace("psql:<stdin>:", "line ")
-    raise RestoreFailed(f"restoring the schema of database {dbname!r} failed: {reason[:1000]}")
+    refused = [line for line in text.splitlines() if "ERROR:" in line]
+    if refused:  # Postgres refused a statement of the schema: the same schema always will
+        reason = refused[0].replace("psql:<stdin>:", "line ")
+        raise RestoreFailed(f"restoring the schema of database {dbname!r} failed: {reason[:1000]}")
+    # Anything else (no connection, psql killed) may pass: the operation tries again.
+    raise ComputeError(
+        f"replaying the schema of database {dbname!r}: psql exited {code}: {text.strip()[-1000:]}"
+    )
 
 
 def _drain(proc: subprocess.Popen[bytes], kept: list[bytes]) -> None:

@@ -29,7 +29,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from pgplane.compute.driver import RestoreFailed
+from pgplane.compute.driver import ComputeError, RestoreFailed
 from pgplane.compute.local.postgres.sessions import Conn, admin_conninfo, connect
 from pgplane.compute.local.schemaonly.source import (
     SCHEMA_CREATES,
@@ -302,5 +302,7 @@ async def _schema_privileges(conn: Conn, db: DatabaseDef, names: set[str]) -> No
 async def _run(conn: Conn, what: str, statement: sql.Composed | sql.SQL) -> None:
     try:
         await conn.execute(statement)
+    except psycopg.OperationalError as exc:  # the connection, not the statement: retried
+        raise ComputeError(f"{what} failed: {exc}") from exc
     except psycopg.Error as exc:
         raise RestoreFailed(f"{what} failed: {exc}") from exc
