@@ -252,6 +252,11 @@ def test_a_schema_only_branch_at_a_point_before_a_migration(
         moment: datetime.datetime = row[0]
         time.sleep(0.05)  # a commit strictly after the point, not at it
         conn.execute("CREATE TABLE app.after_the_point (id int)")
+    # A role made with the API after the point: the branch's roles (its parent's) name it.
+    api.settled(
+        pid,
+        api.http.post(f"/projects/{pid}/branches/{main}/roles", json={"role": {"name": "late"}}),
+    )
     when = moment.astimezone(datetime.UTC).isoformat().replace("+00:00", "Z")
     body = create_schema_only(
         api, pid, name="before-migration", parent_id=main, parent_timestamp=when
@@ -261,6 +266,12 @@ def test_a_schema_only_branch_at_a_point_before_a_migration(
         tables = {r[0] for r in conn.execute("SELECT tablename FROM pg_tables").fetchall()}
         assert {"people", "pets"} <= tables and "after_the_point" not in tables
         assert conn.execute("SELECT count(*) FROM app.people").fetchone() == (0,)
+    bid = body["branch"]["id"]
+    shown = api.http.get(f"/projects/{pid}/branches/{bid}/roles/late/reveal_password")
+    assert shown.status_code == 200, shown.text
+    late = with_login(neondb_uri(body), "late", shown.json()["password"])
+    with psycopg.connect(late) as conn:  # made by the build, as the store says it is
+        assert conn.execute("SELECT current_user").fetchone() == ("late",)
 
 
 def test_schema_only_fields(api: Api, parent: dict[str, Any]) -> None:

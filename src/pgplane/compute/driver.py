@@ -222,11 +222,15 @@ class ComputeDriver(Protocol):
         pg_version: int,
         point: Point | None,
         max_bytes: int,
+        roles: Sequence[RoleSpec] = (),
+        databases: Sequence[DatabaseSpec] = (),
     ) -> Mapping[str, str]:
         """Create the branch's data as a new root of its own history: a fresh cluster holding
         the source's roles (their SCRAM verifiers), databases and schema objects as they are at
         its head or at ``point``, with no rows (``pg_dump --schema-only`` of each database, at
-        most ``max_bytes`` in all, restored as the tenant's roles, never as a superuser).
+        most ``max_bytes`` in all, restored as the tenant's roles, never as a superuser). Of
+        ``roles`` and ``databases`` (the branch's in the store), those the source did not hold
+        at the point are created, empty.
 
         The source is read as ``dump_schema`` reads it: a suspended compute is not woken. The
         verifiers of the login roles the branch holds, for the proxy. RestoreFailed names what

@@ -236,6 +236,8 @@ class LocalComputeDriver:
         pg_version: int,
         point: Point | None,
         max_bytes: int,
+        roles: Sequence[RoleSpec] = (),
+        databases: Sequence[DatabaseSpec] = (),
     ) -> Mapping[str, str]:
         self.installation(pg_version)
         if source_branch_id == branch_id:
@@ -247,6 +249,7 @@ class LocalComputeDriver:
             pg_version=pg_version,
             point=point,
             max_bytes=max_bytes,
+            config=ConfigChange(roles=roles, databases=databases),
         )
 
     async def restore_branch(

@@ -22,13 +22,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 from pgplane import failpoints
-from pgplane.compute.driver import Point
+from pgplane.compute.driver import ConfigChange, Point
 from pgplane.compute.local.copies.timeline import build_timeline, completed
 from pgplane.compute.local.files import remove_tree
 from pgplane.compute.local.history.histories import Histories
 from pgplane.compute.local.history.point_reads import PointReads
 from pgplane.compute.local.layout import ensure_dir
 from pgplane.compute.local.postgres.binaries import PgInstall
+from pgplane.compute.local.postgres.catalog import apply_change, check_change
 from pgplane.compute.local.postgres.cluster import create_roles_and_databases
 from pgplane.compute.local.postgres.computes import Computes
 from pgplane.compute.local.postgres.postmaster import Postmasters
@@ -73,7 +74,10 @@ class SchemaOnly:
         pg_version: int,
         point: Point | None,
         max_bytes: int,
+        config: ConfigChange,
     ) -> Mapping[str, str]:
+        """The new branch's data, and the verifiers of its login roles."""
+        check_change(config)
         pgdata = self.layout.pgdata(project_id, branch_id)
         async with self._locks["timeline", pgdata]:
             if completed(pgdata, pg_version):
@@ -90,6 +94,7 @@ class SchemaOnly:
             await asyncio.to_thread(ensure_dir, pgdata.parent)
             await self._forget_history(project_id, branch_id)
             template = self._template(pg_version)
+            populate = _Populate(install, run_as, self._postmasters, reader.source, config)
             archiving = await self._computes.history_settings(project_id, branch_id, run_as)
             await build_timeline(
                 install=install,
@@ -102,13 +107,13 @@ class SchemaOnly:
                 roles=(),
                 databases=(),
                 settings=archiving,
-                populate=_Populate(install, run_as, self._postmasters, reader.source),
+                populate=populate,
             )
             if archiving:
                 await self._histories.take_first_base(
                     project_id, branch_id, install, template, await self._template_owner()
                 )
-        return reader.source.verifiers()
+        return populate.verifiers
 
     async def _forget_history(self, project_id: str, branch_id: str) -> None:
         """What an interrupted build archived belongs to data that is gone."""
@@ -133,11 +138,18 @@ class _Populate:
     """The new cluster's filling (``build_timeline``'s ``populate``)."""
 
     def __init__(
-        self, install: PgInstall, run_as: RunAs, postmasters: Postmasters, source: SchemaSource
+        self,
+        install: PgInstall,
+        run_as: RunAs,
+        postmasters: Postmasters,
+        source: SchemaSource,
+        config: ConfigChange,
     ) -> None:
         self._install, self._run_as = install, run_as
         self._walls = postmasters.walls
         self._source = source
+        self._config = config
+        self.verifiers: Mapping[str, str] = {}
 
     async def __call__(self, socket_dir: Path, port: int) -> None:
         source = self._source
@@ -156,5 +168,15 @@ class _Populate:
                 sql=db.sql,
             )
         await target.finish(socket_dir, port, source, restorer)
+        # What the branch's roles and databases in the store name that the source did not hold
+        # (made after the point, say): created, so every connection string it shows holds.
+        held = {r.name for r in source.roles}, {d.name for d in source.databases}
+        missing = ConfigChange(
+            roles=[r for r in self._config.roles if r.name not in held[0]],
+            databases=[d for d in self._config.databases if d.name not in held[1]],
+        )
+        if missing.roles or missing.databases:
+            await apply_change(socket_dir, port, missing)
+        self.verifiers = await read_verifiers(socket_dir, port, None)
         # Killed here, the cluster being built is left running: the next attempt stops it.
         await failpoints.reached("schema_only:restored")
