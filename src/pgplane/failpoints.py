@@ -37,9 +37,11 @@ back in place, the archive not yet removed), ``rebuild:replaying`` (a copy of a 
 replayed to a point of history by a temporary postmaster), ``restore_branch:built`` (a restore's
 new data complete beside the branch's), ``restore_branch:moved`` (the branch's old data moved
 out of its place, the new data not yet in), ``project_volume:mounted`` (a new project's
-filesystem mounted, its directory not yet given to its user) and ``point_read:serving`` (a
-schema read at a point of history: the point rebuilt, its temporary postmaster serving). The
-crash suites kill the server at each.
+filesystem mounted, its directory not yet given to its user), ``point_read:serving`` (a
+schema read at a point of history: the point rebuilt, its temporary postmaster serving),
+``schema_only:read`` (a schema-only branch's source read, nothing of it built yet) and
+``schema_only:restored`` (its new cluster holds the schema, its temporary postmaster still
+running, the data not yet in place). The crash suites kill the server at each.
 """
 
 from __future__ import annotations

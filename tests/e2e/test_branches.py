@@ -169,7 +169,6 @@ def test_branch_rules(api: Api, other_api: Api) -> None:
         {"branch": {"name": "x" * 257}},
         {"branch": {"parent_id": "br-missing-branch-00000000"}},
         {"branch": {"parent_lsn": "0/16B3748"}},
-        {"branch": {"init_source": "schema-only"}},
         {"endpoints": [{"type": "read_many"}]},
         {"endpoints": [{"type": "read_write"}, {"type": "read_write"}]},
     ):

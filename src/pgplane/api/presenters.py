@@ -186,6 +186,7 @@ def branch(b: Branch, used: Totals | None = None, sizes: BranchSizes | None = No
         updated_at=format_s(b.updated_at),
         expires_at=_ts(b.expires_at),
         ttl_interval_seconds=b.ttl_interval_seconds,
+        init_source=b.init_source,
         logical_size=None if sizes is None else sizes.logical,
         on_disk_bytes=None if sizes is None else sizes.data,
         history_bytes=None if sizes is None else sizes.history,

@@ -37,6 +37,13 @@ class SchemaTooLarge(ComputeError):
     permanent = True
 
 
+class RestoreFailed(ComputeError):
+    """What a schema-only branch holds could not be rebuilt (Postgres' own words say what):
+    retrying the same schema cannot help."""
+
+    permanent = True
+
+
 class InvalidSettings(ComputeError):
     """Postgres refuses a setting's value; the message is Postgres' own words for why."""
 
@@ -208,6 +215,31 @@ class ComputeDriver(Protocol):
 
         A running parent is copied online, without stopping it; a stopped one as files; a point
         is rebuilt from the parent's history, never touching the parent's data.
+        """
+        ...
+
+    async def create_schema_only_branch(
+        self,
+        *,
+        project_id: str,
+        source_branch_id: str,
+        branch_id: str,
+        pg_version: int,
+        point: Point | None,
+        max_bytes: int,
+        roles: Sequence[RoleSpec] = (),
+        databases: Sequence[DatabaseSpec] = (),
+    ) -> Mapping[str, str]:
+        """Create the branch's data as a new root of its own history: a fresh cluster holding
+        the source's roles (their SCRAM verifiers), databases and schema objects as they are at
+        its head or at ``point``, with no rows (``pg_dump --schema-only`` of each database, at
+        most ``max_bytes`` in all, restored as the tenant's roles, never as a superuser). Of
+        ``roles`` and ``databases`` (the branch's in the store), those the source did not hold
+        at the point are created, empty.
+
+        The source is read as ``dump_schema`` reads it: a suspended compute is not woken. The
+        verifiers of the login roles the branch holds, for the proxy. RestoreFailed names what
+        could not be restored.
         """
         ...
 

@@ -91,6 +91,9 @@ class Branch(msgspec.Struct, frozen=True, kw_only=True):
     # (Neon's ttl_interval_seconds: a reset counts it again from the reset).
     expires_at: int | None = None
     ttl_interval_seconds: int | None = None
+    # Neon's init_source: parent-data (a copy of its parent), or schema-only (a root branch
+    # holding its source's roles, databases and schema, no rows).
+    init_source: str = "parent-data"
 
 
 class Annotation(msgspec.Struct, frozen=True, kw_only=True):

@@ -39,6 +39,7 @@ from pgplane.engine.history_handlers import (
     restore_branch,
     restore_given_up,
 )
+from pgplane.engine.schema_only import create_schema_only
 from pgplane.engine.tenant_handlers import (
     apply_storage_config,
     check_availability,
@@ -192,6 +193,8 @@ async def create_branch(ctx: Context, op: Operation) -> OnFinish | None:
         branch = await tx.get_branch(project_id=project.id, branch_id=branch_id)
     if branch is None:
         return None  # deleted before it was made: delete_timeline tidies up
+    if branch.init_source == "schema-only":
+        return await create_schema_only(ctx, op, project, branch)
     parent_id = op.source_branch_id or branch.parent_id
     if parent_id is None:
         raise PermanentError(f"branch {branch_id} has no parent to copy")

@@ -2,7 +2,9 @@
 
 Creating a branch writes it with its parent's roles (same passwords) and databases, any computes
 asked for, and ``create_branch``, which copies the parent's data once the parent's earlier work
-is done (see :class:`pgplane.core.operations.Scope`).
+is done (see :class:`pgplane.core.operations.Scope`). A schema-only branch (Neon's
+``init_source``) is written the same way but as a root (no parent, no point shown): its
+``create_branch`` names the parent only as the source of the schema and roles it is built from.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ class NewBranch:
     point: history.NamedPoint | None = None  # a point of the parent's history, not its head
     expires_at: int | None = None  # when the platform deletes it (us, see services/expiry.py)
     annotation: Mapping[str, str] = field(default_factory=dict)
+    # Neon's init_source schema-only: a root branch built from the parent's schema and roles
+    # (at ``point``), with no rows and no parent (the parent is only its source).
+    schema_only: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +198,10 @@ async def create(
     project = await access.live_project(tx, account_id=account_id, project_id=project_id)
     await quotas.check_branches(tx, project_id=project.id, settings=settings)
     parent = await parent_of(tx, project_id=project.id, parent_id=spec.parent_id)
-    expiry.refuse_if_expiring(parent, "an expiring branch cannot have children", field="parent_id")
+    if not spec.schema_only:  # a schema-only branch is a root: its source gets no child
+        expiry.refuse_if_expiring(
+            parent, "an expiring branch cannot have children", field="parent_id"
+        )
     point = spec.point.point if spec.point else Point()
     if spec.point is not None:
         history.check(spec.point, project=project, branch=parent, bounds=bounds or HistoryBounds())
@@ -214,6 +222,15 @@ async def create(
         parent_lsn=None if point.lsn is None else history.format_lsn(point.lsn),
         parent_timestamp=now if point.time_us is None else point.time_us,
     )
+    if spec.schema_only:
+        # A root of its own history, as Neon shows one: no parent, no point in another's.
+        branch = msgspec.structs.replace(
+            branch,
+            parent_id=None,
+            parent_lsn=None,
+            parent_timestamp=None,
+            init_source="schema-only",
+        )
     if spec.expires_at is not None:
         branch = expiry.expiring(branch, spec.expires_at, has_children=False, now=now)
     await tx.insert_branch(branch)

@@ -120,8 +120,9 @@ class Branches(Controller):
         """Branch from the default branch (or ``parent_id``) at its head; computes on request."""
         ctx = authorized(request)
         req = data.branch if data and data.branch else None
-        # init_source takes only what the platform does (its type says so); archived is a
-        # boolean in Neon's shape.
+        # init_source takes only what the platform does (its type says so): schema-only copies
+        # the source's schema (at parent_lsn/parent_timestamp, if given); archived is a boolean
+        # in Neon's shape.
         if req is not None and req.archived:
             raise BadRequest("archived: archiving branches is not supported")
         point = history.parse_point(
@@ -138,6 +139,7 @@ class Branches(Controller):
             point=point,
             expires_at=expiry.parse(req.expires_at) if req and req.expires_at else None,
             annotation=data.annotation_value or {} if data else {},
+            schema_only=req is not None and req.init_source == "schema-only",
         )
         bounds = None
         if point is not None:

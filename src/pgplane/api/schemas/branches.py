@@ -136,7 +136,8 @@ class BranchCreateSpec(Struct, kw_only=True, forbid_unknown_fields=True):
         ]
         | None
     ) = None
-    init_source: Literal["parent-data"] | None = None
+    # schema-only: a new root branch with the source's roles, databases and schema, no rows.
+    init_source: Literal["parent-data", "schema-only"] | None = None
     expires_at: ExpiresAt | None = None
 
 

@@ -29,6 +29,7 @@ class BranchOut(Struct, kw_only=True, omit_defaults=True):
     last_reset_at: str | None = None
     expires_at: str | None = None
     ttl_interval_seconds: int | None = None
+    init_source: str | None = None  # parent-data, or schema-only (a root branch, no parent)
     logical_size: int | None = None  # bytes, as Postgres last reported them (absent: unknown)
     # Not Neon's: the blocks its data and its history (WAL archive, base states) take on disk,
     # as du counts them. Clients that do not know them ignore extra fields.

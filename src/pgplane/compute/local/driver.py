@@ -44,6 +44,7 @@ from pgplane.compute.local.postgres.monitor import check_readable, last_client_a
 from pgplane.compute.local.postgres.postmaster import Postmasters
 from pgplane.compute.local.postgres.verifiers import read_verifiers
 from pgplane.compute.local.replicas.replicas import Replicas
+from pgplane.compute.local.schemaonly.branches import SchemaOnly
 from pgplane.compute.local.skeleton import Skeleton
 from pgplane.compute.local.storage import branch_storage
 from pgplane.compute.local.tenants.projects import Tenants, ids
@@ -118,6 +119,16 @@ class LocalComputeDriver:
         )
         self._reads = PointReads(
             self._histories, self._computes, self._postmasters, self._locks, self._install
+        )
+        self._schema_only = SchemaOnly(
+            histories=self._histories,
+            computes=self._computes,
+            reads=self._reads,
+            postmasters=self._postmasters,
+            locks=self._locks,
+            install=self._install,
+            template=self._installs.template,
+            template_owner=self.users.shared,
         )
         self._skeleton = Skeleton(
             layout=self.layout,
@@ -225,6 +236,31 @@ class LocalComputeDriver:
             lsn = await self._copies.build(project_id, parent_branch_id, pgdata, pg_version, point)
         self._histories.soon(project_id, branch_id)
         return lsn
+
+    async def create_schema_only_branch(
+        self,
+        *,
+        project_id: str,
+        source_branch_id: str,
+        branch_id: str,
+        pg_version: int,
+        point: Point | None,
+        max_bytes: int,
+        roles: Sequence[RoleSpec] = (),
+        databases: Sequence[DatabaseSpec] = (),
+    ) -> Mapping[str, str]:
+        self.installation(pg_version)
+        if source_branch_id == branch_id:
+            raise ComputeError(f"branch {branch_id} cannot be its own source")
+        return await self._schema_only.create(
+            project_id=project_id,
+            source_branch_id=source_branch_id,
+            branch_id=branch_id,
+            pg_version=pg_version,
+            point=point,
+            max_bytes=max_bytes,
+            config=ConfigChange(roles=roles, databases=databases),
+        )
 
     async def restore_branch(
         self,

@@ -11,7 +11,7 @@ from pgplane.store.sqlite.common import Statements, _taken
 _BRANCH_COLUMNS = (
     "id, project_id, parent_id, name, is_default, protected, current_state, pending_state,"
     " state_changed_at, created_at, updated_at, parent_lsn, parent_timestamp, last_reset_at,"
-    " expires_at, ttl_interval_seconds"
+    " expires_at, ttl_interval_seconds, init_source"
 )
 
 
@@ -33,6 +33,7 @@ def _branch(r: Sequence[Any]) -> Branch:
         last_reset_at=r[13],
         expires_at=r[14],
         ttl_interval_seconds=r[15],
+        init_source=r[16],
     )
 
 
@@ -42,7 +43,7 @@ class BranchesMixin(Statements):
     async def insert_branch(self, branch: Branch) -> None:
         b = branch
         self._write(
-            f"INSERT INTO branches ({_BRANCH_COLUMNS}) VALUES ({', '.join('?' * 16)})",
+            f"INSERT INTO branches ({_BRANCH_COLUMNS}) VALUES ({', '.join('?' * 17)})",
             (
                 b.id,
                 b.project_id,
@@ -60,6 +61,7 @@ class BranchesMixin(Statements):
                 b.last_reset_at,
                 b.expires_at,
                 b.ttl_interval_seconds,
+                b.init_source,
             ),
             _taken("branch", b.name),
         )

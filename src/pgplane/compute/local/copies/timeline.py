@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
 from pgplane import failpoints
@@ -27,6 +27,8 @@ from pgplane.compute.local.tenants.user import RunAs
 
 # Only a unix socket in a directory of its own, so any port number will do.
 INIT_PORT = 5432
+# What fills a new cluster instead of roles and databases (a schema-only branch's restore).
+Populate = Callable[[Path, int], Awaitable[None]]
 
 
 def temporary_pgdata(pgdata: Path) -> Path:
@@ -51,9 +53,11 @@ async def build_timeline(
     roles: Sequence[RoleSpec],
     databases: Sequence[DatabaseSpec],
     settings: Mapping[str, str] | None = None,
+    populate: Populate | None = None,
 ) -> None:
-    """Create ``pgdata`` as a copy of ``template`` holding ``roles`` and ``databases``;
-    ``settings``: more for the postmaster that creates them (archiving, say)."""
+    """Create ``pgdata`` as a copy of ``template`` holding ``roles`` and ``databases`` (or
+    what ``populate`` puts in it); ``settings``: more for the postmaster that creates them
+    (archiving, say)."""
     tmp = temporary_pgdata(pgdata)
     await postmasters.stop(tmp)
     await asyncio.to_thread(shutil.rmtree, tmp, True)
@@ -80,7 +84,10 @@ async def build_timeline(
         argv, pgdata=tmp, port=INIT_PORT, socket_dir=socket_dir, run_as=run_as, log_path=log_path
     )
     try:
-        await create_roles_and_databases(socket_dir, INIT_PORT, roles, databases)
+        if populate is None:
+            await create_roles_and_databases(socket_dir, INIT_PORT, roles, databases)
+        else:
+            await populate(socket_dir, INIT_PORT)
         # Killed here, the cluster being built is left running: the next attempt stops it.
         await failpoints.reached("create_timeline:populated")
     finally:
