@@ -79,17 +79,17 @@ class OperationsMixin(Statements):
         stored = []
         for given in operations:
             if given.project_id not in latest:
-                r = self._c.execute(
+                r = await self._c.one(
                     "SELECT MAX(created_at) FROM operations WHERE project_id = ?",
                     (given.project_id,),
-                ).fetchone()
+                )
                 latest[given.project_id] = r[0] if r and r[0] is not None else 0
             created = max(given.created_at, latest[given.project_id] + 1)
             latest[given.project_id] = created
             op = given
             if created != given.created_at:
                 op = msgspec.structs.replace(given, created_at=created, updated_at=created)
-            self._c.execute(
+            await self._c.execute(
                 f"INSERT INTO operations ({_OP_COLUMNS})"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
@@ -119,10 +119,10 @@ class OperationsMixin(Statements):
         return stored
 
     async def get_operation(self, *, project_id: str, operation_id: str) -> Operation | None:
-        r = self._c.execute(
+        r = await self._c.one(
             f"SELECT {_OP_COLUMNS} FROM operations WHERE id = ? AND project_id = ?",
             (operation_id, project_id),
-        ).fetchone()
+        )
         return _operation(r) if r else None
 
     async def list_operations(
@@ -130,32 +130,30 @@ class OperationsMixin(Statements):
     ) -> list[Operation]:
         cursor = _NEVER if before is None else before
         if account_id is None:
-            rows = self._c.execute(_LIST_OPS, (project_id, cursor, limit)).fetchall()
+            rows = await self._c.all(_LIST_OPS, (project_id, cursor, limit))
         else:
-            rows = self._c.execute(
-                _LIST_ACCOUNT_OPS, (project_id, cursor, limit, account_id)
-            ).fetchall()
+            rows = await self._c.all(_LIST_ACCOUNT_OPS, (project_id, cursor, limit, account_id))
         return [_operation(r) for r in rows]
 
     async def list_unsettled_operations(self, project_id: str | None = None) -> list[Operation]:
         unsettled = "status IN ('scheduling', 'running')"
         if project_id is None:
-            rows = self._c.execute(
+            rows = await self._c.all(
                 f"SELECT {_OP_COLUMNS} FROM operations WHERE {unsettled}"
                 " ORDER BY project_id, created_at"
-            ).fetchall()
+            )
         else:
-            rows = self._c.execute(
+            rows = await self._c.all(
                 f"SELECT {_OP_COLUMNS} FROM operations WHERE project_id = ? AND {unsettled}"
                 " ORDER BY created_at",
                 (project_id,),
-            ).fetchall()
+            )
         return [_operation(r) for r in rows]
 
     async def claim_operation(
         self, *, seen: Operation, owner: str, now: int, lease_until: int, failed_attempt: bool
     ) -> Operation | None:
-        r = self._c.execute(
+        r = await self._c.one(
             f"UPDATE operations SET status = 'running', lease_owner = ?, lease_expires_at = ?,"
             f" attempt_started_at = ?, updated_at = ?, failures_count = failures_count + ?"
             f" WHERE id = ? AND status = ? AND updated_at = ? AND lease_owner IS ?"
@@ -171,12 +169,12 @@ class OperationsMixin(Statements):
                 seen.updated_at,
                 seen.lease_owner,
             ),
-        ).fetchone()
+        )
         return _operation(r) if r else None
 
     async def expire_leases(self, *, owners: Sequence[str], now: int) -> int:
         marks = ", ".join("?" * len(owners))
-        cur = self._c.execute(
+        cur = await self._c.execute(
             f"UPDATE operations SET lease_expires_at = ? WHERE status = 'running'"
             f" AND lease_owner IN ({marks})",
             (now, *owners),
@@ -185,7 +183,7 @@ class OperationsMixin(Statements):
 
     async def update_owned_operation(self, operation: Operation, *, owner: str) -> bool:
         op = operation
-        cur = self._c.execute(
+        cur = await self._c.execute(
             "UPDATE operations SET status = ?, failures_count = ?, error = ?, retry_at = ?,"
             " updated_at = ?, total_duration_ms = ?, lease_owner = ?, lease_expires_at = ?,"
             " attempt_started_at = ? WHERE id = ? AND lease_owner = ?",
@@ -206,9 +204,9 @@ class OperationsMixin(Statements):
         return cur.rowcount == 1
 
     async def last_operation_times(self, action: Action) -> dict[str, int]:
-        rows = self._c.execute(
+        rows = await self._c.all(
             "SELECT branch_id, MAX(created_at) FROM operations"
             " WHERE action = ? AND branch_id IS NOT NULL GROUP BY branch_id",
             (action.value,),
-        ).fetchall()
+        )
         return {r[0]: r[1] for r in rows}

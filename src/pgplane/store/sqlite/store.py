@@ -29,6 +29,7 @@ from typing import TypeGuard
 from pgplane.core import clock
 from pgplane.errors import Unavailable
 from pgplane.store.base import Store, Tx
+from pgplane.store.sqlite.common import SqliteConn
 from pgplane.store.sqlite.migrate import migrate
 from pgplane.store.sqlite.tx import SqliteTx
 from pgplane.telemetry import logs
@@ -139,7 +140,7 @@ class SqliteStore(Store):
         # Past migrations, the writer never waits inside SQLite: write() waits without blocking.
         self._writer.execute("PRAGMA busy_timeout = 0")
         self._reader = _connect(path, _READER_BUSY_MS)
-        self._read = _Reading(SqliteTx(self._reader), metrics)
+        self._read = _Reading(SqliteTx(SqliteConn(self._reader)), metrics)
         self._write_lock = asyncio.Lock()
 
     def read(self) -> AbstractAsyncContextManager[Tx]:
@@ -152,7 +153,7 @@ class SqliteStore(Store):
         async with self._write_lock:
             await self._begin()
             begun = time.monotonic()
-            tx = SqliteTx(self._writer)
+            tx = SqliteTx(SqliteConn(self._writer))
             try:
                 yield tx
                 # The commit waits for fsync (synchronous=FULL), which can take long on a busy
