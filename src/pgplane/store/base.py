@@ -32,7 +32,7 @@ Atomicity:
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 
 from pgplane.core.models import Annotation, Branch, Database, Endpoint, Operation, Project, Role
@@ -395,6 +395,14 @@ class Store(abc.ABC):
 
         For readiness checks. The write reaches the disk the way real writes do (a full disk or an
         I/O error fails it) and changes nothing a client can see.
+        """
+
+    async def watch_operations(self, wake: Callable[[], None]) -> None:  # noqa: B027 - optional
+        """Call ``wake`` when another process commits new or settled operations, until cancelled.
+
+        A store shared by several processes announces them (PostgreSQL: LISTEN/NOTIFY); the
+        engine's polling is the fallback, and all there is for SQLite, whose writers are this
+        process (which wakes its engine itself) or the CLI's rare ones.
         """
 
     @abc.abstractmethod

@@ -21,12 +21,13 @@ import os
 import sqlite3
 import stat
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import TypeGuard
 
 from pgplane.core import clock
+from pgplane.core.models import Operation
 from pgplane.errors import Unavailable
 from pgplane.store.base import Store, Tx
 from pgplane.store.sqlite.common import SqliteConn
@@ -167,7 +168,7 @@ class SqliteStore(Store):
                     raise unavailable(exc) from exc
                 raise
             self._metrics.store_write(begun - asked, time.monotonic() - begun)
-        _committed(tx)
+        log_queued(tx.queued)
 
     async def _begin(self) -> None:
         """BEGIN IMMEDIATE, waiting asynchronously while another process holds the lock."""
@@ -207,9 +208,9 @@ class SqliteStore(Store):
         self._writer.close()
 
 
-def _committed(tx: SqliteTx) -> None:
+def log_queued(queued: Sequence[Operation]) -> None:
     """Say which operations a transaction queued, once they are sure to exist (committed)."""
-    for op in tx.queued:
+    for op in queued:
         log.info(
             "operation %s %s queued",
             op.id,
