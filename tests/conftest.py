@@ -6,7 +6,7 @@ import itertools
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,6 +16,7 @@ from tests.crash import crash  # noqa: F401 - the crash suites' fixture
 from tests.support import Api, Server, running_server
 
 if TYPE_CHECKING:
+    from pgplane.store import Store
     from tests.neonctl import Installation, Neonctl
 
 _accounts = itertools.count()
@@ -28,6 +29,26 @@ def pytest_configure(config: pytest.Config) -> None:
     if worker and "PGPLANE_COMPUTE_PORTS" not in os.environ:
         low = 20000 + 400 * int(worker.removeprefix("gw"))
         os.environ["PGPLANE_COMPUTE_PORTS"] = f"{low}-{low + 399}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _store_cluster() -> Iterator[None]:
+    """The PostgreSQL store's cluster is started by the first test that needs one (one per test
+    process); stopped here, with the session."""
+    yield
+    from tests.pgstore import stop_store_cluster
+
+    stop_store_cluster()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    """A fresh store of each backend in turn, for the tests of the store contract."""
+    from tests.stores import new_location, open_at
+
+    store = await open_at(new_location(request.param, tmp_path))
+    yield store
+    await store.close()
 
 
 @pytest.fixture(scope="session")

@@ -70,7 +70,7 @@ class UsageMixin(Statements):
         await self._add_hours(hours)
 
     async def _add_hours(self, hours: Sequence[HourUsage]) -> None:
-        added = ", ".join(f"{c} = {c} + excluded.{c}" for c in _ADDED)
+        added = ", ".join(f"{c} = usage_hours.{c} + excluded.{c}" for c in _ADDED)
         await self._c.executemany(
             f"INSERT INTO usage_hours ({_HOUR_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)"
             f" ON CONFLICT (project_id, hour, branch_id) DO UPDATE SET {added}",
