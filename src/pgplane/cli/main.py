@@ -1,5 +1,5 @@
 """``pgplane``: the command line. ``serve`` is here; the rest, a module each (api-keys,
-accounts, tls)."""
+accounts, tls, store)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import typer
 from pgplane.cli.accounts import accounts_app
 from pgplane.cli.common import DataDir
 from pgplane.cli.keys import api_keys_app
+from pgplane.cli.store import store_app
 from pgplane.cli.tls import tls_app
 from pgplane.config import settings_from_env
 from pgplane.telemetry import logs
@@ -25,6 +26,7 @@ app = typer.Typer(
 app.add_typer(api_keys_app, name="api-keys")
 app.add_typer(accounts_app, name="accounts")
 app.add_typer(tls_app, name="tls")
+app.add_typer(store_app, name="store")
 
 
 def _version(show: bool) -> None:
