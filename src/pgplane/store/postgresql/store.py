@@ -94,14 +94,23 @@ class PostgresStore(Store):
 
     @classmethod
     async def open(cls, url: str, metrics: Metrics = NO_METRICS) -> PostgresStore:
+        # One connection first, for the migrations: a server not there fails at once, with its
+        # reason (the pool would retry until its timeout).
+        try:
+            async with await psycopg.AsyncConnection.connect(
+                url, autocommit=True, connect_timeout=10
+            ) as conn:
+                await migrate(conn)
+        except psycopg.OperationalError as exc:
+            raise Unavailable(
+                f"cannot reach the store at {redacted(url)} ({type(exc).__name__})"
+            ) from exc
         store = cls(url, metrics)
         try:
             await store._pool.open(wait=True, timeout=30)
         except PoolTimeout as exc:
             await store._pool.close()
             raise Unavailable(f"cannot connect to the store at {redacted(url)}") from exc
-        async with store._pool.connection() as conn:
-            await migrate(conn)
         return store
 
     @asynccontextmanager
