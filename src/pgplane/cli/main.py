@@ -147,8 +147,8 @@ def serve(
     store: Annotated[
         str | None,
         typer.Option(
-            help="postgresql://… URL of a PostgreSQL store (several serve processes share it);"
-            " default: $PGPLANE_STORE, else SQLite in the data directory",
+            help="postgresql://user@host/db URL of a PostgreSQL store (several serve processes"
+            " share it); default: $PGPLANE_STORE, else SQLite in the data directory",
             show_default=False,
         ),
     ] = None,

@@ -22,7 +22,7 @@ store_app = typer.Typer(
 @store_app.command("copy")
 def store_copy(
     target: Annotated[
-        str, typer.Option("--to", help="postgresql://… URL of an empty PostgreSQL store")
+        str, typer.Option("--to", help="postgresql://user@host/db URL of an empty PostgreSQL store")
     ],
     source: Annotated[
         Path | None,
@@ -35,7 +35,7 @@ def store_copy(
     data_dir: DataDir = None,
 ) -> None:
     """Copy a SQLite store into an empty PostgreSQL database, whole or not at all; then run
-    `pgplane serve --store postgresql://…` on the same data directory."""
+    `pgplane serve --store` with that URL on the same data directory."""
     import psycopg  # noqa: PLC0415
 
     from pgplane.errors import PgplaneError  # noqa: PLC0415
