@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -53,9 +54,26 @@ async def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIter
 
 @pytest.fixture(scope="session")
 def server() -> Iterator[Server]:
-    with running_server() as srv:
+    """The shared server; on a PostgreSQL store of this process's cluster with
+    ``PGPLANE_TEST_STORE=postgresql`` (the suites that use it then run on that backend)."""
+    store = None
+    if os.environ.get("PGPLANE_TEST_STORE") == "postgresql":
+        from tests.pgstore import store_cluster
+
+        store = store_cluster().database()
+    with running_server(store=store) as srv:
         yield srv
         assert_operations_settled(srv)
+
+
+def _connect_store(srv: Server) -> contextlib.AbstractContextManager[Any]:
+    """The server's store, as a DB-API connection, whichever backend it runs on."""
+    url = srv.env.get("PGPLANE_STORE")
+    if url:
+        import psycopg
+
+        return psycopg.connect(url, autocommit=True)
+    return sqlite3.connect(srv.data_dir / "pgplane.db")
 
 
 def assert_operations_settled(srv: Server, timeout: float = 120) -> None:
@@ -64,7 +82,7 @@ def assert_operations_settled(srv: Server, timeout: float = 120) -> None:
     Read straight from the store, so operations no test polled are checked too.
     """
     deadline = time.monotonic() + timeout
-    with sqlite3.connect(srv.data_dir / "pgplane.db") as db:
+    with _connect_store(srv) as db:
         while True:
             unsettled = db.execute(
                 "SELECT project_id, action, status FROM operations"
