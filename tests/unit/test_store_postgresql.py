@@ -14,7 +14,7 @@ from pgplane.config import Settings
 from pgplane.core import clock
 from pgplane.core.models import Operation
 from pgplane.core.operations import Status
-from pgplane.errors import Unavailable
+from pgplane.errors import BadRequest, Unavailable
 from pgplane.services import accounts, projects
 from pgplane.store.postgresql import PostgresStore
 from pgplane.store.postgresql.conn import translate
@@ -172,3 +172,28 @@ def test_placeholders_are_translated_once_and_literals_left_alone() -> None:
         "WHERE x IS NOT DISTINCT FROM $1 AND y = '?' AND z = 'it''s ?'"
     )
     assert translate("VALUES (?1, ?2, ?3, ?3)") == "VALUES ($1, $2, $3, $3)"
+
+
+async def test_a_nul_character_is_the_clients_error_not_a_500() -> None:
+    """PostgreSQL's text cannot hold NUL; SQLite's can. Names refuse control characters before
+    the store; any other field a client sets ends here as a 400."""
+    store = await PostgresStore.open(store_cluster().database())
+
+    async def write() -> None:
+        async with store.write() as tx:
+            account = await accounts.ensure(tx, email="nul@example.com")
+            await tx.insert_api_key(
+                account_id=account.id,
+                name="a\x00b",
+                digest="d",
+                created_at=clock.now_us(),
+                created_by=account.id,
+            )
+
+    try:
+        with pytest.raises(BadRequest, match="NUL"):
+            await write()
+        async with store.read() as tx:  # nothing of it was kept
+            assert await tx.get_account_by_email("nul@example.com") is None
+    finally:
+        await store.close()

@@ -1,6 +1,6 @@
 """The store contract.
 
-Every backend (SQLite now, PostgreSQL for a replicated control plane later) implements
+Every backend (SQLite embedded, PostgreSQL for a control plane of several processes) implements
 :class:`Store` and :class:`Tx` with exactly these guarantees, so services never know which one
 they talk to.
 
@@ -11,8 +11,9 @@ Atomicity:
   endpoint + roles + operations" is one atomic change.
 - Write transactions are serializable: one sees every write committed before it began, and
   none commits a decision made on counts another changed meanwhile. Quotas rely on it
-  (services/quotas.py counts, then writes); SQLite runs one writer at a time, a PostgreSQL
-  backend would take SERIALIZABLE or lock the account's row.
+  (services/quotas.py counts, then writes); both backends run one writer at a time (SQLite's
+  lock; on PostgreSQL an advisory lock every process's writers take), the engine's claims
+  aside, whose compare-and-set needs none.
 - ``Tx`` from :meth:`Store.read` sees committed data only; each call is atomic on its own, but
   two calls may see different snapshots. Read-modify-write belongs in :meth:`Store.write`.
 - Unique names are enforced by the store, not by a read-then-insert in a service: inserting a

@@ -8,7 +8,9 @@ translation, done once per statement text:
   number before it), so a parameter named twice is sent once (psycopg's raw cursor);
 - ``IS ?`` becomes ``IS NOT DISTINCT FROM $N`` (SQLite's null-safe comparison);
 - parameters: a ``bool`` is sent as the integer the column holds (the schema keeps SQLite's
-  integers for flags), ``bytes`` (our JSON columns, encoded by msgspec) as text;
+  integers for flags), ``bytes`` (our JSON columns, encoded by msgspec) as text; a text with a
+  NUL character, which PostgreSQL cannot store (names refuse control characters before, but
+  not every field a client sets is a name), is a 400;
 - results: ``numeric`` (what ``sum()`` of bigints is in PostgreSQL; the schema has no numeric
   column) comes back as an ``int`` when whole, as SQLite gives it.
 """
@@ -25,6 +27,7 @@ import psycopg
 from psycopg import errors
 from psycopg.adapt import Buffer, Loader
 
+from pgplane.errors import BadRequest
 from pgplane.store.sqlite.common import Conflicting, Rows, conflict_for
 
 _IS_PARAM = re.compile(r"\bIS\s+\?")
@@ -50,6 +53,10 @@ def translate(sql: str) -> str:
 
 def _param(value: Any) -> Any:
     kind = type(value)
+    if kind is str:
+        if "\x00" in value:  # PostgreSQL's text cannot hold it: the client's error, not a 500
+            raise BadRequest("text must not contain NUL characters")
+        return value
     if kind is bool:
         return int(value)
     if kind is bytes:

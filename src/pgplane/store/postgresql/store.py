@@ -111,6 +111,7 @@ class PostgresStore(Store):
         except PoolTimeout as exc:
             await store._pool.close()
             raise Unavailable(f"cannot connect to the store at {redacted(url)}") from exc
+        log.info("pgplane store: PostgreSQL at %s", redacted(url))
         return store
 
     @asynccontextmanager

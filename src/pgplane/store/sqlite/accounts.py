@@ -30,7 +30,7 @@ def _api_key(r: Sequence[Any]) -> ApiKey:
 
 
 class AccountsMixin(Statements):
-    """The account part of :class:`pgplane.store.base.Tx` for SQLite."""
+    """The account part of :class:`pgplane.store.base.Tx` (both backends)."""
 
     async def get_account(self, account_id: str) -> Account | None:
         r = await self._c.one(
@@ -62,7 +62,7 @@ class AccountsMixin(Statements):
 
 
 class ApiKeysMixin(Statements):
-    """The API-key part of :class:`pgplane.store.base.Tx` for SQLite."""
+    """The API-key part of :class:`pgplane.store.base.Tx` (both backends)."""
 
     async def insert_api_key(
         self, *, account_id: str, name: str, digest: str, created_at: int, created_by: str

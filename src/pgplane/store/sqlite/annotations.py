@@ -18,7 +18,7 @@ def _annotation(r: Sequence[Any]) -> Annotation:
 
 
 class AnnotationsMixin(Statements):
-    """The annotation part of :class:`pgplane.store.base.Tx` for SQLite."""
+    """The annotation part of :class:`pgplane.store.base.Tx` (both backends)."""
 
     async def get_annotation(self, branch_id: str) -> Annotation | None:
         r = await self._c.one(

@@ -37,7 +37,7 @@ def _branch(r: Sequence[Any]) -> Branch:
 
 
 class BranchesMixin(Statements):
-    """The branch part of :class:`pgplane.store.base.Tx` for SQLite."""
+    """The branch part of :class:`pgplane.store.base.Tx` (both backends)."""
 
     async def insert_branch(self, branch: Branch) -> None:
         b = branch

@@ -17,7 +17,7 @@ def _token(r: Sequence[Any]) -> SignupToken:
 
 
 class ConsoleMixin(Statements):
-    """The console part of :class:`pgplane.store.base.Tx` for SQLite."""
+    """The console part of :class:`pgplane.store.base.Tx` (both backends)."""
 
     async def get_password_hash(self, account_id: str) -> str | None:
         r = await self._c.one("SELECT password_hash FROM accounts WHERE id = ?", (account_id,))

@@ -54,7 +54,7 @@ def _endpoint_conflict(port: int) -> Callable[[str], Conflict]:
 
 
 class EndpointsMixin(Statements):
-    """The endpoint part of :class:`pgplane.store.base.Tx` for SQLite."""
+    """The endpoint part of :class:`pgplane.store.base.Tx` (both backends)."""
 
     async def insert_endpoint(self, endpoint: Endpoint) -> None:
         e = endpoint

@@ -70,7 +70,7 @@ def operation_from_row(r: Sequence[Any]) -> Operation:
 
 
 class OperationsMixin(Statements):
-    """The operation part of :class:`pgplane.store.base.Tx` for SQLite."""
+    """The operation part of :class:`pgplane.store.base.Tx` (both backends)."""
 
     queued: list[Operation]  # what this transaction inserted (the store logs it once committed)
 

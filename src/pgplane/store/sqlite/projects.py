@@ -39,7 +39,7 @@ def _project(r: Sequence[Any]) -> Project:
 
 
 class ProjectsMixin(Statements):
-    """The project part of :class:`pgplane.store.base.Tx` for SQLite."""
+    """The project part of :class:`pgplane.store.base.Tx` (both backends)."""
 
     async def insert_project(self, project: Project) -> None:
         p = project

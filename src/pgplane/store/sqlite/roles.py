@@ -41,7 +41,7 @@ def _database(r: Sequence[Any]) -> Database:
 
 
 class RolesMixin(Statements):
-    """The role part of :class:`pgplane.store.base.Tx` for SQLite."""
+    """The role part of :class:`pgplane.store.base.Tx` (both backends)."""
 
     async def insert_role(self, role: Role) -> None:
         r = role
@@ -99,7 +99,7 @@ class RolesMixin(Statements):
 
 
 class DatabasesMixin(Statements):
-    """The database part of :class:`pgplane.store.base.Tx` for SQLite."""
+    """The database part of :class:`pgplane.store.base.Tx` (both backends)."""
 
     async def insert_database(
         self,

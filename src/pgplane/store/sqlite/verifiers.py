@@ -8,7 +8,7 @@ from pgplane.store.sqlite.common import Statements
 
 
 class RoleVerifiersMixin(Statements):
-    """The role-verifier part of :class:`pgplane.store.base.Tx` for SQLite."""
+    """The role-verifier part of :class:`pgplane.store.base.Tx` (both backends)."""
 
     async def get_role_verifier(self, *, branch_id: str, name: str) -> str | None:
         row = await self._c.one(
