@@ -9,6 +9,7 @@ the one written out whole.)
 
 from __future__ import annotations
 
+import ast
 import re
 import sqlite3
 from pathlib import Path
@@ -147,3 +148,42 @@ async def test_every_migration_is_recorded_on_postgresql() -> None:
         assert await pg_migrate(conn) == latest  # a second run applies nothing
         rows = await (await conn.execute("SELECT version, name FROM schema_migrations")).fetchall()
     assert sorted(rows) == [(v, name) for v, name, _ in migrations()]
+
+
+# Constructs SQLite reads and PostgreSQL does not (or reads otherwise), for the statements that
+# run on both: each has a spelling both accept (an upsert, RETURNING, a CASE or a WHERE).
+_SQLITE_ONLY = re.compile(
+    r"INSERT OR |REPLACE INTO|\b(MAX|MIN)\([^()]*(\([^()]*\))?[^()]*,|IFNULL\(|\bGLOB\b|"
+    r"strftime\(|datetime\(|julianday\(|group_concat\(|\btotal\(|\biif\(|lastrowid|LIMIT -1",
+    re.IGNORECASE,
+)
+
+
+def _sql_texts(path: Path) -> list[str]:
+    """The string literals of a module, docstrings and comments left out."""
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+    ]
+
+
+def test_the_shared_statements_use_sql_both_engines_read() -> None:
+    folder = Path(__file__).parents[2] / "src/pgplane/store/sqlite"
+    shared = [p for p in folder.glob("*.py") if p.name not in ("store.py", "migrate.py")]
+    assert len(shared) >= 10
+    texts = [(p.name, text) for p in shared for text in _sql_texts(p)]
+    assert any("SELECT" in text for _, text in texts)
+    found = [f"{name}: {m.group(0)}" for name, text in texts for m in _SQLITE_ONLY.finditer(text)]
+    assert not found

@@ -235,3 +235,15 @@ async def test_operations_with_one_timestamp_are_stored_apart_and_paged_exactly(
             " VALUES ('x', ?, 'apply_config', 'finished', 0, ?, ?, 0)",
             (pid, tied[0].created_at, tied[0].created_at),
         )
+
+
+async def test_endpoint_activity_only_moves_forward(store: Store) -> None:
+    created = await _project(store)
+    pid, eid = created.project.id, created.endpoint.id
+    async with store.write() as tx:
+        await tx.record_endpoint_activity([(eid, 2_000), ("ep-gone", 1)])
+        await tx.record_endpoint_activity([(eid, 1_000)])
+    async with store.read() as tx:
+        endpoint = await tx.get_endpoint(project_id=pid, endpoint_id=eid)
+    assert endpoint is not None
+    assert endpoint.last_active == 2_000

@@ -123,8 +123,9 @@ class EndpointsMixin(Statements):
         return [_endpoint(r) for r in rows]
 
     async def record_endpoint_activity(self, activity: Sequence[tuple[str, int]]) -> None:
+        # Forward only (SQLite's two-argument MAX() is not PostgreSQL's: the WHERE does it).
         await self._c.executemany(
-            "UPDATE endpoints SET last_active = MAX(COALESCE(last_active, 0), ?) WHERE id = ?",
+            "UPDATE endpoints SET last_active = ?1 WHERE id = ?2 AND COALESCE(last_active, 0) < ?1",
             [(at, endpoint_id) for endpoint_id, at in activity],
         )
 
