@@ -24,9 +24,11 @@ import psycopg
 
 from pgplane.compute.local.postgres.relocate import runnable_install
 from pgplane.compute.local.tenants.user import RunAs, postgres_env, resolve_run_as
+from pgplane.store.postgresql.migrate import migrate
 from tests.support import _installs, free_port
 
 _USER = "pgplane_store"
+_TEMPLATE = "store_template"
 T = TypeVar("T")
 
 
@@ -37,6 +39,11 @@ def _in_thread(work: Coroutine[Any, Any, T]) -> T:
         return pool.submit(asyncio.run, work).result()
 
 
+async def _migrate(url: str) -> None:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await migrate(conn)
+
+
 class StoreCluster:
     def __init__(self) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="pgplane-store-"))
@@ -44,6 +51,7 @@ class StoreCluster:
         self._names = itertools.count()
         self._run_as: RunAs | None = None
         self._pg_ctl: Path | None = None
+        self._template = False
 
     def _run(self, *argv: str | Path) -> None:
         assert self._run_as is not None
@@ -83,10 +91,15 @@ class StoreCluster:
         return f"postgresql://{_USER}@127.0.0.1:{self.port}/{dbname}"
 
     def database(self) -> str:
-        """A fresh, empty database's URL."""
-        name = f"store_{next(self._names)}"
+        """A fresh database's URL, its schema migrated and no rows: a copy of a template
+        migrated once (copying it takes half the time migrating does)."""
         with psycopg.connect(self.url(), autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+            if not self._template:
+                conn.execute(f"CREATE DATABASE {_TEMPLATE} TEMPLATE template0")
+                _in_thread(_migrate(self.url(_TEMPLATE)))
+                self._template = True
+            name = f"store_{next(self._names)}"
+            conn.execute(f"CREATE DATABASE {name} TEMPLATE {_TEMPLATE} STRATEGY FILE_COPY")
         return self.url(name)
 
     def stop(self) -> None:
