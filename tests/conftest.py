@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -16,6 +17,7 @@ from tests.crash import crash  # noqa: F401 - the crash suites' fixture
 from tests.support import Api, Server, running_server
 
 if TYPE_CHECKING:
+    from pgplane.store import Store
     from tests.neonctl import Installation, Neonctl
 
 _accounts = itertools.count()
@@ -30,11 +32,48 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["PGPLANE_COMPUTE_PORTS"] = f"{low}-{low + 399}"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _store_cluster() -> Iterator[None]:
+    """The PostgreSQL store's cluster is started by the first test that needs one (one per test
+    process); stopped here, with the session."""
+    yield
+    from tests.pgstore import stop_store_cluster
+
+    stop_store_cluster()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    """A fresh store of each backend in turn, for the tests of the store contract."""
+    from tests.stores import new_location, open_at
+
+    store = await open_at(new_location(request.param, tmp_path))
+    yield store
+    await store.close()
+
+
 @pytest.fixture(scope="session")
 def server() -> Iterator[Server]:
-    with running_server() as srv:
+    """The shared server; on a PostgreSQL store of this process's cluster with
+    ``PGPLANE_TEST_STORE=postgresql`` (the suites that use it then run on that backend)."""
+    store = None
+    if os.environ.get("PGPLANE_TEST_STORE") == "postgresql":
+        from tests.pgstore import store_cluster
+
+        store = store_cluster().database()
+    with running_server(store=store) as srv:
         yield srv
         assert_operations_settled(srv)
+
+
+def _connect_store(srv: Server) -> contextlib.AbstractContextManager[Any]:
+    """The server's store, as a DB-API connection, whichever backend it runs on."""
+    url = srv.env.get("PGPLANE_STORE")
+    if url:
+        import psycopg
+
+        return psycopg.connect(url, autocommit=True)
+    return sqlite3.connect(srv.data_dir / "pgplane.db")
 
 
 def assert_operations_settled(srv: Server, timeout: float = 120) -> None:
@@ -43,7 +82,7 @@ def assert_operations_settled(srv: Server, timeout: float = 120) -> None:
     Read straight from the store, so operations no test polled are checked too.
     """
     deadline = time.monotonic() + timeout
-    with sqlite3.connect(srv.data_dir / "pgplane.db") as db:
+    with _connect_store(srv) as db:
         while True:
             unsettled = db.execute(
                 "SELECT project_id, action, status FROM operations"

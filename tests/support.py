@@ -151,8 +151,9 @@ def postmaster_pid(data_dir: Path, pgdata: Path) -> int | None:
 
 
 def run_cli(
-    *args: str, data_dir: Path, stdin: str | None = None
+    *args: str, data_dir: Path, stdin: str | None = None, env: Mapping[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
+    """``env``: a server's, so the CLI uses its store (``PGPLANE_STORE``)."""
     return subprocess.run(
         [*PGPLANE, *args, "--data-dir", str(data_dir)],
         capture_output=True,
@@ -160,6 +161,7 @@ def run_cli(
         timeout=60,
         check=False,
         input=stdin,
+        env=env,
     )
 
 
@@ -243,7 +245,14 @@ class Server:
 
     def create_key(self, account: str, name: str = "test") -> tuple[int, str]:
         done = run_cli(
-            "api-keys", "create", "--name", name, "--account", account, data_dir=self.data_dir
+            "api-keys",
+            "create",
+            "--name",
+            name,
+            "--account",
+            account,
+            data_dir=self.data_dir,
+            env=self.env,
         )
         if done.returncode != 0:
             raise RuntimeError(done.stderr)
@@ -255,10 +264,13 @@ class Server:
 def running_server(
     data_dir: Path | None = None,
     prepare: Callable[[Path], None] | None = None,
+    *,
+    store: str | None = None,
     **env_overrides: str,
 ) -> Iterator[Server]:
     """A started server on its own data directory (a fresh one unless given), removed after;
-    ``prepare`` sees the directory first."""
+    ``prepare`` sees the directory first. ``store``: a ``postgresql://`` URL (the server and the
+    CLI run against it), else the SQLite file in the data directory."""
     data_dir = data_dir or make_data_dir()
     if prepare is not None:
         prepare(data_dir)
@@ -274,6 +286,7 @@ def running_server(
         # No usage sample in the background: a test that compares an object before and after
         # must not see its figures move by themselves (the usage suites set their own period).
         "PGPLANE_USAGE_SECONDS": "0",
+        **({"PGPLANE_STORE": store} if store else {}),
         **env_overrides,
     }
     server = Server(data_dir=data_dir, port=free_port(), env=env, log_path=data_dir / "serve.log")

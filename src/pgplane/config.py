@@ -24,6 +24,9 @@ def default_data_dir() -> Path:
 @dataclass(frozen=True, slots=True)
 class Settings:
     data_dir: Path = field(default_factory=default_data_dir)
+    # The platform's store: None, the SQLite file in the data directory; or a postgresql:// URL
+    # (PGPLANE_STORE), for several processes sharing one control plane.
+    store: str | None = None
     host: str = "127.0.0.1"
     port: int = 8080
 
@@ -193,6 +196,7 @@ def settings_from_env(**overrides: object) -> Settings:
         ("history_base_bytes", int),
         ("schema_max_bytes", int),
         ("compute_user", str),
+        ("store", str),
         ("region_id", str),
         ("workers", int),
         ("poll_seconds", float),
@@ -258,4 +262,13 @@ def settings_from_env(**overrides: object) -> Settings:
     if bins:
         env["pg_bin_dirs"] = tuple(Path(p) for p in bins.split(os.pathsep) if p)
     env.update({k: v for k, v in overrides.items() if v is not None})
-    return Settings(**env)  # type: ignore[arg-type]
+    settings = Settings(**env)  # type: ignore[arg-type]
+    _check_store(settings.store)
+    return settings
+
+
+def _check_store(url: str | None) -> None:
+    """None (SQLite in the data directory) or a PostgreSQL URL, never echoed: it may hold a
+    password."""
+    if url is not None and not url.startswith(("postgresql://", "postgres://")):
+        raise ValueError("PGPLANE_STORE/--store: expected a postgresql:// URL")

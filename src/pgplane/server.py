@@ -1,7 +1,8 @@
 """``pgplane serve``: one process running the API, the operations engine, the scheduler and the
 Postgres proxy.
 
-This is the only place that wires concrete pieces together: the SQLite store, the local compute
+This is the only place that wires concrete pieces together: the store (SQLite, or PostgreSQL
+with ``--store``), the local compute
 driver, the engine, the proxy and the ASGI app.
 """
 
@@ -43,8 +44,9 @@ from pgplane.proxy.sqlhttp.run import Limits
 from pgplane.proxy.throttle import LoginThrottle
 from pgplane.serverlock import AlreadyServing, ServerLock
 from pgplane.services import signin
-from pgplane.store.sqlite import SqliteStore
-from pgplane.telemetry.metrics import NO_METRICS
+from pgplane.store import Store
+from pgplane.store.open import open_store
+from pgplane.telemetry.metrics import NO_METRICS, Metrics
 from pgplane.telemetry.prometheus import Prometheus
 from pgplane.tls import (
     CertPair,
@@ -80,7 +82,7 @@ class _Server(uvicorn.Server):
                 self._captured_signals.clear()
 
 
-async def _announce(server: uvicorn.Server, settings: Settings, store: SqliteStore) -> None:
+async def _announce(server: uvicorn.Server, settings: Settings, store: Store) -> None:
     while not server.started:  # noqa: ASYNC110 - uvicorn offers no event for "bound"
         await asyncio.sleep(0.01)
     console = ""
@@ -212,6 +214,13 @@ async def serve(settings: Settings) -> None:
         lock.release()
 
 
+async def _open_store(settings: Settings, metrics: Metrics) -> Store:
+    try:
+        return await open_store(settings.store, settings.store_path, metrics)
+    except Unavailable as exc:  # a PostgreSQL store that cannot be reached
+        raise SystemExit(f"pgplane: {exc.message}") from None
+
+
 async def _serve(settings: Settings) -> None:
     api_gate, proxy_gate = _gates(settings)
     tls = _certificate(settings)
@@ -232,7 +241,7 @@ async def _serve(settings: Settings) -> None:
     log.info("PostgreSQL versions available: %s", ", ".join(map(str, settings.pg_versions)))
     await driver.apply_size_limit()
     metrics = Prometheus(version=__version__, actions=Action) if settings.metrics else NO_METRICS
-    store = SqliteStore(settings.store_path, metrics)
+    store = await _open_store(settings, metrics)
     await reconcile(store, driver)
     engine = Engine(store=store, driver=driver, settings=settings, metrics=metrics)
     activity = Activity(metrics)

@@ -62,6 +62,7 @@ def test_help_is_whole_at_80_columns() -> None:
         ["serve", "--help"],
         ["api-keys", "--help"],
         ["accounts", "--help"],
+        ["store", "copy", "--help"],
     ):
         done = subprocess.run(
             [*PGPLANE, *command],

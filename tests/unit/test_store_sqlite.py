@@ -1,4 +1,5 @@
-"""The SQLite store's own guarantees, below the services: unique names and exact operation pages.
+"""The store's own guarantees, below the services: unique names and exact operation pages, on
+both backends (SQLite, and PostgreSQL on the test process's cluster).
 
 Services check little before they write; what makes "two requests, one name" end with one row is
 the store's unique indexes. These tests write through the store's methods (and raw SQL) with no
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
@@ -22,19 +22,18 @@ from pgplane.core.models import Branch, Endpoint, Role
 from pgplane.errors import AlreadyExists, Conflict
 from pgplane.services import accounts, projects
 from pgplane.services.projects import CreatedProject
-from pgplane.store.sqlite import SqliteStore
+from pgplane.store import Store
 from pgplane.store.sqlite.migrate import migrate
+from tests.stores import BACKENDS, UNIQUE_ERRORS, new_location, open_at, raw_sql
 from tests.support import finished_operation, no_pg_settings
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
-    s = SqliteStore(tmp_path / "store.db")
-    yield s
-    await s.close()
+def store(any_store: Store) -> Store:
+    return any_store
 
 
-async def _project(store: SqliteStore) -> CreatedProject:
+async def _project(store: Store) -> CreatedProject:
     async with store.write() as tx:
         account = await accounts.ensure(tx, email="store@example.com")
         return await projects.create(
@@ -87,9 +86,7 @@ def test_every_name_rule_is_a_unique_index(tmp_path: Path) -> None:
     assert "(project_id, created_at)" in unique["operations_page"]
 
 
-async def test_a_duplicate_name_written_past_the_services_is_a_conflict(
-    store: SqliteStore,
-) -> None:
+async def test_a_duplicate_name_written_past_the_services_is_a_conflict(store: Store) -> None:
     created = await _project(store)
     pid, main = created.project.id, created.branch
     owner = created.roles[0].name
@@ -151,10 +148,11 @@ async def test_a_duplicate_name_written_past_the_services_is_a_conflict(
         await tx.insert_branch(_child(main, "other"))
 
 
-async def test_raw_sql_cannot_duplicate_a_name_either(store: SqliteStore) -> None:
+async def test_raw_sql_cannot_duplicate_a_name_either(store: Store) -> None:
     created = await _project(store)
-    with sqlite3.connect(store.path) as db, pytest.raises(sqlite3.IntegrityError, match="UNIQUE"):
-        db.execute(
+    with pytest.raises(UNIQUE_ERRORS, match=r"(?i)unique|duplicate"):
+        raw_sql(
+            store,
             "INSERT INTO branches (id, project_id, name, is_default, protected, current_state,"
             " state_changed_at, created_at, updated_at)"
             " VALUES ('br-raw', ?, 'main', 0, 0, 'ready', 0, 0, 0)",
@@ -162,15 +160,17 @@ async def test_raw_sql_cannot_duplicate_a_name_either(store: SqliteStore) -> Non
         )
 
 
-async def test_two_writers_racing_for_one_name_leave_one_row(tmp_path: Path) -> None:
-    """Two stores on one file stand for two processes: the second waits for the first's lock,
-    then finds the name taken."""
-    first, second = SqliteStore(tmp_path / "s.db"), SqliteStore(tmp_path / "s.db")
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_two_writers_racing_for_one_name_leave_one_row(backend: str, tmp_path: Path) -> None:
+    """Two stores on one file (or database) stand for two processes: the second waits for the
+    first's lock, then finds the name taken."""
+    where = new_location(backend, tmp_path)
+    first, second = await open_at(where), await open_at(where)
     try:
         created = await _project(first)
         pid, main = created.project.id, created.branch
 
-        async def insert(store: SqliteStore, started: asyncio.Event | None = None) -> None:
+        async def insert(store: Store, started: asyncio.Event | None = None) -> None:
             async with store.write() as tx:
                 await tx.insert_branch(_child(main, "pr-1"))
                 if started is not None:
@@ -193,7 +193,7 @@ async def test_two_writers_racing_for_one_name_leave_one_row(tmp_path: Path) -> 
 # -- operation pages ----------------------------------------------------------------------------
 
 
-async def _pages(store: SqliteStore, project_id: str, limit: int) -> list[str]:
+async def _pages(store: Store, project_id: str, limit: int) -> list[str]:
     seen: list[str] = []
     before = None
     while True:
@@ -206,7 +206,7 @@ async def _pages(store: SqliteStore, project_id: str, limit: int) -> list[str]:
 
 
 async def test_operations_with_one_timestamp_are_stored_apart_and_paged_exactly(
-    store: SqliteStore,
+    store: Store,
 ) -> None:
     created = await _project(store)
     pid = created.project.id
@@ -227,10 +227,23 @@ async def test_operations_with_one_timestamp_are_stored_apart_and_paged_exactly(
         assert await _pages(store, pid, limit) == everything, limit
 
     # Forcing a tie past the store's method is refused by the page index itself.
-    with sqlite3.connect(store.path) as db, pytest.raises(sqlite3.IntegrityError, match="UNIQUE"):
-        db.execute(
+    with pytest.raises(UNIQUE_ERRORS, match=r"(?i)unique|duplicate"):
+        raw_sql(
+            store,
             "INSERT INTO operations (id, project_id, action, status, failures_count,"
             " created_at, updated_at, total_duration_ms)"
             " VALUES ('x', ?, 'apply_config', 'finished', 0, ?, ?, 0)",
             (pid, tied[0].created_at, tied[0].created_at),
         )
+
+
+async def test_endpoint_activity_only_moves_forward(store: Store) -> None:
+    created = await _project(store)
+    pid, eid = created.project.id, created.endpoint.id
+    async with store.write() as tx:
+        await tx.record_endpoint_activity([(eid, 2_000), ("ep-gone", 1)])
+        await tx.record_endpoint_activity([(eid, 1_000)])
+    async with store.read() as tx:
+        endpoint = await tx.get_endpoint(project_id=pid, endpoint_id=eid)
+    assert endpoint is not None
+    assert endpoint.last_active == 2_000

@@ -31,12 +31,12 @@ def in_store(data_dir: Path | None, work: Callable[[Tx], Awaitable[T]]) -> T:
     """Run ``work`` in one write transaction on the data directory's store; exit 2 with the
     message on a platform error."""
     from pgplane.errors import PgplaneError  # noqa: PLC0415
-    from pgplane.store.sqlite import SqliteStore  # noqa: PLC0415
+    from pgplane.store.open import open_store  # noqa: PLC0415
 
     settings = settings_from_env(data_dir=data_dir)
 
     async def run() -> T:
-        store = SqliteStore(settings.store_path)
+        store = await open_store(settings.store, settings.store_path)
         try:
             async with store.write() as tx:
                 return await work(tx)

@@ -1,5 +1,5 @@
 """``pgplane``: the command line. ``serve`` is here; the rest, a module each (api-keys,
-accounts, tls)."""
+accounts, tls, store)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import typer
 from pgplane.cli.accounts import accounts_app
 from pgplane.cli.common import DataDir
 from pgplane.cli.keys import api_keys_app
+from pgplane.cli.store import store_app
 from pgplane.cli.tls import tls_app
 from pgplane.config import settings_from_env
 from pgplane.telemetry import logs
@@ -25,6 +26,7 @@ app = typer.Typer(
 app.add_typer(api_keys_app, name="api-keys")
 app.add_typer(accounts_app, name="accounts")
 app.add_typer(tls_app, name="tls")
+app.add_typer(store_app, name="store")
 
 
 def _version(show: bool) -> None:
@@ -142,37 +144,46 @@ def serve(
         typer.Option(help="text, or json: one object a line with the ids in context [text]"),
     ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
+    store: Annotated[
+        str | None,
+        typer.Option(
+            help="postgresql://user@host/db URL of a PostgreSQL store (several serve processes"
+            " share it); default: $PGPLANE_STORE, else SQLite in the data directory",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run the API, the operations engine and the computes' supervisor in one process."""
     from pgplane.server import run  # noqa: PLC0415 - keep `api-keys` free of server imports
 
-    settings = settings_from_env(
-        data_dir=data_dir,
-        host=host,
-        port=port,
-        compute_host=compute_host,
-        compute_user=compute_user,
-        proxy_port=proxy_port,
-        proxy_listen=proxy_listen,
-        proxy_host=proxy_host,
-        proxy_wildcard_dns=proxy_wildcard_dns,
-        tls_cert=tls_cert,
-        tls_key=tls_key,
-        rate_limit_per_minute=rate_limit_per_minute,
-        rate_limit_burst_per_second=rate_limit_burst_per_second,
-        auth_failures_per_minute=auth_failures_per_minute,
-        projects_per_account=projects_per_account,
-        branches_per_project=branches_per_project,
-        running_computes_per_account=running_computes_per_account,
-        compute_units_per_account=compute_units_per_account,
-        min_pg_version=min_pg_version,
-        disk_per_project=disk_per_project,
-        branch_size_limit=branch_size_limit,
-        stop_computes=stop_computes,
-        metrics=metrics,
-        log_format=log_format,
-    )
     try:
+        settings = settings_from_env(
+            data_dir=data_dir,
+            host=host,
+            port=port,
+            compute_host=compute_host,
+            compute_user=compute_user,
+            proxy_port=proxy_port,
+            proxy_listen=proxy_listen,
+            proxy_host=proxy_host,
+            proxy_wildcard_dns=proxy_wildcard_dns,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            rate_limit_per_minute=rate_limit_per_minute,
+            rate_limit_burst_per_second=rate_limit_burst_per_second,
+            auth_failures_per_minute=auth_failures_per_minute,
+            projects_per_account=projects_per_account,
+            branches_per_project=branches_per_project,
+            running_computes_per_account=running_computes_per_account,
+            compute_units_per_account=compute_units_per_account,
+            min_pg_version=min_pg_version,
+            disk_per_project=disk_per_project,
+            branch_size_limit=branch_size_limit,
+            stop_computes=stop_computes,
+            metrics=metrics,
+            log_format=log_format,
+            store=store,
+        )
         logs.configure(log_level, settings.log_format)
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)

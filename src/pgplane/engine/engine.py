@@ -122,6 +122,8 @@ class Engine:
         log.info(
             "operations engine started (%d workers, owner %s)", self._settings.workers, self.owner
         )
+        # Other processes' new operations wake this one at once where the store announces them.
+        watcher = asyncio.create_task(self._store.watch_operations(self.wake), name="watcher")
         try:
             while True:
                 try:
@@ -133,9 +135,10 @@ class Engine:
                 await aio.wait_event(self._wake, self._settings.poll_seconds)
                 self._wake.clear()
         finally:
+            watcher.cancel()
             for task in list(self._running.values()):
                 task.cancel()
-            await asyncio.gather(*self._running.values(), return_exceptions=True)
+            await asyncio.gather(watcher, *self._running.values(), return_exceptions=True)
 
     async def _dispatch_once(self) -> None:
         async with self._store.read() as tx:

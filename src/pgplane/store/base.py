@@ -1,6 +1,6 @@
 """The store contract.
 
-Every backend (SQLite now, PostgreSQL for a replicated control plane later) implements
+Every backend (SQLite embedded, PostgreSQL for a control plane of several processes) implements
 :class:`Store` and :class:`Tx` with exactly these guarantees, so services never know which one
 they talk to.
 
@@ -11,8 +11,9 @@ Atomicity:
   endpoint + roles + operations" is one atomic change.
 - Write transactions are serializable: one sees every write committed before it began, and
   none commits a decision made on counts another changed meanwhile. Quotas rely on it
-  (services/quotas.py counts, then writes); SQLite runs one writer at a time, a PostgreSQL
-  backend would take SERIALIZABLE or lock the account's row.
+  (services/quotas.py counts, then writes); both backends run one writer at a time (SQLite's
+  lock; on PostgreSQL an advisory lock every process's writers take), the engine's claims
+  aside, whose compare-and-set needs none.
 - ``Tx`` from :meth:`Store.read` sees committed data only; each call is atomic on its own, but
   two calls may see different snapshots. Read-modify-write belongs in :meth:`Store.write`.
 - Unique names are enforced by the store, not by a read-then-insert in a service: inserting a
@@ -32,7 +33,7 @@ Atomicity:
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 
 from pgplane.core.models import Annotation, Branch, Database, Endpoint, Operation, Project, Role
@@ -395,6 +396,14 @@ class Store(abc.ABC):
 
         For readiness checks. The write reaches the disk the way real writes do (a full disk or an
         I/O error fails it) and changes nothing a client can see.
+        """
+
+    async def watch_operations(self, wake: Callable[[], None]) -> None:  # noqa: B027 - optional
+        """Call ``wake`` when another process commits new or settled operations, until cancelled.
+
+        A store shared by several processes announces them (PostgreSQL: LISTEN/NOTIFY); the
+        engine's polling is the fallback, and all there is for SQLite, whose writers are this
+        process (which wakes its engine itself) or the CLI's rare ones.
         """
 
     @abc.abstractmethod

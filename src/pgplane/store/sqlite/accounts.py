@@ -30,31 +30,31 @@ def _api_key(r: Sequence[Any]) -> ApiKey:
 
 
 class AccountsMixin(Statements):
-    """The account part of :class:`pgplane.store.base.Tx` for SQLite."""
+    """The account part of :class:`pgplane.store.base.Tx` (both backends)."""
 
     async def get_account(self, account_id: str) -> Account | None:
-        r = self._c.execute(
+        r = await self._c.one(
             "SELECT id, email, name, created_at FROM accounts WHERE id = ?", (account_id,)
-        ).fetchone()
+        )
         return Account(id=r[0], email=r[1], name=r[2], created_at=r[3]) if r else None
 
     async def get_account_by_email(self, email: str) -> Account | None:
-        r = self._c.execute(
+        r = await self._c.one(
             "SELECT id, email, name, created_at FROM accounts WHERE email = ?", (email,)
-        ).fetchone()
+        )
         return Account(id=r[0], email=r[1], name=r[2], created_at=r[3]) if r else None
 
     async def list_accounts(self) -> list[tuple[Account, bool]]:
-        rows = self._c.execute(
+        rows = await self._c.all(
             "SELECT id, email, name, created_at, password_hash IS NOT NULL FROM accounts"
             " ORDER BY created_at, id"
-        ).fetchall()
+        )
         return [
             (Account(id=r[0], email=r[1], name=r[2], created_at=r[3]), bool(r[4])) for r in rows
         ]
 
     async def insert_account(self, account: Account) -> None:
-        self._write(
+        await self._c.write(
             "INSERT INTO accounts (id, email, name, created_at) VALUES (?, ?, ?, ?)",
             (account.id, account.email, account.name, account.created_at),
             AlreadyExists("account", "account already exists"),
@@ -62,20 +62,19 @@ class AccountsMixin(Statements):
 
 
 class ApiKeysMixin(Statements):
-    """The API-key part of :class:`pgplane.store.base.Tx` for SQLite."""
+    """The API-key part of :class:`pgplane.store.base.Tx` (both backends)."""
 
     async def insert_api_key(
         self, *, account_id: str, name: str, digest: str, created_at: int, created_by: str
     ) -> ApiKey:
-        cur = self._write(
+        row = await self._c.write_one(
             "INSERT INTO api_keys (account_id, name, digest, created_at, created_by)"
-            " VALUES (?, ?, ?, ?, ?)",
+            " VALUES (?, ?, ?, ?, ?) RETURNING id",
             (account_id, name, digest, created_at, created_by),
             Conflict("API key already exists"),
         )
-        assert cur.lastrowid is not None  # noqa: S101 - sqlite always sets it after an INSERT
         return ApiKey(
-            id=cur.lastrowid,
+            id=row[0],
             account_id=account_id,
             name=name,
             digest=digest,
@@ -87,29 +86,27 @@ class ApiKeysMixin(Statements):
         )
 
     async def get_api_key_by_digest(self, digest: str) -> ApiKey | None:
-        r = self._c.execute(
-            f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE digest = ?", (digest,)
-        ).fetchone()
+        r = await self._c.one(f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE digest = ?", (digest,))
         return _api_key(r) if r else None
 
     async def list_api_keys(self, account_id: str) -> list[ApiKey]:
-        rows = self._c.execute(
+        rows = await self._c.all(
             f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE account_id = ? AND revoked_at IS NULL"
             " ORDER BY id DESC",
             (account_id,),
-        ).fetchall()
+        )
         return [_api_key(r) for r in rows]
 
     async def revoke_api_key(self, *, account_id: str, key_id: int, now: int) -> ApiKey | None:
-        r = self._c.execute(
+        r = await self._c.one(
             f"UPDATE api_keys SET revoked_at = ? WHERE id = ? AND account_id = ?"
             f" AND revoked_at IS NULL RETURNING {_KEY_COLUMNS}",
             (now, key_id, account_id),
-        ).fetchone()
+        )
         return _api_key(r) if r else None
 
     async def record_api_key_use(self, uses: Sequence[tuple[int, int, str]]) -> None:
-        self._c.executemany(
+        await self._c.executemany(
             "UPDATE api_keys SET last_used_at = ?2, last_used_from_addr = ?3"
             " WHERE id = ?1 AND (last_used_at IS NULL OR last_used_at < ?2)",
             uses,

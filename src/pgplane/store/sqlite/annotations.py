@@ -18,30 +18,32 @@ def _annotation(r: Sequence[Any]) -> Annotation:
 
 
 class AnnotationsMixin(Statements):
-    """The annotation part of :class:`pgplane.store.base.Tx` for SQLite."""
+    """The annotation part of :class:`pgplane.store.base.Tx` (both backends)."""
 
     async def get_annotation(self, branch_id: str) -> Annotation | None:
-        r = self._c.execute(
+        r = await self._c.one(
             "SELECT branch_id, value, created_at, updated_at FROM branch_annotations"
             " WHERE branch_id = ?",
             (branch_id,),
-        ).fetchone()
+        )
         return _annotation(r) if r else None
 
     async def list_annotations(self, project_id: str) -> dict[str, Annotation]:
-        rows = self._c.execute(
+        rows = await self._c.all(
             "SELECT a.branch_id, a.value, a.created_at, a.updated_at FROM branch_annotations a"
             " JOIN branches b ON b.id = a.branch_id"
             " WHERE b.project_id = ? AND b.deleted_at IS NULL",
             (project_id,),
-        ).fetchall()
+        )
         return {r[0]: _annotation(r) for r in rows}
 
     async def set_annotation(self, *, branch_id: str, value: Mapping[str, str], now: int) -> None:
         if not value:
-            self._c.execute("DELETE FROM branch_annotations WHERE branch_id = ?", (branch_id,))
+            await self._c.execute(
+                "DELETE FROM branch_annotations WHERE branch_id = ?", (branch_id,)
+            )
             return
-        self._c.execute(
+        await self._c.execute(
             "INSERT INTO branch_annotations (branch_id, value, created_at, updated_at)"
             " VALUES (?1, ?2, ?3, ?3) ON CONFLICT (branch_id)"
             " DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",

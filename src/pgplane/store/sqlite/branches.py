@@ -38,11 +38,11 @@ def _branch(r: Sequence[Any]) -> Branch:
 
 
 class BranchesMixin(Statements):
-    """The branch part of :class:`pgplane.store.base.Tx` for SQLite."""
+    """The branch part of :class:`pgplane.store.base.Tx` (both backends)."""
 
     async def insert_branch(self, branch: Branch) -> None:
         b = branch
-        self._write(
+        await self._c.write(
             f"INSERT INTO branches ({_BRANCH_COLUMNS}) VALUES ({', '.join('?' * 17)})",
             (
                 b.id,
@@ -67,24 +67,24 @@ class BranchesMixin(Statements):
         )
 
     async def get_branch(self, *, project_id: str, branch_id: str) -> Branch | None:
-        r = self._c.execute(
+        r = await self._c.one(
             f"SELECT {_BRANCH_COLUMNS} FROM branches"
             " WHERE id = ? AND project_id = ? AND deleted_at IS NULL",
             (branch_id, project_id),
-        ).fetchone()
+        )
         return _branch(r) if r else None
 
     async def list_branches(self, project_id: str) -> list[Branch]:
-        rows = self._c.execute(
+        rows = await self._c.all(
             f"SELECT {_BRANCH_COLUMNS} FROM branches WHERE project_id = ? AND deleted_at IS NULL"
             " ORDER BY created_at DESC, id DESC",
             (project_id,),
-        ).fetchall()
+        )
         return [_branch(r) for r in rows]
 
     async def update_branch(self, branch: Branch) -> None:
         b = branch
-        self._write(
+        await self._c.write(
             "UPDATE branches SET name = ?, protected = ?, is_default = ?, updated_at = ?,"
             " parent_id = ?, parent_lsn = ?, parent_timestamp = ?, last_reset_at = ?,"
             " current_state = ?, pending_state = ?, state_changed_at = ?, expires_at = ?,"
@@ -109,41 +109,41 @@ class BranchesMixin(Statements):
         )
 
     async def delete_branch(self, *, branch_id: str, now: int) -> None:
-        self._c.execute(
+        await self._c.execute(
             "UPDATE branches SET deleted_at = ?, updated_at = ?, is_default = 0"
             " WHERE id = ? AND deleted_at IS NULL",
             (now, now, branch_id),
         )
 
     async def count_branches(self, project_id: str) -> int:
-        r = self._c.execute(
+        r = await self._c.one(
             "SELECT count(*) FROM branches WHERE project_id = ? AND deleted_at IS NULL",
             (project_id,),
-        ).fetchone()
+        )
         return int(r[0])
 
     async def has_child_branches(self, branch_id: str) -> bool:
-        r = self._c.execute(
+        r = await self._c.one(
             "SELECT 1 FROM branches WHERE parent_id = ? AND deleted_at IS NULL LIMIT 1",
             (branch_id,),
-        ).fetchone()
+        )
         return r is not None
 
     async def set_branch_state(
         self, *, branch_id: str, current_state: str, pending_state: str | None, now: int
     ) -> None:
-        self._c.execute(
+        await self._c.execute(
             "UPDATE branches SET current_state = ?, pending_state = ?, state_changed_at = ?,"
             " updated_at = ? WHERE id = ?",
             (current_state, pending_state, now, now, branch_id),
         )
 
     async def expired_branches(self, *, now: int) -> list[Branch]:
-        rows = self._c.execute(
+        rows = await self._c.all(
             f"SELECT {_BRANCH_COLUMNS} FROM branches"
             " WHERE deleted_at IS NULL AND expires_at IS NOT NULL AND expires_at <= ?"
             " AND project_id IN (SELECT id FROM projects WHERE deleted_at IS NULL)"
             " ORDER BY expires_at, id",
             (now,),
-        ).fetchall()
+        )
         return [_branch(r) for r in rows]

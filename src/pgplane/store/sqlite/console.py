@@ -17,25 +17,23 @@ def _token(r: Sequence[Any]) -> SignupToken:
 
 
 class ConsoleMixin(Statements):
-    """The console part of :class:`pgplane.store.base.Tx` for SQLite."""
+    """The console part of :class:`pgplane.store.base.Tx` (both backends)."""
 
     async def get_password_hash(self, account_id: str) -> str | None:
-        r = self._c.execute(
-            "SELECT password_hash FROM accounts WHERE id = ?", (account_id,)
-        ).fetchone()
+        r = await self._c.one("SELECT password_hash FROM accounts WHERE id = ?", (account_id,))
         return r[0] if r else None
 
     async def set_password_hash(self, *, account_id: str, password_hash: str) -> None:
-        self._c.execute(
+        await self._c.execute(
             "UPDATE accounts SET password_hash = ? WHERE id = ?", (password_hash, account_id)
         )
 
     async def count_accounts_with_password(self) -> int:
-        r = self._c.execute("SELECT count(*) FROM accounts WHERE password_hash IS NOT NULL")
-        return int(r.fetchone()[0])
+        r = await self._c.one("SELECT count(*) FROM accounts WHERE password_hash IS NOT NULL")
+        return int(r[0])
 
     async def insert_console_session(self, session: ConsoleSession) -> None:
-        self._write(
+        await self._c.write(
             "INSERT INTO console_sessions (digest, account_id, csrf_token, created_at, expires_at)"
             " VALUES (?, ?, ?, ?, ?)",
             (
@@ -49,11 +47,11 @@ class ConsoleMixin(Statements):
         )
 
     async def get_console_session(self, digest: str, *, now: int) -> ConsoleSession | None:
-        r = self._c.execute(
+        r = await self._c.one(
             "SELECT digest, account_id, csrf_token, created_at, expires_at"
             " FROM console_sessions WHERE digest = ? AND expires_at > ?",
             (digest, now),
-        ).fetchone()
+        )
         if r is None:
             return None
         return ConsoleSession(
@@ -62,15 +60,17 @@ class ConsoleMixin(Statements):
 
     async def delete_console_sessions(self, *, account_id: str, digest: str | None = None) -> None:
         if digest is None:
-            self._c.execute("DELETE FROM console_sessions WHERE account_id = ?", (account_id,))
+            await self._c.execute(
+                "DELETE FROM console_sessions WHERE account_id = ?", (account_id,)
+            )
         else:
-            self._c.execute(
+            await self._c.execute(
                 "DELETE FROM console_sessions WHERE account_id = ? AND digest = ?",
                 (account_id, digest),
             )
 
     async def insert_signup_token(self, token: SignupToken) -> None:
-        self._write(
+        await self._c.write(
             f"INSERT INTO signup_tokens ({_SIGNUP_COLUMNS}) VALUES (?, ?, ?, ?, ?)",
             (token.digest, token.email, token.created_at, token.expires_at, token.used_at),
             Conflict("sign-up token already exists"),
@@ -78,12 +78,14 @@ class ConsoleMixin(Statements):
 
     async def use_signup_token(self, digest: str, *, now: int) -> SignupToken | None:
         # Inside a write transaction (BEGIN IMMEDIATE): nothing else writes between the two.
-        r = self._c.execute(
+        r = await self._c.one(
             f"SELECT {_SIGNUP_COLUMNS} FROM signup_tokens"
             " WHERE digest = ? AND used_at IS NULL AND expires_at > ?",
             (digest, now),
-        ).fetchone()
+        )
         if r is None:
             return None
-        self._c.execute("UPDATE signup_tokens SET used_at = ? WHERE digest = ?", (now, digest))
+        await self._c.execute(
+            "UPDATE signup_tokens SET used_at = ? WHERE digest = ?", (now, digest)
+        )
         return _token(r)

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pgplane.core.models import Endpoint
@@ -12,7 +11,6 @@ from pgplane.store.sqlite.common import (
     Statements,
     _json_decode,
     _json_encode,
-    _unique_violation,
 )
 
 _ENDPOINT_COLUMNS = (
@@ -44,72 +42,73 @@ def _endpoint(r: Sequence[Any]) -> Endpoint:
     )
 
 
+def _endpoint_conflict(port: int) -> Callable[[str], Conflict]:
+    def conflict(index: str) -> Conflict:
+        # Two unique indexes: the branch's one read_write endpoint (the client's conflict) and
+        # the port (allocated in this transaction: only another process could race).
+        if "port" in index:
+            return Conflict(f"compute port {port} is already taken; retry")
+        return AlreadyExists("endpoint", "read-write endpoint already exists on this branch")
+
+    return conflict
+
+
 class EndpointsMixin(Statements):
-    """The endpoint part of :class:`pgplane.store.base.Tx` for SQLite."""
+    """The endpoint part of :class:`pgplane.store.base.Tx` (both backends)."""
 
     async def insert_endpoint(self, endpoint: Endpoint) -> None:
         e = endpoint
-        try:
-            self._c.execute(
-                f"INSERT INTO endpoints ({_ENDPOINT_COLUMNS})"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    e.id,
-                    e.project_id,
-                    e.branch_id,
-                    e.type,
-                    e.current_state,
-                    e.pending_state,
-                    e.port,
-                    e.autoscaling_limit_min_cu,
-                    e.autoscaling_limit_max_cu,
-                    e.suspend_timeout_seconds,
-                    _json_encode(e.settings),
-                    int(e.disabled),
-                    e.created_at,
-                    e.updated_at,
-                    e.last_active,
-                    e.started_at,
-                    e.suspended_at,
-                ),
-            )
-        except sqlite3.IntegrityError as exc:
-            if not _unique_violation(exc):
-                raise
-            # Two unique indexes: the branch's one read_write endpoint (the client's conflict)
-            # and the port (allocated in this transaction: only another process could race).
-            if "endpoints.port" in str(exc):
-                raise Conflict(f"compute port {e.port} is already taken; retry") from exc
-            raise AlreadyExists(
-                "endpoint", "read-write endpoint already exists on this branch"
-            ) from exc
+        await self._c.write(
+            f"INSERT INTO endpoints ({_ENDPOINT_COLUMNS})"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                e.id,
+                e.project_id,
+                e.branch_id,
+                e.type,
+                e.current_state,
+                e.pending_state,
+                e.port,
+                e.autoscaling_limit_min_cu,
+                e.autoscaling_limit_max_cu,
+                e.suspend_timeout_seconds,
+                _json_encode(e.settings),
+                int(e.disabled),
+                e.created_at,
+                e.updated_at,
+                e.last_active,
+                e.started_at,
+                e.suspended_at,
+            ),
+            _endpoint_conflict(e.port),
+        )
 
     async def get_endpoint(self, *, project_id: str, endpoint_id: str) -> Endpoint | None:
-        r = self._c.execute(
+        r = await self._c.one(
             f"SELECT {_ENDPOINT_COLUMNS} FROM endpoints"
             " WHERE id = ? AND project_id = ? AND deleted_at IS NULL",
             (endpoint_id, project_id),
-        ).fetchone()
+        )
         return _endpoint(r) if r else None
 
     async def find_endpoint(self, endpoint_id: str) -> Endpoint | None:
-        r = self._c.execute(
+        r = await self._c.one(
             f"SELECT {_ENDPOINT_COLUMNS} FROM endpoints WHERE id = ? AND deleted_at IS NULL",
             (endpoint_id,),
-        ).fetchone()
+        )
         return _endpoint(r) if r else None
 
     async def list_live_endpoints(self) -> list[Endpoint]:
-        rows = self._c.execute(
+        rows = await self._c.all(
             f"SELECT {_ENDPOINT_COLUMNS} FROM endpoints e WHERE deleted_at IS NULL"
             " AND EXISTS (SELECT 1 FROM projects p WHERE p.id = e.project_id"
             "             AND p.deleted_at IS NULL)"
             " ORDER BY created_at, id"
-        ).fetchall()
+        )
         return [_endpoint(r) for r in rows]
 
     async def list_running_endpoints(self, account_id: str) -> list[Endpoint]:
-        rows = self._c.execute(
+        rows = await self._c.all(
             f"SELECT {_ENDPOINT_COLUMNS} FROM endpoints WHERE deleted_at IS NULL AND disabled = 0"
             " AND project_id IN (SELECT id FROM projects WHERE account_id = ?"
             "                    AND deleted_at IS NULL)"
@@ -120,26 +119,27 @@ class EndpointsMixin(Statements):
             "                 AND o.endpoint_id = endpoints.id AND o.action = 'start_compute'))"
             " ORDER BY created_at, id",
             (account_id,),
-        ).fetchall()
+        )
         return [_endpoint(r) for r in rows]
 
     async def record_endpoint_activity(self, activity: Sequence[tuple[str, int]]) -> None:
-        self._c.executemany(
-            "UPDATE endpoints SET last_active = MAX(COALESCE(last_active, 0), ?) WHERE id = ?",
+        # Forward only (SQLite's two-argument MAX() is not PostgreSQL's: the WHERE does it).
+        await self._c.executemany(
+            "UPDATE endpoints SET last_active = ?1 WHERE id = ?2 AND COALESCE(last_active, 0) < ?1",
             [(at, endpoint_id) for endpoint_id, at in activity],
         )
 
     async def list_endpoints(self, project_id: str) -> list[Endpoint]:
-        rows = self._c.execute(
+        rows = await self._c.all(
             f"SELECT {_ENDPOINT_COLUMNS} FROM endpoints WHERE project_id = ?"
             " AND deleted_at IS NULL ORDER BY created_at DESC, id DESC",
             (project_id,),
-        ).fetchall()
+        )
         return [_endpoint(r) for r in rows]
 
     async def update_endpoint(self, endpoint: Endpoint) -> None:
         e = endpoint
-        self._c.execute(
+        await self._c.execute(
             "UPDATE endpoints SET autoscaling_limit_min_cu = ?, autoscaling_limit_max_cu = ?,"
             " suspend_timeout_seconds = ?, settings = ?, disabled = ?, current_state = ?,"
             " pending_state = ?, updated_at = ? WHERE id = ? AND deleted_at IS NULL",
@@ -157,22 +157,22 @@ class EndpointsMixin(Statements):
         )
 
     async def set_endpoint_port(self, *, endpoint_id: str, port: int, now: int) -> None:
-        self._c.execute(
+        await self._c.execute(
             "UPDATE endpoints SET port = ?, updated_at = ? WHERE id = ? AND deleted_at IS NULL",
             (port, now, endpoint_id),
         )
 
     async def delete_endpoint(self, *, endpoint_id: str, now: int) -> None:
-        self._c.execute(
+        await self._c.execute(
             "UPDATE endpoints SET deleted_at = ?, updated_at = ?"
             " WHERE id = ? AND deleted_at IS NULL",
             (now, now, endpoint_id),
         )
 
     async def used_ports(self, *, held_since: int) -> set[int]:
-        rows = self._c.execute(
+        rows = await self._c.all(
             "SELECT port FROM endpoints WHERE deleted_at IS NULL OR deleted_at > ?", (held_since,)
-        ).fetchall()
+        )
         return {r[0] for r in rows}
 
     async def set_endpoint_state(
@@ -180,7 +180,7 @@ class EndpointsMixin(Statements):
     ) -> None:
         started = now if current_state == "active" else None
         suspended = now if current_state == "idle" else None
-        self._c.execute(
+        await self._c.execute(
             "UPDATE endpoints SET current_state = ?, pending_state = ?, updated_at = ?,"
             " started_at = COALESCE(?, started_at), suspended_at = COALESCE(?, suspended_at),"
             " last_active = COALESCE(?, last_active) WHERE id = ?",
@@ -188,7 +188,7 @@ class EndpointsMixin(Statements):
         )
 
     async def delete_project_endpoints(self, *, project_id: str, now: int) -> None:
-        self._c.execute(
+        await self._c.execute(
             "UPDATE endpoints SET deleted_at = ?, updated_at = ?"
             " WHERE project_id = ? AND deleted_at IS NULL",
             (now, now, project_id),

@@ -12,7 +12,7 @@ log = logging.getLogger(__name__)
 _NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 
 
-def _migrations() -> list[tuple[int, str, str]]:
+def migrations() -> list[tuple[int, str, str]]:
     folder = resources.files("pgplane.store.sqlite") / "migrations"
     found = []
     for entry in folder.iterdir():
@@ -35,12 +35,12 @@ def migrate(conn: sqlite3.Connection) -> int:
         )
         applied = {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
         current = max(applied, default=0)
-        for version, name, sql in _migrations():
+        for version, name, sql in migrations():
             if version in applied:
                 continue
             log.info("applying store migration %s", name)
             # executescript would commit the open transaction; run statement by statement.
-            for statement in _split(sql):
+            for statement in split(sql):
                 conn.execute(statement)
             conn.execute(
                 "INSERT INTO schema_migrations VALUES (?, ?, datetime('now'))", (version, name)
@@ -53,7 +53,7 @@ def migrate(conn: sqlite3.Connection) -> int:
     return current
 
 
-def _split(sql: str) -> list[str]:
+def split(sql: str) -> list[str]:
     """Split a migration into statements (no semicolons inside our statements' literals)."""
     lines = [line for line in sql.splitlines() if not line.strip().startswith("--")]
     return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]

@@ -13,14 +13,14 @@ from pgplane.store.sqlite.common import Statements
 
 _NEVER = 1 << 62  # a cursor later than any timestamp: "from the newest"
 
-_OP_COLUMNS = (
+OP_COLUMNS = (
     "id, project_id, branch_id, endpoint_id, action, status, failures_count, error, retry_at,"
     " created_at, updated_at, total_duration_ms, lease_owner, lease_expires_at, attempt_started_at,"
     " source_branch_id, point_lsn, point_time, preserve_branch_id"
 )
 # The operations pages are the hottest queries: their text is built once, and they leave out the
 # engine's lease bookkeeping (every column read costs, and clients never see those).
-_OP_PAGE_COLUMNS = _OP_COLUMNS.split(", lease_owner", 1)[0]
+_OP_PAGE_COLUMNS = OP_COLUMNS.split(", lease_owner", 1)[0]
 _LIST_OPS = (
     f"SELECT {_OP_PAGE_COLUMNS} FROM operations WHERE project_id = ?1 AND created_at < ?2"
     " ORDER BY created_at DESC LIMIT ?3"
@@ -41,8 +41,8 @@ _STATUSES = {s.value: s for s in Status}
 _NO_LEASE = (None, None, None, None, None, None, None)
 
 
-def _operation(r: Sequence[Any]) -> Operation:
-    """A row of ``_OP_COLUMNS``, or of ``_OP_PAGE_COLUMNS`` (without the lease)."""
+def operation_from_row(r: Sequence[Any]) -> Operation:
+    """A row of ``OP_COLUMNS``, or of ``_OP_PAGE_COLUMNS`` (without the lease)."""
     lease_owner, lease_expires_at, attempt_started_at, source_branch_id, *point = (
         r[12:] if len(r) > 12 else _NO_LEASE
     )
@@ -70,7 +70,7 @@ def _operation(r: Sequence[Any]) -> Operation:
 
 
 class OperationsMixin(Statements):
-    """The operation part of :class:`pgplane.store.base.Tx` for SQLite."""
+    """The operation part of :class:`pgplane.store.base.Tx` (both backends)."""
 
     queued: list[Operation]  # what this transaction inserted (the store logs it once committed)
 
@@ -79,18 +79,18 @@ class OperationsMixin(Statements):
         stored = []
         for given in operations:
             if given.project_id not in latest:
-                r = self._c.execute(
+                r = await self._c.one(
                     "SELECT MAX(created_at) FROM operations WHERE project_id = ?",
                     (given.project_id,),
-                ).fetchone()
+                )
                 latest[given.project_id] = r[0] if r and r[0] is not None else 0
             created = max(given.created_at, latest[given.project_id] + 1)
             latest[given.project_id] = created
             op = given
             if created != given.created_at:
                 op = msgspec.structs.replace(given, created_at=created, updated_at=created)
-            self._c.execute(
-                f"INSERT INTO operations ({_OP_COLUMNS})"
+            await self._c.execute(
+                f"INSERT INTO operations ({OP_COLUMNS})"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     op.id,
@@ -119,47 +119,45 @@ class OperationsMixin(Statements):
         return stored
 
     async def get_operation(self, *, project_id: str, operation_id: str) -> Operation | None:
-        r = self._c.execute(
-            f"SELECT {_OP_COLUMNS} FROM operations WHERE id = ? AND project_id = ?",
+        r = await self._c.one(
+            f"SELECT {OP_COLUMNS} FROM operations WHERE id = ? AND project_id = ?",
             (operation_id, project_id),
-        ).fetchone()
-        return _operation(r) if r else None
+        )
+        return operation_from_row(r) if r else None
 
     async def list_operations(
         self, *, project_id: str, before: int | None, limit: int, account_id: str | None = None
     ) -> list[Operation]:
         cursor = _NEVER if before is None else before
         if account_id is None:
-            rows = self._c.execute(_LIST_OPS, (project_id, cursor, limit)).fetchall()
+            rows = await self._c.all(_LIST_OPS, (project_id, cursor, limit))
         else:
-            rows = self._c.execute(
-                _LIST_ACCOUNT_OPS, (project_id, cursor, limit, account_id)
-            ).fetchall()
-        return [_operation(r) for r in rows]
+            rows = await self._c.all(_LIST_ACCOUNT_OPS, (project_id, cursor, limit, account_id))
+        return [operation_from_row(r) for r in rows]
 
     async def list_unsettled_operations(self, project_id: str | None = None) -> list[Operation]:
         unsettled = "status IN ('scheduling', 'running')"
         if project_id is None:
-            rows = self._c.execute(
-                f"SELECT {_OP_COLUMNS} FROM operations WHERE {unsettled}"
+            rows = await self._c.all(
+                f"SELECT {OP_COLUMNS} FROM operations WHERE {unsettled}"
                 " ORDER BY project_id, created_at"
-            ).fetchall()
+            )
         else:
-            rows = self._c.execute(
-                f"SELECT {_OP_COLUMNS} FROM operations WHERE project_id = ? AND {unsettled}"
+            rows = await self._c.all(
+                f"SELECT {OP_COLUMNS} FROM operations WHERE project_id = ? AND {unsettled}"
                 " ORDER BY created_at",
                 (project_id,),
-            ).fetchall()
-        return [_operation(r) for r in rows]
+            )
+        return [operation_from_row(r) for r in rows]
 
     async def claim_operation(
         self, *, seen: Operation, owner: str, now: int, lease_until: int, failed_attempt: bool
     ) -> Operation | None:
-        r = self._c.execute(
+        r = await self._c.one(
             f"UPDATE operations SET status = 'running', lease_owner = ?, lease_expires_at = ?,"
             f" attempt_started_at = ?, updated_at = ?, failures_count = failures_count + ?"
             f" WHERE id = ? AND status = ? AND updated_at = ? AND lease_owner IS ?"
-            f" RETURNING {_OP_COLUMNS}",
+            f" RETURNING {OP_COLUMNS}",
             (
                 owner,
                 lease_until,
@@ -171,12 +169,12 @@ class OperationsMixin(Statements):
                 seen.updated_at,
                 seen.lease_owner,
             ),
-        ).fetchone()
-        return _operation(r) if r else None
+        )
+        return operation_from_row(r) if r else None
 
     async def expire_leases(self, *, owners: Sequence[str], now: int) -> int:
         marks = ", ".join("?" * len(owners))
-        cur = self._c.execute(
+        cur = await self._c.execute(
             f"UPDATE operations SET lease_expires_at = ? WHERE status = 'running'"
             f" AND lease_owner IN ({marks})",
             (now, *owners),
@@ -185,7 +183,7 @@ class OperationsMixin(Statements):
 
     async def update_owned_operation(self, operation: Operation, *, owner: str) -> bool:
         op = operation
-        cur = self._c.execute(
+        cur = await self._c.execute(
             "UPDATE operations SET status = ?, failures_count = ?, error = ?, retry_at = ?,"
             " updated_at = ?, total_duration_ms = ?, lease_owner = ?, lease_expires_at = ?,"
             " attempt_started_at = ? WHERE id = ? AND lease_owner = ?",
@@ -206,9 +204,9 @@ class OperationsMixin(Statements):
         return cur.rowcount == 1
 
     async def last_operation_times(self, action: Action) -> dict[str, int]:
-        rows = self._c.execute(
+        rows = await self._c.all(
             "SELECT branch_id, MAX(created_at) FROM operations"
             " WHERE action = ? AND branch_id IS NOT NULL GROUP BY branch_id",
             (action.value,),
-        ).fetchall()
+        )
         return {r[0]: r[1] for r in rows}

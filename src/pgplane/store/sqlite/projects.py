@@ -39,11 +39,11 @@ def _project(r: Sequence[Any]) -> Project:
 
 
 class ProjectsMixin(Statements):
-    """The project part of :class:`pgplane.store.base.Tx` for SQLite."""
+    """The project part of :class:`pgplane.store.base.Tx` (both backends)."""
 
     async def insert_project(self, project: Project) -> None:
         p = project
-        self._write(
+        await self._c.write(
             "INSERT INTO projects (id, account_id, name, region_id, pg_version, provisioner,"
             " store_passwords, history_retention_seconds, default_endpoint_settings, settings,"
             " created_at, updated_at, deleted_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -69,30 +69,30 @@ class ProjectsMixin(Statements):
         self, *, account_id: str, project_id: str, include_deleted: bool = False
     ) -> Project | None:
         live = "" if include_deleted else " AND p.deleted_at IS NULL"
-        r = self._c.execute(
+        r = await self._c.one(
             f"SELECT {_PROJECT_COLUMNS} FROM projects p WHERE p.id = ? AND p.account_id = ?{live}",
             (project_id, account_id),
-        ).fetchone()
+        )
         return _project(r) if r else None
 
     async def get_project_by_id(self, project_id: str) -> Project | None:
-        r = self._c.execute(
+        r = await self._c.one(
             f"SELECT {_PROJECT_COLUMNS} FROM projects p WHERE p.id = ?", (project_id,)
-        ).fetchone()
+        )
         return _project(r) if r else None
 
     async def list_projects(
         self, *, account_id: str, after_id: str | None, limit: int
     ) -> list[Project]:
         if after_id is None:
-            rows = self._c.execute(
+            rows = await self._c.all(
                 f"SELECT {_PROJECT_COLUMNS} FROM projects p"
                 " WHERE p.account_id = ? AND p.deleted_at IS NULL"
                 " ORDER BY p.created_at DESC, p.id DESC LIMIT ?",
                 (account_id, limit),
-            ).fetchall()
+            )
         else:
-            rows = self._c.execute(
+            rows = await self._c.all(
                 f"SELECT {_PROJECT_COLUMNS} FROM projects p, projects c"
                 " WHERE c.id = ?1 AND c.account_id = ?2"
                 " AND p.account_id = ?2 AND p.deleted_at IS NULL"
@@ -100,25 +100,25 @@ class ProjectsMixin(Statements):
                 "      OR (p.created_at = c.created_at AND p.id < c.id))"
                 " ORDER BY p.created_at DESC, p.id DESC LIMIT ?3",
                 (after_id, account_id, limit),
-            ).fetchall()
+            )
         return [_project(r) for r in rows]
 
     async def count_projects(self, account_id: str) -> int:
-        r = self._c.execute(
+        r = await self._c.one(
             "SELECT count(*) FROM projects WHERE account_id = ? AND deleted_at IS NULL",
             (account_id,),
-        ).fetchone()
+        )
         return int(r[0])
 
     async def project_exists(self, *, account_id: str, project_id: str) -> bool:
-        r = self._c.execute(
+        r = await self._c.one(
             "SELECT 1 FROM projects WHERE id = ? AND account_id = ?", (project_id, account_id)
-        ).fetchone()
+        )
         return r is not None
 
     async def update_project(self, project: Project) -> None:
         p = project
-        self._c.execute(
+        await self._c.execute(
             "UPDATE projects SET name = ?, history_retention_seconds = ?,"
             " default_endpoint_settings = ?, settings = ?, updated_at = ?, deleted_at = ?"
             " WHERE id = ?",
@@ -134,12 +134,14 @@ class ProjectsMixin(Statements):
         )
 
     async def set_project_storage(self, *, project_id: str, state: str) -> None:
-        self._c.execute("UPDATE projects SET storage_state = ? WHERE id = ?", (state, project_id))
+        await self._c.execute(
+            "UPDATE projects SET storage_state = ? WHERE id = ?", (state, project_id)
+        )
 
     async def detach_candidates(self, *, idle_before: int) -> list[str]:
         # Idle: no compute active or changing, no endpoint used since, and no operation but the
         # platform's own checks since (they must not keep a project attached forever).
-        rows = self._c.execute(
+        rows = await self._c.all(
             "SELECT p.id FROM projects p WHERE p.deleted_at IS NULL"
             " AND p.storage_state = 'attached' AND p.updated_at < ?1"
             " AND NOT EXISTS (SELECT 1 FROM endpoints e WHERE e.project_id = p.id"
@@ -150,5 +152,5 @@ class ProjectsMixin(Statements):
             "   AND (o.status IN ('scheduling', 'running') OR (o.updated_at >= ?1"
             "   AND o.action NOT IN ('check_availability', 'tenant_detach'))))",
             (idle_before,),
-        ).fetchall()
+        )
         return [r[0] for r in rows]

@@ -41,11 +41,11 @@ def _database(r: Sequence[Any]) -> Database:
 
 
 class RolesMixin(Statements):
-    """The role part of :class:`pgplane.store.base.Tx` for SQLite."""
+    """The role part of :class:`pgplane.store.base.Tx` (both backends)."""
 
     async def insert_role(self, role: Role) -> None:
         r = role
-        self._write(
+        await self._c.write(
             "INSERT INTO roles (branch_id, name, password, protected, login, created_at,"
             " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
             (
@@ -61,45 +61,45 @@ class RolesMixin(Statements):
         )
 
     async def get_role(self, *, branch_id: str, name: str) -> Role | None:
-        r = self._c.execute(
+        r = await self._c.one(
             f"SELECT {_ROLE_COLUMNS} FROM roles"
             " WHERE branch_id = ? AND name = ? AND deleted_at IS NULL",
             (branch_id, name),
-        ).fetchone()
+        )
         return _role(r) if r else None
 
     async def list_roles(self, branch_id: str, *, deleted: bool = False) -> list[Role]:
         state = "IS NOT NULL" if deleted else "IS NULL"
-        rows = self._c.execute(
+        rows = await self._c.all(
             f"SELECT {_ROLE_COLUMNS} FROM roles WHERE branch_id = ? AND deleted_at {state}"
             " ORDER BY id",
             (branch_id,),
-        ).fetchall()
+        )
         return [_role(r) for r in rows]
 
     async def update_role(self, role: Role) -> None:
-        self._c.execute(
+        await self._c.execute(
             "UPDATE roles SET password = ?, login = ?, updated_at = ?"
             " WHERE branch_id = ? AND name = ? AND deleted_at IS NULL",
             (role.password, int(role.login), role.updated_at, role.branch_id, role.name),
         )
 
     async def delete_role(self, *, branch_id: str, name: str, now: int) -> None:
-        self._c.execute(
+        await self._c.execute(
             "UPDATE roles SET deleted_at = ?, updated_at = ?"
             " WHERE branch_id = ? AND name = ? AND deleted_at IS NULL",
             (now, now, branch_id, name),
         )
 
     async def purge_roles(self, *, branch_id: str, tombstones: Sequence[Role]) -> None:
-        self._c.executemany(
+        await self._c.executemany(
             "DELETE FROM roles WHERE branch_id = ? AND name = ? AND deleted_at = ?",
             [(branch_id, r.name, r.deleted_at) for r in tombstones if r.deleted_at is not None],
         )
 
 
 class DatabasesMixin(Statements):
-    """The database part of :class:`pgplane.store.base.Tx` for SQLite."""
+    """The database part of :class:`pgplane.store.base.Tx` (both backends)."""
 
     async def insert_database(
         self,
@@ -110,15 +110,14 @@ class DatabasesMixin(Statements):
         now: int,
         applied_name: str | None = None,
     ) -> Database:
-        cur = self._write(
+        row = await self._c.write_one(
             "INSERT INTO databases (branch_id, name, owner_name, applied_name, created_at,"
-            " updated_at) VALUES (?, ?, ?, ?, ?, ?)",
+            " updated_at) VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
             (branch_id, name, owner_name, applied_name, now, now),
             _taken("database", name),
         )
-        assert cur.lastrowid is not None  # noqa: S101 - sqlite always sets it after an INSERT
         return Database(
-            id=cur.lastrowid,
+            id=row[0],
             branch_id=branch_id,
             name=name,
             owner_name=owner_name,
@@ -128,25 +127,25 @@ class DatabasesMixin(Statements):
         )
 
     async def get_database(self, *, branch_id: str, name: str) -> Database | None:
-        r = self._c.execute(
+        r = await self._c.one(
             f"SELECT {_DATABASE_COLUMNS} FROM databases"
             " WHERE branch_id = ? AND name = ? AND deleted_at IS NULL",
             (branch_id, name),
-        ).fetchone()
+        )
         return _database(r) if r else None
 
     async def list_databases(self, branch_id: str, *, deleted: bool = False) -> list[Database]:
         state = "IS NOT NULL" if deleted else "IS NULL"
-        rows = self._c.execute(
+        rows = await self._c.all(
             f"SELECT {_DATABASE_COLUMNS} FROM databases WHERE branch_id = ?"
             f" AND deleted_at {state} ORDER BY id",
             (branch_id,),
-        ).fetchall()
+        )
         return [_database(r) for r in rows]
 
     async def update_database(self, database: Database) -> None:
         d = database
-        self._write(
+        await self._c.write(
             "UPDATE databases SET name = ?, owner_name = ?, updated_at = ?"
             " WHERE id = ? AND deleted_at IS NULL",
             (d.name, d.owner_name, d.updated_at, d.id),
@@ -154,17 +153,19 @@ class DatabasesMixin(Statements):
         )
 
     async def delete_database(self, *, database_id: int, now: int) -> None:
-        self._c.execute(
+        await self._c.execute(
             "UPDATE databases SET deleted_at = ?, updated_at = ?"
             " WHERE id = ? AND deleted_at IS NULL",
             (now, now, database_id),
         )
 
     async def mark_databases_applied(self, applied: Sequence[tuple[int, str]]) -> None:
-        self._c.executemany("UPDATE databases SET applied_name = ?2 WHERE id = ?1", list(applied))
+        await self._c.executemany(
+            "UPDATE databases SET applied_name = ?2 WHERE id = ?1", list(applied)
+        )
 
     async def purge_databases(self, database_ids: Sequence[int]) -> None:
-        self._c.executemany(
+        await self._c.executemany(
             "DELETE FROM databases WHERE id = ? AND deleted_at IS NOT NULL",
             [(i,) for i in database_ids],
         )

@@ -21,14 +21,16 @@ import os
 import sqlite3
 import stat
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import TypeGuard
 
 from pgplane.core import clock
+from pgplane.core.models import Operation
 from pgplane.errors import Unavailable
 from pgplane.store.base import Store, Tx
+from pgplane.store.sqlite.common import SqliteConn
 from pgplane.store.sqlite.migrate import migrate
 from pgplane.store.sqlite.tx import SqliteTx
 from pgplane.telemetry import logs
@@ -139,7 +141,7 @@ class SqliteStore(Store):
         # Past migrations, the writer never waits inside SQLite: write() waits without blocking.
         self._writer.execute("PRAGMA busy_timeout = 0")
         self._reader = _connect(path, _READER_BUSY_MS)
-        self._read = _Reading(SqliteTx(self._reader), metrics)
+        self._read = _Reading(SqliteTx(SqliteConn(self._reader)), metrics)
         self._write_lock = asyncio.Lock()
 
     def read(self) -> AbstractAsyncContextManager[Tx]:
@@ -152,7 +154,7 @@ class SqliteStore(Store):
         async with self._write_lock:
             await self._begin()
             begun = time.monotonic()
-            tx = SqliteTx(self._writer)
+            tx = SqliteTx(SqliteConn(self._writer))
             try:
                 yield tx
                 # The commit waits for fsync (synchronous=FULL), which can take long on a busy
@@ -166,7 +168,7 @@ class SqliteStore(Store):
                     raise unavailable(exc) from exc
                 raise
             self._metrics.store_write(begun - asked, time.monotonic() - begun)
-        _committed(tx)
+        log_queued(tx.queued)
 
     async def _begin(self) -> None:
         """BEGIN IMMEDIATE, waiting asynchronously while another process holds the lock."""
@@ -206,9 +208,9 @@ class SqliteStore(Store):
         self._writer.close()
 
 
-def _committed(tx: SqliteTx) -> None:
+def log_queued(queued: Sequence[Operation]) -> None:
     """Say which operations a transaction queued, once they are sure to exist (committed)."""
-    for op in tx.queued:
+    for op in queued:
         log.info(
             "operation %s %s queued",
             op.id,

@@ -1,14 +1,16 @@
-"""Statements of the SQLite store, one method of the contract each, one mixin per aggregate."""
+"""The store's statements, one method of the contract each, one mixin per aggregate.
+
+Written once for both backends (see :mod:`pgplane.store.sqlite.common`).
+"""
 
 from __future__ import annotations
-
-import sqlite3
 
 from pgplane.core.models import Operation
 from pgplane.store.base import Tx
 from pgplane.store.sqlite.accounts import AccountsMixin, ApiKeysMixin
 from pgplane.store.sqlite.annotations import AnnotationsMixin
 from pgplane.store.sqlite.branches import BranchesMixin
+from pgplane.store.sqlite.common import Conn
 from pgplane.store.sqlite.console import ConsoleMixin
 from pgplane.store.sqlite.endpoints import EndpointsMixin
 from pgplane.store.sqlite.operations import OperationsMixin
@@ -33,6 +35,6 @@ class SqliteTx(
     UsageMixin,
     Tx,
 ):
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: Conn) -> None:
         self._c = conn
         self.queued: list[Operation] = []  # operations inserted, said once committed

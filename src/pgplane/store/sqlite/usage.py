@@ -23,25 +23,37 @@ _COLUMNS = (
 )
 
 
+def _replace_all(columns: str, key: str) -> str:
+    """An upsert's SET writing every column but the key: what INSERT OR REPLACE did, in the SQL
+    both backends accept."""
+    names = [c.strip() for c in columns.split(",") if c.strip() != key]
+    return ", ".join(f"{c} = excluded.{c}" for c in names)
+
+
+_REPLACE_USAGE = _replace_all(_COLUMNS, "endpoint_id")
+_REPLACE_SIZES = _replace_all(_SIZES, "branch_id")
+
+
 class UsageMixin(Statements):
-    """The usage part of :class:`pgplane.store.base.Tx` for SQLite."""
+    """The usage part of :class:`pgplane.store.base.Tx` (both backends)."""
 
     async def get_endpoint_usage(self, endpoint_id: str) -> EndpointUsage | None:
-        r = self._c.execute(
+        r = await self._c.one(
             f"SELECT {_COLUMNS} FROM endpoint_usage WHERE endpoint_id = ?", (endpoint_id,)
-        ).fetchone()
+        )
         return EndpointUsage(*r) if r else None
 
     async def list_endpoint_usage(self, project_id: str) -> dict[str, EndpointUsage]:
-        rows = self._c.execute(
+        rows = await self._c.all(
             f"SELECT {_COLUMNS} FROM endpoint_usage WHERE project_id = ?", (project_id,)
-        ).fetchall()
+        )
         return {r[0]: EndpointUsage(*r) for r in rows}
 
     async def put_endpoint_usage(self, usage: EndpointUsage, hours: Sequence[HourUsage]) -> None:
         u = usage
-        self._c.execute(
-            f"INSERT OR REPLACE INTO endpoint_usage ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)",
+        await self._c.execute(
+            f"INSERT INTO endpoint_usage ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)"
+            f" ON CONFLICT (endpoint_id) DO UPDATE SET {_REPLACE_USAGE}",
             (
                 u.endpoint_id,
                 u.project_id,
@@ -55,11 +67,11 @@ class UsageMixin(Statements):
                 u.cu_us,
             ),
         )
-        self._add_hours(hours)
+        await self._add_hours(hours)
 
-    def _add_hours(self, hours: Sequence[HourUsage]) -> None:
-        added = ", ".join(f"{c} = {c} + excluded.{c}" for c in _ADDED)
-        self._c.executemany(
+    async def _add_hours(self, hours: Sequence[HourUsage]) -> None:
+        added = ", ".join(f"{c} = usage_hours.{c} + excluded.{c}" for c in _ADDED)
+        await self._c.executemany(
             f"INSERT INTO usage_hours ({_HOUR_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)"
             f" ON CONFLICT (project_id, hour, branch_id) DO UPDATE SET {added}",
             [
@@ -79,15 +91,16 @@ class UsageMixin(Statements):
         )
 
     async def get_branch_sizes(self, branch_id: str) -> BranchSizes | None:
-        r = self._c.execute(
+        r = await self._c.one(
             f"SELECT {_SIZES} FROM branch_storage WHERE branch_id = ?", (branch_id,)
-        ).fetchone()
+        )
         return BranchSizes(*r) if r else None
 
     async def put_branch_sizes(self, sizes: BranchSizes, hours: Sequence[HourUsage]) -> None:
         s = sizes
-        self._c.execute(
-            f"INSERT OR REPLACE INTO branch_storage ({_SIZES}) VALUES (?,?,?,?,?,?,?,?)",
+        await self._c.execute(
+            f"INSERT INTO branch_storage ({_SIZES}) VALUES (?,?,?,?,?,?,?,?)"
+            f" ON CONFLICT (branch_id) DO UPDATE SET {_REPLACE_SIZES}",
             (
                 s.project_id,
                 s.branch_id,
@@ -99,23 +112,23 @@ class UsageMixin(Statements):
                 s.written,
             ),
         )
-        self._add_hours(hours)
+        await self._add_hours(hours)
 
     async def list_branch_sizes(self, project_id: str) -> dict[str, BranchSizes]:
         """The sizes of the project's branches that are not deleted."""
-        rows = self._c.execute(
+        rows = await self._c.all(
             f"SELECT {', '.join('s.' + c.strip() for c in _SIZES.split(','))}"
             " FROM branch_storage s JOIN branches b ON b.id = s.branch_id"
             " WHERE s.project_id = ? AND b.deleted_at IS NULL",
             (project_id,),
-        ).fetchall()
+        )
         return {r[1]: BranchSizes(*r) for r in rows}
 
     async def project_storage(self, project_ids: Sequence[str]) -> dict[str, StorageTotals]:
         found: dict[str, StorageTotals] = {}
         for start in range(0, len(project_ids), 500):  # SQLite's bound on parameters
             chunk = project_ids[start : start + 500]
-            rows = self._c.execute(
+            rows = await self._c.all(
                 "SELECT s.project_id, coalesce(sum(s.logical_bytes), 0),"
                 " coalesce(sum(s.data_bytes), 0), coalesce(sum(s.history_bytes), 0),"
                 " sum(s.written_bytes)"
@@ -123,13 +136,13 @@ class UsageMixin(Statements):
                 f" WHERE s.project_id IN ({','.join('?' * len(chunk))})"
                 " AND b.deleted_at IS NULL GROUP BY s.project_id",
                 tuple(chunk),
-            ).fetchall()
+            )
             found |= {r[0]: StorageTotals(r[1], r[2], r[3], written=r[4]) for r in rows}
-            hours = self._c.execute(
+            hours = await self._c.all(
                 "SELECT project_id, sum(logical_byte_s + history_byte_s) / 3600 FROM usage_hours"
                 f" WHERE project_id IN ({','.join('?' * len(chunk))}) GROUP BY project_id",
                 tuple(chunk),
-            ).fetchall()
+            )
             for project_id, byte_hours in hours:
                 if project_id in found:
                     found[project_id] = replace(found[project_id], byte_hours=int(byte_hours))
@@ -137,45 +150,47 @@ class UsageMixin(Statements):
 
     async def storage_targets(self) -> list[tuple[str, str]]:
         """(project, branch) of every branch whose data is on this machine's disks now."""
-        rows = self._c.execute(
+        rows = await self._c.all(
             "SELECT b.project_id, b.id FROM branches b JOIN projects p ON p.id = b.project_id"
             " WHERE b.deleted_at IS NULL AND p.deleted_at IS NULL"
             " AND p.storage_state = 'attached' AND b.current_state = 'ready'"
             " ORDER BY b.project_id, b.id"
-        ).fetchall()
+        )
         return [(r[0], r[1]) for r in rows]
 
     async def branch_usage(self, project_id: str) -> dict[str, Totals]:
-        rows = self._c.execute(
+        rows = await self._c.all(
             "SELECT branch_id, sum(cpu_us), sum(active_us), sum(cu_us) FROM endpoint_usage"
             " WHERE project_id = ? GROUP BY branch_id",
             (project_id,),
-        ).fetchall()
+        )
         return {r[0]: Totals(r[1], r[2], r[3]) for r in rows}
 
     async def project_usage(self, project_ids: Sequence[str]) -> dict[str, Totals]:
         found: dict[str, Totals] = {}
         for start in range(0, len(project_ids), 500):  # SQLite's bound on parameters
             chunk = project_ids[start : start + 500]
-            rows = self._c.execute(
+            rows = await self._c.all(
                 "SELECT project_id, sum(cpu_us), sum(active_us), sum(cu_us) FROM endpoint_usage"
                 f" WHERE project_id IN ({','.join('?' * len(chunk))}) GROUP BY project_id",
                 tuple(chunk),
-            ).fetchall()
+            )
             found |= {r[0]: Totals(r[1], r[2], r[3]) for r in rows}
         return found
 
     async def prune_usage_hours(self, *, before_hour: int) -> int:
-        return self._c.execute("DELETE FROM usage_hours WHERE hour < ?", (before_hour,)).rowcount
+        return (
+            await self._c.execute("DELETE FROM usage_hours WHERE hour < ?", (before_hour,))
+        ).rowcount
 
     async def usage_hours(
         self, project_id: str, *, from_hour: int, to_hour: int
     ) -> list[tuple[HourUsage, bool]]:
         cols = ", ".join("h." + c.strip() for c in _HOUR_COLUMNS.split(","))
-        rows = self._c.execute(
+        rows = await self._c.all(
             f"SELECT {cols}, b.parent_id IS NULL AND b.id IS NOT NULL FROM usage_hours h"
             " LEFT JOIN branches b ON b.id = h.branch_id"
             " WHERE h.project_id = ? AND h.hour >= ? AND h.hour < ? ORDER BY h.hour, h.branch_id",
             (project_id, from_hour, to_hour),
-        ).fetchall()
+        )
         return [(HourUsage(*r[:-1]), bool(r[-1])) for r in rows]
