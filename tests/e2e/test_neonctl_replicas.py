@@ -27,6 +27,14 @@ def test_add_compute_and_connect_to_it(neonctl: Neonctl, api: Api) -> None:
         "branches", "add-compute", bid, "--project-id", pid, "--type", "read_only", "--cu", "0.5"
     )
     settle(api, pid)
+    # neonctl 5 sends a name: its <id|name> argument fills yargs' `name` too, so each compute is
+    # named after the branch argument. The name is kept, shown back and changed with a PATCH.
+    assert api.endpoint(pid, typed["id"])["name"] == bid
+    r = api.http.patch(
+        f"/projects/{pid}/endpoints/{typed['id']}", json={"endpoint": {"name": "bi"}}
+    )
+    assert r.status_code == 200 and r.json()["endpoint"]["name"] == "bi", r.text
+    settle(api, pid)
     for added in (default, typed):
         assert added["host"].startswith(added["id"])
         assert api.endpoint(pid, added["id"])["type"] == "read_only"

@@ -226,6 +226,7 @@ def endpoint(e: Endpoint, settings: Settings, used: Totals | None = None) -> s.E
         proxy_host=settings.proxy_host,
         suspend_timeout_seconds=e.suspend_timeout_seconds,
         provisioner="k8s-pod",
+        name=e.name,
         last_active=_ts(e.last_active),
         started_at=_ts(e.started_at),
         suspended_at=_ts(e.suspended_at),

@@ -123,6 +123,7 @@ class Endpoint(msgspec.Struct, frozen=True, kw_only=True):
     last_active: int | None = None
     started_at: int | None = None
     suspended_at: int | None = None
+    name: str | None = None  # a label the user gave it (Neon's endpoint name)
 
 
 class Role(msgspec.Struct, frozen=True, kw_only=True):

@@ -16,7 +16,7 @@ from pgplane.core import clock, ids, ports
 from pgplane.core.models import Endpoint, Operation, Project
 from pgplane.core.operations import Action
 from pgplane.errors import BadRequest, Conflict, NotFound, Unavailable
-from pgplane.services import access, compute_settings, operations, quotas
+from pgplane.services import access, compute_settings, names, operations, quotas
 from pgplane.store import Tx
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,7 @@ class EndpointSpec:
     suspend_timeout_seconds: int | None = None
     pg_settings: dict[str, str] | None = None
     disabled: bool = False
+    name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,7 @@ class EndpointChanges:
     pg_settings: dict[str, str] | None = None
     disabled: bool | None = None
     branch_id: str | None = None  # only the endpoint's own branch: computes do not move
+    name: str | None = None
 
 
 async def allocate_port(tx: Tx, settings: Settings) -> int:
@@ -112,6 +114,7 @@ async def new_endpoint(
         disabled=spec.disabled,
         created_at=now,
         updated_at=now,
+        name=None if spec.name is None else names.endpoint(spec.name),
     )
     if not endpoint.disabled:
         # Before the insert: once stored, the new compute would count as running already.
@@ -225,6 +228,7 @@ async def update(
         else compute_settings.suspend_timeout(changes.suspend_timeout_seconds),
         settings=new_settings,
         disabled=endpoint.disabled if changes.disabled is None else changes.disabled,
+        name=endpoint.name if changes.name is None else names.endpoint(changes.name),
         updated_at=clock.now_us(),
     )
     if high > endpoint.autoscaling_limit_max_cu and not updated.disabled:

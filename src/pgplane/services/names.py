@@ -7,6 +7,7 @@ import re
 from pgplane.errors import BadRequest
 
 MAX_OBJECT_NAME = 256
+MAX_ENDPOINT_NAME = 64  # Neon's limit for a compute's name
 MAX_API_KEY_NAME = 64
 MAX_PG_IDENTIFIER_BYTES = 63  # NAMEDATALEN - 1: Postgres would silently truncate longer names
 
@@ -77,6 +78,10 @@ def api_key(value: str) -> str:
 
 def project(value: str) -> str:
     return _text("project", value, MAX_OBJECT_NAME)
+
+
+def endpoint(value: str) -> str:
+    return _text("endpoint", value, MAX_ENDPOINT_NAME)
 
 
 def branch(value: str) -> str:

@@ -94,6 +94,7 @@ class Endpoints(Controller):
             suspend_timeout_seconds=req.suspend_timeout_seconds,
             pg_settings=req.settings.pg_settings if req.settings else None,
             disabled=bool(req.disabled),
+            name=req.name,
         )
         async with ctx.store.write() as tx:
             endpoint, ops = await endpoints.create(
@@ -142,6 +143,7 @@ class Endpoints(Controller):
             pg_settings=req.settings.pg_settings if req.settings else None,
             disabled=req.disabled,
             branch_id=req.branch_id,
+            name=req.name,
         )
         async with ctx.store.write() as tx:
             endpoint, ops = await endpoints.update(

@@ -18,6 +18,9 @@ from pgplane.api.schemas.common import (
 from pgplane.api.schemas.objects import EndpointOut
 from pgplane.api.schemas.operations import OperationOut
 
+# Neon's compute name: a label, not unique; the id still names the compute in hosts.
+EndpointName = Annotated[str, Meta(min_length=1, max_length=64)]
+
 
 class EndpointsResponse(Struct, kw_only=True):
     endpoints: list[EndpointOut]
@@ -45,6 +48,7 @@ class EndpointCreateSpec(Struct, kw_only=True, forbid_unknown_fields=True):
     disabled: bool | None = None
     passwordless_access: OffOnly | None = None
     suspend_timeout_seconds: SuspendTimeout | None = None
+    name: EndpointName | None = None
 
 
 class EndpointCreateRequest(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -62,6 +66,7 @@ class EndpointUpdateSpec(Struct, kw_only=True, forbid_unknown_fields=True):
     disabled: bool | None = None
     passwordless_access: OffOnly | None = None
     suspend_timeout_seconds: SuspendTimeout | None = None
+    name: EndpointName | None = None
 
 
 class EndpointUpdateRequest(Struct, kw_only=True, forbid_unknown_fields=True):

@@ -85,6 +85,7 @@ class EndpointOut(Struct, kw_only=True, omit_defaults=True):
     cpu_used_sec: int | None = None
     compute_time_seconds: int | None = None
     active_time_seconds: int | None = None
+    name: str | None = None  # the label the user gave it, when there is one
 
 
 class RoleOut(Struct, kw_only=True, omit_defaults=True):

@@ -16,7 +16,7 @@ from pgplane.store.sqlite.common import (
 _ENDPOINT_COLUMNS = (
     "id, project_id, branch_id, type, current_state, pending_state, port,"
     " autoscaling_limit_min_cu, autoscaling_limit_max_cu, suspend_timeout_seconds, settings,"
-    " disabled, created_at, updated_at, last_active, started_at, suspended_at"
+    " disabled, created_at, updated_at, last_active, started_at, suspended_at, name"
 )
 
 
@@ -39,6 +39,7 @@ def _endpoint(r: Sequence[Any]) -> Endpoint:
         last_active=r[14],
         started_at=r[15],
         suspended_at=r[16],
+        name=r[17],
     )
 
 
@@ -60,7 +61,7 @@ class EndpointsMixin(Statements):
         e = endpoint
         await self._c.write(
             f"INSERT INTO endpoints ({_ENDPOINT_COLUMNS})"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 e.id,
                 e.project_id,
@@ -79,6 +80,7 @@ class EndpointsMixin(Statements):
                 e.last_active,
                 e.started_at,
                 e.suspended_at,
+                e.name,
             ),
             _endpoint_conflict(e.port),
         )
@@ -142,7 +144,7 @@ class EndpointsMixin(Statements):
         await self._c.execute(
             "UPDATE endpoints SET autoscaling_limit_min_cu = ?, autoscaling_limit_max_cu = ?,"
             " suspend_timeout_seconds = ?, settings = ?, disabled = ?, current_state = ?,"
-            " pending_state = ?, updated_at = ? WHERE id = ? AND deleted_at IS NULL",
+            " pending_state = ?, updated_at = ?, name = ? WHERE id = ? AND deleted_at IS NULL",
             (
                 e.autoscaling_limit_min_cu,
                 e.autoscaling_limit_max_cu,
@@ -152,6 +154,7 @@ class EndpointsMixin(Statements):
                 e.current_state,
                 e.pending_state,
                 e.updated_at,
+                e.name,
                 e.id,
             ),
         )
