@@ -1,13 +1,17 @@
-// pgbench -S in node, through pgplane's proxy: node-postgres over TCP, or Neon's serverless
-// driver (the same pg Client on a WebSocket) over ws:// or wss://. argv[2]: JSON {mode, uri,
-// wsProxy, coalesce, clients, seconds}; prints {"tps": n}.
+// pgbench -S in node, through pgplane's proxy: node-postgres over TCP (plain, or "tcp-tls"), or
+// Neon's serverless driver (the same pg Client on a WebSocket) over ws:// or wss://. argv[2]:
+// JSON {mode, uri, wsProxy, coalesce, clients, seconds}; prints {"tps": n}.
 "use strict";
 const config = JSON.parse(process.argv[2]);
 
 function client() {
-  if (config.mode === "tcp") {
+  if (config.mode === "tcp" || config.mode === "tcp-tls") {
+    // "tcp-tls": the URI as the API returns it (sslmode=require; the platform's CA trusted),
+    // the like-for-like baseline of wss://. Plain TCP needs the URI's sslmode changed: it wins
+    // over node-postgres' `ssl: false`.
     const { Client } = require("pg");
-    return new Client({ connectionString: config.uri, ssl: false });
+    const plain = config.uri.replace("sslmode=require", "sslmode=disable");
+    return new Client({ connectionString: config.mode === "tcp-tls" ? config.uri : plain });
   }
   const { neonConfig, Client } = require("@neondatabase/serverless");
   neonConfig.wsProxy = () => config.wsProxy;

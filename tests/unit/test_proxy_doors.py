@@ -20,8 +20,6 @@ import pytest
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import Frame, Opcode
-from websockets.protocol import State
-from websockets.server import ServerProtocol
 
 from pgplane.connlimits import ConnectionGate
 from pgplane.proxy import wire
@@ -29,6 +27,7 @@ from pgplane.proxy.activity import Activity
 from pgplane.proxy.doors.http import HttpLimits, HttpReply, HttpRequest
 from pgplane.proxy.doors.sniff import Door, classify, peek
 from pgplane.proxy.doors.websocket import WebSocketSide
+from pgplane.proxy.doors.wsframes import Frames
 from pgplane.proxy.pipe import Side
 from pgplane.proxy.scram import ScramError
 from pgplane.proxy.seam import RouteError
@@ -294,8 +293,7 @@ async def test_a_websocket_pipe_pauses_the_side_that_outruns_the_other() -> None
     client_transport, compute_transport = _Transport(), _Transport()
     raw = Side()
     raw.connection_made(client_transport)  # type: ignore[arg-type]
-    ws = ServerProtocol(state=State.OPEN)
-    client = WebSocketSide.take_over(raw, ws, b"HTTP/1.1 101 \r\n\r\n", b"")
+    client = WebSocketSide.take_over(raw, Frames(max_frame=1 << 20), b"HTTP/1.1 101 \r\n\r\n", b"")
     compute = Side()
     compute.connection_made(compute_transport)  # type: ignore[arg-type]
     session = Activity().open(ENDPOINT, 0)

@@ -148,3 +148,25 @@ async def test_a_cleartext_password_is_checked_against_the_verifier() -> None:
     for secret in (Password("s3cret"), Known(scram.derive_verifier("s3cret")), None):
         with pytest.raises(scram.ScramError, match='for user "app"'):
             await check_cleartext("app", secret, "wrong")
+
+
+async def test_a_password_checked_without_the_thread_is_still_checked_against_the_verifier() -> (
+    None
+):
+    # The second check of a password finds its keys derived and skips the thread: it must
+    # still be decided by the verifier of the moment. A password changed (another salt and
+    # stored key) or replaced by a different one stops working at once.
+    old = Known(scram.derive_verifier("s3cret"))
+    await check_cleartext("app", old, "s3cret")
+    assert scram.check_password_derived(old.verifier, "s3cret") is True
+    new = Known(scram.derive_verifier("n3w"))
+    assert scram.check_password_derived(new.verifier, "s3cret") is None  # another salt
+    with pytest.raises(scram.ScramError, match='for user "app"'):
+        await check_cleartext("app", new, "s3cret")
+    # The same salt with other keys (a verifier rewritten in place) refuses the old password.
+    rewritten = Known(
+        scram.Verifier(old.verifier.iterations, old.verifier.salt, b"\0" * 32, b"\0" * 32)
+    )
+    assert scram.check_password_derived(rewritten.verifier, "s3cret") is False
+    with pytest.raises(scram.ScramError, match='for user "app"'):
+        await check_cleartext("app", rewritten, "s3cret")

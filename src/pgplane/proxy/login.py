@@ -78,7 +78,12 @@ async def check_cleartext(user: str, secret: Secret | None, password: str) -> No
         verifier = await scram.password_verifier(secret.password)
     else:
         verifier = secret.verifier if secret is not None else scram.mock_verifier(user)
-    ok = await asyncio.to_thread(scram.check_password, verifier, password)
+    # PBKDF2 runs once per password and salt, in a thread; a password whose keys were derived
+    # already (every request of a pooled /sql client after its first) is checked here, without
+    # a trip through the thread pool that would cost more than the check itself.
+    ok = scram.check_password_derived(verifier, password)
+    if ok is None:
+        ok = await asyncio.to_thread(scram.check_password, verifier, password)
     if not ok:
         raise scram.ScramError(f'password authentication failed for user "{user}"')
 

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import functools
 import hashlib
 import hmac
 import re
 import secrets
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -61,14 +61,52 @@ def _hmac(key: bytes, msg: str) -> bytes:
     return hmac.new(key, msg.encode(), hashlib.sha256).digest()
 
 
-@functools.lru_cache(maxsize=_CACHED_VERIFIERS)
-def _keys(password: str, salt: bytes, iterations: int) -> tuple[bytes, bytes, bytes]:
+Keys = tuple[bytes, bytes, bytes]  # ClientKey, StoredKey, ServerKey
+
+
+class _DerivedKeys:
+    """The keys PBKDF2 gave, per (password, salt, count), the least recently used forgotten
+    first: the slow step once per password and salt.
+
+    A pure function's results, so nothing here can go stale: whether a password is right is
+    decided each time against the verifier of the moment (a changed password has another
+    salt or stored key, and the old one stops matching). Filled from worker threads, read on
+    the event loop: a lock around every use.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._keys: OrderedDict[tuple[str, bytes, int], Keys] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, password: str, salt: bytes, iterations: int) -> Keys | None:
+        with self._lock:
+            keys = self._keys.get((password, salt, iterations))
+            if keys is not None:
+                self._keys.move_to_end((password, salt, iterations))
+            return keys
+
+    def put(self, password: str, salt: bytes, iterations: int, keys: Keys) -> None:
+        with self._lock:
+            self._keys[password, salt, iterations] = keys
+            while len(self._keys) > self._size:
+                self._keys.popitem(last=False)
+
+
+_derived = _DerivedKeys(_CACHED_VERIFIERS)
+
+
+def _keys(password: str, salt: bytes, iterations: int) -> Keys:
     """(ClientKey, StoredKey, ServerKey): the slow PBKDF2 once per password and salt."""
-    if iterations > MAX_ITERATIONS:
-        raise ScramError(f"SCRAM iteration count {iterations} is above {MAX_ITERATIONS}")
-    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
-    client_key = _hmac(salted, "Client Key")
-    return client_key, hashlib.sha256(client_key).digest(), _hmac(salted, "Server Key")
+    keys = _derived.get(password, salt, iterations)
+    if keys is None:
+        if iterations > MAX_ITERATIONS:
+            raise ScramError(f"SCRAM iteration count {iterations} is above {MAX_ITERATIONS}")
+        salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+        client_key = _hmac(salted, "Client Key")
+        keys = client_key, hashlib.sha256(client_key).digest(), _hmac(salted, "Server Key")
+        _derived.put(password, salt, iterations, keys)
+    return keys
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +169,16 @@ def check_password(verifier: Verifier, password: str) -> bool:
     """
     _, stored_key, _ = _keys(password, verifier.salt, verifier.iterations)
     return hmac.compare_digest(stored_key, verifier.stored_key)
+
+
+def check_password_derived(verifier: Verifier, password: str) -> bool | None:
+    """:func:`check_password` without blocking: None when the keys of ``password`` with this
+    verifier's salt and count were never derived (then :func:`check_password` must run, in a
+    thread). The same comparison against the same verifier: only PBKDF2 is skipped."""
+    keys = _derived.get(password, verifier.salt, verifier.iterations)
+    if keys is None:
+        return None
+    return hmac.compare_digest(keys[1], verifier.stored_key)
 
 
 def mock_verifier(user: str) -> Verifier:

@@ -1,4 +1,4 @@
-"""HTTP/1.1 on a proxy connection (plain or TLS), with the sans-IO ``h11`` parser.
+"""HTTP/1.1 on a proxy connection (plain or TLS), parsed with ``httptools`` (llhttp, in C).
 
 Every request is bounded before a handler sees it: its request line and headers (431 past
 :attr:`HttpLimits.max_head`), its body (413 past :attr:`HttpLimits.max_body`, and all bodies
@@ -14,18 +14,21 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import h11
+import httptools
 
 from pgplane.proxy.pipe import Side
 
 log = logging.getLogger(__name__)
 
 _READ = 64 * 1024
+_MAX_PIPELINED = 4  # requests read ahead of the one being answered
 _REASONS = {
+    200: "OK",
     400: "Bad Request",
     404: "Not Found",
     405: "Method Not Allowed",
@@ -149,35 +152,26 @@ async def serve_http(
     server_name: str | None,
 ) -> None:
     """Serve requests on ``client`` until it closes, errs or is taken over; then close it."""
-    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_head)
+    reader = _Reader(client, limits, budget)
     try:
         while True:
-            held = [0]
             try:
                 try:
                     async with asyncio.timeout(limits.request_seconds or None):
-                        request = await _read_request(client, conn, limits, budget, held)
+                        request = await reader.next_request()
                 except TimeoutError:
-                    if conn.their_state is h11.IDLE and not conn.trailing_data[0]:
+                    if not reader.started:
                         return  # kept alive, then silent: closed without a word
                     refusal = HttpReply.error(408, "the request did not arrive in time")
-                    raise _Refused(refusal) from None
-                except h11.RemoteProtocolError as exc:
-                    status = exc.error_status_hint if exc.error_status_hint in _REASONS else 400
-                    if status == 431:
-                        raise _Refused(_head_too_large(limits)) from None
-                    refusal = HttpReply.error(status, f"malformed request: {exc}")
                     raise _Refused(refusal) from None
                 if request is None:
                     return
                 outcome = await _handle(
                     handler,
                     HttpRequest(
-                        method=request.method.decode("ascii", "replace"),
-                        target=request.target.decode("ascii", "replace"),
-                        headers=[
-                            (k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers
-                        ],
+                        method=request.method,
+                        target=request.target,
+                        headers=request.headers,
                         body=request.body,
                         peer=client.peer_address(),
                         tls=tls,
@@ -185,14 +179,14 @@ async def serve_http(
                     ),
                 )
             finally:
-                budget.give(held[0])
+                budget.give(reader.held)
+                reader.held = 0
             if isinstance(outcome, Upgrade):
-                await outcome.run(conn.trailing_data[0] + client.take_buffer())
+                await outcome.run(request.leftover + client.take_buffer())
                 return
-            client.write(_reply(conn, outcome))
-            if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+            client.write(_reply(outcome, head_only=request.method == "HEAD", close=request.close))
+            if request.close:
                 return
-            conn.start_next_cycle()
     except _Refused as refused:
         client.write(raw_reply(refused.reply))
         await client.close_after_reply()  # the client may be sending still: a body refused
@@ -210,54 +204,121 @@ async def _handle(handler: Handler, request: HttpRequest) -> HttpReply | Upgrade
 
 @dataclass(slots=True)
 class _Request:
-    method: bytes
-    target: bytes
-    headers: list[tuple[bytes, bytes]]
+    method: str
+    target: str
+    headers: list[tuple[str, str]]
     body: bytes
+    close: bool  # the connection ends after the reply (Connection: close, HTTP/1.0)
+    leftover: bytes = b""  # what came after an upgrade request
 
 
-async def _read_request(
-    client: Side, conn: h11.Connection, limits: HttpLimits, budget: BodyBudget, held: list[int]
-) -> _Request | None:
-    """The next whole request (None once the client is done); the budget its body takes is
-    added to ``held[0]``, for the caller to give back."""
-    request: _Request | None = None
-    body = bytearray()
-    while True:
-        event = conn.next_event()
-        if event is h11.NEED_DATA:
-            conn.receive_data(await client.read_some(_READ))
-        elif isinstance(event, h11.ConnectionClosed) or (event is h11.PAUSED and request is None):
-            return None
-        elif isinstance(event, h11.Request):
-            request = _Request(event.method, event.target, list(event.headers), b"")
-            # h11 bounds a head that is still arriving; one that came in a single read is
-            # measured here.
-            head = len(event.target) + sum(len(k) + len(v) + 4 for k, v in request.headers)
-            if head > limits.max_head:
-                raise _Refused(_head_too_large(limits))
-            length = _content_length(request.headers)
-            if length is not None and length > limits.max_body:
-                raise _Refused(_too_large(limits))
-            if conn.they_are_waiting_for_100_continue:
-                client.write(conn.send(h11.InformationalResponse(status_code=100, headers=[])))
-        elif isinstance(event, h11.Data):
-            if len(body) + len(event.data) > limits.max_body:
-                raise _Refused(_too_large(limits))
-            if not budget.take(len(event.data)):
-                raise _Refused(HttpReply.error(503, "the proxy is busy reading other requests"))
-            held[0] += len(event.data)
-            body += event.data
-        elif request is not None:  # EndOfMessage, or PAUSED after it (an upgrade)
-            request.body = bytes(body)
-            return request
+class _Reader:
+    """Requests read with ``httptools`` (llhttp, strict: a Content-Length beside a
+    Transfer-Encoding, a malformed line or chunk, is a 400), one at a time and bounded: the head
+    by what is fed to the parser until it ends (llhttp itself bounds nothing), the body by
+    :attr:`HttpLimits.max_body` and the :class:`BodyBudget`. Requests pipelined behind one are
+    answered in order, a few at most (no client of this door pipelines): more is a 400."""
 
+    def __init__(self, client: Side, limits: HttpLimits, budget: BodyBudget) -> None:
+        self._client = client
+        self._limits = limits
+        self._budget = budget
+        self._parser = httptools.HttpRequestParser(self)
+        self._ready: deque[_Request] = deque()
+        self.held = 0  # budget taken by bodies read and not yet answered
+        self.started = False  # bytes of a request not yet whole have arrived
+        self._in_head = False
+        self._fed = 0  # bytes fed to the parser while a head was being read
+        self._url = bytearray()
+        self._headers: list[tuple[str, str]] = []
+        self._head = 0
+        self._body = bytearray()
+        self._eof = False
 
-def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
-    for name, value in headers:
-        if name == b"content-length":
-            return int(value)  # h11 has checked it is a number
-    return None
+    async def next_request(self) -> _Request | None:
+        """The next whole request; None once the client is done. _Refused for one refused."""
+        while not self._ready:
+            if self._eof:
+                return None
+            data = await self._client.read_some(_READ)
+            if not data:
+                self._eof = True
+                if self.started:
+                    raise _Refused(HttpReply.error(400, "malformed request: incomplete"))
+                return None
+            self._feed(data)
+        return self._ready.popleft()
+
+    def _feed(self, data: bytes) -> None:
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade as upgrade:
+            # The request is whole (on_message_complete ran); what follows is the new protocol.
+            if not self._ready:
+                raise _Refused(HttpReply.error(400, "malformed request: upgrade")) from None
+            self._ready[-1].leftover = data[upgrade.args[0] :]
+            self._eof = True  # nothing more is HTTP
+            return
+        except httptools.HttpParserCallbackError as exc:
+            if isinstance(exc.__context__, _Refused):
+                raise exc.__context__ from None
+            raise _Refused(HttpReply.error(400, "malformed request")) from None
+        except httptools.HttpParserError as exc:
+            raise _Refused(HttpReply.error(400, f"malformed request: {exc}")) from None
+        if self._in_head:
+            self._fed += len(data)
+            if self._fed > self._limits.max_head:
+                raise _Refused(_head_too_large(self._limits))
+
+    # httptools' callbacks -------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        if len(self._ready) >= _MAX_PIPELINED:
+            raise _Refused(HttpReply.error(400, "too many requests pipelined"))
+        self.started = self._in_head = True
+        self._fed = 0
+        self._url, self._headers, self._head, self._body = bytearray(), [], 0, bytearray()
+
+    def on_url(self, url: bytes) -> None:
+        self._head += len(url)
+        self._url += url
+        if self._head > self._limits.max_head:
+            raise _Refused(_head_too_large(self._limits))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head += len(name) + len(value) + 4
+        if self._head > self._limits.max_head:
+            raise _Refused(_head_too_large(self._limits))
+        self._headers.append((name.decode("latin-1").lower(), value.decode("latin-1")))
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        length = next((v for k, v in self._headers if k == "content-length"), None)
+        if length is not None and int(length) > self._limits.max_body:  # llhttp checked it
+            raise _Refused(_too_large(self._limits))
+        expect = next((v for k, v in self._headers if k == "expect"), "")
+        if expect.lower() == "100-continue" and self._parser.get_http_version() == "1.1":
+            self._client.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        if len(self._body) + len(body) > self._limits.max_body:
+            raise _Refused(_too_large(self._limits))
+        if not self._budget.take(len(body)):
+            raise _Refused(HttpReply.error(503, "the proxy is busy reading other requests"))
+        self.held += len(body)
+        self._body += body
+
+    def on_message_complete(self) -> None:
+        parser = self._parser
+        self._ready.append(
+            _Request(
+                method=parser.get_method().decode("ascii", "replace"),
+                target=self._url.decode("ascii", "replace"),
+                headers=self._headers,
+                body=bytes(self._body),
+                close=not parser.should_keep_alive(),
+            )
+        )
+        self.started = False
 
 
 def _head_too_large(limits: HttpLimits) -> HttpReply:
@@ -277,9 +338,18 @@ def _headers(reply: HttpReply) -> list[tuple[str, str]]:
     ]
 
 
-def _reply(conn: h11.Connection, reply: HttpReply) -> bytes:
-    head = h11.Response(status_code=reply.status, headers=_headers(reply))
-    return conn.send(head) + conn.send(h11.Data(data=reply.body)) + conn.send(h11.EndOfMessage())
+def _reply(reply: HttpReply, *, head_only: bool, close: bool) -> bytes:
+    """The reply in one write: status line, headers and body."""
+    headers = _headers(reply)
+    if close:
+        headers.append(("Connection", "close"))
+    lines = [f"HTTP/1.1 {reply.status} {_REASONS.get(reply.status, '')}"]
+    for name, value in headers:
+        if "\r" in value or "\n" in value:  # never from this proxy's handlers; never sent
+            raise ValueError(f"header {name} holds a line break")
+        lines.append(f"{name}: {value}")
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    return head if head_only else head + reply.body
 
 
 def raw_reply(reply: HttpReply) -> bytes:

@@ -7,6 +7,7 @@ request reaches a compute. Pure functions: no I/O.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Iterable
@@ -152,6 +153,25 @@ def parse_connection_string(uri: str | None, *, proxy_host: str) -> Login:
     """The ``Neon-Connection-String`` header: ``postgresql://role:password@host/db?...``."""
     if not uri:
         raise SqlFailed("missing the Neon-Connection-String header (the connection URI)")
+    if len(uri) > _CACHED_URI_LENGTH:
+        return _parse_connection_string(uri, proxy_host)
+    return _parsed_connection_string(uri, proxy_host)
+
+
+# A client sends the same connection string with every request, and parsing it (urllib) costs
+# more than the rest of a small request's reading: what it parses to is kept, for the usual
+# lengths. Only the parse is kept (a pure function of the text; a refusal is not kept): who
+# may log in with it is decided for every request, against the store.
+_CACHED_URI_LENGTH = 1024
+_CACHED_URIS = 256
+
+
+@functools.lru_cache(maxsize=_CACHED_URIS)
+def _parsed_connection_string(uri: str, proxy_host: str) -> Login:
+    return _parse_connection_string(uri, proxy_host)
+
+
+def _parse_connection_string(uri: str, proxy_host: str) -> Login:
     try:
         parts = urlsplit(uri)
         host = parts.hostname

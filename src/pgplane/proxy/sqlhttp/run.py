@@ -67,20 +67,21 @@ async def execute(
     """
     reader = _Reader(side, request, limits, cancel)
     side.write(_pipeline(request, reset=reset))
-    task = asyncio.get_running_loop().create_task(reader.read(reset=reset))
+    # Read in this task (no task of its own per request: it costs more than a small query):
+    # at the time limit the query is cancelled on the compute and what it still sends is
+    # drained, for DRAIN_SECONDS more at most.
+    stop = asyncio.get_running_loop().call_later(limits.seconds, reader.stop, "time")
     try:
-        done, _ = await asyncio.wait({task}, timeout=limits.seconds)
-        if not done:
-            reader.stop("time")
-            done, _ = await asyncio.wait({task}, timeout=DRAIN_SECONDS)
+        async with asyncio.timeout(limits.seconds + DRAIN_SECONDS):
+            return await reader.read(reset=reset)
+    except TimeoutError:
+        reader.fire_cancel()  # the query would not stop: stop what runs on the compute
+        raise SqlFailed(_timed_out(limits), {"code": QUERY_CANCELED}) from None
+    except asyncio.CancelledError:
+        reader.fire_cancel()  # the client went away: the same
+        raise
     finally:
-        # The client went away, or the query would not stop: stop what runs on the compute.
-        if not task.done():
-            task.cancel()
-            reader.fire_cancel()
-    if not done:
-        raise SqlFailed(_timed_out(limits), {"code": QUERY_CANCELED})
-    return task.result()
+        stop.cancel()
 
 
 def _timed_out(limits: Limits) -> str:
