@@ -193,6 +193,7 @@ class Snapshots:
         except BaseException:
             await asyncio.shield(asyncio.to_thread(shutil.rmtree, tmp, True))
             raise
+        await failpoints.reached("restore_snapshot:copied")
         os.replace(tmp, pgdata)
         await asyncio.to_thread(fsync_dir, pgdata.parent)
         log.info("restored snapshot %s to %s: %d files", snapshot_id, pgdata, stats.files)
