@@ -37,21 +37,17 @@ def test_a_monthly_slot_on_a_day_a_month_lacks_is_its_last_day() -> None:
 
 @pytest.mark.parametrize(
     ("args", "field"),
-    [
-        (("daily", None, 3, None, None), "schedule.day"),
-        (("weekly", None, 8, None, None), "schedule.day"),
-        (("weekly", None, None, None, None), "schedule.day"),
-        (("monthly", None, 1, 2, None), "schedule.month"),
-    ],
+    [(("daily", None, 3, None), "schedule.day"), (("hourly", None, None, None), "frequency")],
 )
 def test_an_entry_that_cannot_do_what_it_says_is_refused(
-    args: tuple[str, int | None, int | None, int | None, int | None], field: str
+    args: tuple[str, int | None, int | None, int | None], field: str
 ) -> None:
     with pytest.raises(BadRequest, match=field):
         entry(*args)
 
 
 def test_defaults_are_neons() -> None:
-    assert entry("daily", None, None, None, None) == Entry(
+    assert entry("daily", None, None, None) == Entry(
         "daily", hour=0, day=None, retention_seconds=3_024_000
     )
+    assert entry("weekly", 2, None, 3600) == Entry("weekly", hour=2, day=1, retention_seconds=3600)

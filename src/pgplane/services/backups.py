@@ -1,10 +1,11 @@
 """Backup schedules: a branch's snapshots taken by the platform, on time, and kept a while.
 
 A schedule (Neon's ``BackupSchedule``) is a list of entries: ``daily`` at ``hour`` (UTC, 0 when
-absent), ``weekly`` on ``day`` (1 Monday .. 7 Sunday) at ``hour``, ``monthly`` on ``day`` (1..31,
-the month's last day when it is shorter) at ``hour``; each snapshot it takes is kept
-``retention_seconds`` (Neon's default and maximum: 35 days). ``month`` is refused: no frequency
-here uses it, and a field the platform accepts must do what it says.
+absent), ``weekly`` on ``day`` (1 Monday .. 7 Sunday, 1 when absent) at ``hour``, ``monthly`` on
+``day`` (1..31, the month's last day when it is shorter; 1 when absent) at ``hour``; each
+snapshot it takes is kept ``retention_seconds`` (Neon's default and maximum: 35 days). A
+``month`` is refused (the API's types take only null): no frequency here uses one, and a field
+the platform accepts must do what it says.
 
 Each entry's slots are moments; the scheduler takes the latest slot that is due and came after
 the schedule was set (so setting one never takes a snapshot for a slot already past). A slot is
@@ -28,6 +29,7 @@ from pgplane.errors import BadRequest
 from pgplane.services import access, snapshots
 from pgplane.store import Tx
 
+FREQUENCIES = ("daily", "weekly", "monthly")
 DEFAULT_RETENTION_SECONDS = 3_024_000  # 35 days, Neon's default and maximum
 _US = 1_000_000
 
@@ -48,25 +50,17 @@ class Entry:
 
 
 def entry(
-    frequency: str,
-    hour: int | None,
-    day: int | None,
-    month: int | None,
-    retention_seconds: int | None,
+    frequency: str, hour: int | None, day: int | None, retention_seconds: int | None
 ) -> Entry:
-    """One entry, checked: each refusal is a 400 naming the field."""
-    if month is not None:
-        raise BadRequest("schedule.month: no frequency served here takes a month")
+    """One entry, its defaults filled in (the API's types have checked each field's range)."""
+    if frequency not in FREQUENCIES:
+        raise BadRequest(f"schedule.frequency must be one of {', '.join(FREQUENCIES)}")
     if frequency == "daily" and day is not None:
         raise BadRequest("schedule.day: a daily snapshot takes no day")
-    if frequency == "weekly" and day is not None and not 1 <= day <= 7:
-        raise BadRequest("schedule.day: a weekly snapshot's day is 1 (Monday) to 7 (Sunday)")
-    if frequency in ("weekly", "monthly") and day is None:
-        raise BadRequest(f"schedule.day is required for a {frequency} snapshot")
     return Entry(
         frequency=frequency,
         hour=hour or 0,
-        day=day,
+        day=(day or 1) if frequency != "daily" else None,
         retention_seconds=retention_seconds or DEFAULT_RETENTION_SECONDS,
     )
 

@@ -5,6 +5,7 @@ backup_schedule``. services/snapshots.py and services/backups.py say what each d
 
 from __future__ import annotations
 
+import msgspec
 from litestar import Controller, delete, get, patch, post, put
 from litestar.params import FromPath, JSONBody, Parameter
 
@@ -13,8 +14,9 @@ from pgplane.api.auth import AnyRequest, authorized
 from pgplane.api.responses import OptionalBody, error_responses
 from pgplane.api.schemas.snapshots import (
     BackupSchedule,
-    BackupScheduleItem,
+    DailyBackup,
     Empty,
+    MonthlyBackup,
     OperationsOnly,
     SnapshotCreated,
     SnapshotOut,
@@ -23,11 +25,17 @@ from pgplane.api.schemas.snapshots import (
     SnapshotRestoreRequest,
     SnapshotsResponse,
     SnapshotUpdateRequest,
+    WeeklyBackup,
 )
 from pgplane.core import clock
 from pgplane.core.models import Snapshot
 from pgplane.services import access, backups, history, snapshots
 
+_FREQUENCY: dict[type, str] = {
+    DailyBackup: "daily",
+    WeeklyBackup: "weekly",
+    MonthlyBackup: "monthly",
+}
 _TEXT = Parameter(default=None, max_length=256)
 # A point of the branch's history: services/history.py checks it with messages that name the
 # parameter; the patterns only document the same.
@@ -72,7 +80,7 @@ class Snapshots(Controller):
         lsn: str | None = _LSN,
         timestamp: str | None = _TIME,
         name: str | None = _TEXT,
-        expires_at: str | None = Parameter(default=None, max_length=64),
+        expires_at: str | None = _TIME,
     ) -> SnapshotCreated:
         """Keep the branch's data at its head, or at ``lsn`` or ``timestamp`` of its history."""
         ctx = authorized(request)
@@ -210,7 +218,7 @@ class Snapshots(Controller):
             entries = await backups.get(
                 tx, account_id=ctx.account_id, project_id=project_id, branch_id=branch_id
             )
-        return BackupSchedule(schedule=[BackupScheduleItem(**e) for e in entries])
+        return msgspec.convert({"schedule": entries}, BackupSchedule)
 
     @put(
         "/branches/{branch_id:str}/backup_schedule",
@@ -227,7 +235,12 @@ class Snapshots(Controller):
         """Replace the branch's schedule (an empty one stops it)."""
         ctx = authorized(request)
         entries = [
-            backups.entry(e.frequency, e.hour, e.day, e.month, e.retention_seconds)
+            backups.entry(
+                _FREQUENCY[type(e)],
+                e.hour,
+                None if isinstance(e, DailyBackup) else e.day,
+                e.retention_seconds,
+            )
             for e in data.schedule
         ]
         async with ctx.store.write() as tx:
