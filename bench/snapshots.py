@@ -1,7 +1,7 @@
 """Snapshots beside branches: what keeping a branch's data as a snapshot, and restoring it into a
 new branch, cost next to branching the same data, on a real ``pgplane serve``.
 
-A parent holding ``--mb`` of table (its compute running, CHECKPOINTed), then interleaved rounds
+A parent holding ``--mb`` of table (its compute running), then interleaved rounds
 of: a branch at its head (``create_branch``), a snapshot at its head (``create_snapshot``), and
 a new branch restored from that snapshot (``create_branch`` of the snapshot). Each is timed
 from the request until its operation finished (wall clock as the client sees it). The snapshot
@@ -49,7 +49,6 @@ def main() -> int:
                     "INSERT INTO t SELECT g, repeat('x', 500) FROM generate_series(1, %s) g",
                     (args.mb * _ROWS_PER_MB,),
                 )
-                conn.execute("CHECKPOINT")
             branch_s, snapshot_s, restore_s = [], [], []
             for run in range(args.runs):
                 took, _ = _timed(
