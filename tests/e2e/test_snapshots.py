@@ -235,3 +235,32 @@ def test_deleting_the_project_frees_its_snapshots(sapi: Api, snap_server: Server
     assert r.status_code == 200, r.text
     sapi.wait_operations(pid, [o["id"] for o in r.json()["operations"]])
     wait_for("the project's data to go", lambda: not top.exists(), server=snap_server)
+
+
+def test_a_snapshot_goes_with_a_detached_project_and_comes_back() -> None:
+    """Packed into the cold archive with its project, sealed still when it comes back, and
+    restorable; a restore asked while detached reattaches the project first."""
+    with running_server(
+        PGPLANE_DETACH_AFTER_SECONDS="2", PGPLANE_SCHEDULER_SECONDS="0.2"
+    ) as server:
+        _, key = server.create_key("cold-snapshots@example.com")
+        with Api(server, key) as api:
+            project, pid, uri = project_with_table(api, "cold-snapshots")
+            commit(uri, 1)
+            taken = snapshot(api, pid, project["branch"]["id"])
+            commit(uri, 2)
+            api.suspend(pid, project["endpoints"][0]["id"])
+            wait_for(
+                "tenant_detach",
+                lambda: any(
+                    o["action"] == "tenant_detach" and o["status"] == "finished"
+                    for o in api.operations(pid)
+                ),
+                server=server,
+            )
+            top = server.data_dir / "projects" / pid / "snapshots" / taken["id"]
+            assert not top.exists()
+            body = restore(api, pid, taken["id"], name="from-the-cold")
+            assert "tenant_reattach" in [o["action"] for o in api.operations(pid)]
+            assert top.stat().st_mode & 0o777 == 0o700  # sealed as it was
+            assert rows(branch_uri(api, pid, body["branch"]["id"])) == [1]
