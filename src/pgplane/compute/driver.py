@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
+from pgplane.compute.snapshots import SnapshotDriver
+
 
 class ComputeError(Exception):
     """The data plane could not do what was asked; the message says why, for the operation."""
@@ -172,16 +174,7 @@ class BranchStorage:
     wal_lsn: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class SnapshotMade:
-    """A snapshot's data, built: the LSN it shows (when known) and the bytes it takes (None:
-    not counted now)."""
-
-    lsn: int | None
-    bytes: int | None
-
-
-class ComputeDriver(Protocol):
+class ComputeDriver(SnapshotDriver, Protocol):
     def pg_versions(self) -> Sequence[int]:
         """Postgres major versions this driver can serve, ascending."""
         ...
@@ -237,43 +230,6 @@ class ComputeDriver(Protocol):
         self, *, project_id: str, branch_id: str, pg_version: int
     ) -> HistoryBounds:
         """What of the branch's history can be rebuilt now (see HistoryBounds)."""
-        ...
-
-    async def create_snapshot(
-        self,
-        *,
-        project_id: str,
-        branch_id: str,
-        snapshot_id: str,
-        pg_version: int,
-        point: Point | None,
-    ) -> SnapshotMade:
-        """Keep the branch's data at its head or ``point`` as the snapshot's own copy, which
-        outlives the branch's history window (and the branch). Once built, a retry only reads."""
-        ...
-
-    async def delete_snapshot(self, *, project_id: str, snapshot_id: str) -> None:
-        """Free the snapshot's data; no-op when it is gone."""
-        ...
-
-    async def branch_from_snapshot(
-        self, *, project_id: str, snapshot_id: str, branch_id: str, pg_version: int
-    ) -> None:
-        """Create a new branch's data as a copy of the snapshot's."""
-        ...
-
-    async def restore_snapshot(
-        self,
-        *,
-        project_id: str,
-        snapshot_id: str,
-        branch_id: str,
-        pg_version: int,
-        preserve_branch_id: str | None,
-        restore_id: str,
-    ) -> None:
-        """Replace the branch's data with the snapshot's, as :meth:`restore_branch` does with a
-        branch's (computes stopped, the old data to ``preserve_branch_id`` or dropped)."""
         ...
 
     async def keep_history(self) -> None:

@@ -26,7 +26,6 @@ from pgplane.compute.driver import (
     Point,
     RoleSpec,
     RunningCompute,
-    SnapshotMade,
 )
 from pgplane.compute.local.config import LocalDriverConfig
 from pgplane.compute.local.copies.copies import Copies
@@ -53,6 +52,7 @@ from pgplane.compute.local.tenants.user import RunAs
 from pgplane.compute.local.tenants.users import ComputeUsers
 from pgplane.compute.local.tenants.volumes import Volumes
 from pgplane.compute.local.tenants.walls import Walls
+from pgplane.compute.snapshots import SnapshotMade
 
 log = logging.getLogger(__name__)
 
