@@ -117,6 +117,27 @@ def test_create_list_rename_delete(sapi: Api, snap_server: Server) -> None:
     # Counted in the project's storage.
     stored = sapi.http.get(f"/projects/{pid}").json()["project"]["synthetic_storage_size"]
     assert stored >= shown["full_size"]
+    # And in its consumption history, over the time it has been kept.
+    hour = datetime.datetime.now(datetime.UTC).replace(minute=0, second=0, microsecond=0)
+    r = sapi.http.get(
+        "/consumption_history/v2/projects",
+        params={
+            "project_ids": pid,
+            "metrics": "snapshot_storage_bytes_month",
+            "granularity": "hourly",
+            "from": (hour - datetime.timedelta(hours=1)).isoformat(),
+            "to": (hour + datetime.timedelta(hours=1)).isoformat(),
+        },
+    )
+    assert r.status_code == 200, r.text
+    (kept,) = r.json()["projects"]
+    values = [
+        m["value"]
+        for frame in kept["periods"][0]["consumption"]
+        for m in frame["metrics"]
+        if m["metric_name"] == "snapshot_storage_bytes_month"
+    ]
+    assert values and values[-1] > 0, r.text
 
     r = sapi.http.delete(f"/projects/{pid}/snapshots/{taken['id']}")
     assert r.status_code == 202, r.text

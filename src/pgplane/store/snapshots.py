@@ -30,8 +30,11 @@ class SnapshotsTx(abc.ABC):
         """Any snapshot, deleted or not, for platform work (the engine)."""
 
     @abc.abstractmethod
-    async def list_snapshots(self, project_id: str) -> list[Snapshot]:
-        """The project's snapshots that are not deleted, oldest first."""
+    async def list_snapshots(
+        self, project_id: str, *, include_deleted: bool = False
+    ) -> list[Snapshot]:
+        """The project's snapshots that are not deleted (all, with ``include_deleted``: what
+        the consumption history counts), oldest first."""
 
     @abc.abstractmethod
     async def update_snapshot(self, snapshot: Snapshot) -> None:

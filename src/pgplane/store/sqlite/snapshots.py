@@ -86,10 +86,12 @@ class SnapshotsMixin(Statements):
         ).fetchone()
         return _snapshot(r) if r else None
 
-    async def list_snapshots(self, project_id: str) -> list[Snapshot]:
+    async def list_snapshots(
+        self, project_id: str, *, include_deleted: bool = False
+    ) -> list[Snapshot]:
+        live = "" if include_deleted else " AND deleted_at IS NULL"
         rows = self._c.execute(
-            f"SELECT {_COLUMNS} FROM snapshots WHERE project_id = ? AND deleted_at IS NULL"
-            " ORDER BY created_at, id",
+            f"SELECT {_COLUMNS} FROM snapshots WHERE project_id = ?{live} ORDER BY created_at, id",
             (project_id,),
         ).fetchall()
         return [_snapshot(r) for r in rows]
