@@ -441,9 +441,10 @@ def path_parameters(
     key_id: int | str,
     role: str = "neondb_owner",
     database: str = "neondb",
+    snapshot_id: str = "snap-none-a1b2c3d4",
 ) -> dict[str, Any]:
     """Values for every path parameter of the API document, naming a created project's objects
-    (``project`` as POST /projects answered)."""
+    (``project`` as POST /projects answered; a snapshot only when one is given)."""
     return {
         "project_id": project["project"]["id"],
         "branch_id": project["branch"]["id"],
@@ -452,4 +453,5 @@ def path_parameters(
         "key_id": key_id,
         "role_name": role,
         "database_name": database,
+        "snapshot_id": snapshot_id,
     }

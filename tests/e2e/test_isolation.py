@@ -26,7 +26,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pgplane.core import ids
 from tests.support import Api, Server, path_parameters
 
-ID_PARAMS = ("project_id", "branch_id", "endpoint_id", "operation_id", "key_id")
+ID_PARAMS = ("project_id", "branch_id", "endpoint_id", "operation_id", "key_id", "snapshot_id")
 
 
 def documented_routes(server: Server) -> set[tuple[str, str]]:
@@ -54,6 +54,7 @@ def _random_like(name: str) -> Any:
         "branch_id": ids.new_branch_id,
         "endpoint_id": ids.new_endpoint_id,
         "operation_id": lambda: str(uuid.uuid4()),
+        "snapshot_id": ids.new_snapshot_id,
         "key_id": lambda: 1_000_000_000 + secrets.randbelow(1_000_000_000),
         "role_name": lambda: f"nobody_{secrets.token_hex(4)}",
         "database_name": lambda: f"nodb_{secrets.token_hex(4)}",
@@ -79,6 +80,12 @@ def _body(operation: str, values: dict[str, Any]) -> dict[str, Any] | None:
             "database": {"name": "hijackdb", "owner_name": "neondb_owner"}
         },
         "updateProjectBranchDatabase": lambda: {"database": {"name": "hijacked"}},
+        "updateSnapshot": lambda: {"snapshot": {"name": "hijacked"}},
+        "restoreSnapshot": lambda: {
+            "target_branch_id": values["branch_id"],
+            "finalize_restore": True,
+        },
+        "setSnapshotSchedule": lambda: {"schedule": [{"frequency": "daily", "hour": 3}]},
         "restoreProjectBranch": lambda: {
             "source_branch_id": values["branch_id"],
             "source_timestamp": _a_second_ago(),
@@ -111,6 +118,7 @@ REFERENCES = {
     "createProjectEndpoint": {"branch_id"},
     "getConnectionURI": {"branch_id", "endpoint_id"},
     "restoreProjectBranch": {"branch_id"},
+    "restoreSnapshot": {"branch_id"},
 }
 
 
@@ -161,14 +169,25 @@ def world(api: Api, other_api: Api) -> World:
         ),
     )
     second = other_api.http.post("/api_keys", json={"key_name": "b-second"}).json()
+    snaps = {
+        body["project"]["id"]: owner.settled(
+            body["project"]["id"],
+            owner.http.post(
+                f"/projects/{body['project']['id']}/branches/{body['branch']['id']}/snapshot"
+            ),
+        )["snapshot"]["id"]
+        for owner, body in ((api, p1), (api, p2), (other_api, pb))
+    }
     me = other_api.http.get("/users/me").json()
     return World(
         a=api,
         b=other_api,
         pb=pb,
-        b_ids=path_parameters(pb, key_id=second["id"], role="b_role", database="b_db"),
-        p1_ids=path_parameters(p1, key_id=0),
-        p2_ids=path_parameters(p2, key_id=0),
+        b_ids=path_parameters(
+            pb, key_id=second["id"], role="b_role", database="b_db", snapshot_id=snaps[pid]
+        ),
+        p1_ids=path_parameters(p1, key_id=0, snapshot_id=snaps[p1["project"]["id"]]),
+        p2_ids=path_parameters(p2, key_id=0, snapshot_id=snaps[p2["project"]["id"]]),
         b_account=me["id"],
         b_email=me["email"],
         b_key_ids=[k["id"] for k in other_api.http.get("/api_keys").json()],
@@ -177,7 +196,7 @@ def world(api: Api, other_api: Api) -> World:
 
 
 def _targets(w: World) -> Iterator[Target]:
-    children = {"branch_id", "endpoint_id", "operation_id"}
+    children = {"branch_id", "endpoint_id", "operation_id", "snapshot_id"}
     # I1/I2: every id is B's.
     yield Target("B's objects", w.b_ids, set(w.b_ids))
     # B's children under A's own project: a child is looked up in its path's parent only.

@@ -89,6 +89,15 @@ def seed(fuzzed: Server) -> dict[str, Any]:
                 ),
             )
         doomed_key = api.http.post("/api_keys", json={"key_name": "doomed"}).json()["id"]
+        # Snapshots of a branch without a compute (a restore with finalize_restore restores it):
+        # one renamed and restored again and again, one deleted.
+        source = restore_source["branch"]["id"]
+        snap, doomed_snap = (
+            api.settled(pid, api.http.post(f"/projects/{pid}/branches/{source}/snapshot"))[
+                "snapshot"
+            ]["id"]
+            for _ in range(2)
+        )
         # Branches without a compute, for the endpoints the run creates.
         bare = [
             api.settled(pid, api.http.post(f"/projects/{pid}/branches", json={}))["branch"]["id"]
@@ -104,7 +113,7 @@ def seed(fuzzed: Server) -> dict[str, Any]:
         # The key id is never the key the run authenticates with.
         # And for the schema routes' query: the seeded database, compared with its own branch.
         "parameters": {
-            **path_parameters(project, key_id=doomed_key),
+            **path_parameters(project, key_id=doomed_key, snapshot_id=snap),
             "db_name": "neondb",
             "base_branch_id": bid,
         },
@@ -121,6 +130,7 @@ def seed(fuzzed: Server) -> dict[str, Any]:
             f"PATCH {base}/branches/{{branch_id}}/databases/{{database_name}}": {
                 "database_name": "renamed_db"
             },
+            f"DELETE {base}/snapshots/{{snapshot_id}}": {"snapshot_id": doomed_snap},
             f"POST {base}/branches/{{branch_id}}/restore": {
                 "branch_id": reset_branch["branch"]["id"]
             },

@@ -33,6 +33,7 @@ from pgplane.api.routes.operations import Operations
 from pgplane.api.routes.projects import Projects
 from pgplane.api.routes.roles import Databases, Roles
 from pgplane.api.routes.schema import BranchSchemas
+from pgplane.api.routes.snapshots import Snapshots
 from pgplane.config import Settings
 from pgplane.console.app import console
 from pgplane.console.headers import console_headers
@@ -161,6 +162,7 @@ def create_app(
             Operations,
             Branches,
             BranchSchemas,
+            Snapshots,
             Endpoints,
             Roles,
             Databases,

@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
+from pgplane.compute.snapshots import SnapshotDriver
+
 
 class ComputeError(Exception):
     """The data plane could not do what was asked; the message says why, for the operation."""
@@ -184,7 +186,7 @@ class BranchStorage:
     wal_lsn: int | None = None
 
 
-class ComputeDriver(Protocol):
+class ComputeDriver(SnapshotDriver, Protocol):
     def pg_versions(self) -> Sequence[int]:
         """Postgres major versions this driver can serve, ascending."""
         ...

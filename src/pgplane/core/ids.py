@@ -205,6 +205,11 @@ def new_endpoint_id() -> str:
     return f"ep-{_words()}-{_suffix(_ALNUM)}"
 
 
+def new_snapshot_id() -> str:
+    """``snap-quiet-lake-a5x8k2qd``."""
+    return f"snap-{_words()}-{_suffix(_ALNUM)}"
+
+
 def new_operation_id() -> str:
     """A UUID v4 string."""
     return str(uuid.uuid4())

@@ -105,6 +105,32 @@ class Annotation(msgspec.Struct, frozen=True, kw_only=True):
     updated_at: int
 
 
+class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """A branch's data at a point, kept as its own copy (Neon's snapshot).
+
+    ``state``: ``creating`` until create_snapshot built it, then ``ready`` (or ``failed``).
+    ``roles`` and ``databases``: the branch's as the store had them when it was taken, for a
+    branch restored from it (roles carry their passwords: never shown to clients).
+    """
+
+    id: str
+    project_id: str
+    source_branch_id: str
+    name: str
+    state: str
+    manual: bool
+    roles: list[dict[str, Any]]
+    databases: list[dict[str, str]]
+    created_at: int
+    updated_at: int
+    lsn: str | None = None
+    point_time: int | None = None  # the time it shows (us), when known
+    full_size: int | None = None  # bytes its copy takes
+    schedule_slot: str | None = None  # the backup schedule's slot it was taken for
+    expires_at: int | None = None
+    deleted_at: int | None = None
+
+
 class Endpoint(msgspec.Struct, frozen=True, kw_only=True):
     id: str
     project_id: str
@@ -169,6 +195,8 @@ class Operation(msgspec.Struct, frozen=True, kw_only=True):
     point_lsn: str | None = None
     point_time: int | None = None
     preserve_branch_id: str | None = None
+    # The snapshot it builds, frees or restores from. Never shown to clients.
+    snapshot_id: str | None = None
     # Engine bookkeeping, never shown to clients.
     lease_owner: str | None = None
     lease_expires_at: int | None = None

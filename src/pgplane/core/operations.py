@@ -36,7 +36,9 @@ class Action(enum.StrEnum):
     APPLY_STORAGE_CONFIG = "apply_storage_config"
     CHECK_AVAILABILITY = "check_availability"
     CREATE_BRANCH = "create_branch"
+    CREATE_SNAPSHOT = "create_snapshot"
     CREATE_TIMELINE = "create_timeline"
+    DELETE_SNAPSHOT = "delete_snapshot"
     DELETE_TENANT = "delete_tenant"
     DELETE_TIMELINE = "delete_timeline"
     START_COMPUTE = "start_compute"
@@ -51,7 +53,13 @@ class Action(enum.StrEnum):
 # at most one per project at a time, so that one project's copies never hold up another's wakes,
 # suspends or configuration changes, nor take every slot for copies.
 LONG_ACTIONS: frozenset[Action] = frozenset(
-    {Action.CREATE_BRANCH, Action.CREATE_TIMELINE, Action.TENANT_DETACH, Action.TENANT_REATTACH}
+    {
+        Action.CREATE_BRANCH,
+        Action.CREATE_SNAPSHOT,
+        Action.CREATE_TIMELINE,
+        Action.TENANT_DETACH,
+        Action.TENANT_REATTACH,
+    }
 )
 
 

@@ -40,6 +40,13 @@ from pgplane.engine.history_handlers import (
     restore_given_up,
 )
 from pgplane.engine.schema_only import create_schema_only
+from pgplane.engine.snapshot_handlers import (
+    branch_from_snapshot,
+    create_snapshot,
+    create_snapshot_given_up,
+    delete_snapshot,
+    restore_snapshot,
+)
 from pgplane.engine.tenant_handlers import (
     apply_storage_config,
     check_availability,
@@ -314,15 +321,25 @@ GIVEN_UP: dict[Action, GivenUp] = {
     Action.START_COMPUTE: _start_given_up,
     Action.APPLY_CONFIG: _start_given_up,
     Action.CREATE_TIMELINE: restore_given_up,
+    Action.CREATE_SNAPSHOT: create_snapshot_given_up,
 }
 
 HANDLERS: dict[Action, Handler] = {
-    Action.CREATE_BRANCH: create_branch,
+    # With a snapshot: a branch restored from it (a copy of the snapshot, not of a parent).
+    Action.CREATE_BRANCH: lambda ctx, op: (
+        branch_from_snapshot(ctx, op) if op.snapshot_id else create_branch(ctx, op)
+    ),
+    Action.CREATE_SNAPSHOT: create_snapshot,
+    Action.DELETE_SNAPSHOT: delete_snapshot,
     Action.DELETE_TIMELINE: delete_timeline,
     Action.APPLY_CONFIG: apply_config,
-    # With a source branch: a restore (the branch gets a new timeline from the source's).
+    # With a snapshot or a source branch: a restore (the branch gets a new timeline).
     Action.CREATE_TIMELINE: lambda ctx, op: (
-        restore_branch(ctx, op) if op.source_branch_id else create_timeline(ctx, op)
+        restore_snapshot(ctx, op)
+        if op.snapshot_id
+        else restore_branch(ctx, op)
+        if op.source_branch_id
+        else create_timeline(ctx, op)
     ),
     Action.START_COMPUTE: start_compute,
     Action.SUSPEND_COMPUTE: suspend_compute,

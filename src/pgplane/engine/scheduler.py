@@ -4,7 +4,8 @@ Every ``scheduler_seconds`` it writes the proxy's activity to the store (so a re
 postpones nor hastens a suspend: idleness is measured from the stored ``last_active``), suspends
 endpoints idle past their timeout, deletes branches whose ``expires_at`` has come (every tick:
 one indexed read, so an expiry is late by a tick at most, and a ``serve`` that was down at that
-moment deletes the branch at its first tick), and at longer intervals starts
+moment deletes the branch at its first tick), deletes expired snapshots and takes the backup
+schedules' due snapshots (the same way), and at longer intervals starts
 ``check_availability`` for branches with a compute and ``tenant_detach`` for projects idle past
 ``detach_after_seconds``.
 """
@@ -25,7 +26,7 @@ from pgplane.engine import usage
 from pgplane.engine.context import compute_spec
 from pgplane.engine.engine import Engine
 from pgplane.errors import Conflict, Unavailable
-from pgplane.services import scheduled
+from pgplane.services import backups, scheduled, snapshots
 from pgplane.store import Store
 from pgplane.telemetry.metrics import NO_METRICS, Metrics
 
@@ -108,6 +109,7 @@ class Scheduler:
         self._metrics.computes(e.current_state for e in live)
         started = await self._suspend_idle(live, now)
         started += await self._expire(now)
+        started += await self._snapshots(now)
         loop_now = asyncio.get_running_loop().time()
         if self._settings.availability_check_seconds > 0 and loop_now >= self._next_checks:
             self._next_checks = loop_now + min(
@@ -199,6 +201,34 @@ class Scheduler:
                     clock.format_s(branch.expires_at or now),
                 )
                 started += 1
+        return started
+
+    async def _snapshots(self, now: int) -> int:
+        """Expired snapshots deleted, and the backup schedules' due slots taken (each read is
+        small; a slot is never taken twice: see services/backups.py)."""
+        async with self._store.read() as tx:
+            expired = await tx.expired_snapshots(now=now, limit=100)
+            due = await backups.due_slots(tx, now=now)
+        started = 0
+        for snapshot in expired:
+            async with self._store.write() as tx:
+                current = await tx.get_snapshot(
+                    project_id=snapshot.project_id, snapshot_id=snapshot.id
+                )
+                if current is None or current.expires_at is None or current.expires_at > now:
+                    continue
+                await snapshots.remove(tx, snapshot=current)
+            log.info("snapshot %s expired: deleting it", snapshot.id)
+            started += 1
+        for project_id, branch_id in due:
+            await failpoints.reached("backup_schedule:due")
+            async with self._store.write() as tx:
+                ops = await backups.take_due(
+                    tx, project_id=project_id, branch_id=branch_id, now=now
+                )
+            if ops:
+                log.info("branch %s: %d scheduled snapshot(s) taken", branch_id, len(ops))
+            started += len(ops)
         return started
 
     async def _check_availability(self, live: list[Endpoint], now: int) -> int:

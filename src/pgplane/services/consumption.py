@@ -15,7 +15,9 @@ Metrics, in Neon's names and units where it has them:
   data take on disk, over time, in byte-months (byte-hours / 730, an average month).
 - ``instant_restore_bytes_month``: the blocks branches' history takes (WAL archive, base states,
   what a restore to a past moment is made from), in byte-months.
-- ``snapshot_storage_bytes_month``: 0, there are no snapshots here.
+- ``snapshot_storage_bytes_month``: the blocks the project's snapshots take (each its
+  ``full_size`` from when it was taken until it was deleted), in byte-months; per project only,
+  as on Neon.
 - Not Neon's: ``active_time_seconds`` (wall seconds the computes ran) and ``cpu_seconds`` (the
   CPU time their processes used, by the kernel's accounting).
 
@@ -220,6 +222,16 @@ def _values(hours: Sequence[tuple[HourUsage, bool]], metrics: Sequence[str]) -> 
     return {m: every[m] for m in metrics}
 
 
+def _held(held: Sequence[tuple[int, int, int]], start: int, end: int) -> int:
+    """Byte-seconds the snapshots ``held`` took within ``[start, end)`` (us)."""
+    total = 0
+    for size, since, until in held:
+        overlap = min(end, until) - max(start, since)
+        if overlap > 0:
+            total += size * overlap // US
+    return total
+
+
 async def _projects(tx: Tx, account_id: str, query: Query) -> tuple[list[Project], str | None]:
     """The page of the account's projects asked for, newest first, and the next cursor."""
     if query.project_ids is None:
@@ -259,7 +271,12 @@ async def per_project(
     out = []
     for project in page:
         hours = await _hours(tx, project.id, query)
-        frames = _frames(hours, query, project.created_at)
+        held = [
+            (s.full_size, s.created_at, s.deleted_at or clock.now_us())
+            for s in await tx.list_snapshots(project.id, include_deleted=True)
+            if s.full_size
+        ]
+        frames = _frames(hours, query, project.created_at, held)
         out.append(ProjectConsumption(project.id, _period(project), project.created_at, frames))
     return out, cursor
 
@@ -274,9 +291,14 @@ async def _hours(tx: Tx, project_id: str, query: Query) -> list[tuple[HourUsage,
     )
 
 
-def _frames(hours: Sequence[tuple[HourUsage, bool]], query: Query, created_us: int) -> list[Frame]:
+def _frames(
+    hours: Sequence[tuple[HourUsage, bool]],
+    query: Query,
+    created_us: int,
+    held: Sequence[tuple[int, int, int]] = (),
+) -> list[Frame]:
     """The query's timeframes, oldest first, from when the object was made, with ``hours``
-    (in order) summed into each."""
+    (in order) summed into each, and the snapshots ``held`` (bytes, from, to: us) over each."""
     frames, at, i = [], query.start_us, 0
     while at < query.end_us:
         end = following(at, query.granularity)
@@ -285,7 +307,10 @@ def _frames(hours: Sequence[tuple[HourUsage, bool]], query: Query, created_us: i
             inside.append(hours[i])
             i += 1
         if end > floor(created_us, "hourly"):  # nothing before it was made
-            frames.append(Frame(at, end, _values(inside, query.metrics)))
+            values = _values(inside, query.metrics)
+            if "snapshot_storage_bytes_month" in values:
+                values["snapshot_storage_bytes_month"] = _held(held, at, end) // _MONTH_SECONDS
+            frames.append(Frame(at, end, values))
         at = end
     return frames
 

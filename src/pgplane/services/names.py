@@ -88,6 +88,10 @@ def branch(value: str) -> str:
     return _text("branch", value, MAX_OBJECT_NAME)
 
 
+def snapshot(value: str) -> str:
+    return _text("snapshot", value, MAX_OBJECT_NAME)
+
+
 def role(value: str) -> str:
     name = _identifier("role", value)
     if is_reserved_role(name):

@@ -27,6 +27,7 @@ class Start:
     point_lsn: str | None = None  # a rebuild from history: the point, an LSN...
     point_time: int | None = None  # ...or a time (us)
     preserve_branch_id: str | None = None  # a restore: the branch keeping the old state
+    snapshot_id: str | None = None  # the snapshot built, freed or restored from
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +89,7 @@ async def start(tx: Tx, *, project_id: str, starts: Sequence[Start]) -> list[Ope
                 point_lsn=s.point_lsn,
                 point_time=s.point_time,
                 preserve_branch_id=s.preserve_branch_id,
+                snapshot_id=s.snapshot_id,
                 # Running but unowned, with a lease that has already ended: the next worker to
                 # look claims it, and no failed attempt is counted for it.
                 lease_owner=None,

@@ -77,7 +77,7 @@ async def restore(
     if spec.preserve_under_name:
         # The branch that keeps the old state is a new branch of the project: it counts.
         await quotas.check_branches(tx, project_id=project.id, settings=settings)
-        keeper = await _preserve(tx, branch, names.branch(spec.preserve_under_name), now)
+        keeper = await preserve(tx, branch, names.branch(spec.preserve_under_name), now)
         for child in children:
             await tx.update_branch(
                 msgspec.structs.replace(child, parent_id=keeper.id, updated_at=now)
@@ -113,7 +113,7 @@ async def restore(
     return restored, ops
 
 
-async def _preserve(tx: Tx, branch: Branch, name: str, now: int) -> Branch:
+async def preserve(tx: Tx, branch: Branch, name: str, now: int) -> Branch:
     """The branch that keeps ``branch``'s state before the restore, with its roles and
     databases (same passwords)."""
     keeper = Branch(

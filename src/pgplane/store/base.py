@@ -40,12 +40,14 @@ from pgplane.core.models import Annotation, Branch, Database, Endpoint, Operatio
 from pgplane.core.operations import Action
 from pgplane.core.usage import BranchSizes, EndpointUsage, HourUsage, StorageTotals, Totals
 from pgplane.store.accounts import AccountsTx
+from pgplane.store.snapshots import SnapshotsTx
 
 
-class Tx(AccountsTx):
+class Tx(AccountsTx, SnapshotsTx):
     """One unit of work against the store. Methods never commit.
 
-    The account side (accounts, API keys, the console's sign-in) is :class:`AccountsTx`.
+    The account side (accounts, API keys, the console's sign-in) is :class:`AccountsTx`;
+    snapshots and backup schedules are :class:`SnapshotsTx`.
     """
 
     # -- projects -------------------------------------------------------------------------------

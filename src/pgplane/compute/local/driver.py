@@ -46,6 +46,7 @@ from pgplane.compute.local.postgres.verifiers import read_verifiers
 from pgplane.compute.local.replicas.replicas import Replicas
 from pgplane.compute.local.schemaonly.branches import SchemaOnly
 from pgplane.compute.local.skeleton import Skeleton
+from pgplane.compute.local.snapshots.snapshots import Snapshots
 from pgplane.compute.local.storage import branch_storage
 from pgplane.compute.local.tenants.projects import Tenants, ids
 from pgplane.compute.local.tenants.sockets import remove_socket_dir
@@ -53,6 +54,7 @@ from pgplane.compute.local.tenants.user import RunAs
 from pgplane.compute.local.tenants.users import ComputeUsers
 from pgplane.compute.local.tenants.volumes import Volumes
 from pgplane.compute.local.tenants.walls import Walls
+from pgplane.compute.snapshots import SnapshotMade
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +148,14 @@ class LocalComputeDriver:
             spares=self._spares,
             install=self._install,
             disk_reserve_bytes=config.disk_reserve_bytes,
+        )
+        self._snapshots = Snapshots(
+            layout=self.layout,
+            postmasters=self._postmasters,
+            locks=self._locks,
+            copies=self._copies,
+            histories=self._histories,
+            install=self._install,
         )
 
     @property
@@ -291,6 +301,59 @@ class LocalComputeDriver:
     ) -> HistoryBounds:
         self.installation(pg_version)
         return await self._histories.bounds(project_id, branch_id, pg_version)
+
+    async def create_snapshot(
+        self,
+        *,
+        project_id: str,
+        branch_id: str,
+        snapshot_id: str,
+        pg_version: int,
+        point: Point | None,
+    ) -> SnapshotMade:
+        self.installation(pg_version)
+        lsn, size = await self._snapshots.create(
+            project_id=project_id,
+            branch_id=branch_id,
+            snapshot_id=snapshot_id,
+            pg_version=pg_version,
+            point=point,
+        )
+        return SnapshotMade(lsn=lsn, bytes=size)
+
+    async def delete_snapshot(self, *, project_id: str, snapshot_id: str) -> None:
+        await self._snapshots.remove(project_id=project_id, snapshot_id=snapshot_id)
+
+    async def branch_from_snapshot(
+        self, *, project_id: str, snapshot_id: str, branch_id: str, pg_version: int
+    ) -> None:
+        self.installation(pg_version)
+        await self._snapshots.to_branch(
+            project_id=project_id,
+            snapshot_id=snapshot_id,
+            branch_id=branch_id,
+            pg_version=pg_version,
+        )
+
+    async def restore_snapshot(
+        self,
+        *,
+        project_id: str,
+        snapshot_id: str,
+        branch_id: str,
+        pg_version: int,
+        preserve_branch_id: str | None,
+        restore_id: str,
+    ) -> None:
+        self.installation(pg_version)
+        await self._snapshots.onto_branch(
+            project_id=project_id,
+            snapshot_id=snapshot_id,
+            branch_id=branch_id,
+            pg_version=pg_version,
+            restore_id=restore_id,
+            preserve_branch_id=preserve_branch_id,
+        )
 
     async def apply_size_limit(self) -> None:
         """At start-up: build the size-limit libraries, give running computes the limit."""

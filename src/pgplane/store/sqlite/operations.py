@@ -16,7 +16,7 @@ _NEVER = 1 << 62  # a cursor later than any timestamp: "from the newest"
 OP_COLUMNS = (
     "id, project_id, branch_id, endpoint_id, action, status, failures_count, error, retry_at,"
     " created_at, updated_at, total_duration_ms, lease_owner, lease_expires_at, attempt_started_at,"
-    " source_branch_id, point_lsn, point_time, preserve_branch_id"
+    " source_branch_id, point_lsn, point_time, preserve_branch_id, snapshot_id"
 )
 # The operations pages are the hottest queries: their text is built once, and they leave out the
 # engine's lease bookkeeping (every column read costs, and clients never see those).
@@ -38,7 +38,7 @@ _ACTIONS = {a.value: a for a in Action}
 _STATUSES = {s.value: s for s in Status}
 
 
-_NO_LEASE = (None, None, None, None, None, None, None)
+_NO_LEASE = (None, None, None, None, None, None, None, None)
 
 
 def operation_from_row(r: Sequence[Any]) -> Operation:
@@ -66,6 +66,7 @@ def operation_from_row(r: Sequence[Any]) -> Operation:
         point_lsn=point[0],
         point_time=point[1],
         preserve_branch_id=point[2],
+        snapshot_id=point[3],
     )
 
 
@@ -91,7 +92,7 @@ class OperationsMixin(Statements):
                 op = msgspec.structs.replace(given, created_at=created, updated_at=created)
             await self._c.execute(
                 f"INSERT INTO operations ({OP_COLUMNS})"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     op.id,
                     op.project_id,
@@ -112,6 +113,7 @@ class OperationsMixin(Statements):
                     op.point_lsn,
                     op.point_time,
                     op.preserve_branch_id,
+                    op.snapshot_id,
                 ),
             )
             stored.append(op)

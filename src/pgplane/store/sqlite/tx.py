@@ -16,6 +16,7 @@ from pgplane.store.sqlite.endpoints import EndpointsMixin
 from pgplane.store.sqlite.operations import OperationsMixin
 from pgplane.store.sqlite.projects import ProjectsMixin
 from pgplane.store.sqlite.roles import DatabasesMixin, RolesMixin
+from pgplane.store.sqlite.snapshots import SnapshotsMixin
 from pgplane.store.sqlite.usage import UsageMixin
 from pgplane.store.sqlite.verifiers import RoleVerifiersMixin
 
@@ -32,6 +33,7 @@ class SqliteTx(
     RoleVerifiersMixin,
     DatabasesMixin,
     OperationsMixin,
+    SnapshotsMixin,
     UsageMixin,
     Tx,
 ):

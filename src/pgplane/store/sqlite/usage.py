@@ -138,6 +138,16 @@ class UsageMixin(Statements):
                 tuple(chunk),
             )
             found |= {r[0]: StorageTotals(r[1], r[2], r[3], written=r[4]) for r in rows}
+            # Snapshots are kept copies of a branch's data: counted with the history.
+            kept = await self._c.all(
+                "SELECT project_id, sum(full_size) FROM snapshots"
+                f" WHERE project_id IN ({','.join('?' * len(chunk))}) AND deleted_at IS NULL"
+                " AND full_size IS NOT NULL GROUP BY project_id",
+                tuple(chunk),
+            )
+            for project_id, snapshot_bytes in kept:
+                totals = found.get(project_id, StorageTotals())
+                found[project_id] = replace(totals, history=totals.history + int(snapshot_bytes))
             hours = await self._c.all(
                 "SELECT project_id, sum(logical_byte_s + history_byte_s) / 3600 FROM usage_hours"
                 f" WHERE project_id IN ({','.join('?' * len(chunk))}) GROUP BY project_id",

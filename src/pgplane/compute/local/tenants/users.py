@@ -186,6 +186,9 @@ def remove_files_of(uid: int, places: tuple[str, ...] = SHARED_PLACES) -> list[s
     """
     removed = []
     for place in places:
+        # A place that is missing, or an entry gone between the listing and its stat, ends this
+        # place's listing: none of its entries is taken from the place before.
+        entries: list[os.DirEntry[str]] = []
         with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(place) as it:
             entries = [e for e in it if e.stat(follow_symlinks=False).st_uid == uid]
         for entry in entries:

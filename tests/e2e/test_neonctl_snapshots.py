@@ -1,0 +1,81 @@
+"""Neon's CLI (``neonctl@5``) on snapshots against a real server: ``snapshots create`` (at the
+head and at a time), ``list``, ``update``, ``restore`` into a new branch and onto a branch with
+``--finalize``, ``schedule set`` / ``get`` and ``delete``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_history import _commit, _rows
+from tests.e2e.test_neonctl_history import _in_ms, _project, _settle
+from tests.e2e.test_snapshots import branch_uri
+from tests.neonctl import Neonctl, install
+from tests.support import Api, Server, running_server
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    with running_server(PGPLANE_HISTORY_SECONDS="1") as srv:
+        yield srv
+
+
+@pytest.fixture
+def api(server: Server) -> Iterator[Api]:
+    _, key = server.create_key(f"neonctl-snapshots-{time.monotonic_ns()}")
+    with Api(server, key) as client:
+        yield client
+
+
+def test_snapshots_create_list_restore_update_schedule_delete(
+    api: Api, server: Server, tmp_path: Path
+) -> None:
+    neonctl = Neonctl(install(), api_host=server.base_url, api_key=api.key, workdir=tmp_path)
+    project, pid, uri = _project(api)
+    main = project["branch"]["id"]
+    _commit(uri, 1)
+    at_one, _ = _commit(uri, 2)
+    time.sleep(0.05)
+    _commit(uri, 3)
+
+    head = neonctl.json("snapshots", "create", "--project-id", pid, "--name", "head")
+    assert head["name"] == "head" and head["source_branch_id"] == main
+    at = neonctl.json(
+        "snapshots", "create", "--project-id", pid, "--branch", main,
+        "--timestamp", _in_ms(at_one), "--name", "at-two",
+    )  # fmt: skip
+    _settle(api, pid)
+    listed = neonctl.json("snapshots", "list", "--project-id", pid)
+    assert {s["name"] for s in listed} == {"head", "at-two"}
+
+    out = neonctl.json("snapshots", "restore", at["id"], "--project-id", pid, "--name", "back-then")
+    restored = out["restored_branch"]
+    assert restored["name"] == "back-then"
+    assert [o["action"] for o in out["operations"]] == ["create_branch"]
+    _settle(api, pid)
+    assert _rows(branch_uri(api, pid, restored["id"])) == [1, 2]
+
+    renamed = neonctl.json("snapshots", "update", "head", "--project-id", pid, "--name", "top")
+    assert renamed["name"] == "top" and renamed["id"] == head["id"]
+
+    _commit(uri, 4)
+    onto = neonctl.json(
+        "snapshots", "restore", "top", "--project-id", pid, "--target-branch", main, "--finalize"
+    )
+    assert onto["restored_branch"]["id"] == main
+    _settle(api, pid)
+    assert _rows(uri) == [1, 2, 3]
+
+    neonctl.run(
+        "snapshots", "schedule", "set", "--project-id", pid, "--branch", main,
+        "--frequency", "daily", "--hour", "3", "--retention", "604800",
+    )  # fmt: skip
+    schedule = neonctl.json("snapshots", "schedule", "get", "--project-id", pid, "--branch", main)
+    assert schedule == [{"frequency": "daily", "hour": 3, "retention_seconds": 604800}]
+
+    neonctl.run("snapshots", "delete", "at-two", "--project-id", pid)
+    _settle(api, pid)
+    assert [s["name"] for s in neonctl.json("snapshots", "list", "--project-id", pid)] == ["top"]
