@@ -71,7 +71,7 @@ def _operation(r: Sequence[Any]) -> Operation:
 
 
 class OperationsMixin(Statements):
-    """The operation part of :class:`pgplane.store.base.Tx` for SQLite."""
+    """:class:`pgplane.store.operations.OperationsTx` for SQLite."""
 
     queued: list[Operation]  # what this transaction inserted (the store logs it once committed)
 

@@ -24,7 +24,7 @@ _COLUMNS = (
 
 
 class UsageMixin(Statements):
-    """The usage part of :class:`pgplane.store.base.Tx` for SQLite."""
+    """:class:`pgplane.store.usage.UsageTx` for SQLite."""
 
     async def get_endpoint_usage(self, endpoint_id: str) -> EndpointUsage | None:
         r = self._c.execute(
