@@ -4,7 +4,6 @@ Neon's own clients (``@neondatabase/api-client`` under node, the ``neon-api`` Py
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -272,14 +271,14 @@ def test_neon_s_python_sdk_reads_it(server: Server, api: Api, project: dict) -> 
     assert error["code"] == "BAD_REQUEST" and "'metrics'" in error["message"], error
 
 
-def test_a_suspended_compute_adds_nothing(api: Api, project: dict) -> None:
+def test_a_suspended_compute_adds_nothing(server: Server, api: Api, project: dict) -> None:
     pid = project["project"]["id"]
     now = clock.now_us()
     start, end = clock.format_s(now - 24 * HOUR), clock.format_s(now + 24 * HOUR)
     params = {"from": start, "to": end, "granularity": "daily", "metrics": "compute_unit_seconds",
               "project_ids": pid}  # fmt: skip
     first = api.http.get(PATH, params=params).json()
-    time.sleep(1.5)  # several sample periods: an absence has nothing to wait for
+    server.wait_for_ticks(3)  # each starts a usage sample (unless one still runs)
     assert api.http.get(PATH, params=params).json() == first
 
 
