@@ -9,6 +9,7 @@ an integrity error that would become a 500.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -234,3 +235,19 @@ async def test_operations_with_one_timestamp_are_stored_apart_and_paged_exactly(
             " VALUES ('x', ?, 'apply_config', 'finished', 0, ?, ?, 0)",
             (pid, tied[0].created_at, tied[0].created_at),
         )
+
+
+async def test_an_up_to_date_store_opens_while_another_process_writes(tmp_path: Path) -> None:
+    """Its schema is seen current by a read: a CLI command opens the store a busy ``serve``
+    is writing and waits for the lock where it says so, not inside the migration."""
+    path = tmp_path / "s.db"
+    await SqliteStore(path).close()  # migrated
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as holder:
+        holder.execute("BEGIN IMMEDIATE")
+        store = SqliteStore(path, busy_seconds=0.1)  # would have failed: "database is locked"
+        try:
+            async with store.read() as tx:
+                assert await tx.list_accounts() == []
+        finally:
+            await store.close()
+        holder.execute("ROLLBACK")
