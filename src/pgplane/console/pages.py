@@ -58,9 +58,10 @@ def when(us: int | None) -> str:
 
 
 def took(op: Operation) -> str:
-    """How long an operation took, as its user waited: from its creation until it settled,
-    retries and the pauses between them included (the API's ``total_duration_ms`` counts its
-    attempts only); with its attempts when there were several."""
+    """How long an operation took, as its user waited: from its creation until it settled, the
+    wait behind the project's earlier operations, the retries and the pauses between them
+    included (the API's ``total_duration_ms`` runs from its first start, as Neon's); with its
+    attempts when there were several."""
     if not op.status.settled:
         return ""
     ms = (op.updated_at - op.created_at) // 1000
