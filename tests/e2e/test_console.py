@@ -7,9 +7,7 @@ reaching another's objects). The browser-driven first hour is test_console_brows
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterator
-from datetime import datetime
 
 import httpx
 import pytest
@@ -304,61 +302,6 @@ def test_no_page_or_action_reaches_another_accounts_objects(server: Server) -> N
             assert "private" not in neighbour.get("/console/projects/").text
             assert _state(api, pid) == before
             assert api.http.get("/projects").status_code == 200  # the key was not revoked
-
-
-def test_a_branch_made_in_the_console_is_deleted_after_a_day_unless_kept(server: Server) -> None:
-    """As Neon's console: a new branch expires in a day by default; the page says when, shows
-    the branch's annotations, lets the user keep it or choose another time, and says why a
-    branch that cannot expire will not (the API's rules, services/expiry.py)."""
-    _account(server, "expiry@example.com")
-    with _signed_in(server, "expiry@example.com") as browser:
-        key = browser.create_key("expiry")
-        with Api(server, key) as api:
-            body = api.create_project(name="previews")
-            pid, main = body["project"]["id"], body["branch"]["id"]
-            project = f"/console/projects/{pid}"
-            page = browser.get(f"{project}?branch={main}").text
-            assert 'data-testid="expiry-kept"' in page and "default branch" in page
-            assert '<option value="86400" selected>in 1 day</option>' in page
-
-            made = time.time()
-            r = browser.post(f"{project}/branches", name="pr-7", parent_id=main, expires_in="86400")
-            assert r.status_code == 303, r.text[:300]
-            child = api.http.get(f"/projects/{pid}/branches", params={"search": "pr-7"}).json()
-            branch = child["branches"][0]
-            expires = datetime.fromisoformat(branch["expires_at"]).timestamp()
-            assert made + 86_400 - 2 <= expires <= time.time() + 86_400 + 1
-            assert branch["ttl_interval_seconds"] in range(86_398, 86_402)
-
-            bid = branch["id"]
-            api.http.patch(
-                f"/projects/{pid}/branches/{bid}",
-                json={"branch": {}, "annotation_value": {"github-pr-number": "7"}},
-            ).raise_for_status()
-            page = browser.get(f"{project}?branch={bid}").text
-            assert 'data-testid="expires"' in page and "github-pr-number: 7" in page
-            assert "Deleted with its computes and data at" in page
-
-            # A value the form does not offer: a 400 naming the field, and nothing changes.
-            r = browser.post(f"{project}/branches/{bid}/expiry", expires_in="99999999")
-            assert r.status_code == 400 and "expires_in" in r.text
-            assert _branch(api, pid, bid)["expires_at"] == branch["expires_at"]
-            # Kept: the expiry is cleared, as a PATCH with null clears it.
-            r = browser.post(f"{project}/branches/{bid}/expiry", expires_in="")
-            assert r.status_code == 303
-            kept = _branch(api, pid, bid)
-            assert kept.get("expires_at") is None and kept.get("ttl_interval_seconds") is None
-            assert "Kept until you delete it." in browser.get(f"{project}?branch={bid}").text
-            r = browser.post(f"{project}/branches/{bid}/expiry", expires_in="3600")
-            assert r.status_code == 303
-            assert _branch(api, pid, bid)["ttl_interval_seconds"] in range(3598, 3602)
-
-
-def _branch(api: Api, pid: str, bid: str) -> dict[str, object]:
-    r = api.http.get(f"/projects/{pid}/branches/{bid}")
-    r.raise_for_status()
-    branch: dict[str, object] = r.json()["branch"]
-    return branch
 
 
 def _state(api: Api, pid: str) -> tuple[object, ...]:
