@@ -283,6 +283,8 @@ def test_no_page_or_action_reaches_another_accounts_objects(server: Server) -> N
                 f"{project}/delete",
                 f"{project}/branches",
                 *(f"{project}/endpoints/{eid}/{a}" for a in ("start", "suspend", "restart")),
+                f"{project}/endpoints/{eid}/delete",
+                f"{branch}/endpoints",
                 f"{branch}/expiry",
                 f"{branch}/roles",
                 *(f"{branch}/roles/neondb_owner/{a}" for a in ("reveal", "reset_password")),
@@ -297,7 +299,9 @@ def test_no_page_or_action_reaches_another_accounts_objects(server: Server) -> N
                 assert r.status_code == 404, (path, r.status_code)
                 assert "private" not in r.text
             for path in forms:
-                r = neighbour.post(path, name="taken", confirm_name="private", owner_name="x")
+                r = neighbour.post(
+                    path, name="taken", confirm_name="private", owner_name="x", type="read_only"
+                )
                 assert r.status_code == 404, (path, r.status_code, r.text[:300])
             assert "private" not in neighbour.get("/console/projects/").text
             assert _state(api, pid) == before
@@ -313,12 +317,14 @@ def _state(api: Api, pid: str) -> tuple[object, ...]:
     password = api.http.get(
         f"/projects/{pid}/branches/{main}/roles/neondb_owner/reveal_password"
     ).json()["password"]
+    endpoints = api.http.get(f"/projects/{pid}/endpoints").json()["endpoints"]
     return (
         project["name"],
         sorted(b["id"] for b in branches),
         len(ops),
         sorted(r["name"] for r in roles),
         password,
+        sorted((e["id"], e["type"]) for e in endpoints),
     )
 
 

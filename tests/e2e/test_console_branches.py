@@ -92,6 +92,42 @@ def test_a_new_branch_starts_from_the_parents_data_its_history_or_its_schema_onl
         _settle(api, pid)
 
 
+def test_read_only_computes_are_added_and_computes_deleted(server: Server) -> None:
+    with _session(server, "replicas@example.com") as (browser, api):
+        body = api.create_ready_project(name="replicas")
+        pid, main = body["project"]["id"], body["branch"]["id"]
+        primary = body["endpoints"][0]["id"]
+        project = f"/console/projects/{pid}"
+        page = browser.get(f"{project}?branch={main}").text
+        assert "Add read-only compute" in page and "Add read-write compute" not in page
+
+        def computes() -> list[tuple[str, str]]:
+            found = api.http.get(f"/projects/{pid}/branches/{main}/endpoints").json()
+            return sorted((e["type"], e["id"]) for e in found["endpoints"])
+
+        for kind in ("reader", "", "read_write "):
+            r = browser.post(f"{project}/branches/{main}/endpoints", type=kind)
+            assert r.status_code == 400 and "type must be" in r.text, r.text[:300]
+        assert computes() == [("read_write", primary)]
+        r = browser.post(f"{project}/branches/{main}/endpoints", type="read_only")
+        assert r.status_code == 303, r.text[:300]
+        (kind, replica), _ = computes()
+        assert kind == "read_only"
+        page = browser.get(f"{project}?branch={main}").text
+        assert f'data-endpoint="{replica}"' in page and "read-only</span>" in page
+        _settle(api, pid)
+
+        assert browser.post(f"{project}/endpoints/{replica}/delete").status_code == 303
+        assert browser.post(f"{project}/endpoints/{primary}/delete").status_code == 303
+        assert computes() == []
+        page = browser.get(f"{project}?branch={main}").text
+        assert "This branch has no compute." in page and "Add read-write compute" in page
+        r = browser.post(f"{project}/branches/{main}/endpoints", type="read_only")
+        assert r.status_code == 303  # a branch without a read-write compute may have one
+        assert [k for k, _ in computes()] == ["read_only"]
+        _settle(api, pid)
+
+
 def test_a_branch_made_in_the_console_is_deleted_after_a_day_unless_kept(server: Server) -> None:
     """As Neon's console: a new branch expires in a day by default; the page says when, shows
     the branch's annotations, lets the user keep it or choose another time, and says why a

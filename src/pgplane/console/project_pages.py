@@ -43,6 +43,7 @@ _ENDPOINT_ACTIONS: dict[str, Callable[..., Awaitable[tuple[Endpoint, list[Operat
     "start": endpoints.start,
     "suspend": endpoints.suspend,
     "restart": endpoints.restart,
+    "delete": endpoints.delete,
 }
 # The operations that bring a compute up: the latest of them, failed, is why it is not.
 _STARTS = frozenset({Action.START_COMPUTE, Action.APPLY_CONFIG})
@@ -203,7 +204,7 @@ class ProjectsPage(Controller):
         if change is None:
             raise NotFound("not found")
         # A start is checked against the account's quotas, which the settings hold.
-        quota = {} if action == "suspend" else {"settings": me.console.settings}
+        quota = {} if action in ("suspend", "delete") else {"settings": me.console.settings}
         async with me.console.store.write() as tx:
             endpoint, _ = await change(
                 tx,
