@@ -260,8 +260,8 @@ def test_wrong_passwords_are_throttled() -> None:
 
 def test_no_page_or_action_reaches_another_accounts_objects(server: Server) -> None:
     """A matrix like the API's: every page and form of the console, for another account's
-    project, branch, compute, role, database and key, answers the API's 404 and changes
-    nothing."""
+    project, branch, compute, role, database, snapshot, backup schedule and key, answers the
+    API's 404 and changes nothing."""
     _account(server, "owner@example.com")
     _account(server, "neighbour@example.com")
     with (
@@ -274,10 +274,18 @@ def test_no_page_or_action_reaches_another_accounts_objects(server: Server) -> N
             pid, bid = body["project"]["id"], body["branch"]["id"]
             eid = body["endpoints"][0]["id"]
             key_id = api.http.get("/api_keys").json()[0]["id"]
+            taken = api.http.post(f"/projects/{pid}/branches/{bid}/snapshot", params={"name": "s"})
+            sid = api.settled(pid, taken)["snapshot"]["id"]
             before = _state(api, pid)
             project = f"/console/projects/{pid}"
             branch = f"{project}/branches/{bid}"
-            pages = [project, f"{project}?branch={bid}", f"{project}/operations/"]
+            pages = [
+                project,
+                f"{project}?branch={bid}",
+                f"{project}/operations/",
+                f"{project}/snapshots",
+                f"{project}/snapshots?branch={bid}",
+            ]
             forms = [
                 f"{project}/rename",
                 f"{project}/delete",
@@ -285,6 +293,10 @@ def test_no_page_or_action_reaches_another_accounts_objects(server: Server) -> N
                 *(f"{project}/endpoints/{eid}/{a}" for a in ("start", "suspend", "restart")),
                 f"{project}/endpoints/{eid}/delete",
                 f"{branch}/endpoints",
+                f"{branch}/snapshot",
+                f"{branch}/backup_schedule",
+                *(f"{project}/snapshots/{sid}/{a}" for a in ("rename", "delete")),
+                *(f"{project}/snapshots/{sid}/{a}" for a in ("restore", "finalize")),
                 f"{branch}/expiry",
                 f"{branch}/roles",
                 *(f"{branch}/roles/neondb_owner/{a}" for a in ("reveal", "reset_password")),
@@ -300,7 +312,13 @@ def test_no_page_or_action_reaches_another_accounts_objects(server: Server) -> N
                 assert "private" not in r.text
             for path in forms:
                 r = neighbour.post(
-                    path, name="taken", confirm_name="private", owner_name="x", type="read_only"
+                    path,
+                    name="taken",
+                    confirm_name="private",
+                    owner_name="x",
+                    type="read_only",
+                    target_branch_id=bid,
+                    daily="1",
                 )
                 assert r.status_code == 404, (path, r.status_code, r.text[:300])
             assert "private" not in neighbour.get("/console/projects/").text
@@ -317,14 +335,18 @@ def _state(api: Api, pid: str) -> tuple[object, ...]:
     password = api.http.get(
         f"/projects/{pid}/branches/{main}/roles/neondb_owner/reveal_password"
     ).json()["password"]
+    snapshots = api.http.get(f"/projects/{pid}/snapshots").json()["snapshots"]
     endpoints = api.http.get(f"/projects/{pid}/endpoints").json()["endpoints"]
+    schedule = api.http.get(f"/projects/{pid}/branches/{main}/backup_schedule").json()
     return (
         project["name"],
         sorted(b["id"] for b in branches),
         len(ops),
         sorted(r["name"] for r in roles),
         password,
+        sorted((s["id"], s["name"]) for s in snapshots),
         sorted((e["id"], e["type"]) for e in endpoints),
+        schedule,
     )
 
 

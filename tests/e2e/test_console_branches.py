@@ -128,6 +128,99 @@ def test_read_only_computes_are_added_and_computes_deleted(server: Server) -> No
         _settle(api, pid)
 
 
+def test_snapshots_are_taken_renamed_restored_and_deleted_and_scheduled(server: Server) -> None:
+    with _session(server, "snapshots@example.com") as (browser, api):
+        body = api.create_ready_project(name="kept")
+        pid, main = body["project"]["id"], body["branch"]["id"]
+        project = f"/console/projects/{pid}"
+        snapshots_page = f"{project}/snapshots?branch={main}"
+        assert "No snapshots yet." in browser.get(snapshots_page).text
+
+        def listed() -> list[dict[str, object]]:
+            found: list[dict[str, object]] = api.http.get(f"/projects/{pid}/snapshots").json()[
+                "snapshots"
+            ]
+            return found
+
+        for fields, said in (
+            ({"timestamp": "noon"}, "timestamp must be an RFC 3339 time"),
+            ({"timestamp": "2999-01-01T00:00:00Z"}, "timestamp 2999-01-01T00:00:00Z is in"),
+            ({"name": "x" * 300}, "snapshot name must be at most"),
+        ):
+            r = browser.post(f"{project}/branches/{main}/snapshot", **fields)
+            assert r.status_code == 400 and said in r.text, (fields, r.text[:400])
+        assert listed() == []
+
+        r = browser.post(f"{project}/branches/{main}/snapshot", name="before-migration")
+        assert r.status_code == 303 and r.headers["location"].endswith(snapshots_page)
+        (snap,) = listed()
+        assert snap["name"] == "before-migration" and snap["manual"] is True
+        sid = str(snap["id"])
+        _settle(api, pid)
+        page = browser.get(snapshots_page).text
+        assert f'data-snapshot="{sid}"' in page and "by hand" in page
+        assert "Restore into a new branch" in page and "Restore onto main" in page
+
+        r = browser.post(f"{project}/snapshots/{sid}/rename", name=" ")
+        assert r.status_code == 400 and "snapshot name must not be empty" in r.text
+        assert browser.post(f"{project}/snapshots/{sid}/rename", name="v1").status_code == 303
+        assert [s["name"] for s in listed()] == ["v1"]
+        assert browser.post(f"{project}/snapshots/{sid}/forget").status_code == 404
+
+        r = browser.post(f"{project}/snapshots/{sid}/restore", name="recovered")
+        assert r.status_code == 303, r.text[:300]
+        recovered = next(b for b in _branches(api, pid) if b["name"] == "recovered")
+        assert r.headers["location"].endswith(f"?branch={recovered['id']}")
+        assert recovered["parent_id"] == main
+
+        r = browser.post(f"{project}/snapshots/{sid}/finalize", target_branch_id=main)
+        assert r.status_code == 303 and r.headers["location"].endswith(f"?branch={main}")
+        names = [str(b["name"]) for b in _branches(api, pid)]
+        assert any(n.startswith("main_old_") for n in names), names
+        _settle(api, pid)
+
+        assert browser.post(f"{project}/snapshots/{sid}/delete").status_code == 303
+        assert listed() == []
+        _settle(api, pid)
+
+
+def test_a_branchs_backup_schedule_is_shown_and_replaced(server: Server) -> None:
+    with _session(server, "schedule@example.com") as (browser, api):
+        body = api.create_project(name="scheduled")
+        pid, main = body["project"]["id"], body["branch"]["id"]
+        project = f"/console/projects/{pid}"
+        path = f"{project}/branches/{main}/backup_schedule"
+
+        def schedule() -> object:
+            return api.http.get(f"/projects/{pid}/branches/{main}/backup_schedule").json()
+
+        assert "No scheduled snapshots." in browser.get(f"{project}/snapshots").text
+        r = browser.post(path, daily="1", daily_hour="3", daily_retention_days="7",
+                         weekly="1", weekly_day="7", weekly_hour="22")  # fmt: skip
+        assert r.status_code == 303, r.text[:300]
+        assert schedule() == {
+            "schedule": [
+                {"frequency": "daily", "hour": 3, "retention_seconds": 604_800},
+                {"frequency": "weekly", "day": 7, "hour": 22, "retention_seconds": 3_024_000},
+            ]
+        }
+        page = browser.get(f"{project}/snapshots?branch={main}").text
+        assert "Daily at 03:00 UTC, kept 7.0 days; Weekly on Sunday at 22:00 UTC" in page
+        before = schedule()
+        for fields, field in (
+            ({"daily": "1", "daily_hour": "24"}, "daily_hour"),
+            ({"weekly": "1", "weekly_day": "8"}, "weekly_day"),
+            ({"monthly": "1", "monthly_day": "0"}, "monthly_day"),
+            ({"monthly": "1", "monthly_retention_days": "36"}, "monthly_retention_days"),
+            ({"daily": "1", "daily_hour": "-1"}, "daily_hour"),
+        ):
+            r = browser.post(path, **fields)
+            assert r.status_code == 400 and f"{field} must be a whole number" in r.text, fields
+        assert schedule() == before
+        assert browser.post(path).status_code == 303  # nothing ticked: no schedule
+        assert schedule() == {"schedule": []}
+
+
 def test_a_branch_made_in_the_console_is_deleted_after_a_day_unless_kept(server: Server) -> None:
     """As Neon's console: a new branch expires in a day by default; the page says when, shows
     the branch's annotations, lets the user keep it or choose another time, and says why a

@@ -23,6 +23,7 @@ from pgplane.console.pages import HERE, error_page, sign_in_first
 from pgplane.console.presession import PreSessions
 from pgplane.console.project_pages import ProjectsPage
 from pgplane.console.session import PREFIX, Console, SignInRequired, SignInThrottle, session_hook
+from pgplane.console.snapshot_pages import SnapshotsPage
 from pgplane.errors import PgplaneError
 from pgplane.services.compute_settings import SettingsCheck
 from pgplane.services.history import HistoryLookup, unknown_history
@@ -60,6 +61,7 @@ def console(
             ApiKeysPage,
             ProjectsPage,
             BranchObjectsPage,
+            SnapshotsPage,
             OperationsPage,
         ],
         before_request=session_hook(state),
