@@ -205,7 +205,9 @@ def test_a_branchs_backup_schedule_is_shown_and_replaced(server: Server) -> None
             ]
         }
         page = browser.get(f"{project}/snapshots?branch={main}").text
-        assert "Daily at 03:00 UTC, kept 7.0 days; Weekly on Sunday at 22:00 UTC" in page
+        assert (
+            "Daily at 03:00 UTC, kept 7 days; Weekly on Sunday at 22:00 UTC, kept 35 days" in page
+        )
         before = schedule()
         for fields, field in (
             ({"daily": "1", "daily_hour": "24"}, "daily_hour"),
@@ -219,6 +221,14 @@ def test_a_branchs_backup_schedule_is_shown_and_replaced(server: Server) -> None
         assert schedule() == before
         assert browser.post(path).status_code == 303  # nothing ticked: no schedule
         assert schedule() == {"schedule": []}
+        # One the API set, in hours: shown as it is.
+        monthly = {"frequency": "monthly", "day": 31, "hour": 1, "retention_seconds": 7200}
+        r = api.http.put(
+            f"/projects/{pid}/branches/{main}/backup_schedule", json={"schedule": [monthly]}
+        )
+        assert r.status_code == 200, r.text
+        page = browser.get(f"{project}/snapshots?branch={main}").text
+        assert "Monthly on day 31 at 01:00 UTC, kept 2 hours" in page
 
 
 def test_a_branch_made_in_the_console_is_deleted_after_a_day_unless_kept(server: Server) -> None:

@@ -57,6 +57,29 @@ def schedule_entries(fields: dict[str, str]) -> list[backups.Entry]:
     return entries
 
 
+def _kept(seconds: int) -> str:
+    for unit, length in (("day", _DAY), ("hour", 3600)):
+        if seconds % length == 0:
+            n = seconds // length
+            return f"{n} {unit}{'s' if n != 1 else ''}"
+    return f"{seconds} seconds"
+
+
+def schedule_text(schedule: list[dict[str, Any]]) -> str:
+    """The schedule as a sentence (every entry, the API's too when it set several)."""
+    parts = []
+    for e in schedule:
+        on = ""
+        if e["frequency"] == "weekly":
+            on = f" on {WEEKDAYS[int(e.get('day', 1)) - 1]}"
+        elif e["frequency"] == "monthly":
+            on = f" on day {e.get('day', 1)}"
+        at = f"{int(e.get('hour', 0)):02d}:00 UTC"
+        kept = _kept(int(e.get("retention_seconds", backups.DEFAULT_RETENTION_SECONDS)))
+        parts.append(f"{str(e['frequency']).capitalize()}{on} at {at}, kept {kept}")
+    return "; ".join(parts) or "No scheduled snapshots."
+
+
 class SnapshotsPage(Controller):
     path = f"{PREFIX}/projects/{{project_id:str}}"
 
@@ -179,7 +202,7 @@ async def _context(me: SignedIn, project_id: str, branch_id: str) -> dict[str, A
         "selected": selected,
         "snapshots": sorted(found, key=lambda s: s.created_at, reverse=True),
         "sizes": {s.id: size(s.full_size) for s in found},
-        "schedule": schedule,
+        "schedule": schedule_text(schedule),
         "planned": by_frequency,
         "weekdays": WEEKDAYS,
         "max_retention_days": MAX_RETENTION_DAYS,
