@@ -295,7 +295,7 @@ def test_no_page_or_action_reaches_another_accounts_objects(server: Server) -> N
                 f"{branch}/endpoints",
                 f"{branch}/snapshot",
                 f"{branch}/backup_schedule",
-                *(f"{project}/snapshots/{sid}/{a}" for a in ("rename", "delete")),
+                *(f"{project}/snapshots/{sid}/{a}" for a in ("rename", "expiry", "delete")),
                 *(f"{project}/snapshots/{sid}/{a}" for a in ("restore", "finalize")),
                 f"{branch}/expiry",
                 f"{branch}/roles",
@@ -319,6 +319,7 @@ def test_no_page_or_action_reaches_another_accounts_objects(server: Server) -> N
                     type="read_only",
                     target_branch_id=bid,
                     daily="1",
+                    expires_in="",
                 )
                 assert r.status_code == 404, (path, r.status_code, r.text[:300])
             assert "private" not in neighbour.get("/console/projects/").text

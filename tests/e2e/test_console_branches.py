@@ -146,15 +146,21 @@ def test_snapshots_are_taken_renamed_restored_and_deleted_and_scheduled(server: 
             ({"timestamp": "noon"}, "timestamp must be an RFC 3339 time"),
             ({"timestamp": "2999-01-01T00:00:00Z"}, "timestamp 2999-01-01T00:00:00Z is in"),
             ({"name": "x" * 300}, "snapshot name must be at most"),
+            ({"expires_in": "60"}, "expires_in: choose one of the offered times"),
         ):
             r = browser.post(f"{project}/branches/{main}/snapshot", **fields)
             assert r.status_code == 400 and said in r.text, (fields, r.text[:400])
         assert listed() == []
 
-        r = browser.post(f"{project}/branches/{main}/snapshot", name="before-migration")
+        made = time.time()
+        r = browser.post(
+            f"{project}/branches/{main}/snapshot", name="before-migration", expires_in="604800"
+        )
         assert r.status_code == 303 and r.headers["location"].endswith(snapshots_page)
         (snap,) = listed()
         assert snap["name"] == "before-migration" and snap["manual"] is True
+        expires = datetime.fromisoformat(str(snap["expires_at"])).timestamp()
+        assert made + 604_800 - 2 <= expires <= time.time() + 604_800 + 1
         sid = str(snap["id"])
         _settle(api, pid)
         page = browser.get(snapshots_page).text
@@ -165,6 +171,11 @@ def test_snapshots_are_taken_renamed_restored_and_deleted_and_scheduled(server: 
         assert r.status_code == 400 and "snapshot name must not be empty" in r.text
         assert browser.post(f"{project}/snapshots/{sid}/rename", name="v1").status_code == 303
         assert [s["name"] for s in listed()] == ["v1"]
+        r = browser.post(f"{project}/snapshots/{sid}/expiry", expires_in="forever")
+        assert r.status_code == 400 and "expires_in" in r.text
+        assert listed()[0]["expires_at"] == snap["expires_at"]
+        assert browser.post(f"{project}/snapshots/{sid}/expiry", expires_in="").status_code == 303
+        assert listed()[0].get("expires_at") is None  # kept until deleted, as a PATCH with null
         assert browser.post(f"{project}/snapshots/{sid}/forget").status_code == 404
 
         r = browser.post(f"{project}/snapshots/{sid}/restore", name="recovered")

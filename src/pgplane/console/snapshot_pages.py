@@ -1,5 +1,6 @@
 """A project's snapshots: take one of a branch (now, or as it was at a time), list them, rename,
-delete, restore one into a new branch or onto a branch; and a branch's backup schedule.
+set when one is deleted, delete, restore one into a new branch or onto a branch; and a branch's
+backup schedule.
 
 As every console action, each calls the service the API route calls (services/snapshots.py,
 services/backups.py), scoped to the signed-in account, in one write transaction; another
@@ -14,7 +15,15 @@ from litestar import Controller, get, post
 from litestar.params import FromPath, FromQuery
 from litestar.response import Redirect, Template
 
-from pgplane.console.pages import form, history_bounds, page, point_at, unsettled
+from pgplane.console.pages import (
+    EXPIRY_CHOICES,
+    expires_at,
+    form,
+    history_bounds,
+    page,
+    point_at,
+    unsettled,
+)
 from pgplane.console.session import PREFIX, AnyRequest, SignedIn, signed_in
 from pgplane.console.usage_view import size
 from pgplane.errors import BadRequest, NotFound
@@ -98,7 +107,9 @@ class SnapshotsPage(Controller):
         me = signed_in(request)
         fields = await form(request)
         spec = snapshots.NewSnapshot(
-            point=point_at(fields, "timestamp"), name=fields.get("name") or None
+            point=point_at(fields, "timestamp"),
+            name=fields.get("name") or None,
+            expires_at=expires_at(fields.get("expires_in", "")),
         )
         bounds = None
         if spec.point is not None:
@@ -148,7 +159,7 @@ class SnapshotsPage(Controller):
         me = signed_in(request)
         fields = await form(request)
         where = {"account_id": me.account_id, "project_id": project_id, "snapshot_id": snapshot_id}
-        if action not in ("rename", "delete", "restore", "finalize"):
+        if action not in ("rename", "expiry", "delete", "restore", "finalize"):
             raise NotFound("not found")
         async with me.console.store.write() as tx:
             found = await snapshots.find(tx, **where)
@@ -156,6 +167,11 @@ class SnapshotsPage(Controller):
             if action == "rename":
                 changes = snapshots.SnapshotChanges(name=fields.get("name", ""))
                 await snapshots.update(tx, changes=changes, **where)
+            elif action == "expiry":  # "never" clears it, as the API's null does
+                keep = snapshots.SnapshotChanges(
+                    expires_at=expires_at(fields.get("expires_in", ""))
+                )
+                await snapshots.update(tx, changes=keep, **where)
             elif action == "delete":
                 await snapshots.delete(tx, **where)
             else:
@@ -205,6 +221,7 @@ async def _context(me: SignedIn, project_id: str, branch_id: str) -> dict[str, A
         "schedule": schedule_text(schedule),
         "planned": by_frequency,
         "weekdays": WEEKDAYS,
+        "expiry_choices": EXPIRY_CHOICES,
         "max_retention_days": MAX_RETENTION_DAYS,
         "operations": recent.operations,
         "live": unsettled(recent.operations) or any(s.state == "creating" for s in found),
