@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,10 +12,12 @@ from litestar.response import Redirect, Template
 from litestar.template.config import TemplateConfig
 
 from pgplane import __version__
-from pgplane.console.session import PREFIX, AnyRequest, maybe_signed_in
+from pgplane.console.session import PREFIX, AnyRequest, SignedIn, maybe_signed_in
 from pgplane.core import clock
-from pgplane.core.models import Operation
+from pgplane.core.models import Branch, Operation
 from pgplane.errors import BadRequest, PgplaneError
+from pgplane.services import access, history
+from pgplane.store import Tx
 
 HERE = Path(__file__).parent
 MAX_FIELD = 4096
@@ -50,6 +53,30 @@ def expires_at(choice: str, field: str = "expires_in") -> int | None:
     if choice not in dict(EXPIRY_CHOICES):
         raise BadRequest(f"{field}: choose one of the offered times, not {choice[:40]!r}")
     return None if not choice else (clock.now_us() // 1_000_000 + int(choice)) * 1_000_000
+
+
+def point_at(fields: dict[str, str], field: str) -> history.NamedPoint | None:
+    """The time of a branch's history a form names in ``field`` (RFC 3339, as the API takes
+    it), None when left empty; the API's 400 naming the field otherwise."""
+    text = fields.get(field, "").strip()
+    return (
+        None
+        if not text
+        else history.parse_point(lsn=None, timestamp=text, lsn_field="lsn", time_field=field)
+    )
+
+
+async def history_bounds(
+    me: SignedIn, project_id: str, find: Callable[[Tx], Awaitable[Branch]]
+) -> history.HistoryBounds:
+    """What the history of the branch ``find`` names holds now, asked of the data plane
+    outside any store transaction (it may ask the branch's compute), as the API's routes do."""
+    async with me.console.store.read() as tx:
+        project = await access.live_project(tx, account_id=me.account_id, project_id=project_id)
+        branch = await find(tx)
+    return await me.console.history(
+        project_id=project.id, branch_id=branch.id, pg_version=project.pg_version
+    )
 
 
 def when(us: int | None) -> str:
