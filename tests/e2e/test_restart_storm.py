@@ -281,8 +281,9 @@ def test_restart_storm_under_inserts(cycles: int) -> None:
             ]
             assert len(postmaster) == 1 and postmaster[0][1] == 1, compute
             added = one_compute.sockets - before_any_compute.sockets
-            # Its socket, and its port unless its network is its own (then it listens on none).
-            expected = {"unix": 1} if sandbox else {"tcp": 1, "unix": 1}
+            # Its socket and its branch's replication socket (read replicas stream from it), and
+            # its port unless its network is its own (then it listens on none).
+            expected = {"unix": 2} if sandbox else {"tcp": 1, "unix": 2}
             assert added == expected, one_compute
 
             started = time.monotonic()
