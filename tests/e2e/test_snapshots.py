@@ -371,10 +371,19 @@ def test_finalize_names_the_old_branch_and_refuses_bad_input(
         r = other.http.post(f"/projects/{pid}/snapshots/{taken['id']}/restore", json={})
         assert r.status_code == 404, r.text
     assert by_id(sapi, pid)[restored["id"]]["restore_status"] == "restored"  # nothing changed
+    # A second restore waiting to replace main, and main's backup schedule: both follow it.
+    second = restore(sapi, pid, taken["id"], name="second")["branch"]
+    schedule = {"schedule": [{"frequency": "daily", "hour": 3, "retention_seconds": 86400}]}
+    r = sapi.http.put(f"/projects/{pid}/branches/{main}/backup_schedule", json=schedule)
+    assert r.status_code == 200, r.text
 
     done = sapi.settled(pid, finalize(sapi, pid, restored["id"], name="before"))
     assert [o["action"] for o in done["operations"]] == ["suspend_compute"]
     branches = by_id(sapi, pid)
     assert branches[main]["name"] == "before" and branches[restored["id"]]["name"] == "main"
+    assert branches[second["id"]]["restored_as"] == restored["id"]
+    for branch_id, held in ((restored["id"], schedule), (main, {"schedule": []})):
+        r = sapi.http.get(f"/projects/{pid}/branches/{branch_id}/backup_schedule")
+        assert r.json() == held, r.text
     assert sapi.endpoint(pid, project["endpoints"][0]["id"])["current_state"] == "idle"
     assert rows(uri) == []  # woken on the restored data by the same connection string

@@ -6,7 +6,8 @@ As Neon does: the target's computes move to the restored branch (the same endpoi
 and connection strings, now serving the snapshot's data: they are restarted), the restored
 branch takes the target's name, default flag and protection, and the target is renamed
 (``name``, else ``<name> (old)``) and kept with its data, as the restored branch's parent. Its
-backup schedule moves too, so the branch now serving keeps being backed up.
+backup schedule moves too, so the branch now serving keeps being backed up, and so do other
+restores waiting to replace it: they replace the branch in its place.
 
 It is one transaction in the store and, for each moved compute, a ``suspend_compute`` on the
 target (stopping whatever of it runs on the old data) then, for one that should run, a
@@ -61,8 +62,9 @@ async def finalize(
     moving = _moving(endpoints, target.id)
     _refuse_two_writers(endpoints, moving, restored)
     now = clock.now_us()
+    branches = await tx.list_branches(project.id)
     if old_name is None:
-        old_name = _free_name(f"{target.name} (old)", await tx.list_branches(project.id))
+        old_name = _free_name(f"{target.name} (old)", branches)
     # The old name first: the restored branch takes it in the same transaction.
     await tx.update_branch(
         msgspec.structs.replace(
@@ -79,6 +81,10 @@ async def finalize(
             updated_at=now,
         )
     )
+    # Other restores waiting to replace the target now replace the branch in its place.
+    for b in branches:
+        if b.restore_status == RESTORED and b.restored_as == target.id and b.id != restored.id:
+            await tx.update_branch(msgspec.structs.replace(b, restored_as=restored.id))
     await _move_schedule(tx, project.id, target.id, restored.id, now)
     return await _move_computes(tx, project.id, moving, target.id, restored.id, now)
 
