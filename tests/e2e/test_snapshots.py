@@ -206,6 +206,10 @@ def test_restore_onto_a_branch_with_finalize(sapi: Api) -> None:
     commit(uri, 2)
     body = restore(sapi, pid, taken["id"], target_branch_id=main, finalize_restore=True)
     assert body["branch"]["id"] == main  # the branch keeps its id, computes and hosts
+    assert (body["branch"]["restored_from"], body["branch"]["restore_status"]) == (
+        taken["id"],
+        "finalized",
+    )
     assert rows(uri) == [1]
     kept = [
         b for b in sapi.http.get(f"/projects/{pid}/branches").json()["branches"] if b["id"] != main

@@ -304,7 +304,10 @@ async def _onto(
         parent_timestamp=snapshot.point_time,
         last_reset_at=now,
         restored_from=snapshot.id,
-        restore_status="finalized",  # restored in place: nothing left to finalize
+        # Restored in place: nothing to finalize, unless it waits to replace another branch.
+        restore_status=target.restore_status
+        if target.restore_status == "restored"
+        else "finalized",
         current_state="resetting",
         pending_state="ready",
         state_changed_at=now,
