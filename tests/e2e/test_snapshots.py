@@ -320,10 +320,22 @@ def test_restore_then_finalize_moves_the_computes(sapi: Api) -> None:
         "endpoints"
     ]
     sapi.settled(pid, sapi.http.delete(f"/projects/{pid}/endpoints/{own['id']}"))
+    # A read-only compute of main moves too, and follows the moved read-write one.
+    r = sapi.http.post(
+        f"/projects/{pid}/endpoints", json={"endpoint": {"branch_id": main, "type": "read_only"}}
+    )
+    replica = sapi.settled(pid, r)["endpoint"]["id"]
+    params = {"database_name": "neondb", "role_name": "neondb_owner", "endpoint_id": replica}
+    replica_uri = sapi.http.get(f"/projects/{pid}/connection_uri", params=params).json()["uri"]
+    assert rows(replica_uri) == [1, 2]
 
     done = sapi.settled(pid, finalize(sapi, pid, preview["id"]))
-    assert [o["action"] for o in done["operations"]] == ["suspend_compute", "start_compute"]
+    assert [o["action"] for o in done["operations"]] == ["suspend_compute"] * 2 + [
+        "start_compute"
+    ] * 2
     assert rows(uri) == [1]  # the same connection string, the snapshot's data
+    assert rows(replica_uri) == [1]
+    assert sapi.endpoint(pid, replica)["branch_id"] == preview["id"]
     moved = sapi.endpoint(pid, eid)
     assert moved["branch_id"] == preview["id"] and moved["current_state"] == "active"
     branches = by_id(sapi, pid)
