@@ -129,7 +129,9 @@ async def _move_computes(
 ) -> list[Operation]:
     stops, starts = [], []
     for e in moving:
-        runs = not e.disabled and "active" in (e.current_state, e.pending_state)
+        # Runs, or is to: not one a suspend was asked of (it stays suspended, on the new data).
+        wanted = e.pending_state or e.current_state
+        runs = not e.disabled and wanted == "active"
         await tx.set_endpoint_branch(endpoint_id=e.id, branch_id=new, now=now)
         if runs:
             # Pending until its start on the new data: the scheduler leaves it alone meanwhile,
