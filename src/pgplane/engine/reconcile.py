@@ -27,6 +27,7 @@ from pgplane.core import clock
 from pgplane.core.operations import Action
 from pgplane.services import operations
 from pgplane.store import Store
+from pgplane.telemetry import progress
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,11 @@ def _dead_here(owner: str) -> bool:
 
 
 async def reconcile(store: Store, driver: ComputeDriver) -> None:
+    with progress.step(log, "adopting the computes left running, and what they were doing"):
+        await _reconcile(store, driver)
+
+
+async def _reconcile(store: Store, driver: ComputeDriver) -> None:
     now = clock.now_us()
     running = await driver.running_computes()
     async with store.write() as tx:
