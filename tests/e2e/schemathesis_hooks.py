@@ -56,6 +56,9 @@ OUTSIDE_JSON_SCHEMA = (
     # account's branch is the same 404, whatever is asked), and its base depends on its parent.
     "db_name is required: the database whose schema to read",
     "has no parent to compare with",
+    # Only a branch a snapshot was restored into (and not finalized yet) can be finalized.
+    "has no restore to finalize",
+    "was finalized already",
     # What a restore needs depends on its source and on the branch's children.
     "is required to restore a branch from its own history",
     "preserve_under_name is required",

@@ -196,6 +196,7 @@ def test_every_route_in_the_openapi_document_requires_a_key(server: Server) -> N
             endpoint_id="ep-some-endpoint-12345678",
             role_name="someone",
             database_name="somedb",
+            snapshot_id="snap-some-snapshot-12345678",
         )
         for method in methods:
             r = httpx.request(method.upper(), url, json={})

@@ -1,4 +1,5 @@
-"""``pgplane serve`` killed inside a snapshot's creation and inside its restores.
+"""``pgplane serve`` killed inside a snapshot's creation, inside its restores and inside the
+finalizing of a restore (the replaced branch's compute moved to the restored branch).
 
 As the other crash suites (tests/crash.py): the server is SIGKILLed at a failpoint, restarted,
 and every operation must finish exactly once: one snapshot, sealed, with the data of its point;
@@ -119,4 +120,41 @@ def test_kill_during_a_finalized_restore_onto_the_branch(crash: Crash, failpoint
     (kept,) = [b for b in branches if b["id"] != crash.branch_id]
     assert kept["name"] == "old"
     assert crash.rows(_uri(crash, kept["id"])) == AFTER  # the state it replaced, whole
+    assert_consistent(crash.server, crash.api, crash.pid)
+
+
+@pytest.mark.parametrize(
+    "failpoint",
+    [
+        "stop_compute:signalled",
+        "start_compute:spawned",
+        slow("after:suspend_compute"),
+        slow("after:start_compute"),
+    ],
+)
+def test_kill_while_a_restore_is_finalized(crash: Crash, failpoint: str) -> None:
+    """The compute stopped on the old data, then started on the restored branch's: killed
+    anywhere in between, it ends serving the snapshot's data through the same connection
+    string, once, and nothing of it is left on the old data."""
+    taken = _take(crash)
+    _more(crash)
+    r = crash.api.http.post(
+        f"/projects/{crash.pid}/snapshots/{taken['id']}/restore", json={"name": "candidate"}
+    )
+    restored = crash.api.settled(crash.pid, r)["branch"]
+    crash.arm(failpoint)
+    r = crash.api.http.post(
+        f"/projects/{crash.pid}/branches/{restored['id']}/finalize_restore", json={}
+    )
+    assert r.status_code == 200, r.text
+    crash.kill_at(failpoint)
+    crash.settle([o["id"] for o in r.json()["operations"]])
+    assert crash.rows() == (ROWS, SUM)  # the same connection string, the snapshot's data
+    assert crash.endpoint()["branch_id"] == restored["id"]
+    branches = {
+        b["name"]: b["id"]
+        for b in crash.api.http.get(f"/projects/{crash.pid}/branches").json()["branches"]
+    }
+    assert branches == {"main": restored["id"], "main (old)": crash.branch_id}
+    assert crash.rows(_uri(crash, crash.branch_id)) == AFTER  # the state it replaced, whole
     assert_consistent(crash.server, crash.api, crash.pid)

@@ -85,6 +85,7 @@ def _body(operation: str, values: dict[str, Any]) -> dict[str, Any] | None:
             "target_branch_id": values["branch_id"],
             "finalize_restore": True,
         },
+        "finalizeRestoreBranch": lambda: {"name": "hijacked-old"},
         "setSnapshotSchedule": lambda: {"schedule": [{"frequency": "daily", "hour": 3}]},
         "restoreProjectBranch": lambda: {
             "source_branch_id": values["branch_id"],

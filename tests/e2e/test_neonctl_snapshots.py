@@ -1,6 +1,7 @@
 """Neon's CLI (``neonctl@5``) on snapshots against a real server: ``snapshots create`` (at the
 head and at a time), ``list``, ``update``, ``restore`` into a new branch and onto a branch with
-``--finalize``, ``schedule set`` / ``get`` and ``delete``."""
+``--finalize``, ``schedule set`` / ``get`` and ``delete``; ``restore`` left un-finalized, then
+``finalize``."""
 
 from __future__ import annotations
 
@@ -79,3 +80,33 @@ def test_snapshots_create_list_restore_update_schedule_delete(
     neonctl.run("snapshots", "delete", "at-two", "--project-id", pid)
     _settle(api, pid)
     assert [s["name"] for s in neonctl.json("snapshots", "list", "--project-id", pid)] == ["top"]
+
+
+def test_snapshots_restore_then_finalize(api: Api, server: Server, tmp_path: Path) -> None:
+    """``snapshots restore`` without ``--finalize`` leaves a branch to inspect; ``snapshots
+    finalize`` swaps it in: the application's connection string reads the snapshot's data."""
+    neonctl = Neonctl(install(), api_host=server.base_url, api_key=api.key, workdir=tmp_path)
+    project, pid, uri = _project(api)
+    main = project["branch"]["id"]
+    _commit(uri, 1)
+    taken = neonctl.json("snapshots", "create", "--project-id", pid, "--name", "good")
+    _settle(api, pid)
+    _commit(uri, 2)  # the change the restore undoes
+
+    out = neonctl.json(
+        "snapshots", "restore", "good", "--project-id", pid, "--target-branch", main,
+        "--name", "candidate",
+    )  # fmt: skip
+    candidate = out["restored_branch"]
+    assert candidate["name"] == "candidate" and candidate["restore_status"] == "restored"
+    assert candidate["restored_from"] == taken["id"]
+    _settle(api, pid)
+    assert _rows(uri) == [1, 2]  # nothing moved yet
+
+    ops = neonctl.json("snapshots", "finalize", candidate["id"], "--project-id", pid)
+    assert [o["action"] for o in ops] == ["suspend_compute", "start_compute"]
+    _settle(api, pid)
+    assert _rows(uri) == [1]  # the old connection string, the snapshot's data
+    shown = {b["name"]: b for b in neonctl.json("branches", "list", "--project-id", pid)}
+    assert shown["main"]["id"] == candidate["id"] and shown["main"]["default"] is True
+    assert shown["main (old)"]["id"] == main

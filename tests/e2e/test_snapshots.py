@@ -9,9 +9,11 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 
+from pgplane.core import ids
 from tests.support import Api, Server, running_server, wait_for
 
 
@@ -204,6 +206,10 @@ def test_restore_onto_a_branch_with_finalize(sapi: Api) -> None:
     commit(uri, 2)
     body = restore(sapi, pid, taken["id"], target_branch_id=main, finalize_restore=True)
     assert body["branch"]["id"] == main  # the branch keeps its id, computes and hosts
+    assert (body["branch"]["restored_from"], body["branch"]["restore_status"]) == (
+        taken["id"],
+        "finalized",
+    )
     assert rows(uri) == [1]
     kept = [
         b for b in sapi.http.get(f"/projects/{pid}/branches").json()["branches"] if b["id"] != main
@@ -285,3 +291,115 @@ def test_a_snapshot_goes_with_a_detached_project_and_comes_back() -> None:
             assert "tenant_reattach" in [o["action"] for o in api.operations(pid)]
             assert top.stat().st_mode & 0o777 == 0o700  # sealed as it was
             assert rows(branch_uri(api, pid, body["branch"]["id"])) == [1]
+
+
+def finalize(api: Api, pid: str, branch_id: str, **body: object) -> httpx.Response:
+    return api.http.post(f"/projects/{pid}/branches/{branch_id}/finalize_restore", json=body)
+
+
+def by_id(api: Api, pid: str) -> dict[str, dict[str, Any]]:
+    return {b["id"]: b for b in api.http.get(f"/projects/{pid}/branches").json()["branches"]}
+
+
+def test_restore_then_finalize_moves_the_computes(sapi: Api) -> None:
+    project, pid, uri = project_with_table(sapi, "snap-two-step")
+    main, eid = project["branch"]["id"], project["endpoints"][0]["id"]
+    commit(uri, 1)
+    taken = snapshot(sapi, pid, main)
+    commit(uri, 2)
+    body = restore(sapi, pid, taken["id"], name="preview")
+    preview = body["branch"]
+    assert preview["parent_id"] == main and preview["restored_as"] == main
+    assert (preview["restored_from"], preview["restore_status"]) == (taken["id"], "restored")
+    # Inspected through a compute of its own, which must go before main's can move in.
+    preview_uri = branch_uri(sapi, pid, preview["id"])
+    assert rows(preview_uri) == [1] and rows(uri) == [1, 2]
+    r = finalize(sapi, pid, preview["id"])
+    assert r.status_code == 409 and "read-write compute" in r.json()["message"], r.text
+    (own,) = sapi.http.get(f"/projects/{pid}/branches/{preview['id']}/endpoints").json()[
+        "endpoints"
+    ]
+    sapi.settled(pid, sapi.http.delete(f"/projects/{pid}/endpoints/{own['id']}"))
+    # A read-only compute of main moves too, and follows the moved read-write one.
+    r = sapi.http.post(
+        f"/projects/{pid}/endpoints", json={"endpoint": {"branch_id": main, "type": "read_only"}}
+    )
+    replica = sapi.settled(pid, r)["endpoint"]["id"]
+    params = {"database_name": "neondb", "role_name": "neondb_owner", "endpoint_id": replica}
+    replica_uri = sapi.http.get(f"/projects/{pid}/connection_uri", params=params).json()["uri"]
+    assert rows(replica_uri) == [1, 2]
+
+    done = sapi.settled(pid, finalize(sapi, pid, preview["id"]))
+    assert [o["action"] for o in done["operations"]] == ["suspend_compute"] * 2 + [
+        "start_compute"
+    ] * 2
+    assert rows(uri) == [1]  # the same connection string, the snapshot's data
+    assert rows(replica_uri) == [1]
+    assert sapi.endpoint(pid, replica)["branch_id"] == preview["id"]
+    moved = sapi.endpoint(pid, eid)
+    assert moved["branch_id"] == preview["id"] and moved["current_state"] == "active"
+    branches = by_id(sapi, pid)
+    now, old = branches[preview["id"]], branches[main]
+    assert (now["name"], now["default"], now["restore_status"]) == ("main", True, "finalized")
+    assert (old["name"], old["default"], old.get("parent_id")) == ("main (old)", False, None)
+    assert now["parent_id"] == main  # the replaced state, kept as its parent
+    assert rows(branch_uri(sapi, pid, main)) == [1, 2]
+
+    r = finalize(sapi, pid, preview["id"])
+    assert r.status_code == 409 and "finalized already" in r.json()["message"], r.text
+    r = finalize(sapi, pid, main)
+    assert r.status_code == 400 and "no restore to finalize" in r.json()["message"], r.text
+
+
+def test_finalize_names_the_old_branch_and_refuses_bad_input(
+    sapi: Api, snap_server: Server
+) -> None:
+    project, pid, uri = project_with_table(sapi, "snap-finalize-bad")
+    main = project["branch"]["id"]
+    sapi.suspend(pid, project["endpoints"][0]["id"])  # an idle compute moves, and stays idle
+    taken = snapshot(sapi, pid, main)
+    restored = restore(sapi, pid, taken["id"])["branch"]
+    for sent, field in [
+        ({"name": ""}, "name"),
+        ({"name": "x" * 300}, "name"),
+        ({"name": 7}, "name"),
+        ({"name": "main"}, "main"),  # taken: the restored branch's new name
+    ]:
+        r = finalize(sapi, pid, restored["id"], **sent)
+        assert r.status_code in (400, 409), (sent, r.text)
+        assert field in r.json()["message"], (sent, r.text)
+    r = sapi.http.post(
+        f"/projects/{pid}/branches/{restored['id']}/finalize_restore",
+        content=b"[]",
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 400, r.text
+    # Another account's branch is the same 404 as one that names nothing.
+    _, key = snap_server.create_key(f"snap-other-{time.monotonic_ns()}@example.com")
+    with Api(snap_server, key) as other:
+        theirs = other.http.post(f"/projects/{pid}/branches/{restored['id']}/finalize_restore")
+        nothing = other.http.post(
+            f"/projects/{ids.new_project_id()}/branches/{ids.new_branch_id()}/finalize_restore"
+        )
+        for r in (theirs, nothing, finalize(sapi, pid, ids.new_branch_id())):
+            assert r.status_code == 404, r.text
+        assert theirs.json()["message"] == nothing.json()["message"]
+        r = other.http.post(f"/projects/{pid}/snapshots/{taken['id']}/restore", json={})
+        assert r.status_code == 404, r.text
+    assert by_id(sapi, pid)[restored["id"]]["restore_status"] == "restored"  # nothing changed
+    # A second restore waiting to replace main, and main's backup schedule: both follow it.
+    second = restore(sapi, pid, taken["id"], name="second")["branch"]
+    schedule = {"schedule": [{"frequency": "daily", "hour": 3, "retention_seconds": 86400}]}
+    r = sapi.http.put(f"/projects/{pid}/branches/{main}/backup_schedule", json=schedule)
+    assert r.status_code == 200, r.text
+
+    done = sapi.settled(pid, finalize(sapi, pid, restored["id"], name="before"))
+    assert [o["action"] for o in done["operations"]] == ["suspend_compute"]
+    branches = by_id(sapi, pid)
+    assert branches[main]["name"] == "before" and branches[restored["id"]]["name"] == "main"
+    assert branches[second["id"]]["restored_as"] == restored["id"]
+    for branch_id, held in ((restored["id"], schedule), (main, {"schedule": []})):
+        r = sapi.http.get(f"/projects/{pid}/branches/{branch_id}/backup_schedule")
+        assert r.json() == held, r.text
+    assert sapi.endpoint(pid, project["endpoints"][0]["id"])["current_state"] == "idle"
+    assert rows(uri) == []  # woken on the restored data by the same connection string

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pgplane.core.usage import EndpointUsage, HourUsage, Totals
+from pgplane.compute.model import ComputeUsage
+from pgplane.core.usage import US, EndpointUsage, HourUsage, Totals
+from pgplane.engine import usage
 from pgplane.store import Store
 
 
@@ -30,3 +32,25 @@ async def test_hours_add_up_and_old_ones_are_pruned(any_store: Store) -> None:
         assert await tx.prune_usage_hours(before_hour=7200) == 2
     async with store.read() as tx:
         assert len(await tx.usage_hours("p-1", from_hour=0, to_hour=10_000)) == 1
+
+
+async def test_a_moved_endpoints_runs_count_for_the_branch_they_served(any_store: Store) -> None:
+    """A finalized restore moves an endpoint to another branch: its run there counts for that
+    branch, the one before for the branch it stopped on."""
+    hour = 3600 * US
+    before = ComputeUsage("1:1", hour, 2.0, "cgroup", ended_us=hour + 10 * US)
+    after = ComputeUsage("2:2", hour + 20 * US, 3.0, "cgroup", ended_us=hour + 30 * US)
+    for branch_id, run in (("br-old", before), ("br-new", after)):
+        async with any_store.write() as tx:
+            await usage.record(
+                tx,
+                [run],
+                endpoint_id="ep-moved",
+                project_id="p-1",
+                branch_id=branch_id,
+                default_cpus=1.0,
+                now_us=hour + 40 * US,
+            )
+    async with any_store.read() as tx:
+        hours = await tx.usage_hours("p-1", from_hour=0, to_hour=10_000)
+    assert {h.branch_id: h.cpu_us for h, _ in hours} == {"br-old": 2 * US, "br-new": 3 * US}

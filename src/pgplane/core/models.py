@@ -94,6 +94,11 @@ class Branch(msgspec.Struct, frozen=True, kw_only=True):
     # Neon's init_source: parent-data (a copy of its parent), or schema-only (a root branch
     # holding its source's roles, databases and schema, no rows).
     init_source: str = "parent-data"
+    # Made by a snapshot's restore (Neon's fields): the snapshot, ``restored`` until its restore
+    # is finalized (then ``finalized``), and the branch it replaces (computes, name, default).
+    restored_from: str | None = None
+    restore_status: str | None = None
+    restored_as: str | None = None
 
 
 class Annotation(msgspec.Struct, frozen=True, kw_only=True):

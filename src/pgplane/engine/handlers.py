@@ -137,11 +137,15 @@ async def suspend_compute(ctx: Context, op: Operation) -> OnFinish | None:
     async with ctx.store.read() as tx:
         endpoint = await tx.get_endpoint(project_id=project.id, endpoint_id=endpoint_id)
     # Its roles, read while it still runs: once suspended, only the store can tell the proxy.
-    # (A read-only compute's are its primary's, maybe older: not read.)
+    # (A read-only compute's are its primary's, maybe older: not read.) The compute stopped is
+    # the one on the operation's branch: a finalized restore stops it on the data it left.
     synced = (
         None
         if endpoint is None or endpoint.type != "read_write"
-        else await rolesync.read(ctx.driver, compute_spec(project, endpoint))
+        else await rolesync.read(
+            ctx.driver,
+            compute_spec(project, msgspec.structs.replace(endpoint, branch_id=branch_id)),
+        )
     )
     await failpoints.reached("suspend_compute:roles_read")
     sizes = await _last_sizes(ctx, op.project_id, branch_id) if endpoint is not None else None

@@ -92,6 +92,10 @@ async def record(
         endpoint_id=endpoint_id, project_id=project_id, branch_id=branch_id
     )
     before, hours = kept, list[HourUsage]()
+    if kept.branch_id != branch_id:
+        # The endpoint moved (a finalized restore): its runs count for the branch whose data
+        # they served, the old one's when it stopped there, the new one's from then on.
+        kept = replace(kept, branch_id=branch_id)
     for reading in readings:
         kept, more = fold(kept, reading, now_us=now_us, default_cpus=default_cpus)
         hours += more

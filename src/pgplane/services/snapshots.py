@@ -7,7 +7,9 @@ databases as they were when it was taken, which a branch restored from it gets. 
 into a new branch is that branch's ``create_branch``, copying the snapshot; onto an existing
 branch with ``finalize_restore`` it is that branch's ``create_timeline`` (as a branch restore:
 the branch keeps its id, endpoints and hosts; its state before is kept as a new branch, as Neon
-keeps the replaced branch). Deleting one (or its expiry) is ``delete_snapshot``, which frees its
+keeps the replaced branch). Without ``finalize_restore`` the new branch waits to be finalized
+(services/finalize.py: the target's computes move to it and it takes the target's place).
+Deleting one (or its expiry) is ``delete_snapshot``, which frees its
 copy; deleting the project frees them all.
 """
 
@@ -262,6 +264,10 @@ async def _into_new(
         updated_at=now,
         parent_lsn=snapshot.lsn,
         parent_timestamp=snapshot.point_time,
+        # Waiting to be finalized (services/finalize.py): then it takes the parent's place.
+        restored_from=snapshot.id,
+        restore_status="restored",
+        restored_as=parent.id,
     )
     await tx.insert_branch(branch)
     await _give_objects(tx, snapshot, branch_id, now)
@@ -297,6 +303,11 @@ async def _onto(
         parent_lsn=snapshot.lsn,
         parent_timestamp=snapshot.point_time,
         last_reset_at=now,
+        restored_from=snapshot.id,
+        # Restored in place: nothing to finalize, unless it waits to replace another branch.
+        restore_status=target.restore_status
+        if target.restore_status == "restored"
+        else "finalized",
         current_state="resetting",
         pending_state="ready",
         state_changed_at=now,

@@ -180,6 +180,11 @@ class Tx(AccountsTx, OperationsTx, UsageTx, SnapshotsTx):
         """Write the mutable fields: limits, suspend timeout, settings, disabled, states."""
 
     @abc.abstractmethod
+    async def set_endpoint_branch(self, *, endpoint_id: str, branch_id: str, now: int) -> None:
+        """Bind the endpoint to another branch of its project (a finalized restore moves the
+        replaced branch's computes); a second live read_write endpoint there: Conflict."""
+
+    @abc.abstractmethod
     async def set_endpoint_port(self, *, endpoint_id: str, port: int, now: int) -> None:
         """Move the endpoint's compute to ``port`` (its old one was taken by another program)."""
 

@@ -16,6 +16,7 @@ from pgplane.api.schemas.snapshots import (
     BackupSchedule,
     DailyBackup,
     Empty,
+    FinalizeRestoreRequest,
     MonthlyBackup,
     OperationsOnly,
     SnapshotCreated,
@@ -29,7 +30,7 @@ from pgplane.api.schemas.snapshots import (
 )
 from pgplane.core import clock
 from pgplane.core.models import Snapshot
-from pgplane.services import access, backups, history, snapshots
+from pgplane.services import access, backups, finalize, history, snapshots
 
 _FREQUENCY: dict[type, str] = {
     DailyBackup: "daily",
@@ -204,6 +205,36 @@ class Snapshots(Controller):
         return SnapshotRestored(
             branch=presenters.branch(branch), operations=presenters.operations(ops)
         )
+
+    @post(
+        "/branches/{branch_id:str}/finalize_restore",
+        status_code=200,
+        operation_id="finalizeRestoreBranch",
+        tags=["Branch"],
+        responses=error_responses(409, 423, body=True),  # 423: still being restored
+        operation_class=OptionalBody,
+    )
+    async def finalize_restore(
+        self,
+        request: AnyRequest,
+        project_id: FromPath[str],
+        branch_id: FromPath[str],
+        data: JSONBody[FinalizeRestoreRequest | None] = None,
+    ) -> OperationsOnly:
+        """The branch a snapshot was restored into takes the place of the branch it replaces:
+        that branch's computes move to it, and it takes its name (the old one: ``name``)."""
+        ctx = authorized(request)
+        body = data or FinalizeRestoreRequest()
+        async with ctx.store.write() as tx:
+            ops = await finalize.finalize(
+                tx,
+                account_id=ctx.account_id,
+                project_id=project_id,
+                branch_id=branch_id,
+                name=body.name,
+            )
+        ctx.notify()
+        return OperationsOnly(operations=presenters.operations(ops))
 
     @get(
         "/branches/{branch_id:str}/backup_schedule",

@@ -14,12 +14,17 @@ from pgplane.api.schemas.common import (
     PoolerMode,
     Provisioner,
     SuspendTimeout,
+    documented,
 )
 from pgplane.api.schemas.objects import EndpointOut
 from pgplane.api.schemas.operations import OperationOut
+from pgplane.services import names
 
 # Neon's compute name: a label, not unique; the id still names the compute in hosts.
-EndpointName = Annotated[str, Meta(min_length=1, max_length=64)]
+# services/names.py refuses control characters too: documented, as for other names.
+EndpointName = Annotated[
+    str, Meta(min_length=1, max_length=64, extra_json_schema=documented(pattern=names.NAME_PATTERN))
+]
 
 
 class EndpointsResponse(Struct, kw_only=True):

@@ -30,6 +30,11 @@ class BranchOut(Struct, kw_only=True, omit_defaults=True):
     expires_at: str | None = None
     ttl_interval_seconds: int | None = None
     init_source: str | None = None  # parent-data, or schema-only (a root branch, no parent)
+    # A branch a snapshot was restored into: the snapshot, restored (waiting to be finalized) or
+    # finalized, and the branch it replaces.
+    restored_from: str | None = None
+    restore_status: str | None = None
+    restored_as: str | None = None
     logical_size: int | None = None  # bytes, as Postgres last reported them (absent: unknown)
     # Not Neon's: the blocks its data and its history (WAL archive, base states) take on disk,
     # as du counts them. Clients that do not know them ignore extra fields.

@@ -67,6 +67,12 @@ class SnapshotRestoreRequest(Struct, kw_only=True):
     finalize_restore: bool = False
 
 
+class FinalizeRestoreRequest(Struct, kw_only=True):
+    """Neon's: the name the replaced branch takes (absent: ``<its name> (old)``)."""
+
+    name: Name256 | None = None
+
+
 class SnapshotRestored(Struct, kw_only=True):
     branch: BranchOut
     operations: list[OperationOut]

@@ -11,7 +11,7 @@ from pgplane.store.sqlite.common import Statements, _taken
 _BRANCH_COLUMNS = (
     "id, project_id, parent_id, name, is_default, protected, current_state, pending_state,"
     " state_changed_at, created_at, updated_at, parent_lsn, parent_timestamp, last_reset_at,"
-    " expires_at, ttl_interval_seconds, init_source"
+    " expires_at, ttl_interval_seconds, init_source, restored_from, restore_status, restored_as"
 )
 
 
@@ -34,6 +34,9 @@ def _branch(r: Sequence[Any]) -> Branch:
         expires_at=r[14],
         ttl_interval_seconds=r[15],
         init_source=r[16],
+        restored_from=r[17],
+        restore_status=r[18],
+        restored_as=r[19],
     )
 
 
@@ -43,7 +46,7 @@ class BranchesMixin(Statements):
     async def insert_branch(self, branch: Branch) -> None:
         b = branch
         await self._c.write(
-            f"INSERT INTO branches ({_BRANCH_COLUMNS}) VALUES ({', '.join('?' * 17)})",
+            f"INSERT INTO branches ({_BRANCH_COLUMNS}) VALUES ({', '.join('?' * 20)})",
             (
                 b.id,
                 b.project_id,
@@ -62,6 +65,9 @@ class BranchesMixin(Statements):
                 b.expires_at,
                 b.ttl_interval_seconds,
                 b.init_source,
+                b.restored_from,
+                b.restore_status,
+                b.restored_as,
             ),
             _taken("branch", b.name),
         )
@@ -88,7 +94,8 @@ class BranchesMixin(Statements):
             "UPDATE branches SET name = ?, protected = ?, is_default = ?, updated_at = ?,"
             " parent_id = ?, parent_lsn = ?, parent_timestamp = ?, last_reset_at = ?,"
             " current_state = ?, pending_state = ?, state_changed_at = ?, expires_at = ?,"
-            " ttl_interval_seconds = ? WHERE id = ? AND deleted_at IS NULL",
+            " ttl_interval_seconds = ?, restored_from = ?, restore_status = ?, restored_as = ?"
+            " WHERE id = ? AND deleted_at IS NULL",
             (
                 b.name,
                 int(b.protected),
@@ -103,6 +110,9 @@ class BranchesMixin(Statements):
                 b.state_changed_at,
                 b.expires_at,
                 b.ttl_interval_seconds,
+                b.restored_from,
+                b.restore_status,
+                b.restored_as,
                 b.id,
             ),
             _taken("branch", b.name),

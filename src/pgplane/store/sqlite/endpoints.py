@@ -159,6 +159,14 @@ class EndpointsMixin(Statements):
             ),
         )
 
+    async def set_endpoint_branch(self, *, endpoint_id: str, branch_id: str, now: int) -> None:
+        await self._c.write(
+            "UPDATE endpoints SET branch_id = ?, updated_at = ?"
+            " WHERE id = ? AND deleted_at IS NULL",
+            (branch_id, now, endpoint_id),
+            _endpoint_conflict(0),
+        )
+
     async def set_endpoint_port(self, *, endpoint_id: str, port: int, now: int) -> None:
         await self._c.execute(
             "UPDATE endpoints SET port = ?, updated_at = ? WHERE id = ? AND deleted_at IS NULL",
