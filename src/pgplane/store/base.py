@@ -40,14 +40,16 @@ from pgplane.core.models import Annotation, Branch, Database, Endpoint, Operatio
 from pgplane.core.operations import Action
 from pgplane.core.usage import BranchSizes, EndpointUsage, HourUsage, StorageTotals, Totals
 from pgplane.store.accounts import AccountsTx
+from pgplane.store.nodes import NodesTx
 from pgplane.store.snapshots import SnapshotsTx
 
 
-class Tx(AccountsTx, SnapshotsTx):
+class Tx(AccountsTx, SnapshotsTx, NodesTx):
     """One unit of work against the store. Methods never commit.
 
     The account side (accounts, API keys, the console's sign-in) is :class:`AccountsTx`;
-    snapshots and backup schedules are :class:`SnapshotsTx`.
+    snapshots and backup schedules are :class:`SnapshotsTx`; nodes and placement,
+    :class:`NodesTx`.
     """
 
     # -- projects -------------------------------------------------------------------------------
@@ -310,14 +312,25 @@ class Tx(AccountsTx, SnapshotsTx):
         """
 
     @abc.abstractmethod
-    async def list_unsettled_operations(self, project_id: str | None = None) -> list[Operation]:
-        """Operations in ``scheduling`` or ``running`` (of one project, or all), oldest first."""
+    async def list_unsettled_operations(
+        self, project_id: str | None = None, *, node: str | None = None
+    ) -> list[Operation]:
+        """Operations in ``scheduling`` or ``running`` (of one project, or all; with ``node``,
+        only of the projects placed on that node), oldest first."""
 
     @abc.abstractmethod
     async def claim_operation(
-        self, *, seen: Operation, owner: str, now: int, lease_until: int, failed_attempt: bool
+        self,
+        *,
+        seen: Operation,
+        owner: str,
+        now: int,
+        lease_until: int,
+        failed_attempt: bool,
+        node: str | None = None,
     ) -> Operation | None:
-        """Compare-and-set ``seen`` (unchanged since read) to ``running`` leased by ``owner``.
+        """Compare-and-set ``seen`` (unchanged since read) to ``running`` leased by ``owner``;
+        with ``node``, only while the operation's project is placed on that node.
 
         ``failed_attempt`` counts the previous, abandoned attempt (an expired lease) as a failure.
         Returns the claimed operation, or None if another worker got there first.
