@@ -377,6 +377,7 @@ async def _serve(settings: Settings) -> None:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await driver.close()
+        await node.release()
         await store.close()
         log.info("pgplane stopped")
 

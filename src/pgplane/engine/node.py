@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import secrets
 import uuid
+from pathlib import Path
 
 from pgplane.config import Settings
 from pgplane.core import clock
@@ -23,6 +26,20 @@ from pgplane.telemetry.metrics import NO_METRICS, Metrics
 log = logging.getLogger(__name__)
 
 _US = 1_000_000
+
+
+def _home(data_dir: Path) -> str:
+    """The data directory's own id, made once (a copied directory is the same node)."""
+    path = data_dir / "node.id"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    home = secrets.token_hex(8)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with open(fd, "w") as f:
+        f.write(home + "\n")
+    return home
 
 
 def node_name(settings: Settings) -> str:
@@ -41,7 +58,9 @@ class NodeLease:
         self._settings = settings
         self._metrics = metrics
         self.name = node_name(settings)
-        self.instance = uuid.uuid4().hex
+        # The data directory's id, then this process's: a restart on the same directory takes
+        # the name back at once, even from a lease its killed predecessor left running.
+        self.instance = f"{_home(settings.data_dir)}.{uuid.uuid4().hex[:12]}"
         low, high = settings.compute_ports
         self.capacity = settings.node_capacity or (high - low + 1)
 
@@ -79,6 +98,15 @@ class NodeLease:
             if current is not None and current.instance == self.instance:
                 node = self._node(proxy_port, now)
                 await tx.put_node(node)
+
+    async def release(self) -> None:
+        """A graceful stop: the lease ends now, so other nodes see this one down at once."""
+        now = clock.now_us()
+        try:
+            async with self._store.write() as tx:
+                await tx.renew_node(name=self.name, instance=self.instance, now=now, expires_at=now)
+        except Unavailable as exc:
+            log.warning("node %s: lease not released: %s", self.name, exc.message)
 
     async def run(self) -> None:
         """Renew the lease every heartbeat, until cancelled."""

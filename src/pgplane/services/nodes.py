@@ -27,17 +27,27 @@ class NameTaken(Exception):
 
 
 async def register(tx: Tx, node: Node) -> int:
-    """Put the node in the store, or take its name back after a restart; refused while another
-    process holds the name with a lease still running. Returns how many projects without a node
-    (an earlier store's) it adopted."""
+    """Put the node in the store, or take its name back after a restart; refused while a process
+    of another data directory holds the name with a lease still running (one of the same
+    directory is gone: the directory's server lock says so). Returns how many projects without
+    a node (an earlier store's) it adopted."""
     current = await tx.get_node(node.name)
-    if current is not None and current.instance != node.instance and current.up(node.started_at):
+    if (
+        current is not None
+        and home_of(current.instance) != home_of(node.instance)
+        and current.up(node.started_at)
+    ):
         raise NameTaken(
             f"node {node.name!r} is held by another running pgplane (heartbeat"
             f" {clock.format_s(current.heartbeat_at)}); give this one another --node-name"
         )
     await tx.put_node(node)
     return await tx.adopt_projects(node.name)
+
+
+def home_of(instance: str) -> str:
+    """The data directory's part of an instance (``home.process``)."""
+    return instance.split(".", 1)[0]
 
 
 async def place(tx: Tx, *, project_id: str, now: int) -> Node | None:
