@@ -29,7 +29,7 @@ from pgplane.connlimits import ConnectionGate
 from pgplane.core.operations import Action
 from pgplane.engine import Engine
 from pgplane.engine.history_handlers import keep_history
-from pgplane.engine.node import NodeLease, node_name
+from pgplane.engine.node import NodeLease, OnThisNode, node_name
 from pgplane.engine.reconcile import reconcile
 from pgplane.engine.scheduler import Scheduler
 from pgplane.engine.shutdown import report_running, suspend_all
@@ -320,8 +320,8 @@ async def _serve(settings: Settings) -> None:
         store=store,
         settings=settings,
         check_settings=driver.check_settings,
-        history=driver.history_bounds,
-        schema=driver.dump_schema,
+        history=(here := OnThisNode(store, node.name, driver)).history_bounds,
+        schema=here.dump_schema,
         notify=engine.wake,
         readiness=readiness,
         metrics=metrics,

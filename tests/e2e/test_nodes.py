@@ -90,28 +90,19 @@ def test_two_nodes_share_the_platform_and_one_killed_refuses_only_its_projects()
         assert [listed[n]["projects"] for n in ("node-a", "node-b")] == [2, 2]
         assert [listed[n]["computes"] for n in ("node-a", "node-b")] == [2, 2]
 
-        # Each compute answers, through its own node's proxy.
-        for p in projects:
-            pid = p["project"]["id"]
-            api = apis[servers.index(homes[pid])]
-            r = api.http.get(
-                f"/projects/{pid}/connection_uri",
-                params={"role_name": "neondb_owner", "database_name": "neondb"},
-            )
-            assert r.status_code == 200, r.text
-            with psycopg.connect(r.json()["uri"], connect_timeout=10) as conn:
-                assert conn.execute("SELECT 1").fetchone() == (1,)
+        _assert_served_once_on_their_nodes(servers, apis, projects, homes)
 
-        # Every operation ran once, on its project's node: one attempt in all the logs, and the
-        # node's /metrics count it.
-        ran = {s.data_dir.name: _attempts(s) for s in servers}
-        for p in projects:
-            pid = p["project"]["id"]
-            for op in apis[0].operations(pid):
-                where = [name for name, ids in ran.items() for i in ids if i == op["id"]]
-                assert where == [homes[pid].data_dir.name], (op, where)
-        for s in servers:
-            assert _finished_ops(s).get("create_timeline") == 2
+        # A read of a project's data itself (its schema) is served by its node; another node
+        # says where the data is (no forwarding between nodes yet).
+        on_a = next(pid for pid, home in homes.items() if home is a)
+        on_b = next(pid for pid, home in homes.items() if home is b)
+        branch_b = next(p["branch"]["id"] for p in projects if p["project"]["id"] == on_b)
+        schema = f"/projects/{on_b}/branches/{branch_b}/schema"
+        r = apis[1].http.get(schema, params={"db_name": "neondb"})
+        assert r.status_code == 200, r.text
+        r = apis[0].http.get(schema, params={"db_name": "neondb"})
+        assert r.status_code == 503, r.text
+        assert "on node node-b" in r.json()["message"]
 
         # A cordoned node gets no new project; uncordoned, it takes them again.
         _cli(a, "nodes", "cordon", "node-a")
@@ -123,8 +114,6 @@ def test_two_nodes_share_the_platform_and_one_killed_refuses_only_its_projects()
         assert _nodes(a)["node-a"]["state"] == "active"
 
         # node-b killed: it shows down once its lease lapses.
-        on_a = next(pid for pid, home in homes.items() if home is a)
-        on_b = next(pid for pid, home in homes.items() if home is b)
         b.stop(signal.SIGKILL)
         wait_for("node-b seen down", lambda: _nodes(a)["node-b"]["state"] == "down" or None)
 
@@ -135,6 +124,9 @@ def test_two_nodes_share_the_platform_and_one_killed_refuses_only_its_projects()
         r = api.http.post(f"/projects/{on_b}/branches", json={"branch": {"name": "dev"}})
         assert r.status_code == 503, r.text
         assert r.headers["Retry-After"]
+        assert "node-b is down" in r.json()["message"]
+        r = api.http.get(schema, params={"db_name": "neondb"})
+        assert r.status_code == 503, r.text
         assert "node-b is down" in r.json()["message"]
         # A new project goes to the node that is up.
         body = api.create_project(name="after")
@@ -147,6 +139,37 @@ def test_two_nodes_share_the_platform_and_one_killed_refuses_only_its_projects()
         api.settled(on_a, r)
         for client in apis:
             client.http.close()
+
+
+def _assert_served_once_on_their_nodes(
+    servers: tuple[Server, Server],
+    apis: tuple[Api, Api],
+    projects: list[dict[str, Any]],
+    homes: dict[str, Server],
+) -> None:
+    """Each compute answers through its node's proxy; each operation ran there, once."""
+    # Each compute answers, through its own node's proxy.
+    for p in projects:
+        pid = p["project"]["id"]
+        api = apis[servers.index(homes[pid])]
+        r = api.http.get(
+            f"/projects/{pid}/connection_uri",
+            params={"role_name": "neondb_owner", "database_name": "neondb"},
+        )
+        assert r.status_code == 200, r.text
+        with psycopg.connect(r.json()["uri"], connect_timeout=10) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+
+    # Every operation ran once, on its project's node: one attempt in all the logs, and the
+    # node's /metrics count it.
+    ran = {s.data_dir.name: _attempts(s) for s in servers}
+    for p in projects:
+        pid = p["project"]["id"]
+        for op in apis[0].operations(pid):
+            where = [name for name, ids in ran.items() for i in ids if i == op["id"]]
+            assert where == [homes[pid].data_dir.name], (op, where)
+    for s in servers:
+        assert _finished_ops(s).get("create_timeline") == 2
 
 
 def _home_of_new(servers: tuple[Server, Server], body: dict[str, Any]) -> Server:

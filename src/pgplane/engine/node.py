@@ -15,6 +15,7 @@ import secrets
 import uuid
 from pathlib import Path
 
+from pgplane.compute.driver import ComputeDriver, HistoryBounds, Point
 from pgplane.config import Settings
 from pgplane.core import clock
 from pgplane.core.nodes import ACTIVE, Node, check_name, default_name
@@ -135,3 +136,52 @@ class NodeLease:
             )
             return
         self._metrics.node_heartbeat()
+
+
+class OnThisNode:
+    """The API's direct reads of a project's data (a schema, a branch's history), refused with a
+    clear error when the project is placed on another node: its data is there, not here, and
+    the reads are not forwarded between nodes yet. Down or not, the error names the node."""
+
+    def __init__(self, store: Store, name: str, driver: ComputeDriver) -> None:
+        self._store = store
+        self._name = name
+        self._driver = driver
+
+    async def _require_here(self, project_id: str) -> None:
+        async with self._store.read() as tx:
+            await nodes.require_up(tx, project_id)
+            node = await tx.project_node(project_id)
+        if node is not None and node.name != self._name:
+            raise Unavailable(
+                f"the project's data is on node {node.name}, not on this one ({self._name}):"
+                f" ask that node's API at {node.api_url}"
+            )
+
+    async def history_bounds(
+        self, *, project_id: str, branch_id: str, pg_version: int
+    ) -> HistoryBounds:
+        await self._require_here(project_id)
+        return await self._driver.history_bounds(
+            project_id=project_id, branch_id=branch_id, pg_version=pg_version
+        )
+
+    async def dump_schema(
+        self,
+        *,
+        project_id: str,
+        branch_id: str,
+        pg_version: int,
+        db_name: str,
+        max_bytes: int,
+        point: Point | None = None,
+    ) -> str:
+        await self._require_here(project_id)
+        return await self._driver.dump_schema(
+            project_id=project_id,
+            branch_id=branch_id,
+            pg_version=pg_version,
+            db_name=db_name,
+            max_bytes=max_bytes,
+            point=point,
+        )
