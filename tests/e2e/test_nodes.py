@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import psycopg
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.pgstore import store_cluster
@@ -179,3 +180,32 @@ def _home_of_new(servers: tuple[Server, Server], body: dict[str, Any]) -> Server
         "the new project's data",
         lambda: next((s for s in servers if (s.data_dir / "projects" / pid).exists()), None),
     )
+
+
+@pytest.mark.slow
+def test_a_killed_node_restarted_takes_its_name_back_and_its_projects_converge() -> None:
+    with _two_nodes() as servers:
+        a, b = servers
+        _, key = a.create_key("restart@example.com")
+        with Api(a, key) as api:
+            # Two projects: one on each node (the second goes to the less loaded one).
+            first = api.create_ready_project(name="one")
+            second = api.create_ready_project(name="two")
+            by_home = {_home(servers, p["project"]["id"]).data_dir: p for p in (first, second)}
+            pid = by_home[b.data_dir]["project"]["id"]
+            # A branch asked of node-b's project, and node-b killed before or while it runs.
+            r = api.http.post(
+                f"/projects/{pid}/branches",
+                json={"branch": {"name": "dev"}, "endpoints": [{"type": "read_write"}]},
+            )
+            assert r.status_code == 201, r.text
+            b.stop(signal.SIGKILL)
+            wait_for("node-b seen down", lambda: _nodes(a)["node-b"]["state"] == "down" or None)
+            # Back on the same data directory: the same node, its lease taken back at once, and
+            # what it left unfinished finished.
+            b.start()
+            assert _nodes(a)["node-b"]["state"] == "active"
+            api.settled(pid, r)
+            r = api.http.post(f"/projects/{pid}/branches", json={"branch": {"name": "again"}})
+            api.settled(pid, r)
+            assert len(_nodes(a)) == 2
