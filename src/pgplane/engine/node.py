@@ -153,9 +153,10 @@ class OnThisNode:
             await nodes.require_up(tx, project_id)
             node = await tx.project_node(project_id)
         if node is not None and node.name != self._name:
+            # The node's name only: its addresses are the operator's, not the tenant's.
             raise Unavailable(
                 f"the project's data is on node {node.name}, not on this one ({self._name}):"
-                f" ask that node's API at {node.api_url}"
+                " ask that node's API"
             )
 
     async def history_bounds(
