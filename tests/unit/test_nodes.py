@@ -4,11 +4,13 @@ only by the project's node, and the retryable refusal of work for a project whos
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pgplane.config import Settings
 from pgplane.core import clock
-from pgplane.core.nodes import ACTIVE, CORDONED, Node, NodeLoad, choose
+from pgplane.core.nodes import ACTIVE, CORDONED, Node, NodeLoad, check_name, choose, default_name
 from pgplane.core.operations import Action
 from pgplane.errors import NotFound, Unavailable
 from pgplane.services import accounts, nodes, operations, projects
@@ -183,3 +185,13 @@ def test_choose_weighs_projects_for_capacity_then_computes_then_name() -> None:
     assert choose([load("a", 2, 0), load("b", 2, 1)], now).name == "a"  # type: ignore[union-attr]
     assert choose([load("a", 2, 0, 10), load("b", 3, 0, 30)], now).name == "b"  # type: ignore[union-attr]
     assert choose([load("b", 0, 0), load("a", 0, 0)], now).name == "a"  # type: ignore[union-attr]
+
+
+def test_a_default_name_is_stable_per_data_directory_and_names_are_checked(tmp_path: Path) -> None:
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert default_name(one) == default_name(one)
+    assert default_name(one) != default_name(two)
+    assert check_name(default_name(one)) == default_name(one)
+    for bad in ("", "-a", "a b", "a\nb", "x" * 64, "ä"):
+        with pytest.raises(ValueError, match="node name"):
+            check_name(bad)
