@@ -27,8 +27,12 @@ def store(any_store: Store) -> Store:
     return any_store
 
 
-def _node(name: str, *, instance: str = "i", now: int | None = None, lease_s: int = 20) -> Node:
+def _node(
+    name: str, *, instance: str | None = None, now: int | None = None, lease_s: int = 20
+) -> Node:
+    """A node of a data directory of its own (``instance``: ``home.process``)."""
     now = clock.now_us() if now is None else now
+    instance = f"{name}.i" if instance is None else instance
     return Node(
         name=name,
         instance=instance,
@@ -127,6 +131,18 @@ async def test_the_first_node_adopts_the_projects_of_a_store_without_nodes(store
     assert await _register(store, _node("a")) == 1
     assert await _placed(store, created.project.id) == "a"
     assert await _register(store, _node("b")) == 0
+
+
+async def test_a_data_directory_renamed_keeps_its_projects(store: Store) -> None:
+    await _register(store, _node("old-host-1234", instance="home.first"))
+    await _register(store, _node("other", instance="elsewhere.x"))
+    pid = (await _project(store)).project.id
+    assert await _placed(store, pid) == "old-host-1234"
+    # The same directory, started again under a new host name.
+    assert await _register(store, _node("new-host-1234", instance="home.second")) == 1
+    assert await _placed(store, pid) == "new-host-1234"
+    async with store.read() as tx:
+        assert [load.node.name for load in await tx.node_loads()] == ["new-host-1234", "other"]
 
 
 async def test_operations_are_claimed_only_by_their_projects_node(store: Store) -> None:

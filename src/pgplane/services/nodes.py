@@ -29,8 +29,8 @@ class NameTaken(Exception):
 async def register(tx: Tx, node: Node) -> int:
     """Put the node in the store, or take its name back after a restart; refused while a process
     of another data directory holds the name with a lease still running (one of the same
-    directory is gone: the directory's server lock says so). Returns how many projects without
-    a node (an earlier store's) it adopted."""
+    directory is gone: the directory's server lock says so). Returns how many projects it
+    adopted: an earlier store's (no node), or its own data directory's under an earlier name."""
     current = await tx.get_node(node.name)
     if (
         current is not None
@@ -42,7 +42,20 @@ async def register(tx: Tx, node: Node) -> int:
             f" {clock.format_s(current.heartbeat_at)}); give this one another --node-name"
         )
     await tx.put_node(node)
-    return await tx.adopt_projects(node.name)
+    adopted = await tx.adopt_projects(node.name)
+    # The same data directory under another name before (the host renamed, as a container's
+    # is at each start, or --node-name changed): its projects are this node's, their data is
+    # here. The directory's server lock says no other process runs on it.
+    for load in await tx.node_loads():
+        old = load.node
+        if old.name != node.name and home_of(old.instance) == home_of(node.instance):
+            moved = await tx.move_projects(from_node=old.name, to_node=node.name)
+            await tx.delete_node(old.name)
+            log.info(
+                "node %s was named %s before: its %d project(s) kept", node.name, old.name, moved
+            )
+            adopted += moved
+    return adopted
 
 
 def home_of(instance: str) -> str:

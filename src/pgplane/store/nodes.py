@@ -40,6 +40,13 @@ class NodesTx(abc.ABC):
         """Place every project that has no node (an earlier store's) on ``node``."""
 
     @abc.abstractmethod
+    async def move_projects(self, *, from_node: str, to_node: str) -> int:
+        """Place every project of ``from_node`` on ``to_node`` (a node renamed)."""
+
+    @abc.abstractmethod
+    async def delete_node(self, name: str) -> None: ...
+
+    @abc.abstractmethod
     async def place_project(self, *, project_id: str, node: str) -> None: ...
 
     @abc.abstractmethod

@@ -88,6 +88,15 @@ class NodesMixin(Statements):
         cur = await self._c.execute("UPDATE projects SET node = ? WHERE node IS NULL", (node,))
         return cur.rowcount
 
+    async def move_projects(self, *, from_node: str, to_node: str) -> int:
+        cur = await self._c.execute(
+            "UPDATE projects SET node = ? WHERE node = ?", (to_node, from_node)
+        )
+        return cur.rowcount
+
+    async def delete_node(self, name: str) -> None:
+        await self._c.execute("DELETE FROM nodes WHERE name = ?", (name,))
+
     async def place_project(self, *, project_id: str, node: str) -> None:
         await self._c.execute("UPDATE projects SET node = ? WHERE id = ?", (node, project_id))
 
