@@ -4,6 +4,7 @@ only by the project's node, and the retryable refusal of work for a project whos
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from pgplane.errors import NotFound, Unavailable
 from pgplane.services import accounts, nodes, operations, projects
 from pgplane.services.projects import CreatedProject
 from pgplane.store import Store
+from pgplane.store.sqlite import SqliteStore
 from tests.support import no_pg_settings
 
 _US = 1_000_000
@@ -211,3 +213,36 @@ def test_a_default_name_is_stable_per_data_directory_and_names_are_checked(tmp_p
     for bad in ("", "-a", "a b", "a\nb", "x" * 64, "ä"):
         with pytest.raises(ValueError, match="node name"):
             check_name(bad)
+
+
+def test_nodes_list_prints_a_table_and_a_cordon_of_no_node_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from pgplane.cli.main import app
+
+    monkeypatch.delenv("PGPLANE_STORE", raising=False)
+
+    async def register() -> None:
+        store = SqliteStore(tmp_path / "pgplane.db")
+        try:
+            await _register(store, _node("node-a"))
+        finally:
+            await store.close()
+
+    asyncio.run(register())
+    runner = CliRunner()
+    done = runner.invoke(app, ["nodes", "list", "--data-dir", str(tmp_path)])
+    assert done.exit_code == 0, done.output
+    header, row = done.output.splitlines()
+    assert header.split()[:6] == [
+        "name", "state", "heartbeat_age_s", "projects", "computes", "capacity"
+    ]  # fmt: skip
+    assert row.split()[:2] == ["node-a", "active"]
+    done = runner.invoke(app, ["nodes", "cordon", "nobody", "--data-dir", str(tmp_path)])
+    assert done.exit_code == 2
+    assert "no node named 'nobody'" in done.output
+    done = runner.invoke(app, ["nodes", "cordon", "node-a", "--data-dir", str(tmp_path)])
+    assert done.exit_code == 0, done.output
+    assert '"state": "cordoned"' in done.output
