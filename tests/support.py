@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import os
 import re
 import signal
@@ -232,6 +233,24 @@ class Server:
             if time.monotonic() > deadline:
                 raise AssertionError(f"{needle!r} never logged:\n{self.log()[-3000:]}")
             time.sleep(0.02)
+
+    def scheduler_ticks(self) -> int:
+        """How many scheduler ticks have begun, as ``/metrics`` counts them (at most a second
+        old: the exposition is rendered once a second at most)."""
+        text = httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=10).text
+        found = re.search(r"^pgplane_scheduler_lag_seconds_count (\S+)$", text, re.MULTILINE)
+        assert found, "no scheduler ticks in /metrics (are metrics off?)"
+        return int(float(found.group(1)))
+
+    def wait_for_ticks(self, whole: int = 1, timeout: float = 60) -> None:
+        """Until the scheduler has run ``whole`` ticks from start to end since this call: for a
+        test that something does *not* happen (a second deletion, a suspend), the scheduler
+        has had its chances, however slow the machine. A tick counts as it begins, and the count
+        read may be a second old (as many tick starts as fit in a second, and one more): those
+        are waited for on top."""
+        period = float(self.env.get("PGPLANE_SCHEDULER_SECONDS", "1"))
+        wanted = self.scheduler_ticks() + whole + 1 + math.ceil(1 / period)
+        wait_for(f"{whole} scheduler tick(s)", lambda: self.scheduler_ticks() >= wanted, timeout)
 
     def store_and_logs(self) -> bytes:
         """What the server wrote to its store (with the WAL) and its logs, the computes' too."""

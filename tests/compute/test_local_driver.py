@@ -372,9 +372,21 @@ async def test_a_killed_postmasters_busy_backend_does_not_block_its_restart(
     )
     orphans: list[int] = []
     try:
-        await asyncio.sleep(0.5)  # the loop is running
+        async with await connect(compute.port) as watcher:
+            for _ in range(600):  # until the loop runs (a minute at most)
+                running = await watcher.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE state = 'active' AND query LIKE 'DO %'"
+                )
+                if await running.fetchone() is not None:
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                raise AssertionError("the busy query never ran")
         os.kill(old.pid, signal.SIGKILL)
-        await asyncio.sleep(0.5)
+        for _ in range(600):  # until the postmaster is gone (dead or a zombie)
+            if old.pid not in _working_in(pgdata):
+                break
+            await asyncio.sleep(0.1)
         orphans = _working_in(pgdata)
         assert orphans != []  # the busy backend outlived its postmaster
         await computes.start(compute)

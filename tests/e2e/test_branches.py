@@ -91,7 +91,7 @@ def test_branch_of_a_parent_under_steady_writes(api: Api) -> None:
         started = time.monotonic()
         created = _ready_branch(api, pid, endpoints=[{"type": "read_write"}])
         finished = time.monotonic()
-        time.sleep(0.2)
+        wait_for("a commit after the copy", lambda: committed[-1] > finished or errors)
     finally:
         stop.set()
         thread.join()

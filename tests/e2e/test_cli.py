@@ -1,16 +1,20 @@
 """The command line on a data directory (headless installs): keys for the account that signs in
-to the console, listed and revoked; accounts listed."""
+to the console, listed and revoked; accounts listed; long commands say what they are doing."""
 
 from __future__ import annotations
 
 import json
 import os
+import selectors
+import sqlite3
 import subprocess
+import time
+from pathlib import Path
 
 import httpx
 
 from tests.console import PASSWORD, Browser
-from tests.support import PGPLANE, run_cli, running_server
+from tests.support import PGPLANE, Api, run_cli, running_server
 
 
 def test_the_headless_key_is_the_console_accounts_and_keys_are_listed_and_revoked() -> None:
@@ -75,3 +79,66 @@ def test_help_is_whole_at_80_columns() -> None:
         assert "…" not in done.stdout.replace("ep-….<", "")  # no name cut short
         if command[0] == "serve":
             assert "--proxy-wildcard-dns / --no-proxy-wildcard-dns" in done.stdout
+
+
+def _until_said(process: subprocess.Popen[str], needle: str, said: list[str]) -> None:
+    """Read ``process``' stderr into ``said`` until a line holds ``needle`` (60 s at most)."""
+    assert process.stderr is not None
+    deadline = time.monotonic() + 60
+    with selectors.DefaultSelector() as sel:
+        sel.register(process.stderr, selectors.EVENT_READ)
+        while not any(needle in line for line in said):
+            left = deadline - time.monotonic()
+            assert left > 0 and process.poll() is None, (needle, said)
+            if sel.select(timeout=min(left, 1.0)):
+                said.append(process.stderr.readline())
+
+
+def test_a_command_waiting_for_the_store_says_so_and_goes_on_when_it_is_free(
+    tmp_path: Path,
+) -> None:
+    first = run_cli("accounts", "list", data_dir=tmp_path)  # makes the store
+    assert first.returncode == 0, first.stderr
+    assert "applying store migration 0001_initial.sql" in first.stderr  # what it did, said
+    quick = run_cli("accounts", "list", data_dir=tmp_path)
+    assert (quick.returncode, quick.stderr) == (0, "")  # nothing slow: nothing said
+
+    # Another process (a busy serve, here this test) holds the store's write lock.
+    holder = sqlite3.connect(tmp_path / "pgplane.db", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    process = subprocess.Popen(
+        [*PGPLANE, "api-keys", "create", "--name", "ci", "--data-dir", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    said: list[str] = []
+    try:
+        _until_said(process, "the store is locked by another process: waiting up to 60 s", said)
+        _until_said(process, "waiting for the store's write lock ...", said)  # past a second
+    except BaseException:
+        process.kill()
+        raise
+    finally:
+        holder.execute("COMMIT")
+        holder.close()
+        out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, (said, err)
+    assert json.loads(out)["name"] == "ci"
+    assert "waiting for the store's write lock: done after" in err, (said, err)
+
+
+def test_serve_says_what_it_does_while_it_suspends_the_computes_at_a_stop() -> None:
+    # The suspend takes 2.5 s (a checkpoint of a busy compute, say): long enough to be told.
+    slow = "before:suspend_compute=1*sleep(2500)"
+    with running_server(PGPLANE_STOP_COMPUTES="on", PGPLANE_FAILPOINTS=slow) as server:
+        _, key = server.create_key("progress@example.com")
+        with Api(server, key) as api:
+            api.create_ready_project()
+        server.stop()
+        log = server.log()
+    step = "suspending the running computes before stopping"
+    said = [line for line in log.splitlines() if step in line]
+    assert len(said) == 2 and said[0].endswith(f"{step} ..."), log[-3000:]
+    assert f"{step}: done after" in said[1]
+    assert log.index(said[1]) < log.index("pgplane stopped")

@@ -7,9 +7,7 @@ reaching another's objects). The browser-driven first hour is test_console_brows
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterator
-from datetime import datetime
 
 import httpx
 import pytest
@@ -262,8 +260,8 @@ def test_wrong_passwords_are_throttled() -> None:
 
 def test_no_page_or_action_reaches_another_accounts_objects(server: Server) -> None:
     """A matrix like the API's: every page and form of the console, for another account's
-    project, branch, compute, role, database and key, answers the API's 404 and changes
-    nothing."""
+    project, branch, compute, role, database, snapshot, backup schedule and key, answers the
+    API's 404 and changes nothing."""
     _account(server, "owner@example.com")
     _account(server, "neighbour@example.com")
     with (
@@ -276,15 +274,29 @@ def test_no_page_or_action_reaches_another_accounts_objects(server: Server) -> N
             pid, bid = body["project"]["id"], body["branch"]["id"]
             eid = body["endpoints"][0]["id"]
             key_id = api.http.get("/api_keys").json()[0]["id"]
+            taken = api.http.post(f"/projects/{pid}/branches/{bid}/snapshot", params={"name": "s"})
+            sid = api.settled(pid, taken)["snapshot"]["id"]
             before = _state(api, pid)
             project = f"/console/projects/{pid}"
             branch = f"{project}/branches/{bid}"
-            pages = [project, f"{project}?branch={bid}", f"{project}/operations/"]
+            pages = [
+                project,
+                f"{project}?branch={bid}",
+                f"{project}/operations/",
+                f"{project}/snapshots",
+                f"{project}/snapshots?branch={bid}",
+            ]
             forms = [
                 f"{project}/rename",
                 f"{project}/delete",
                 f"{project}/branches",
                 *(f"{project}/endpoints/{eid}/{a}" for a in ("start", "suspend", "restart")),
+                f"{project}/endpoints/{eid}/delete",
+                f"{branch}/endpoints",
+                f"{branch}/snapshot",
+                f"{branch}/backup_schedule",
+                *(f"{project}/snapshots/{sid}/{a}" for a in ("rename", "expiry", "delete")),
+                *(f"{project}/snapshots/{sid}/{a}" for a in ("restore", "finalize")),
                 f"{branch}/expiry",
                 f"{branch}/roles",
                 *(f"{branch}/roles/neondb_owner/{a}" for a in ("reveal", "reset_password")),
@@ -299,66 +311,20 @@ def test_no_page_or_action_reaches_another_accounts_objects(server: Server) -> N
                 assert r.status_code == 404, (path, r.status_code)
                 assert "private" not in r.text
             for path in forms:
-                r = neighbour.post(path, name="taken", confirm_name="private", owner_name="x")
+                r = neighbour.post(
+                    path,
+                    name="taken",
+                    confirm_name="private",
+                    owner_name="x",
+                    type="read_only",
+                    target_branch_id=bid,
+                    daily="1",
+                    expires_in="",
+                )
                 assert r.status_code == 404, (path, r.status_code, r.text[:300])
             assert "private" not in neighbour.get("/console/projects/").text
             assert _state(api, pid) == before
             assert api.http.get("/projects").status_code == 200  # the key was not revoked
-
-
-def test_a_branch_made_in_the_console_is_deleted_after_a_day_unless_kept(server: Server) -> None:
-    """As Neon's console: a new branch expires in a day by default; the page says when, shows
-    the branch's annotations, lets the user keep it or choose another time, and says why a
-    branch that cannot expire will not (the API's rules, services/expiry.py)."""
-    _account(server, "expiry@example.com")
-    with _signed_in(server, "expiry@example.com") as browser:
-        key = browser.create_key("expiry")
-        with Api(server, key) as api:
-            body = api.create_project(name="previews")
-            pid, main = body["project"]["id"], body["branch"]["id"]
-            project = f"/console/projects/{pid}"
-            page = browser.get(f"{project}?branch={main}").text
-            assert 'data-testid="expiry-kept"' in page and "default branch" in page
-            assert '<option value="86400" selected>in 1 day</option>' in page
-
-            made = time.time()
-            r = browser.post(f"{project}/branches", name="pr-7", parent_id=main, expires_in="86400")
-            assert r.status_code == 303, r.text[:300]
-            child = api.http.get(f"/projects/{pid}/branches", params={"search": "pr-7"}).json()
-            branch = child["branches"][0]
-            expires = datetime.fromisoformat(branch["expires_at"]).timestamp()
-            assert made + 86_400 - 2 <= expires <= time.time() + 86_400 + 1
-            assert branch["ttl_interval_seconds"] in range(86_398, 86_402)
-
-            bid = branch["id"]
-            api.http.patch(
-                f"/projects/{pid}/branches/{bid}",
-                json={"branch": {}, "annotation_value": {"github-pr-number": "7"}},
-            ).raise_for_status()
-            page = browser.get(f"{project}?branch={bid}").text
-            assert 'data-testid="expires"' in page and "github-pr-number: 7" in page
-            assert "Deleted with its computes and data at" in page
-
-            # A value the form does not offer: a 400 naming the field, and nothing changes.
-            r = browser.post(f"{project}/branches/{bid}/expiry", expires_in="99999999")
-            assert r.status_code == 400 and "expires_in" in r.text
-            assert _branch(api, pid, bid)["expires_at"] == branch["expires_at"]
-            # Kept: the expiry is cleared, as a PATCH with null clears it.
-            r = browser.post(f"{project}/branches/{bid}/expiry", expires_in="")
-            assert r.status_code == 303
-            kept = _branch(api, pid, bid)
-            assert kept.get("expires_at") is None and kept.get("ttl_interval_seconds") is None
-            assert "Kept until you delete it." in browser.get(f"{project}?branch={bid}").text
-            r = browser.post(f"{project}/branches/{bid}/expiry", expires_in="3600")
-            assert r.status_code == 303
-            assert _branch(api, pid, bid)["ttl_interval_seconds"] in range(3598, 3602)
-
-
-def _branch(api: Api, pid: str, bid: str) -> dict[str, object]:
-    r = api.http.get(f"/projects/{pid}/branches/{bid}")
-    r.raise_for_status()
-    branch: dict[str, object] = r.json()["branch"]
-    return branch
 
 
 def _state(api: Api, pid: str) -> tuple[object, ...]:
@@ -370,12 +336,18 @@ def _state(api: Api, pid: str) -> tuple[object, ...]:
     password = api.http.get(
         f"/projects/{pid}/branches/{main}/roles/neondb_owner/reveal_password"
     ).json()["password"]
+    snapshots = api.http.get(f"/projects/{pid}/snapshots").json()["snapshots"]
+    endpoints = api.http.get(f"/projects/{pid}/endpoints").json()["endpoints"]
+    schedule = api.http.get(f"/projects/{pid}/branches/{main}/backup_schedule").json()
     return (
         project["name"],
         sorted(b["id"] for b in branches),
         len(ops),
         sorted(r["name"] for r in roles),
         password,
+        sorted((s["id"], s["name"]) for s in snapshots),
+        sorted((e["id"], e["type"]) for e in endpoints),
+        schedule,
     )
 
 

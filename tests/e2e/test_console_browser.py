@@ -3,7 +3,8 @@
 From the sign-up link ``serve`` printed to a revoked key: the account, the first API key (read
 from the page and used on the API), a project whose operations go from Scheduling / In progress
 to OK on a page nobody reloads, its connection string copied and queried, a branch in the tree,
-a compute suspended and started, a role's password reset, the key revoked. A second account,
+a compute suspended and started, a role's password reset, a snapshot taken and restored into a
+new branch, the key revoked. A second account,
 in a browser context of its own, sees none of it.
 
 With ``PGPLANE_SCREENSHOTS=<dir>`` the test saves the main pages there (docs/console/ holds the
@@ -83,6 +84,7 @@ def test_a_new_users_first_hour(chromium: Browser) -> None:
             _branch(page)
             _suspend_and_start(page)
             _reset_password(page)
+            _snapshot_restored(page, pid)
             _at_phone_width(page, pid)
             _revoke(page, api)
         finally:
@@ -174,6 +176,25 @@ def _reset_password(page: Page) -> None:
     page.get_by_role("link", name="All operations").click()
     expect(page.get_by_test_id("operations")).to_contain_text("OK")
     _shot(page, "operations")
+
+
+def _snapshot_restored(page: Page, pid: str) -> None:
+    """A snapshot of the default branch, taken on the project's snapshots page (which updates
+    itself until it is ready), restored into a new branch."""
+    page.goto(f"/console/projects/{pid}")
+    page.get_by_role("link", name="Snapshots").click()
+    page.get_by_label("Snapshot name").fill("before-migration")
+    page.get_by_role("button", name="Take snapshot of main").click()
+    row = page.locator("tbody[data-snapshot]", has_text="before-migration")
+    restore = row.get_by_role("button", name="Restore into a new branch")
+    expect(restore).to_be_visible(timeout=60_000)
+    _shot(page, "snapshots")
+    row.get_by_placeholder("new branch name").fill("recovered")
+    restore.click()
+    _settled(page)
+    expect(
+        page.get_by_test_id("branch-tree").locator("li li a", has_text="recovered")
+    ).to_be_visible()
 
 
 def _at_phone_width(page: Page, pid: str) -> None:

@@ -77,7 +77,10 @@ def test_an_open_transaction_or_a_running_query_keeps_its_compute_up(
         # time: its postgres database, where the platform asks, refuses connections.
         _refuse_platform_connections(server, projects[2][2], refuse=True)
         query.start()
-        time.sleep(held)
+        # Past the timeout (the clock's own condition), then the scheduler has looked at each
+        # at least once since, while the query still sleeps (it lasts three timeouts).
+        time.sleep(SUSPEND_TIMEOUT + 0.5)
+        server.wait_for_ticks(1)
         for pid, _, eid in projects:
             assert _suspends(api, pid) == []
             assert _endpoint(api, pid, eid)["current_state"] == "active"

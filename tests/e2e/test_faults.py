@@ -450,11 +450,12 @@ def test_writes_racing_a_lock_holder_are_done_or_503_never_half(api: Api) -> Non
     for t in threads:
         t.start()
     with sqlite3.connect(server.data_dir / "pgplane.db", isolation_level=None) as holder:
-        time.sleep(0.5)
+        wait_for("requests answered before the lock", lambda: 200 in statuses)
         holder.execute("BEGIN IMMEDIATE")
         time.sleep(BUSY_SECONDS + 1)  # past what a writer waits: some requests are refused
         holder.execute("ROLLBACK")
-        time.sleep(0.5)
+        released = len(statuses)
+        wait_for("a request answered after it", lambda: 200 in statuses[released:])
     stop.set()
     for t in threads:
         t.join()

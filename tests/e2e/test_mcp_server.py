@@ -1,8 +1,10 @@
 """Neon's MCP server (``@neondatabase/mcp-server-neon``, the registry's latest), unchanged, run over
 stdio as its users run it (``start <API key>``, ``NEON_API_HOST`` at pgplane's API) and driven by an
 MCP client (tests/mcp.py): its SQL tools against a real project, each waking its suspended
-compute, and ``reset_from_parent``. (Its ``compare_database_schema`` is not in this release: only
-Neon's hosted server, built from the repository's newer code, has it.)
+compute, and ``reset_from_parent`` (with a name to keep the old state under, without, and on a
+branch with children). ``compare_database_schema`` cannot be run: no published release has it
+(0.2.3, 0.3.4, 0.3.7, 0.6.4 and 0.6.5, the registry's every version on 2026-11-25, were looked
+through); only Neon's hosted server, built from the repository's newer code, offers it.
 
 What the server needed from this machine, and nothing else: every SQL tool asks the API for the
 connection URI and calls the driver's ``neon(uri)``, which posts to ``https://api.<host>/sql`` on
@@ -157,3 +159,44 @@ def test_reset_from_parent(client: mcp.McpClient, api: Api) -> None:
     assert not again.is_error, again.text
     assert "Previous state was not preserved" in again.text
     assert client.call("reset_from_parent", projectId=pid, branchIdOrName="main").is_error
+
+
+def test_reset_from_parent_of_a_branch_with_children_keeps_its_old_state(
+    client: mcp.McpClient, api: Api
+) -> None:
+    """A branch with children cannot lose its state (the API refuses a restore without a name
+    to keep it under): given none, the tool makes one up, and the old state and the children
+    are kept there."""
+    project = api.create_ready_project(name="mcp-reset-children")
+    pid = project["project"]["id"]
+    _ok(client.call("run_sql", projectId=pid, sql="CREATE TABLE t AS SELECT 1 AS v"))
+
+    def branch(name: str, parent: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"branch": {"name": name}, "endpoints": [{"type": "read_write"}]}
+        if parent is not None:
+            body["branch"]["parent_id"] = parent
+        created = api.http.post(f"/projects/{pid}/branches", json=body)
+        return api.settled(pid, created)["branch"]  # type: ignore[no-any-return]
+
+    preview = branch("preview")
+    _ok(
+        client.call(
+            "run_sql", projectId=pid, branchId=preview["id"], sql="INSERT INTO t VALUES (2)"
+        )
+    )
+    feature = branch("feature", parent=preview["id"])
+
+    before = {o["id"] for o in api.operations(pid)}
+    reset = client.call("reset_from_parent", projectId=pid, branchIdOrName=preview["id"])
+    assert not reset.is_error, reset.text
+    assert "Previous state auto-preserved as: preview_old_" in reset.text, reset.text
+    started = [o["id"] for o in api.operations(pid) if o["id"] not in before]
+    assert {o["status"] for o in api.wait_operations(pid, started)} == {"finished"}
+
+    rows = _ok(client.call("run_sql", projectId=pid, branchId=preview["id"], sql="SELECT v FROM t"))
+    assert rows == [{"v": 1}]
+    branches = {b["name"]: b for b in api.http.get(f"/projects/{pid}/branches").json()["branches"]}
+    [kept] = [b for name, b in branches.items() if name.startswith("preview_old_")]
+    assert branches["feature"]["parent_id"] == kept["id"]  # the children went with the old state
+    old = _ok(client.call("run_sql", projectId=pid, branchId=feature["id"], sql="SELECT v FROM t"))
+    assert sorted(r["v"] for r in old) == [1, 2]

@@ -164,20 +164,30 @@ def test_a_socket_made_a_link_to_another_accounts_reaches_nothing(
     while not socket.is_symlink():
         assert time.monotonic() < deadline, "the tenant's link never appeared"
         time.sleep(0.1)
-    # Through the proxy with A's own URI: never a session on B's compute.
-    try:
-        rows = a.query("SELECT count(*) FROM pg_catalog.pg_tables WHERE tablename = 'b_secret'")
-    except psycopg.Error:
-        rows = None
-    assert rows in (None, [(0,)])
-    # The platform's own sessions (a role added on A) do not run on B.
+    # The platform's own sessions (a role added on A) do not run on B. First, while nothing
+    # else is queued for A (a wake the proxy's query below asks for would be). The attempt
+    # waits for a postmaster that never looks ready through the link, 30 s, and fails: it
+    # is over, not merely under way, when B is looked at.
     b_roles = _b_roles(b)
     response = api.http.post(
         f"/projects/{a.id}/branches/{a_body['branch']['id']}/roles",
         json={"role": {"name": "linked_role"}},
     )
     assert response.status_code == 201, response.text
-    time.sleep(3)  # the apply_config attempts meanwhile: each refused by requirepeer
+    [apply] = [o["id"] for o in response.json()["operations"] if o["action"] == "apply_config"]
+
+    def tried() -> bool:
+        op = api.http.get(f"/projects/{a.id}/operations/{apply}").json()["operation"]
+        return bool(op["failures_count"] >= 1 or op["status"] in ("finished", "failed"))
+
+    wait_for("an apply_config attempt over", tried, timeout=120, server=server)
+    assert _b_roles(b) == b_roles
+    # Through the proxy with A's own URI: never a session on B's compute.
+    try:
+        rows = a.query("SELECT count(*) FROM pg_catalog.pg_tables WHERE tablename = 'b_secret'")
+    except psycopg.Error:
+        rows = None
+    assert rows in (None, [(0,)])
     _answers_quickly(server, b_api, b)
     assert _b_roles(b) == b_roles
     api.http.delete(f"/projects/{a.id}")
@@ -209,7 +219,7 @@ def test_a_fifo_in_the_archive_stalls_no_other_history(
     a = Project(server, api.create_ready_project(name="fifo-wal"))
     make_superuser(a)
     allowed(a, f"mkfifo {a.pgdata.parent}/wal/000000010000000000000099")
-    time.sleep(2.5)  # the keeper has met it
+    server.wait_for_log("archived WAL 000000010000000000000099 of")  # the keeper has met it
     _answers_quickly(server, b_api, b)
     ((segment,),) = b.query("SELECT pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn())")
     b_api.suspend(b.id, b.endpoint_id)  # archives B's current segment

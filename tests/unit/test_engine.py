@@ -188,6 +188,9 @@ async def test_a_dead_workers_operation_is_taken_over_when_its_lease_expires(
         ops = await _settled(store, pid)
     assert [o.status for o in ops] == [Status.FINISHED, Status.FINISHED]
     assert ops[0].failures_count == 1  # the abandoned attempt counts
+    # ... and so does its time: the operation took from the dead worker's start to its end, the
+    # lease it held included, not just the attempt that finished it.
+    assert ops[0].total_duration_ms >= 200
 
 
 async def test_claims_are_compare_and_set(store: SqliteStore) -> None:

@@ -99,6 +99,14 @@ async def test_a_claim_skips_an_operation_another_transaction_holds(
     assert claimed is not None
     assert claimed.status is Status.RUNNING
     assert claimed.lease_owner == "w"
+    # The first start is kept from the first claim on (total_duration_ms counts from it).
+    assert claimed.started_at == now
+    later = now + 5_000_000
+    async with second.write() as tx:
+        again = await tx.claim_operation(
+            seen=claimed, owner="w2", now=later, lease_until=later + 10**6, failed_attempt=True
+        )
+    assert again is not None and again.started_at == now and again.attempt_started_at == later
 
 
 async def test_new_operations_wake_another_process(

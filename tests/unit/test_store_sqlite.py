@@ -10,6 +10,7 @@ an integrity error that would become a 500.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from pgplane.errors import AlreadyExists, Conflict
 from pgplane.services import accounts, projects
 from pgplane.services.projects import CreatedProject
 from pgplane.store import Store
+from pgplane.store.sqlite import SqliteStore
 from pgplane.store.sqlite.migrate import migrate
 from tests.stores import BACKENDS, UNIQUE_ERRORS, new_location, open_at, raw_sql
 from tests.support import finished_operation, no_pg_settings
@@ -247,3 +249,19 @@ async def test_endpoint_activity_only_moves_forward(store: Store) -> None:
         endpoint = await tx.get_endpoint(project_id=pid, endpoint_id=eid)
     assert endpoint is not None
     assert endpoint.last_active == 2_000
+
+
+async def test_an_up_to_date_store_opens_while_another_process_writes(tmp_path: Path) -> None:
+    """Its schema is seen current by a read: a CLI command opens the store a busy ``serve``
+    is writing and waits for the lock where it says so, not inside the migration."""
+    path = tmp_path / "s.db"
+    await SqliteStore(path).close()  # migrated
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as holder:
+        holder.execute("BEGIN IMMEDIATE")
+        store = SqliteStore(path, busy_seconds=0.1)  # would have failed: "database is locked"
+        try:
+            async with store.read() as tx:
+                assert await tx.list_accounts() == []
+        finally:
+            await store.close()
+        holder.execute("ROLLBACK")

@@ -172,7 +172,11 @@ def create_app(
         before_request=before_request,
     )
     console_state, console_handlers = console(
-        store=store, settings=settings, notify=notify, check_settings=check_settings
+        store=store,
+        settings=settings,
+        notify=notify,
+        check_settings=check_settings,
+        history=history,
     )
     app = Litestar(
         route_handlers=[

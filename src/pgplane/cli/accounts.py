@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from pgplane.cli.common import DataDir, in_store
+from pgplane.cli.common import DataDir, in_store, log, say_progress
+from pgplane.telemetry import progress
 
 if TYPE_CHECKING:
     from pgplane.store import Tx
@@ -37,8 +38,14 @@ def accounts_create(
         password = sys.stdin.readline().rstrip("\n")
     else:
         password = typer.prompt("Password", hide_input=True, confirmation_prompt=True)
+    say_progress()
+
+    async def hashed() -> str:
+        with progress.step(log, "hashing the password"):
+            return await signin.hash_password(password)
+
     try:
-        password_hash = asyncio.run(signin.hash_password(password))
+        password_hash = asyncio.run(hashed())
     except BadRequest as exc:
         typer.echo(f"error: {exc.message}", err=True)
         raise typer.Exit(2) from None

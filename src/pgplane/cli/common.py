@@ -1,8 +1,12 @@
-"""What the CLI's commands share: the data directory option, and one store transaction."""
+"""What the CLI's commands share: the data directory option, one store transaction, and saying
+what a slow command is doing."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, TypeVar
@@ -10,11 +14,18 @@ from typing import TYPE_CHECKING, Annotated, TypeVar
 import typer
 
 from pgplane.config import settings_from_env
+from pgplane.telemetry import progress
 
 if TYPE_CHECKING:
-    from pgplane.store import Tx
+    from pgplane.store import Store, Tx
 
 T = TypeVar("T")
+
+log = logging.getLogger("pgplane.cli")
+
+# A command waits this long for the store a busy `serve` is writing (a request waits 5 s): it
+# says so while it waits, and a person can stop it.
+STORE_BUSY_SECONDS = 60.0
 
 DataDir = Annotated[
     Path | None,
@@ -27,18 +38,46 @@ DataDir = Annotated[
 ]
 
 
+def say_progress() -> None:
+    """The platform's log, INFO and up, as plain ``pgplane: …`` lines on stderr: what a slow
+    command waits for (the store locked by another process, a migration, a step past a
+    second, see telemetry/progress.py). A quick command prints nothing there."""
+    platform = logging.getLogger("pgplane")
+    if any(getattr(h, "pgplane_cli", False) for h in platform.handlers):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("pgplane: %(message)s"))
+    handler.pgplane_cli = True  # type: ignore[attr-defined]
+    platform.addHandler(handler)
+    platform.setLevel(logging.INFO)
+    platform.propagate = False
+
+
 def in_store(data_dir: Path | None, work: Callable[[Tx], Awaitable[T]]) -> T:
     """Run ``work`` in one write transaction on the data directory's store; exit 2 with the
     message on a platform error."""
     from pgplane.errors import PgplaneError  # noqa: PLC0415
     from pgplane.store.open import open_store  # noqa: PLC0415
+    from pgplane.store.sqlite import SqliteStore  # noqa: PLC0415
 
     settings = settings_from_env(data_dir=data_dir)
+    say_progress()
 
     async def run() -> T:
-        store = await open_store(settings.store, settings.store_path)
+        # In a thread: migrating an older SQLite store, or waiting for another process' lock,
+        # blocks. (A PostgreSQL store's URL is not said: it may hold a password.)
+        where = settings.store_path if settings.store is None else "on PostgreSQL"
+        with progress.step(log, f"opening the store {where}"):
+            if settings.store is None:
+                store: Store = await asyncio.to_thread(
+                    SqliteStore, settings.store_path, busy_seconds=STORE_BUSY_SECONDS
+                )
+            else:
+                store = await open_store(settings.store, settings.store_path)
         try:
-            async with store.write() as tx:
+            async with contextlib.AsyncExitStack() as stack:
+                with progress.step(log, "waiting for the store's write lock"):
+                    tx = await stack.enter_async_context(store.write())
                 return await work(tx)
         finally:
             await store.close()

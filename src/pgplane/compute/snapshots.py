@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from pgplane.compute.driver import Point
+    from pgplane.compute.model import Point
 
 
 @dataclass(frozen=True, slots=True)

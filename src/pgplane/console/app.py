@@ -23,8 +23,10 @@ from pgplane.console.pages import HERE, error_page, sign_in_first
 from pgplane.console.presession import PreSessions
 from pgplane.console.project_pages import ProjectsPage
 from pgplane.console.session import PREFIX, Console, SignInRequired, SignInThrottle, session_hook
+from pgplane.console.snapshot_pages import SnapshotsPage
 from pgplane.errors import PgplaneError
 from pgplane.services.compute_settings import SettingsCheck
+from pgplane.services.history import HistoryLookup, unknown_history
 from pgplane.store import Store
 
 
@@ -39,6 +41,7 @@ def console(
     settings: Settings,
     notify: Callable[[], None],
     check_settings: SettingsCheck,
+    history: HistoryLookup = unknown_history,
 ) -> tuple[Console, list[ControllerRouterHandler]]:
     """The console's state and its route handlers (pages, static files, the home redirect)."""
     state = Console(
@@ -48,11 +51,19 @@ def console(
         check_settings=check_settings,
         throttle=SignInThrottle(),
         pre_sessions=PreSessions(),
+        history=history,
     )
     handlers: dict[Any, Any] = {SignInRequired: sign_in_first, PgplaneError: error_page}
     pages = Router(
         path="/",
-        route_handlers=[Auth, ApiKeysPage, ProjectsPage, BranchObjectsPage, OperationsPage],
+        route_handlers=[
+            Auth,
+            ApiKeysPage,
+            ProjectsPage,
+            BranchObjectsPage,
+            SnapshotsPage,
+            OperationsPage,
+        ],
         before_request=session_hook(state),
         exception_handlers=handlers,
         include_in_schema=False,

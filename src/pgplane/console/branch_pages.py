@@ -1,5 +1,6 @@
-"""A branch's roles and databases (create, delete, reveal and reset a password), and when the
-branch is deleted by itself (its expiry).
+"""A branch's computes (a read-only one added, or its read-write one), roles and databases
+(create, delete, reveal and reset a password), and when the branch is deleted by itself (its
+expiry).
 
 As every console action, each calls the service the API route calls, scoped to the signed-in
 account, in one write transaction; the project's page it redirects to shows the operations.
@@ -16,8 +17,8 @@ from litestar.response import Redirect
 from pgplane.console.pages import expires_at, form, page
 from pgplane.console.project_pages import changed, project_context
 from pgplane.console.session import PREFIX, AnyRequest, signed_in
-from pgplane.errors import NotFound
-from pgplane.services import branches, roles
+from pgplane.errors import BadRequest, NotFound
+from pgplane.services import branches, endpoints, roles
 
 
 class BranchObjectsPage(Controller):
@@ -37,6 +38,28 @@ class BranchObjectsPage(Controller):
                 project_id=project_id,
                 branch_id=branch_id,
                 changes=changes,
+            )
+        return changed(me, project_id, branch_id)
+
+    @post("/endpoints")
+    async def create_endpoint(
+        self, request: AnyRequest, project_id: FromPath[str], branch_id: FromPath[str]
+    ) -> Redirect:
+        """A compute of the branch: a read-only one (a hot standby of its data), or its one
+        read-write compute."""
+        me = signed_in(request)
+        kind = (await form(request)).get("type", "")
+        if kind not in ("read_only", "read_write"):
+            raise BadRequest(f"type must be read_only or read_write, not {kind[:40]!r}")
+        async with me.console.store.write() as tx:
+            await endpoints.create(
+                tx,
+                account_id=me.account_id,
+                project_id=project_id,
+                branch_id=branch_id,
+                spec=endpoints.EndpointSpec(type=kind),
+                settings=me.console.settings,
+                check_settings=me.console.check_settings,
             )
         return changed(me, project_id, branch_id)
 

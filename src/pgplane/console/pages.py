@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,10 +12,12 @@ from litestar.response import Redirect, Template
 from litestar.template.config import TemplateConfig
 
 from pgplane import __version__
-from pgplane.console.session import PREFIX, AnyRequest, maybe_signed_in
+from pgplane.console.session import PREFIX, AnyRequest, SignedIn, maybe_signed_in
 from pgplane.core import clock
-from pgplane.core.models import Operation
+from pgplane.core.models import Branch, Operation
 from pgplane.errors import BadRequest, PgplaneError
+from pgplane.services import access, history
+from pgplane.store import Tx
 
 HERE = Path(__file__).parent
 MAX_FIELD = 4096
@@ -52,15 +55,40 @@ def expires_at(choice: str, field: str = "expires_in") -> int | None:
     return None if not choice else (clock.now_us() // 1_000_000 + int(choice)) * 1_000_000
 
 
+def point_at(fields: dict[str, str], field: str) -> history.NamedPoint | None:
+    """The time of a branch's history a form names in ``field`` (RFC 3339, as the API takes
+    it), None when left empty; the API's 400 naming the field otherwise."""
+    text = fields.get(field, "").strip()
+    return (
+        None
+        if not text
+        else history.parse_point(lsn=None, timestamp=text, lsn_field="lsn", time_field=field)
+    )
+
+
+async def history_bounds(
+    me: SignedIn, project_id: str, find: Callable[[Tx], Awaitable[Branch]]
+) -> history.HistoryBounds:
+    """What the history of the branch ``find`` names holds now, asked of the data plane
+    outside any store transaction (it may ask the branch's compute), as the API's routes do."""
+    async with me.console.store.read() as tx:
+        project = await access.live_project(tx, account_id=me.account_id, project_id=project_id)
+        branch = await find(tx)
+    return await me.console.history(
+        project_id=project.id, branch_id=branch.id, pg_version=project.pg_version
+    )
+
+
 def when(us: int | None) -> str:
     """A stored time as the API shows it, to the second."""
     return "" if us is None else clock.format_us(us)[:19].replace("T", " ") + " UTC"
 
 
 def took(op: Operation) -> str:
-    """How long an operation took, as its user waited: from its creation until it settled,
-    retries and the pauses between them included (the API's ``total_duration_ms`` counts its
-    attempts only); with its attempts when there were several."""
+    """How long an operation took, as its user waited: from its creation until it settled, the
+    wait behind the project's earlier operations, the retries and the pauses between them
+    included (the API's ``total_duration_ms`` runs from its first start, as Neon's); with its
+    attempts when there were several."""
     if not op.status.settled:
         return ""
     ms = (op.updated_at - op.created_at) // 1000

@@ -15,7 +15,16 @@ from litestar import Controller, get, post
 from litestar.params import FromPath, FromQuery
 from litestar.response import Redirect, Template
 
-from pgplane.console.pages import DEFAULT_EXPIRY, EXPIRY_CHOICES, expires_at, form, page, unsettled
+from pgplane.console.pages import (
+    DEFAULT_EXPIRY,
+    EXPIRY_CHOICES,
+    expires_at,
+    form,
+    history_bounds,
+    page,
+    point_at,
+    unsettled,
+)
 from pgplane.console.session import PREFIX, AnyRequest, SignedIn, signed_in
 from pgplane.console.usage_view import usage_view
 from pgplane.core.models import Branch, Endpoint, Operation, Project
@@ -25,10 +34,16 @@ from pgplane.services import branches, endpoints, expiry, operations, projects, 
 from pgplane.services.connections import find as find_connection
 
 RECENT_OPERATIONS = 10
+# The data a new branch starts with (the API's init_source): its parent's, or its schema alone.
+INIT_SOURCES = {
+    "parent-data": "the parent's data",
+    "schema-only": "the parent's schema only, no rows",
+}
 _ENDPOINT_ACTIONS: dict[str, Callable[..., Awaitable[tuple[Endpoint, list[Operation]]]]] = {
     "start": endpoints.start,
     "suspend": endpoints.suspend,
     "restart": endpoints.restart,
+    "delete": endpoints.delete,
 }
 # The operations that bring a compute up: the latest of them, failed, is why it is not.
 _STARTS = frozenset({Action.START_COMPUTE, Action.APPLY_CONFIG})
@@ -141,12 +156,24 @@ class ProjectsPage(Controller):
     async def create_branch(self, request: AnyRequest, project_id: FromPath[str]) -> Redirect:
         me = signed_in(request)
         fields = await form(request)
+        source = fields.get("init_source", "parent-data")
+        if source not in INIT_SOURCES:
+            raise BadRequest(f"init_source must be parent-data or schema-only, not {source[:40]!r}")
         spec = branches.NewBranch(
             name=fields.get("name") or None,
             parent_id=fields.get("parent_id") or None,
             endpoints=[endpoints.EndpointSpec()] if fields.get("with_compute") else [],
+            point=point_at(fields, "parent_timestamp"),
             expires_at=expires_at(fields.get("expires_in", "")),
+            schema_only=source == "schema-only",
         )
+        bounds = None
+        if spec.point is not None:
+            bounds = await history_bounds(
+                me,
+                project_id,
+                lambda tx: branches.parent_of(tx, project_id=project_id, parent_id=spec.parent_id),
+            )
         async with me.console.store.write() as tx:
             created = await branches.create(
                 tx,
@@ -155,6 +182,7 @@ class ProjectsPage(Controller):
                 spec=spec,
                 settings=me.console.settings,
                 check_settings=me.console.check_settings,
+                bounds=bounds,
             )
         me.console.notify()
         return Redirect(
@@ -176,7 +204,7 @@ class ProjectsPage(Controller):
         if change is None:
             raise NotFound("not found")
         # A start is checked against the account's quotas, which the settings hold.
-        quota = {} if action == "suspend" else {"settings": me.console.settings}
+        quota = {} if action in ("suspend", "delete") else {"settings": me.console.settings}
         async with me.console.store.write() as tx:
             endpoint, _ = await change(
                 tx,
@@ -303,6 +331,7 @@ async def project_context(
         "annotations": {bid: a.value for bid, a in listed.annotations.items()},
         "keeps": expiry.why_not(selected, has_children=selected.id in parents),
         "expiry_choices": EXPIRY_CHOICES,
+        "init_sources": INIT_SOURCES,
         "default_expiry": DEFAULT_EXPIRY,
         "computes": [e for e in computes if e.branch_id == selected.id],
         "roles": branch_roles,

@@ -31,6 +31,7 @@ from pgplane.core.models import ConsoleSession
 from pgplane.errors import Forbidden, TooManyRequests
 from pgplane.services import signin
 from pgplane.services.compute_settings import SettingsCheck
+from pgplane.services.history import HistoryLookup, unknown_history
 from pgplane.store import Store
 
 AnyRequest = Request[Any, Any, State]
@@ -65,6 +66,8 @@ class Console:
     check_settings: SettingsCheck
     throttle: SignInThrottle
     pre_sessions: PreSessions
+    # What of a branch's history the data plane holds (the driver's), for forms naming a time.
+    history: HistoryLookup = unknown_history
 
 
 @dataclass(frozen=True, slots=True)

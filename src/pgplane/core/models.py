@@ -201,3 +201,6 @@ class Operation(msgspec.Struct, frozen=True, kw_only=True):
     lease_owner: str | None = None
     lease_expires_at: int | None = None
     attempt_started_at: int | None = None
+    # When the first attempt started: ``total_duration_ms`` runs from there, not from creation (the
+    # wait behind a project's earlier operations is theirs), and through the pauses between retries.
+    started_at: int | None = None

@@ -49,6 +49,19 @@ _US = 1_000_000
 _RECORD_PAUSE_CAP = 2.0  # seconds between tries to record an outcome while the store is down
 
 
+def _took_ms(op: Operation, started: int, now: int) -> int:
+    """How long ``op`` has taken by ``now``, the attempt that began at ``started`` included: from
+    its first start, so the pauses between retries (and an abandoned attempt's lease) count.
+
+    An operation claimed before the first start was recorded has only the sum of its attempts;
+    the larger of the two is the nearer to the truth.
+    """
+    attempts = op.total_duration_ms + (now - started) // 1000
+    if op.started_at is None:
+        return attempts
+    return max(attempts, (now - op.started_at) // 1000)
+
+
 class AttemptTimedOut(Exception):
     """An attempt ran past ``attempt_timeout_seconds`` and was cancelled; it is retried."""
 
@@ -227,7 +240,7 @@ class Engine:
             error=None,
             retry_at=None,
             updated_at=now,
-            total_duration_ms=op.total_duration_ms + (now - started) // 1000,
+            total_duration_ms=_took_ms(op, started, now),
             lease_owner=None,
             lease_expires_at=None,
             attempt_started_at=None,
@@ -273,7 +286,7 @@ class Engine:
             error=reason,
             retry_at=retry_at,
             updated_at=now,
-            total_duration_ms=op.total_duration_ms + (now - started) // 1000,
+            total_duration_ms=_took_ms(op, started, now),
             lease_owner=None,
             lease_expires_at=None,
             attempt_started_at=None,

@@ -27,6 +27,7 @@ from pgplane.core import clock
 from pgplane.core.operations import Action
 from pgplane.services import operations
 from pgplane.store import Store
+from pgplane.telemetry import progress
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,11 @@ def _dead_here(owner: str) -> bool:
 
 async def reconcile(store: Store, driver: ComputeDriver, node: str | None = None) -> None:
     """With ``node``, only the projects placed on it: another node's computes are its own."""
+    with progress.step(log, "adopting the computes left running, and what they were doing"):
+        await _reconcile(store, driver, node)
+
+
+async def _reconcile(store: Store, driver: ComputeDriver, node: str | None) -> None:
     now = clock.now_us()
     running = await driver.running_computes()
     async with store.write() as tx:

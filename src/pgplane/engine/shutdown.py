@@ -17,6 +17,7 @@ from pgplane.core.models import Operation
 from pgplane.engine.engine import Engine
 from pgplane.services import scheduled
 from pgplane.store import Store
+from pgplane.telemetry import progress
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,11 @@ async def suspend_all(store: Store, engine: Engine) -> list[Operation]:
     """Suspend every active endpoint once; their operations as they ended. An endpoint with
     an operation under way (a start, a restart) is suspended once that is done. Under the
     caller's ``asyncio.timeout``: what is not done by then, the next start carries on with."""
+    with progress.step(log, "suspending the running computes before stopping"):
+        return await _suspend_all(store, engine)
+
+
+async def _suspend_all(store: Store, engine: Engine) -> list[Operation]:
     started: dict[str, Operation] = {}
     while True:
         async with store.write() as tx:

@@ -36,20 +36,22 @@ import abc
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 
-from pgplane.core.models import Annotation, Branch, Database, Endpoint, Operation, Project, Role
-from pgplane.core.operations import Action
-from pgplane.core.usage import BranchSizes, EndpointUsage, HourUsage, StorageTotals, Totals
+from pgplane.core.models import Annotation, Branch, Database, Endpoint, Project, Role
 from pgplane.store.accounts import AccountsTx
 from pgplane.store.nodes import NodesTx
+from pgplane.store.operations import OperationsTx
 from pgplane.store.snapshots import SnapshotsTx
+from pgplane.store.usage import UsageTx
 
 
-class Tx(AccountsTx, SnapshotsTx, NodesTx):
+class Tx(AccountsTx, OperationsTx, UsageTx, SnapshotsTx, NodesTx):
     """One unit of work against the store. Methods never commit.
 
-    The account side (accounts, API keys, the console's sign-in) is :class:`AccountsTx`;
-    snapshots and backup schedules are :class:`SnapshotsTx`; nodes and placement,
-    :class:`NodesTx`.
+    Its parts, each a module: the account side (accounts, API keys, the console's sign-in) is
+    :class:`AccountsTx`, the engine's operations and their leases :class:`OperationsTx`, what
+    computes and branches used :class:`UsageTx`, snapshots and backup schedules
+    :class:`SnapshotsTx`, nodes and where projects are placed :class:`NodesTx`; projects,
+    branches, endpoints, roles and databases are here.
     """
 
     # -- projects -------------------------------------------------------------------------------
@@ -94,10 +96,6 @@ class Tx(AccountsTx, SnapshotsTx, NodesTx):
     @abc.abstractmethod
     async def detach_candidates(self, *, idle_before: int) -> list[str]:
         """Attached live projects with no activity and no user operation since ``idle_before``."""
-
-    @abc.abstractmethod
-    async def last_operation_times(self, action: Action) -> dict[str, int]:
-        """For each branch, when its latest operation of ``action`` was created."""
 
     @abc.abstractmethod
     async def insert_branch(self, branch: Branch) -> None:
@@ -290,108 +288,6 @@ class Tx(AccountsTx, SnapshotsTx, NodesTx):
     @abc.abstractmethod
     async def purge_databases(self, database_ids: Sequence[int]) -> None:
         """Forget these tombstones (their drop was applied)."""
-
-    # -- operations -----------------------------------------------------------------------------
-
-    @abc.abstractmethod
-    async def insert_operations(self, operations: Sequence[Operation]) -> list[Operation]:
-        """Insert in order; returns them as stored (``created_at`` made unique per project)."""
-
-    @abc.abstractmethod
-    async def get_operation(self, *, project_id: str, operation_id: str) -> Operation | None: ...
-
-    @abc.abstractmethod
-    async def list_operations(
-        self, *, project_id: str, before: int | None, limit: int, account_id: str | None = None
-    ) -> list[Operation]:
-        """Newest first, only those created strictly before ``before``; keyset, never OFFSET.
-
-        With ``account_id``, only if the project (deleted or not) belongs to that account. For
-        clients' pages: the lease fields may be left ``None`` (the engine reads operations through
-        the methods that claim them).
-        """
-
-    @abc.abstractmethod
-    async def list_unsettled_operations(
-        self, project_id: str | None = None, *, node: str | None = None
-    ) -> list[Operation]:
-        """Operations in ``scheduling`` or ``running`` (of one project, or all; with ``node``,
-        only of the projects placed on that node), oldest first."""
-
-    @abc.abstractmethod
-    async def claim_operation(
-        self,
-        *,
-        seen: Operation,
-        owner: str,
-        now: int,
-        lease_until: int,
-        failed_attempt: bool,
-        node: str | None = None,
-    ) -> Operation | None:
-        """Compare-and-set ``seen`` (unchanged since read) to ``running`` leased by ``owner``;
-        with ``node``, only while the operation's project is placed on that node.
-
-        ``failed_attempt`` counts the previous, abandoned attempt (an expired lease) as a failure.
-        Returns the claimed operation, or None if another worker got there first.
-        """
-
-    @abc.abstractmethod
-    async def expire_leases(self, *, owners: Sequence[str], now: int) -> int:
-        """End the leases these (dead) owners hold, so their operations are claimed again now."""
-
-    @abc.abstractmethod
-    async def update_owned_operation(self, operation: Operation, *, owner: str) -> bool:
-        """Write the operation's state if ``owner`` still holds its lease; False otherwise."""
-
-    # -- usage (core/usage.py) -------------------------------------------------------------------
-    # Per endpoint (kept once it is deleted), per branch (its sizes) and per branch and hour.
-
-    @abc.abstractmethod
-    async def get_endpoint_usage(self, endpoint_id: str) -> EndpointUsage | None: ...
-
-    @abc.abstractmethod
-    async def list_endpoint_usage(self, project_id: str) -> dict[str, EndpointUsage]: ...
-
-    @abc.abstractmethod
-    async def put_endpoint_usage(self, usage: EndpointUsage, hours: Sequence[HourUsage]) -> None:
-        """Keep ``usage`` and add ``hours`` to the hourly records."""
-
-    @abc.abstractmethod
-    async def branch_usage(self, project_id: str) -> dict[str, Totals]:
-        """The project's endpoints' usage summed per branch, deleted endpoints' included."""
-
-    @abc.abstractmethod
-    async def project_usage(self, project_ids: Sequence[str]) -> dict[str, Totals]: ...
-
-    @abc.abstractmethod
-    async def get_branch_sizes(self, branch_id: str) -> BranchSizes | None: ...
-
-    @abc.abstractmethod
-    async def put_branch_sizes(self, sizes: BranchSizes, hours: Sequence[HourUsage]) -> None:
-        """Keep ``sizes`` and add ``hours`` (storage over time) to the hourly records."""
-
-    @abc.abstractmethod
-    async def list_branch_sizes(self, project_id: str) -> dict[str, BranchSizes]:
-        """The sizes of the project's branches that are not deleted, by branch id."""
-
-    @abc.abstractmethod
-    async def project_storage(self, project_ids: Sequence[str]) -> dict[str, StorageTotals]:
-        """Each project's live branches' sizes summed (absent: none sampled yet)."""
-
-    @abc.abstractmethod
-    async def storage_targets(self) -> list[tuple[str, str]]:
-        """(project id, branch id) of every ready branch of an attached, live project."""
-
-    @abc.abstractmethod
-    async def prune_usage_hours(self, *, before_hour: int) -> int: ...
-
-    @abc.abstractmethod
-    async def usage_hours(
-        self, project_id: str, *, from_hour: int, to_hour: int
-    ) -> list[tuple[HourUsage, bool]]:
-        """The project's hourly records in ``[from_hour, to_hour)`` (epoch seconds), by hour,
-        each with whether its branch is a root branch (a deleted one counts as a child)."""
 
 
 class Store(abc.ABC):

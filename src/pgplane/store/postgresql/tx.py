@@ -16,7 +16,8 @@ from pgplane.store.sqlite.tx import SqliteTx
 # The only interpolation is our column list.
 _CLAIM = (
     "UPDATE operations SET status = 'running', lease_owner = $1, lease_expires_at = $2,"  # noqa: S608
-    " attempt_started_at = $3, updated_at = $3, failures_count = failures_count + $4"
+    " attempt_started_at = $3, started_at = COALESCE(started_at, $3), updated_at = $3,"
+    " failures_count = failures_count + $4"
     " WHERE id = (SELECT id FROM operations WHERE id = $5 AND status = $6 AND updated_at = $7"
     "             AND lease_owner IS NOT DISTINCT FROM $8"
     "             AND ($9::text IS NULL OR EXISTS (SELECT 1 FROM projects p"

@@ -26,7 +26,12 @@ def migrate(conn: sqlite3.Connection) -> int:
     """Bring the schema up to date; returns the resulting version.
 
     Runs under ``BEGIN IMMEDIATE`` so two processes starting together apply each migration once.
+    A schema already up to date is seen by a read, without the write lock: a CLI command run
+    while ``serve`` writes waits for the lock where it says so (cli/common.py), not here.
     """
+    done = _applied(conn)
+    if done is not None and all(version in done for version, _, _ in migrations()):
+        return max(done, default=0)
     conn.execute("BEGIN IMMEDIATE")
     try:
         conn.execute(
@@ -51,6 +56,16 @@ def migrate(conn: sqlite3.Connection) -> int:
         conn.execute("ROLLBACK")
         raise
     return current
+
+
+def _applied(conn: sqlite3.Connection) -> set[int] | None:
+    """The versions applied, or None on a store without migrations yet."""
+    try:
+        return {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):
+            return None
+        raise
 
 
 def split(sql: str) -> list[str]:

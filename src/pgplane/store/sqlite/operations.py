@@ -16,7 +16,7 @@ _NEVER = 1 << 62  # a cursor later than any timestamp: "from the newest"
 OP_COLUMNS = (
     "id, project_id, branch_id, endpoint_id, action, status, failures_count, error, retry_at,"
     " created_at, updated_at, total_duration_ms, lease_owner, lease_expires_at, attempt_started_at,"
-    " source_branch_id, point_lsn, point_time, preserve_branch_id, snapshot_id"
+    " source_branch_id, point_lsn, point_time, preserve_branch_id, snapshot_id, started_at"
 )
 # The operations pages are the hottest queries: their text is built once, and they leave out the
 # engine's lease bookkeeping (every column read costs, and clients never see those).
@@ -38,7 +38,7 @@ _ACTIONS = {a.value: a for a in Action}
 _STATUSES = {s.value: s for s in Status}
 
 
-_NO_LEASE = (None, None, None, None, None, None, None, None)
+_NO_LEASE = (None, None, None, None, None, None, None, None, None)
 
 
 def operation_from_row(r: Sequence[Any]) -> Operation:
@@ -67,6 +67,7 @@ def operation_from_row(r: Sequence[Any]) -> Operation:
         point_time=point[1],
         preserve_branch_id=point[2],
         snapshot_id=point[3],
+        started_at=point[4],
     )
 
 
@@ -74,7 +75,8 @@ def operation_from_row(r: Sequence[Any]) -> Operation:
 # claiming node. The only interpolation is our column list.
 CLAIM = (
     "UPDATE operations SET status = 'running', lease_owner = ?1, lease_expires_at = ?2,"
-    " attempt_started_at = ?3, updated_at = ?3, failures_count = failures_count + ?4"
+    " attempt_started_at = ?3, started_at = COALESCE(started_at, ?3), updated_at = ?3,"
+    " failures_count = failures_count + ?4"
     " WHERE id = ?5 AND status = ?6 AND updated_at = ?7 AND lease_owner IS ?8"
     " AND (?9 IS NULL OR EXISTS (SELECT 1 FROM projects p WHERE p.id = operations.project_id"
     "                            AND p.node = ?9))"
@@ -99,7 +101,7 @@ def claim_params(
 
 
 class OperationsMixin(Statements):
-    """The operation part of :class:`pgplane.store.base.Tx` (both backends)."""
+    """:class:`pgplane.store.operations.OperationsTx` (both backends)."""
 
     queued: list[Operation]  # what this transaction inserted (the store logs it once committed)
 
@@ -120,7 +122,7 @@ class OperationsMixin(Statements):
                 op = msgspec.structs.replace(given, created_at=created, updated_at=created)
             await self._c.execute(
                 f"INSERT INTO operations ({OP_COLUMNS})"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     op.id,
                     op.project_id,
@@ -142,6 +144,7 @@ class OperationsMixin(Statements):
                     op.point_time,
                     op.preserve_branch_id,
                     op.snapshot_id,
+                    op.started_at,
                 ),
             )
             stored.append(op)

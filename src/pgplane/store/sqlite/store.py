@@ -8,8 +8,9 @@ thread.
 
 When another process holds the store's write lock (the CLI, or anything else that opened the
 file), the writer waits for it asynchronously, never blocking the event loop, for at most
-``BUSY_SECONDS``. A store that stays locked, or fails (a full disk, an I/O error), is a 503 with
-``Retry-After``: SQLite rolls the transaction back whole, so nothing is half written.
+``BUSY_SECONDS`` (or the store's own ``busy_seconds``). A store that stays locked, or fails (a
+full disk, an I/O error), is a 503 with ``Retry-After``: SQLite rolls the transaction back
+whole, so nothing is half written.
 """
 
 from __future__ import annotations
@@ -131,12 +132,17 @@ class _Reading:
 
 
 class SqliteStore(Store):
-    def __init__(self, path: Path, metrics: Metrics = NO_METRICS) -> None:
+    def __init__(
+        self, path: Path, metrics: Metrics = NO_METRICS, *, busy_seconds: float = BUSY_SECONDS
+    ) -> None:
+        """``busy_seconds``: how long a writer waits while another process holds the store
+        (the CLI, which says that it waits, waits longer than a request should)."""
         self.path = path
         self._metrics = metrics
+        self._busy_seconds = busy_seconds
         path.parent.mkdir(parents=True, exist_ok=True)
         _make_private(path)
-        self._writer = _connect(path, int(BUSY_SECONDS * 1000))
+        self._writer = _connect(path, int(busy_seconds * 1000))
         migrate(self._writer)
         # Past migrations, the writer never waits inside SQLite: write() waits without blocking.
         self._writer.execute("PRAGMA busy_timeout = 0")
@@ -172,7 +178,7 @@ class SqliteStore(Store):
 
     async def _begin(self) -> None:
         """BEGIN IMMEDIATE, waiting asynchronously while another process holds the lock."""
-        deadline = asyncio.get_running_loop().time() + BUSY_SECONDS
+        deadline = asyncio.get_running_loop().time() + self._busy_seconds
         pause = _FIRST_PAUSE
         while True:
             try:
@@ -186,7 +192,8 @@ class SqliteStore(Store):
                     raise unavailable(exc) from exc
                 if pause == _FIRST_PAUSE:  # once per wait: another program holds the file
                     log.info(
-                        "the store is locked by another process: waiting up to %.0f s", BUSY_SECONDS
+                        "the store is locked by another process: waiting up to %.0f s",
+                        self._busy_seconds,
                     )
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 0.1)

@@ -35,7 +35,7 @@ _REPLACE_SIZES = _replace_all(_SIZES, "branch_id")
 
 
 class UsageMixin(Statements):
-    """The usage part of :class:`pgplane.store.base.Tx` (both backends)."""
+    """:class:`pgplane.store.usage.UsageTx` (both backends)."""
 
     async def get_endpoint_usage(self, endpoint_id: str) -> EndpointUsage | None:
         r = await self._c.one(

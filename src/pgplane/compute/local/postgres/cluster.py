@@ -25,6 +25,7 @@ from pgplane.compute.local.postgres.hba import PG_HBA
 from pgplane.compute.local.postgres.monitor import create_monitor
 from pgplane.compute.local.postgres.sessions import ADMIN_USER, Conn, admin_conninfo, connect
 from pgplane.compute.local.tenants.user import RunAs
+from pgplane.telemetry import progress
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,13 @@ async def ensure_template(install: PgInstall, run_as: RunAs, template_dir: Path)
     stamp = {"bin_dir": str(install.bin_dir), "version": install.version}
     if _read_stamp(template_dir) == stamp:
         return
+    with progress.step(log, f"building the Postgres {install.major} template"):
+        await _build_template(install, run_as, template_dir, stamp)
+
+
+async def _build_template(
+    install: PgInstall, run_as: RunAs, template_dir: Path, stamp: dict[str, str]
+) -> None:
     started = asyncio.get_running_loop().time()
     tmp = template_dir.with_name(f".{template_dir.name}.tmp")
     await asyncio.to_thread(shutil.rmtree, tmp, True)

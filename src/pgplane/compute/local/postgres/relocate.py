@@ -23,6 +23,7 @@ from pgplane.compute.driver import ComputeError
 from pgplane.compute.local.files import copy_tree, fsync_dir, remove_tree, sync_tree
 from pgplane.compute.local.postgres.binaries import PgInstall
 from pgplane.compute.local.tenants.user import RunAs
+from pgplane.telemetry import progress
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +68,11 @@ async def _copy(install: PgInstall, run_as: RunAs, dest: Path) -> PgInstall:
     tmp = dest.with_name(f".{dest.name}.tmp")
     await asyncio.to_thread(shutil.rmtree, tmp, True)
     tmp.mkdir(mode=0o755)
-    for source in (root, *libs):
-        target = tmp / "tree" / source.relative_to(base)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        await copy_tree(source, target)
+    with progress.step(log, f"copying Postgres {install.major} into {dest}"):
+        for source in (root, *libs):
+            target = tmp / "tree" / source.relative_to(base)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            await copy_tree(source, target)
     bin_rel = Path("tree") / install.bin_dir.relative_to(base)
     stamp["bin"] = str(bin_rel)
     (tmp / _STAMP).write_text(json.dumps(stamp))

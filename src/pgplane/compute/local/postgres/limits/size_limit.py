@@ -32,6 +32,7 @@ from pgplane.compute.local.postgres.limits.library import (
     build,
     toolchain,
 )
+from pgplane.telemetry import progress
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,8 @@ class SizeLimit:
         started = asyncio.get_running_loop().time()
         try:
             await asyncio.to_thread(ensure_dir, directory, 0o755)
-            path, built = await asyncio.to_thread(build, install, directory, tools)
+            with progress.step(log, f"building the size-limit library for Postgres {major}"):
+                path, built = await asyncio.to_thread(build, install, directory, tools)
         except (Unbuildable, OSError) as exc:
             log.warning("Postgres %d computes have no branch size limit: %s", major, exc)
             return None
