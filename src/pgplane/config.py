@@ -85,6 +85,16 @@ class Settings:
     metrics: bool = True
     log_format: str = "text"
 
+    # This process as a node of the platform (several `serve` sharing a PostgreSQL store): its
+    # name (None: the host's name and a hash of the data directory, stable across restarts), the
+    # computes it may run (0: as many as its compute port range holds), and its heartbeat: it
+    # renews its lease every node_heartbeat_seconds, and is down once node_lease_seconds pass
+    # without one (three missed beats and more: a busy store is not a dead node).
+    node_name: str | None = None
+    node_capacity: int = 0
+    node_heartbeat_seconds: float = 5.0
+    node_lease_seconds: float = 20.0
+
     # Operations engine.
     workers: int = 4
     lease_seconds: float = 30.0
@@ -199,6 +209,10 @@ def settings_from_env(**overrides: object) -> Settings:
         ("store", str),
         ("region_id", str),
         ("workers", int),
+        ("node_name", str),
+        ("node_capacity", int),
+        ("node_heartbeat_seconds", float),
+        ("node_lease_seconds", float),
         ("poll_seconds", float),
         ("lease_seconds", float),
         ("heartbeat_seconds", float),

@@ -29,6 +29,7 @@ from pgplane.connlimits import ConnectionGate
 from pgplane.core.operations import Action
 from pgplane.engine import Engine
 from pgplane.engine.history_handlers import keep_history
+from pgplane.engine.node import NodeLease, OnThisNode, node_name
 from pgplane.engine.reconcile import reconcile
 from pgplane.engine.scheduler import Scheduler
 from pgplane.engine.shutdown import report_running, suspend_all
@@ -44,8 +45,10 @@ from pgplane.proxy.sqlhttp.run import Limits
 from pgplane.proxy.throttle import LoginThrottle
 from pgplane.serverlock import AlreadyServing, ServerLock
 from pgplane.services import signin
+from pgplane.services.nodes import NameTaken
 from pgplane.store import Store
 from pgplane.store.open import open_store
+from pgplane.telemetry import logs
 from pgplane.telemetry.metrics import NO_METRICS, Metrics
 from pgplane.telemetry.prometheus import Prometheus
 from pgplane.tls import (
@@ -221,6 +224,49 @@ async def _open_store(settings: Settings, metrics: Metrics) -> Store:
         raise SystemExit(f"pgplane: {exc.message}") from None
 
 
+def _metrics(settings: Settings) -> Metrics:
+    """The figures kept for /metrics, and the logs, each naming this node."""
+    try:
+        name = node_name(settings)
+    except ValueError as exc:
+        raise SystemExit(f"pgplane: {exc}") from None
+    logs.set_node(name)
+    if not settings.metrics:
+        return NO_METRICS
+    return Prometheus(version=__version__, actions=Action, node=name)
+
+
+async def _register(store: Store, settings: Settings, metrics: Metrics) -> NodeLease:
+    """This process as a node of the platform, before it touches any project."""
+    try:
+        node = NodeLease(store, settings, metrics)
+        await node.register(settings.proxy_port)
+    except (ValueError, NameTaken, Unavailable) as exc:
+        await store.close()
+        message = exc.message if isinstance(exc, Unavailable) else str(exc)
+        raise SystemExit(f"pgplane: {message}") from None
+    return node
+
+
+async def _start_proxy(proxy: Proxy, settings: Settings, store: Store, node: NodeLease) -> Settings:
+    """The proxy listening; the settings with the port it has (0 asked the system for one)."""
+    try:
+        bound = await proxy.start(settings.proxy_listen, settings.proxy_port)
+    except OSError as exc:
+        await store.close()
+        raise SystemExit(
+            f"pgplane: the Postgres proxy cannot listen on {settings.proxy_listen}:"
+            f"{settings.proxy_port} ({exc.strerror}); choose another port with --proxy-port"
+        ) from None
+    # With port 0 the system chose: endpoints and connection URIs must name the real one.
+    if settings.proxy_port != bound[0][1]:
+        await node.update_address(bound[0][1])
+    settings = dataclasses.replace(settings, proxy_port=bound[0][1])
+    for host, port in bound:
+        log.info("pgplane Postgres proxy listening on %s:%d", host, port)
+    return settings
+
+
 async def _serve(settings: Settings) -> None:
     api_gate, proxy_gate = _gates(settings)
     tls = _certificate(settings)
@@ -240,10 +286,11 @@ async def _serve(settings: Settings) -> None:
     settings = dataclasses.replace(settings, pg_versions=tuple(driver.pg_versions()))
     log.info("PostgreSQL versions available: %s", ", ".join(map(str, settings.pg_versions)))
     await driver.apply_size_limit()
-    metrics = Prometheus(version=__version__, actions=Action) if settings.metrics else NO_METRICS
+    metrics = _metrics(settings)
     store = await _open_store(settings, metrics)
-    await reconcile(store, driver)
-    engine = Engine(store=store, driver=driver, settings=settings, metrics=metrics)
+    node = await _register(store, settings, metrics)
+    await reconcile(store, driver, node.name)
+    engine = Engine(store=store, driver=driver, settings=settings, metrics=metrics, node=node.name)
     activity = Activity(metrics)
     proxy = Proxy(
         computes=ComputeWaker(
@@ -258,18 +305,7 @@ async def _serve(settings: Settings) -> None:
         handshake_timeout=settings.proxy_handshake_timeout_seconds,
     )
     proxy.plug_sql(sql := _sql_over_http(settings, proxy.sessions))
-    try:
-        bound = await proxy.start(settings.proxy_listen, settings.proxy_port)
-    except OSError as exc:
-        await store.close()
-        raise SystemExit(
-            f"pgplane: the Postgres proxy cannot listen on {settings.proxy_listen}:"
-            f"{settings.proxy_port} ({exc.strerror}); choose another port with --proxy-port"
-        ) from None
-    # With port 0 the system chose: endpoints and connection URIs must name the real one.
-    settings = dataclasses.replace(settings, proxy_port=bound[0][1])
-    for host, port in bound:
-        log.info("pgplane Postgres proxy listening on %s:%d", host, port)
+    settings = await _start_proxy(proxy, settings, store, node)
     scheduler = Scheduler(
         store=store,
         engine=engine,
@@ -277,14 +313,15 @@ async def _serve(settings: Settings) -> None:
         settings=settings,
         activity=activity,
         metrics=metrics,
+        node=node.name,
     )
     readiness = Readiness(store)
     app = create_app(
         store=store,
         settings=settings,
         check_settings=driver.check_settings,
-        history=driver.history_bounds,
-        schema=driver.dump_schema,
+        history=(here := OnThisNode(store, node.name, driver)).history_bounds,
+        schema=here.dump_schema,
         notify=engine.wake,
         readiness=readiness,
         metrics=metrics,
@@ -320,6 +357,7 @@ async def _serve(settings: Settings) -> None:
     engine_task = asyncio.create_task(engine.run(), name="operations engine")
     scheduler_task = asyncio.create_task(scheduler.run(), name="scheduler")
     history_task = asyncio.create_task(keep_history(driver, settings), name="history")
+    node_task = asyncio.create_task(node.run(), name="node heartbeat")
     readiness.watch("operations", engine_task)
     readiness.watch("scheduler", scheduler_task)
     announce = asyncio.create_task(_announce(server, settings, store))
@@ -334,11 +372,12 @@ async def _serve(settings: Settings) -> None:
                 async with asyncio.timeout(_STOP_COMPUTES_SECONDS):
                     await suspend_all(store, engine)
         await report_running(driver)
-        for task in (history_task, scheduler_task, engine_task):
+        for task in (node_task, history_task, scheduler_task, engine_task):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await driver.close()
+        await node.release()
         await store.close()
         log.info("pgplane stopped")
 

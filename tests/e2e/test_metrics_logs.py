@@ -17,8 +17,9 @@ from tests import pgclient
 from tests.support import PGPLANE, Api, Server, running_server, wait_for
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-# Every label the exposition may have: each takes values from a small fixed set.
-BOUNDED_LABELS = {"action", "status", "state", "reason", "version", "le"}
+# Every label the exposition may have: each takes values from a small fixed set (``node``: the
+# one name of the process).
+BOUNDED_LABELS = {"action", "status", "state", "reason", "version", "le", "node"}
 
 
 def _scrape(server: Server) -> tuple[str, Samples]:
@@ -124,6 +125,9 @@ def test_metrics_count_operations_wakes_and_proxy_logins() -> None:
             # No tenant's id anywhere in what any caller of the port may read.
             for tenant_id in (pid, eid, project["branch"]["id"], params["role"]):
                 assert tenant_id not in text
+            # The node is named, its heartbeat recorded a moment ago.
+            assert len([k for k in final if k[0] == "pgplane_node_info"]) == 1
+            assert _value(final, "pgplane_node_heartbeat_age_seconds") < 60
             # Store writes and scheduler ticks were timed.
             assert _value(final, "pgplane_store_write_seconds_count") > 0
             assert _value(final, "pgplane_scheduler_lag_seconds_count") > 0
@@ -137,6 +141,12 @@ def _lines(server: Server) -> list[dict[str, Any]]:
         assert isinstance(entry, dict), line
         assert {"time", "level", "logger", "message"} <= set(entry), entry
         lines.append(entry)
+    # Past the first lines (the node's name is known once the settings are read), every line
+    # names the node that wrote it.
+    named = [e for e in lines if "node" in e]
+    assert named, lines[:5]
+    assert lines[lines.index(named[0]) :] == named
+    assert len({e["node"] for e in named}) == 1
     return lines
 
 

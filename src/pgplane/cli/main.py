@@ -11,9 +11,11 @@ import typer
 from pgplane.cli.accounts import accounts_app
 from pgplane.cli.common import DataDir
 from pgplane.cli.keys import api_keys_app
+from pgplane.cli.nodes import nodes_app
 from pgplane.cli.store import store_app
 from pgplane.cli.tls import tls_app
 from pgplane.config import settings_from_env
+from pgplane.core.nodes import check_name
 from pgplane.telemetry import logs
 
 app = typer.Typer(
@@ -27,6 +29,7 @@ app.add_typer(api_keys_app, name="api-keys")
 app.add_typer(accounts_app, name="accounts")
 app.add_typer(tls_app, name="tls")
 app.add_typer(store_app, name="store")
+app.add_typer(nodes_app, name="nodes")
 
 
 def _version(show: bool) -> None:
@@ -144,6 +147,14 @@ def serve(
         typer.Option(help="text, or json: one object a line with the ids in context [text]"),
     ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
+    node_name: Annotated[
+        str | None,
+        typer.Option(
+            help="This node's name among those sharing the store; default: $PGPLANE_NODE_NAME,"
+            " else the host's name and a hash of the data directory",
+            show_default=False,
+        ),
+    ] = None,
     store: Annotated[
         str | None,
         typer.Option(
@@ -183,7 +194,10 @@ def serve(
             metrics=metrics,
             log_format=log_format,
             store=store,
+            node_name=node_name,
         )
+        if settings.node_name is not None:
+            check_name(settings.node_name)
         logs.configure(log_level, settings.log_format)
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -5,7 +5,8 @@ long actions (copies, replays, packing: ``LONG_ACTIONS``) beside them, one per p
 so that a project's copies can neither delay other projects' short work (a wake waiting behind
 an hour of another tenant's replay) nor take every copy slot. Claims are
 compare-and-set in the store, so several processes (or replicas of the control plane later) can
-run dispatchers against one store without running an attempt twice. A worker that dies leaves a
+run dispatchers against one store without running an attempt twice; with several nodes, each
+claims only the operations of the projects placed on it. A worker that dies leaves a
 ``running`` operation whose lease expires; the next dispatcher to look claims it again and counts
 the abandoned attempt as a failure. An attempt that hangs (its worker alive, its handler never
 returning) is cancelled after ``attempt_timeout_seconds`` and counted as a failure the same way.
@@ -74,8 +75,12 @@ class Engine:
         settings: Settings,
         handlers: dict[Action, Handler] | None = None,
         metrics: Metrics = NO_METRICS,
+        node: str | None = None,
     ) -> None:
         self._store = store
+        # On a platform of several nodes, this engine claims only the operations of the projects
+        # placed on its node (their computes and data are here); None: every operation.
+        self.node = node
         self._metrics = metrics
         self._settings = settings
         self._context = Context(store=store, driver=driver, settings=settings)
@@ -155,7 +160,7 @@ class Engine:
 
     async def _dispatch_once(self) -> None:
         async with self._store.read() as tx:
-            unsettled = await tx.list_unsettled_operations()
+            unsettled = await tx.list_unsettled_operations(node=self.node)
         now = clock.now_us()
         for op in claimable(unsettled, now):
             if op.id in self._running:
@@ -174,6 +179,7 @@ class Engine:
                     lease_until=now + int(self._settings.lease_seconds * _US),
                     # An expired lease held by a worker means that worker died mid-attempt.
                     failed_attempt=op.status is Status.RUNNING and op.lease_owner is not None,
+                    node=self.node,
                 )
             if claimed is None:
                 continue

@@ -50,22 +50,26 @@ def _dead_here(owner: str) -> bool:
     return False
 
 
-async def reconcile(store: Store, driver: ComputeDriver) -> None:
+async def reconcile(store: Store, driver: ComputeDriver, node: str | None = None) -> None:
+    """With ``node``, only the projects placed on it: another node's computes are its own."""
     with progress.step(log, "adopting the computes left running, and what they were doing"):
-        await _reconcile(store, driver)
+        await _reconcile(store, driver, node)
 
 
-async def _reconcile(store: Store, driver: ComputeDriver) -> None:
+async def _reconcile(store: Store, driver: ComputeDriver, node: str | None) -> None:
     now = clock.now_us()
     running = await driver.running_computes()
     async with store.write() as tx:
-        unsettled = await tx.list_unsettled_operations()
+        unsettled = await tx.list_unsettled_operations(node=node)
         owners = {o.lease_owner for o in unsettled if o.lease_owner is not None}
         dead = sorted(owner for owner in owners if _dead_here(owner))
         if dead:
             count = await tx.expire_leases(owners=dead, now=now)
             log.info("retrying %d operation(s) left running by a stopped pgplane", count)
-        endpoints = {e.id: e for e in await tx.list_live_endpoints()}
+        mine = None if node is None else await tx.node_project_ids(node)
+        endpoints = {
+            e.id: e for e in await tx.list_live_endpoints() if mine is None or e.project_id in mine
+        }
     busy = {o.endpoint_id for o in unsettled if o.endpoint_id is not None}
     busy_projects = {o.project_id for o in unsettled if o.branch_id is None}
 
@@ -93,7 +97,9 @@ async def _reconcile(store: Store, driver: ComputeDriver) -> None:
         await driver.stop_compute(
             project_id=found.project_id, branch_id=found.branch_id, endpoint_id=found.endpoint_id
         )
-    await _attach_archived(store, driver, busy_projects | {o.project_id for o in unsettled})
+    await _attach_archived(
+        store, driver, busy_projects | {o.project_id for o in unsettled}, set(endpoints)
+    )
     stale = [
         e
         for e in endpoints.values()
@@ -111,9 +117,11 @@ async def _reconcile(store: Store, driver: ComputeDriver) -> None:
                 )
 
 
-async def _attach_archived(store: Store, driver: ComputeDriver, busy: set[str]) -> None:
+async def _attach_archived(
+    store: Store, driver: ComputeDriver, busy: set[str], endpoint_ids: set[str]
+) -> None:
     async with store.read() as tx:
-        projects = {e.project_id for e in await tx.list_live_endpoints()}
+        projects = {e.project_id for e in await tx.list_live_endpoints() if e.id in endpoint_ids}
         attached = []
         for project_id in sorted(projects - busy):
             project = await tx.get_project_by_id(project_id)

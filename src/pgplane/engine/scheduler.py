@@ -60,8 +60,14 @@ class Scheduler:
         settings: Settings,
         activity: Activity,
         metrics: Metrics = NO_METRICS,
+        node: str | None = None,
     ) -> None:
         self._store = store
+        # With several nodes, each starts the timed work of the projects placed on it, and only
+        # those: the work is its computes' and its disk's, and each object has one node, so each
+        # job is started once however many nodes run. None: every project.
+        self._node = node
+        self._mine: set[str] | None = None
         self._metrics = metrics
         self._engine = engine
         self._driver = driver
@@ -70,7 +76,7 @@ class Scheduler:
         self._next_checks = 0.0
         self._next_detach = 0.0
         self._next_usage = 0.0
-        self._usage = usage.Sampler(store, driver)
+        self._usage = usage.Sampler(store, driver, self._ours)
         # Endpoints whose compute could not be asked for its activity (warned about once).
         self._unaskable: set[str] = set()
         # Expired branches that may not be deleted (warned about once).
@@ -106,6 +112,8 @@ class Scheduler:
                 raise
         async with self._store.read() as tx:
             live = await tx.list_live_endpoints()
+            self._mine = None if self._node is None else await tx.node_project_ids(self._node)
+        live = [e for e in live if self._ours(e.project_id)]
         self._metrics.computes(e.current_state for e in live)
         started = await self._suspend_idle(live, now)
         started += await self._expire(now)
@@ -124,6 +132,9 @@ class Scheduler:
             started += await self._detach(now)
         if started:
             self._engine.wake()
+
+    def _ours(self, project_id: str) -> bool:
+        return self._mine is None or project_id in self._mine
 
     def _timeout_us(self, endpoint: Endpoint) -> int | None:
         seconds = endpoint.suspend_timeout_seconds
@@ -181,6 +192,7 @@ class Scheduler:
     async def _expire(self, now: int) -> int:
         async with self._store.read() as tx:
             due = await tx.expired_branches(now=now)
+        due = [b for b in due if self._ours(b.project_id)]
         started = 0
         for branch in due:
             await failpoints.reached("expire_branch:due")
@@ -209,6 +221,8 @@ class Scheduler:
         async with self._store.read() as tx:
             expired = await tx.expired_snapshots(now=now, limit=100)
             due = await backups.due_slots(tx, now=now)
+        expired = [s for s in expired if self._ours(s.project_id)]
+        due = [(p, b) for p, b in due if self._ours(p)]
         started = 0
         for snapshot in expired:
             async with self._store.write() as tx:
@@ -256,6 +270,7 @@ class Scheduler:
         idle_before = now - int(self._settings.detach_after_seconds * _US)
         async with self._store.read() as tx:
             candidates = await tx.detach_candidates(idle_before=idle_before)
+        candidates = [p for p in candidates if self._ours(p)]
         started = 0
         for project_id in candidates:
             async with self._store.write() as tx:

@@ -36,8 +36,10 @@ async def _suspend_all(store: Store, engine: Engine) -> list[Operation]:
     started: dict[str, Operation] = {}
     while True:
         async with store.write() as tx:
+            # Only this node's computes: the other nodes' keep running.
+            mine = None if engine.node is None else await tx.node_project_ids(engine.node)
             tried = {op.endpoint_id for op in started.values() if op.endpoint_id}
-            fresh = await scheduled.suspend_for_stop(tx, tried=tried)
+            fresh = await scheduled.suspend_for_stop(tx, tried=tried, mine=mine)
         if fresh:
             log.info("suspending %d compute(s) before stopping", len(fresh))
             started.update((op.id, op) for op in fresh)
@@ -48,7 +50,9 @@ async def _suspend_all(store: Store, engine: Engine) -> list[Operation]:
                 for op in started.values()
             ]
             waiting = (
-                set(await scheduled.active_endpoints(tx)) - tried - {op.endpoint_id for op in fresh}
+                set(await scheduled.active_endpoints(tx, mine))
+                - tried
+                - {op.endpoint_id for op in fresh}
             )
         if not waiting and all(op.status.settled for op in ops):
             return ops

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from pgplane.compute.driver import BranchStorage, ComputeDriver, ComputeUsage
@@ -201,9 +201,12 @@ async def record_sizes(
 class Sampler:
     """The scheduler's usage duty: computes every tick, storage as the module says."""
 
-    def __init__(self, store: Store, driver: ComputeDriver) -> None:
+    def __init__(
+        self, store: Store, driver: ComputeDriver, ours: Callable[[str], bool] = lambda _: True
+    ) -> None:
         self._store = store
         self._driver = driver
+        self._ours = ours  # a project placed on this node (its data is here to measure)
         self._ticks = 0
         self._task: asyncio.Task[None] | None = None
         self._owner: asyncio.Task[object] | None = None
@@ -233,7 +236,7 @@ class Sampler:
         await sample(self._store, self._driver, live)
         if self._ticks % _STORAGE_EVERY == 0:
             async with self._store.write() as tx:
-                branches = await tx.storage_targets()
+                branches = [b for b in await tx.storage_targets() if self._ours(b[0])]
                 await tx.prune_usage_hours(before_hour=clock.now_us() // US - KEEP_HOURS * 3600)
         else:
             running = {(e.project_id, e.branch_id) for e in live if e.current_state == "active"}

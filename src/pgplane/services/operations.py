@@ -9,7 +9,7 @@ from pgplane.core import clock, ids
 from pgplane.core.models import Operation
 from pgplane.core.operations import Action, Scope, Status
 from pgplane.errors import BadRequest, NotFound
-from pgplane.services import access
+from pgplane.services import access, nodes
 from pgplane.store import Tx
 
 DEFAULT_LIMIT = 10
@@ -50,6 +50,8 @@ async def start(tx: Tx, *, project_id: str, starts: Sequence[Start]) -> list[Ope
     project is preceded by a ``tenant_reattach`` (one, however many requests need it).
     """
     now = clock.now_us()
+    # Every operation runs on the project's node: none is queued while that node is down.
+    await nodes.require_up(tx, project_id, now=now)
     unsettled = await tx.list_unsettled_operations(project_id=project_id)
     pending = [Scope.of(o) for o in unsettled]
     if any(s.action not in _STORAGE_FREE for s in starts):

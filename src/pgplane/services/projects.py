@@ -22,6 +22,7 @@ from pgplane.services import (
     compute_settings,
     endpoints,
     names,
+    nodes,
     operations,
     project_settings,
     quotas,
@@ -192,6 +193,7 @@ async def create(
         updated_at=now,
     )
     await tx.insert_project(project)
+    await nodes.place(tx, project_id=project_id, now=now)
     await tx.insert_branch(branch)
     endpoint = await endpoints.new_endpoint(
         tx,

@@ -24,12 +24,15 @@ async def suspend_idle(tx: Tx, *, endpoint_id: str, idle_before: int) -> Operati
     return await _suspend(tx, endpoint)
 
 
-async def suspend_for_stop(tx: Tx, *, tried: set[str]) -> list[Operation]:
+async def suspend_for_stop(
+    tx: Tx, *, tried: set[str], mine: set[str] | None = None
+) -> list[Operation]:
     """``suspend_compute`` for every active endpoint not in ``tried``, used or not: ``serve
-    --stop-computes`` stopping. One with an operation under way is left for the next call."""
+    --stop-computes`` stopping. One with an operation under way is left for the next call.
+    ``mine``: only the endpoints of these projects (the stopping node's)."""
     started = []
     for endpoint in await tx.list_live_endpoints():
-        if endpoint.id in tried:
+        if endpoint.id in tried or (mine is not None and endpoint.project_id not in mine):
             continue
         op = await _suspend(tx, endpoint)
         if op is not None:
@@ -37,12 +40,14 @@ async def suspend_for_stop(tx: Tx, *, tried: set[str]) -> list[Operation]:
     return started
 
 
-async def active_endpoints(tx: Tx) -> list[str]:
-    """Endpoints running or about to change (their compute may be up when this returns)."""
+async def active_endpoints(tx: Tx, mine: set[str] | None = None) -> list[str]:
+    """Endpoints running or about to change (their compute may be up when this returns); of
+    the projects ``mine`` only, when given."""
     return [
         e.id
         for e in await tx.list_live_endpoints()
-        if e.current_state == "active" or e.pending_state is not None
+        if (e.current_state == "active" or e.pending_state is not None)
+        and (mine is None or e.project_id in mine)
     ]
 
 

@@ -38,18 +38,20 @@ from contextlib import AbstractAsyncContextManager
 
 from pgplane.core.models import Annotation, Branch, Database, Endpoint, Project, Role
 from pgplane.store.accounts import AccountsTx
+from pgplane.store.nodes import NodesTx
 from pgplane.store.operations import OperationsTx
 from pgplane.store.snapshots import SnapshotsTx
 from pgplane.store.usage import UsageTx
 
 
-class Tx(AccountsTx, OperationsTx, UsageTx, SnapshotsTx):
+class Tx(AccountsTx, OperationsTx, UsageTx, SnapshotsTx, NodesTx):
     """One unit of work against the store. Methods never commit.
 
     Its parts, each a module: the account side (accounts, API keys, the console's sign-in) is
     :class:`AccountsTx`, the engine's operations and their leases :class:`OperationsTx`, what
     computes and branches used :class:`UsageTx`, snapshots and backup schedules
-    :class:`SnapshotsTx`; projects, branches, endpoints, roles and databases are here.
+    :class:`SnapshotsTx`, nodes and where projects are placed :class:`NodesTx`; projects,
+    branches, endpoints, roles and databases are here.
     """
 
     # -- projects -------------------------------------------------------------------------------

@@ -37,14 +37,25 @@ class OperationsTx(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def list_unsettled_operations(self, project_id: str | None = None) -> list[Operation]:
-        """Operations in ``scheduling`` or ``running`` (of one project, or all), oldest first."""
+    async def list_unsettled_operations(
+        self, project_id: str | None = None, *, node: str | None = None
+    ) -> list[Operation]:
+        """Operations in ``scheduling`` or ``running`` (of one project, or all; with ``node``,
+        only of the projects placed on that node), oldest first."""
 
     @abc.abstractmethod
     async def claim_operation(
-        self, *, seen: Operation, owner: str, now: int, lease_until: int, failed_attempt: bool
+        self,
+        *,
+        seen: Operation,
+        owner: str,
+        now: int,
+        lease_until: int,
+        failed_attempt: bool,
+        node: str | None = None,
     ) -> Operation | None:
-        """Compare-and-set ``seen`` (unchanged since read) to ``running`` leased by ``owner``.
+        """Compare-and-set ``seen`` (unchanged since read) to ``running`` leased by ``owner``;
+        with ``node``, only while the operation's project is placed on that node.
 
         ``failed_attempt`` counts the previous, abandoned attempt (an expired lease) as a failure.
         Returns the claimed operation, or None if another worker got there first.

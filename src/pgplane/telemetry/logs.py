@@ -1,6 +1,7 @@
 """The process' log: readable text by default, or one JSON object a line for log collectors.
 
-A JSON line has ``time`` (UTC, ISO 8601), ``level``, ``logger`` and ``message``, then the ids of
+A JSON line has ``time`` (UTC, ISO 8601), ``level``, ``logger``, ``message`` and ``node`` (this
+process's node name, once it is known), then the ids of
 what wrote it, taken from context variables set where work starts: the API sets ``request_id``
 (and ``project_id``, ``endpoint_id`` from the path) for each request, the engine sets
 ``operation_id``, ``project_id``, ``branch_id`` and ``endpoint_id`` for each attempt. An
@@ -37,6 +38,8 @@ _FIELDS = (
     ("endpoint_id", endpoint_id),
 )
 
+_node: dict[str, str] = {}  # this process's node name, once known: on every JSON line
+
 _REMEMBERED = 4096
 _asked_by: dict[str, str] = {}  # operation id -> the request that queued it, oldest first
 
@@ -48,6 +51,11 @@ def in_operation(operation: str, *, project: str, branch: str | None, endpoint: 
     branch_id.set(branch)
     endpoint_id.set(endpoint)
     request_id.set(_asked_by.get(operation))
+
+
+def set_node(name: str) -> None:
+    """Every JSON line from now on names this process's node (several share one store)."""
+    _node["node"] = name
 
 
 def queued(operation: str) -> None:
@@ -70,6 +78,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
+            **_node,
         }
         for name, var in _FIELDS:
             value = getattr(record, name, None) or var.get()

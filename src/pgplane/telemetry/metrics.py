@@ -43,6 +43,9 @@ class Metrics:
     def scheduler_tick(self, lag: float) -> None:
         """A scheduler tick began ``lag`` s after it was due."""
 
+    def node_heartbeat(self) -> None:
+        """This node's heartbeat was recorded in the store just now."""
+
     def computes(self, states: Iterable[str]) -> None:
         """The live computes' states, as the scheduler read them this tick."""
 

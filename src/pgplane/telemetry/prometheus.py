@@ -45,7 +45,7 @@ class Prometheus(Metrics):
 
     enabled = True
 
-    def __init__(self, *, version: str, actions: Iterable[str]) -> None:
+    def __init__(self, *, version: str, actions: Iterable[str], node: str = "") -> None:
         # prometheus_client adds a ``…_created`` series per counter and histogram by default: a
         # timestamp no alert uses, and ``pgplane_operations_created`` reads as a count it is not.
         disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -54,6 +54,17 @@ class Prometheus(Metrics):
         Gauge(
             "pgplane_build_info", "The running pgplane's version.", ["version"], registry=registry
         ).labels(version).set(1)
+        # The node's name: one series, so a dashboard joins on it (every figure here is this
+        # node's own: the operations it ran, its proxy's sessions, its store latency).
+        Gauge(
+            "pgplane_node_info", "This node of the platform, by name.", ["node"], registry=registry
+        ).labels(node).set(1)
+        self._last_beat = time.monotonic()
+        Gauge(
+            "pgplane_node_heartbeat_age_seconds",
+            "Time since this node last recorded its heartbeat in the store.",
+            registry=registry,
+        ).set_function(lambda: time.monotonic() - self._last_beat)
         self._operations = Counter(
             "pgplane_operations_total",
             "Operations that ended, by action and status (finished or failed).",
@@ -170,6 +181,9 @@ class Prometheus(Metrics):
 
     def scheduler_tick(self, lag: float) -> None:
         self._lag.observe(lag)
+
+    def node_heartbeat(self) -> None:
+        self._last_beat = time.monotonic()
 
     def computes(self, states: Iterable[str]) -> None:
         counts: dict[str, int] = dict.fromkeys(self._states, 0)

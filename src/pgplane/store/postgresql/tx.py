@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from pgplane.core.models import Operation
 from pgplane.store.postgresql.conn import PgConn
-from pgplane.store.sqlite.operations import OP_COLUMNS, operation_from_row
+from pgplane.store.sqlite.operations import OP_COLUMNS, claim_params, operation_from_row
 from pgplane.store.sqlite.tx import SqliteTx
 
 # The row is taken only if it is still as the dispatcher saw it and no other transaction holds
@@ -19,7 +19,10 @@ _CLAIM = (
     " attempt_started_at = $3, started_at = COALESCE(started_at, $3), updated_at = $3,"
     " failures_count = failures_count + $4"
     " WHERE id = (SELECT id FROM operations WHERE id = $5 AND status = $6 AND updated_at = $7"
-    "             AND lease_owner IS NOT DISTINCT FROM $8 FOR UPDATE SKIP LOCKED)"
+    "             AND lease_owner IS NOT DISTINCT FROM $8"
+    "             AND ($9::text IS NULL OR EXISTS (SELECT 1 FROM projects p"
+    "                  WHERE p.id = operations.project_id AND p.node = $9::text))"
+    "             FOR UPDATE OF operations SKIP LOCKED)"
     f" RETURNING {OP_COLUMNS}"
 )
 
@@ -47,19 +50,16 @@ class PgTx(SqliteTx):
         return count
 
     async def claim_operation(
-        self, *, seen: Operation, owner: str, now: int, lease_until: int, failed_attempt: bool
+        self,
+        *,
+        seen: Operation,
+        owner: str,
+        now: int,
+        lease_until: int,
+        failed_attempt: bool,
+        node: str | None = None,
     ) -> Operation | None:
         r = await self.conn.unlocked(
-            _CLAIM,
-            (
-                owner,
-                lease_until,
-                now,
-                int(failed_attempt),
-                seen.id,
-                seen.status.value,
-                seen.updated_at,
-                seen.lease_owner,
-            ),
+            _CLAIM, claim_params(seen, owner, now, lease_until, failed_attempt, node)
         )
         return operation_from_row(r) if r else None

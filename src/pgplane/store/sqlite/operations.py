@@ -71,6 +71,35 @@ def operation_from_row(r: Sequence[Any]) -> Operation:
     )
 
 
+# Compare-and-set: the row as the dispatcher saw it, and (?9 given) its project still on the
+# claiming node. The only interpolation is our column list.
+CLAIM = (
+    "UPDATE operations SET status = 'running', lease_owner = ?1, lease_expires_at = ?2,"
+    " attempt_started_at = ?3, started_at = COALESCE(started_at, ?3), updated_at = ?3,"
+    " failures_count = failures_count + ?4"
+    " WHERE id = ?5 AND status = ?6 AND updated_at = ?7 AND lease_owner IS ?8"
+    " AND (?9 IS NULL OR EXISTS (SELECT 1 FROM projects p WHERE p.id = operations.project_id"
+    "                            AND p.node = ?9))"
+    f" RETURNING {OP_COLUMNS}"
+)
+
+
+def claim_params(
+    seen: Operation, owner: str, now: int, lease_until: int, failed_attempt: bool, node: str | None
+) -> tuple[Any, ...]:
+    return (
+        owner,
+        lease_until,
+        now,
+        int(failed_attempt),
+        seen.id,
+        seen.status.value,
+        seen.updated_at,
+        seen.lease_owner,
+        node,
+    )
+
+
 class OperationsMixin(Statements):
     """:class:`pgplane.store.operations.OperationsTx` (both backends)."""
 
@@ -139,42 +168,42 @@ class OperationsMixin(Statements):
             rows = await self._c.all(_LIST_ACCOUNT_OPS, (project_id, cursor, limit, account_id))
         return [operation_from_row(r) for r in rows]
 
-    async def list_unsettled_operations(self, project_id: str | None = None) -> list[Operation]:
+    async def list_unsettled_operations(
+        self, project_id: str | None = None, *, node: str | None = None
+    ) -> list[Operation]:
         unsettled = "status IN ('scheduling', 'running')"
-        if project_id is None:
-            rows = await self._c.all(
-                f"SELECT {OP_COLUMNS} FROM operations WHERE {unsettled}"
-                " ORDER BY project_id, created_at"
-            )
-        else:
+        if project_id is not None:
             rows = await self._c.all(
                 f"SELECT {OP_COLUMNS} FROM operations WHERE project_id = ? AND {unsettled}"
                 " ORDER BY created_at",
                 (project_id,),
             )
+        elif node is not None:
+            rows = await self._c.all(
+                f"SELECT {OP_COLUMNS} FROM operations WHERE {unsettled}"
+                " AND project_id IN (SELECT id FROM projects WHERE node = ?)"
+                " ORDER BY project_id, created_at",
+                (node,),
+            )
+        else:
+            rows = await self._c.all(
+                f"SELECT {OP_COLUMNS} FROM operations WHERE {unsettled}"
+                " ORDER BY project_id, created_at"
+            )
         return [operation_from_row(r) for r in rows]
 
     async def claim_operation(
-        self, *, seen: Operation, owner: str, now: int, lease_until: int, failed_attempt: bool
+        self,
+        *,
+        seen: Operation,
+        owner: str,
+        now: int,
+        lease_until: int,
+        failed_attempt: bool,
+        node: str | None = None,
     ) -> Operation | None:
         r = await self._c.one(
-            f"UPDATE operations SET status = 'running', lease_owner = ?, lease_expires_at = ?,"
-            f" attempt_started_at = ?, started_at = COALESCE(started_at, ?), updated_at = ?,"
-            f" failures_count = failures_count + ?"
-            f" WHERE id = ? AND status = ? AND updated_at = ? AND lease_owner IS ?"
-            f" RETURNING {OP_COLUMNS}",
-            (
-                owner,
-                lease_until,
-                now,
-                now,
-                now,
-                int(failed_attempt),
-                seen.id,
-                seen.status.value,
-                seen.updated_at,
-                seen.lease_owner,
-            ),
+            CLAIM, claim_params(seen, owner, now, lease_until, failed_attempt, node)
         )
         return operation_from_row(r) if r else None
 

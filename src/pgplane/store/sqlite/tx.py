@@ -13,6 +13,7 @@ from pgplane.store.sqlite.branches import BranchesMixin
 from pgplane.store.sqlite.common import Conn
 from pgplane.store.sqlite.console import ConsoleMixin
 from pgplane.store.sqlite.endpoints import EndpointsMixin
+from pgplane.store.sqlite.nodes import NodesMixin
 from pgplane.store.sqlite.operations import OperationsMixin
 from pgplane.store.sqlite.projects import ProjectsMixin
 from pgplane.store.sqlite.roles import DatabasesMixin, RolesMixin
@@ -35,6 +36,7 @@ class SqliteTx(
     OperationsMixin,
     SnapshotsMixin,
     UsageMixin,
+    NodesMixin,
     Tx,
 ):
     def __init__(self, conn: Conn) -> None:

@@ -1,0 +1,112 @@
+"""Nodes and where projects are placed (both backends)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pgplane.core.nodes import Node, NodeLoad
+from pgplane.store.sqlite.common import Statements
+
+_COLUMNS = (
+    "n.name, n.instance, n.api_url, n.proxy_address, n.compute_host, n.capacity, n.state,"
+    " n.started_at, n.heartbeat_at, n.expires_at"
+)
+# A compute counts while it runs or is due to (as the account quota counts them).
+_LOADS = (
+    f"SELECT {_COLUMNS},"
+    " (SELECT COUNT(*) FROM projects p WHERE p.node = n.name AND p.deleted_at IS NULL),"
+    " (SELECT COUNT(*) FROM endpoints e JOIN projects p ON p.id = e.project_id"
+    "  WHERE p.node = n.name AND p.deleted_at IS NULL AND e.deleted_at IS NULL"
+    "  AND (e.current_state = 'active' OR e.pending_state = 'active'))"
+    " FROM nodes n ORDER BY n.name"
+)
+
+
+def _node(r: Sequence[Any]) -> Node:
+    return Node(
+        name=r[0],
+        instance=r[1],
+        api_url=r[2],
+        proxy_address=r[3],
+        compute_host=r[4],
+        capacity=r[5],
+        state=r[6],
+        started_at=r[7],
+        heartbeat_at=r[8],
+        expires_at=r[9],
+    )
+
+
+class NodesMixin(Statements):
+    """The node part of :class:`pgplane.store.base.Tx`."""
+
+    async def get_node(self, name: str) -> Node | None:
+        r = await self._c.one(f"SELECT {_COLUMNS} FROM nodes n WHERE n.name = ?", (name,))
+        return _node(r) if r else None
+
+    async def put_node(self, node: Node) -> None:
+        n = node
+        await self._c.execute(
+            "INSERT INTO nodes (name, instance, api_url, proxy_address, compute_host, capacity,"
+            " state, started_at, heartbeat_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (name) DO UPDATE SET instance = excluded.instance,"
+            " api_url = excluded.api_url, proxy_address = excluded.proxy_address,"
+            " compute_host = excluded.compute_host, capacity = excluded.capacity,"
+            " started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at,"
+            " expires_at = excluded.expires_at",
+            (
+                n.name,
+                n.instance,
+                n.api_url,
+                n.proxy_address,
+                n.compute_host,
+                n.capacity,
+                n.state,
+                n.started_at,
+                n.heartbeat_at,
+                n.expires_at,
+            ),
+        )
+
+    async def renew_node(self, *, name: str, instance: str, now: int, expires_at: int) -> bool:
+        cur = await self._c.execute(
+            "UPDATE nodes SET heartbeat_at = ?, expires_at = ? WHERE name = ? AND instance = ?",
+            (now, expires_at, name, instance),
+        )
+        return cur.rowcount == 1
+
+    async def set_node_state(self, *, name: str, state: str) -> bool:
+        cur = await self._c.execute("UPDATE nodes SET state = ? WHERE name = ?", (state, name))
+        return cur.rowcount == 1
+
+    async def node_loads(self) -> list[NodeLoad]:
+        rows = await self._c.all(_LOADS)
+        return [NodeLoad(node=_node(r), projects=r[10], computes=r[11]) for r in rows]
+
+    async def adopt_projects(self, node: str) -> int:
+        cur = await self._c.execute("UPDATE projects SET node = ? WHERE node IS NULL", (node,))
+        return cur.rowcount
+
+    async def move_projects(self, *, from_node: str, to_node: str) -> int:
+        cur = await self._c.execute(
+            "UPDATE projects SET node = ? WHERE node = ?", (to_node, from_node)
+        )
+        return cur.rowcount
+
+    async def delete_node(self, name: str) -> None:
+        await self._c.execute("DELETE FROM nodes WHERE name = ?", (name,))
+
+    async def place_project(self, *, project_id: str, node: str) -> None:
+        await self._c.execute("UPDATE projects SET node = ? WHERE id = ?", (node, project_id))
+
+    async def project_node(self, project_id: str) -> Node | None:
+        r = await self._c.one(
+            f"SELECT {_COLUMNS} FROM projects p JOIN nodes n ON n.name = p.node WHERE p.id = ?",
+            (project_id,),
+        )
+        return _node(r) if r else None
+
+    async def node_project_ids(self, node: str) -> set[str]:
+        rows = await self._c.all("SELECT id FROM projects WHERE node = ?", (node,))
+        return {r[0] for r in rows}
