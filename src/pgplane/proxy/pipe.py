@@ -167,6 +167,10 @@ class Side(asyncio.Protocol):
         self._resume()
         return data
 
+    def unread(self) -> int:
+        """How many bytes the side has sent that were not read yet."""
+        return len(self._buffer)
+
     def take_buffer(self) -> bytes:
         """Everything received and not read yet, removed (for a protocol taking over)."""
         data, self._buffer = bytes(self._buffer), bytearray()
