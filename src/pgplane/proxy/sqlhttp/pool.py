@@ -22,9 +22,11 @@ another key is closed to make room, and one idle past ``idle_seconds`` is closed
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from pgplane.errors import SqlFailed
 from pgplane.proxy import wire
@@ -33,8 +35,9 @@ from pgplane.proxy.seam import Target
 from pgplane.proxy.sqlhttp.reset import discard_all
 
 Key = tuple[str, str, str, tuple[tuple[str, str], ...]]  # endpoint, role, database, parameters
-# Puts a connection's session back as new; True only once that is verified.
-Reset = Callable[[Side], Awaitable[bool]]
+# Starts putting a connection's session back as new, at once; what it returns is awaited in the
+# background: True only once that is verified.
+Reset = Callable[[Side], Coroutine[Any, Any, bool]]
 
 
 @dataclass(eq=False, slots=True)
@@ -64,7 +67,8 @@ class Pool:
         self._open: dict[Key, int] = {}  # busy, resetting, idle and being opened
         self._total = 0
         self._waiters: list[asyncio.Future[None]] = []
-        self._resetting: dict[Conn, asyncio.Task[None]] = {}
+        # Each reset under way: its task, and the reply's reading it awaits.
+        self._resetting: dict[Conn, tuple[asyncio.Task[None], Coroutine[Any, Any, bool]]] = {}
         self._resetting_per_key: dict[Key, int] = {}
         self._claims: dict[Key, int] = {}  # requests waiting for a reset of their key
 
@@ -160,13 +164,19 @@ class Pool:
             return
         conn.state = "resetting"
         self._count(self._resetting_per_key, conn.key, 1)
-        # Started now, run once the caller yields: after the request's answer is written.
-        self._resetting[conn] = asyncio.get_running_loop().create_task(self._put_back(conn))
+        try:
+            verified = self._reset(conn.side)
+        except Exception:
+            self._count(self._resetting_per_key, conn.key, -1)
+            self._forget(conn)
+            return
+        task = asyncio.get_running_loop().create_task(self._put_back(conn, verified))
+        self._resetting[conn] = (task, verified)
 
-    async def _put_back(self, conn: Conn) -> None:
+    async def _put_back(self, conn: Conn, verified: Coroutine[Any, Any, bool]) -> None:
         clean = False
         try:
-            clean = await self._reset(conn.side)
+            clean = await verified
         except Exception:
             clean = False
         finally:
@@ -184,11 +194,14 @@ class Pool:
     async def settled(self) -> None:
         """Once every reset under way has ended (for tests)."""
         while self._resetting:
-            await asyncio.gather(*self._resetting.values(), return_exceptions=True)
+            tasks = [task for task, _ in self._resetting.values()]
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     def close(self) -> None:
-        for conn, task in list(self._resetting.items()):
+        for conn, (task, verified) in list(self._resetting.items()):
             task.cancel()
+            if inspect.getcoroutinestate(verified) == inspect.CORO_CREATED:
+                verified.close()  # its task is cancelled before it ever ran: never awaited
             self._count(self._resetting_per_key, conn.key, -1)
             self._forget(conn)
         self._resetting.clear()

@@ -5,16 +5,21 @@ held open, ``LISTEN``, advisory locks, a ``SET ROLE``) must never reach the next
 may come from another client of the same role. ``DISCARD ALL`` undoes all of it, and refuses to
 run in a transaction block, so a connection left in one cannot pass either.
 
-It is sent when a request gives its connection back, after the request's answer is written, so
-no request waits for it; the connection is handed out again only once its answer has come and
-was exactly the expected one (the command done, ReadyForQuery idle, nothing else but notices and
-parameter statuses). Any error, a close, an unexpected message or no answer within
+It is sent when a request gives its connection back, in the same turn of the loop as the
+request's answer (the compute works on it while the client reads its answer), and its reply is
+read in the background: the request whose answer is going out never waits for it. The
+connection is handed out again only once that reply has come and was exactly the expected one
+(the command done, ReadyForQuery idle, nothing else but notices and parameter statuses); a
+request that comes back sooner than that waits for it (a round trip on the compute, cheaper
+than a new backend). Any error, a close, an unexpected message or no reply within
 :data:`RESET_SECONDS`, and the connection is closed instead.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
+from typing import Any
 
 from pgplane.proxy.framing import MAX_AUTH_FRAME, FrameError
 from pgplane.proxy.pipe import Closed, Side
@@ -31,9 +36,15 @@ _DONE = b"DISCARD ALL\0"
 _ASIDES = frozenset({b"N", b"S", b"A"})
 
 
-async def discard_all(side: Side) -> bool:
-    """Reset the session on ``side``; True only if it is verified idle and clean."""
+def discard_all(side: Side) -> Coroutine[Any, Any, bool]:
+    """Reset the session on ``side``: ``DISCARD ALL`` is written now (it leaves with the
+    request's answer, at the end of the loop's turn), and the coroutine returned reads its answer:
+    True only if the session is verified idle and clean."""
     side.write(RESET)
+    return _verified(side)
+
+
+async def _verified(side: Side) -> bool:
     done = False
     try:
         async with asyncio.timeout(RESET_SECONDS):
