@@ -383,9 +383,9 @@ async def _serve(settings: Settings) -> None:
 
 
 def run(settings: Settings) -> None:
-    """Run the server until SIGINT/SIGTERM, on uvloop when it is installed."""
+    """Run the server until SIGINT/SIGTERM, on uvloop (a dependency, where it builds)."""
     try:
-        import uvloop  # noqa: PLC0415 - optional speed-up, part of uvicorn[standard]
+        import uvloop  # noqa: PLC0415 - not on Windows, where asyncio's loop serves
     except ImportError:  # pragma: no cover
         asyncio.run(serve(settings))
     else:

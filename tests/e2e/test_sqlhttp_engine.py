@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -213,22 +214,102 @@ async def test_connections_are_pooled_and_reset(platform: Platform) -> None:
         await _sql(engine, platform, {"query": "SET search_path TO nowhere"})
         _, second = await _sql(engine, platform, {"query": "SELECT pg_backend_pid()"})
         assert first["rows"] == second["rows"]  # one backend served them all
+        await pool.settled()
         assert pool.counts(key) == (1, 1)
         _, body = await _sql(engine, platform, {"query": "SHOW search_path"})
         assert body["rows"] == [['"$user", public']]  # what one request set is gone
 
         # A request that leaves a transaction open does not give its connection back.
         await _sql(engine, platform, {"query": "BEGIN"})
+        await pool.settled()
         assert pool.counts(key) == (0, 0)
 
         # Idle pooled connections do not keep a compute up: it suspends, they are dropped, and
         # the next request wakes it.
         await _sql(engine, platform, {"query": "SELECT 1"})
+        await pool.settled()
         assert pool.counts(key) == (1, 1)
         await asyncio.to_thread(platform.api.suspend, platform.project_id, platform.endpoint_id)
         status, body = await _sql(engine, platform, {"query": "SELECT 2"})
         assert (status, body["rows"]) == (200, [["2"]])
         assert platform.wakes == 1
+    finally:
+        engine.close()
+
+
+# What a session can be left holding, and the request that leaves each.
+_LEFTOVERS = [
+    "SET search_path TO nowhere",
+    "SELECT set_config('app.tenant', 'first', false)",
+    "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY",
+    "CREATE TEMP TABLE leftover (x int)",
+    "PREPARE leftover AS SELECT 1",
+    "DECLARE leftover CURSOR WITH HOLD FOR SELECT 1",
+    "LISTEN leftover",
+    "SELECT pg_advisory_lock(42)",
+]
+# How the next request finds its session: as new, and on the same backend (a reset one is
+# waited for rather than a new one opened).
+_STATE = """SELECT pg_backend_pid() AS pid,
+    current_setting('search_path') AS search_path,
+    coalesce(current_setting('app.tenant', true), '') AS tenant,
+    current_setting('default_transaction_read_only') AS read_only,
+    (SELECT count(*) FROM pg_class WHERE relname IN ('leftover', 'in_batch')) AS tables,
+    (SELECT count(*) FROM pg_prepared_statements) AS prepared,
+    (SELECT count(*) FROM pg_cursors WHERE name <> '') AS cursors,
+    (SELECT count(*) FROM pg_listening_channels()) AS channels,
+    (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory') AS locks,
+    now() >= $1::timestamptz AS own_transaction"""
+_AS_NEW = {
+    "search_path": '"$user", public',
+    "tenant": "",
+    "read_only": "off",
+    "tables": "0",
+    "prepared": "0",
+    "cursors": "0",
+    "channels": "0",
+    "locks": "0",
+    "own_transaction": "t",
+}
+
+
+async def test_what_a_request_leaves_never_reaches_the_next(platform: Platform) -> None:
+    engine, _, pool = _engine(platform)
+    headers = _headers(platform, Neon_Array_Mode="false")
+
+    async def state() -> dict[str, str]:
+        # Its transaction began after the request was sent: no earlier one left open.
+        sent = datetime.now(UTC).isoformat()
+        status, body = await _sql(engine, platform, {"query": _STATE, "params": [sent]}, headers)
+        assert status == 200, body
+        (row,) = body["rows"]
+        return dict(row)
+
+    try:
+        pid = (await state())["pid"]
+        for leftover in _LEFTOVERS:
+            status, body = await _sql(engine, platform, {"query": leftover})
+            assert status == 200, (leftover, body)
+            assert await state() == {"pid": pid, **_AS_NEW}, leftover
+
+        # A batch that fails midway: its transaction rolled back, its connection kept, clean.
+        failing = [
+            {"query": "CREATE TEMP TABLE in_batch (x int)"},
+            {"query": "SET LOCAL search_path TO nowhere"},
+            {"query": "SELECT 1 / 0"},
+        ]
+        status, body = await _sql(engine, platform, {"queries": failing})
+        assert (status, body["code"]) == (400, "22012")
+        assert await state() == {"pid": pid, **_AS_NEW}
+
+        # A transaction left open, then an error in it: that connection is closed, not reset.
+        status, body = await _sql(engine, platform, {"query": "BEGIN"})
+        assert status == 200, body
+        after = await state()
+        assert after["pid"] != pid and after == {"pid": after["pid"], **_AS_NEW}
+        key = (platform.endpoint_id, platform.role, "neondb", ())
+        await pool.settled()
+        assert pool.counts(key) == (1, 1)
     finally:
         engine.close()
 
@@ -245,6 +326,7 @@ async def test_time_and_size_bounds_cancel_the_query(platform: Platform) -> None
         assert (status, body["code"]) == (400, "57014")
         assert "time limit" in body["message"]
         # Cancelled on the compute, not left running: the connection is back, idle.
+        await pool.settled()
         assert pool.counts(key) == (1, 1)
         _, body = await _sql(
             engine,

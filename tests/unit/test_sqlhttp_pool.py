@@ -1,4 +1,5 @@
-"""SQL over HTTP's connection pool: its bounds, reuse, and dropping what a compute closed."""
+"""SQL over HTTP's connection pool: its bounds, reuse after a verified reset, and dropping what a
+compute closed."""
 
 from __future__ import annotations
 
@@ -17,16 +18,45 @@ TARGET = Target("ep-a-1", "127.0.0.1", 1)
 
 
 class FakeSide:
-    """What the pool uses of a compute connection: ``lost`` and ``close``."""
+    """What the pool uses of a compute connection: ``lost``, ``unread`` and ``close``."""
 
     def __init__(self) -> None:
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.closed = False
+        self.pending = 0
+        self.resets = 0
+
+    def unread(self) -> int:
+        return self.pending
 
     def close(self) -> None:
         self.closed = True
         if not self.lost.done():
             self.lost.set_result(None)
+
+
+class Resets:
+    """A reset that succeeds at once, or as the test says (``hold``: until ``answer``)."""
+
+    def __init__(self) -> None:
+        self.hold = False
+        self.waiting: list[asyncio.Future[bool]] = []
+
+    async def __call__(self, side: Any) -> bool:
+        side.resets += 1
+        if not self.hold:
+            return True
+        answer = asyncio.get_running_loop().create_future()
+        self.waiting.append(answer)
+        return await answer
+
+    def answer(self, clean: bool) -> None:
+        self.waiting.pop(0).set_result(clean)
+
+
+def _pool(**bounds: Any) -> tuple[Pool, Resets]:
+    resets = Resets()
+    return Pool(reset=resets, **bounds), resets
 
 
 async def _open(pool: Pool, key: Key) -> tuple[Conn, Any]:
@@ -35,44 +65,87 @@ async def _open(pool: Pool, key: Key) -> tuple[Conn, Any]:
     return pool.adopt(key, side, TARGET, None), side  # type: ignore[arg-type]
 
 
-async def test_an_idle_connection_is_reused_and_one_in_doubt_is_not() -> None:
-    pool = Pool(per_key=2, total=10)
+async def test_a_connection_is_reset_before_reuse_and_one_in_doubt_is_not_kept() -> None:
+    pool, _ = _pool(per_key=2, total=10)
     conn, side = await _open(pool, A)
     pool.release(conn, reusable=True)
-    assert pool.counts(A) == (1, 1)
+    assert pool.counts(A) == (1, 0)  # being reset: not handed out yet
+    await pool.settled()
+    assert side.resets == 1 and pool.counts(A) == (1, 1)
     again = await pool.acquire(A, wait=0)
-    assert again is conn and conn.used
-    pool.release(conn, reusable=False)  # left in a transaction, say
-    assert side.closed and pool.counts(A) == (0, 0)
+    assert again is conn
+    pool.release(conn, reusable=False)  # left in a transaction, say: not even reset
+    assert side.closed and side.resets == 1 and pool.counts(A) == (0, 0)
+
+
+async def test_a_failed_reset_closes_the_connection_and_frees_its_slot() -> None:
+    pool, resets = _pool(per_key=1, total=10)
+    resets.hold = True
+    conn, side = await _open(pool, A)
+    pool.release(conn, reusable=True)
+    waiting = asyncio.create_task(pool.acquire(A, wait=5))
+    await asyncio.sleep(0)
+    assert not waiting.done()  # it waits for the one being reset
+    resets.answer(False)
+    assert await waiting is None  # that one was closed: a slot to open a new one in
+    assert side.closed and pool.counts(A) == (1, 0)
+
+
+async def test_a_request_waits_for_a_connection_being_reset_rather_than_open_one() -> None:
+    pool, resets = _pool(per_key=5, total=10)
+    resets.hold = True
+    conn, side = await _open(pool, A)
+    pool.release(conn, reusable=True)
+    first = asyncio.create_task(pool.acquire(A, wait=5))
+    await asyncio.sleep(0)
+    assert not first.done()
+    # One reset under way is claimed by one request: another opens a connection of its own,
+    # and a retry after a stale connection never waits for a pooled one.
+    assert await pool.acquire(A, wait=5) is None
+    assert await pool.acquire(A, wait=5, fresh=True) is None
+    resets.answer(True)
+    assert await first is conn and not side.closed
 
 
 async def test_a_connection_its_compute_closed_leaves_the_pool_at_once() -> None:
-    pool = Pool()
+    pool, _ = _pool()
     conn, side = await _open(pool, A)
     pool.release(conn, reusable=True)
+    await pool.settled()
     side.lost.set_result(None)  # the compute suspended: its sessions ended
     await asyncio.sleep(0)
     assert pool.counts(A) == (0, 0)
     assert await pool.acquire(A, wait=0) is None  # a new one is opened
 
 
+async def test_an_idle_connection_that_spoke_is_not_handed_out() -> None:
+    pool, _ = _pool()
+    conn, side = await _open(pool, A)
+    pool.release(conn, reusable=True)
+    await pool.settled()
+    side.pending = 90  # a shutdown's FATAL, say, its close not seen yet
+    assert await pool.acquire(A, wait=0) is None
+    assert side.closed and pool.counts(A) == (1, 0)
+
+
 async def test_past_the_bounds_a_request_waits_then_is_refused() -> None:
-    pool = Pool(per_key=1, total=10)
+    pool, _ = _pool(per_key=1, total=10)
     conn, _ = await _open(pool, A)
     waiting = asyncio.create_task(pool.acquire(A, wait=5))
     await asyncio.sleep(0)
     assert not waiting.done()
     pool.release(conn, reusable=True)
-    assert await waiting is conn  # handed over when given back
+    assert await waiting is conn  # handed over when given back, once reset
     with pytest.raises(SqlFailed, match="too many SQL over HTTP requests") as refused:
         await pool.acquire(A, wait=0.01)
     assert refused.value.fields["code"] == "53300"
 
 
 async def test_an_idle_connection_of_another_key_makes_room() -> None:
-    pool = Pool(per_key=5, total=1)
+    pool, _ = _pool(per_key=5, total=1)
     conn, side = await _open(pool, A)
     pool.release(conn, reusable=True)
+    await pool.settled()
     assert await pool.acquire(B, wait=0) is None  # A's idle one was closed for it
     assert side.closed and pool.counts(A) == (0, 0) and pool.counts(B) == (1, 0)
     pool.forfeit(B)
@@ -80,9 +153,21 @@ async def test_an_idle_connection_of_another_key_makes_room() -> None:
 
 
 async def test_idle_connections_age_out_and_fresh_skips_the_idle() -> None:
-    pool = Pool(idle_seconds=0)
+    pool, _ = _pool(idle_seconds=0)
     conn, side = await _open(pool, A)
     pool.release(conn, reusable=True)
+    await pool.settled()
     assert await pool.acquire(A, wait=0, fresh=True) is None
     assert side.closed  # aged out when the pool was next used
     pool.close()
+
+
+async def test_closing_the_pool_closes_connections_being_reset() -> None:
+    pool, resets = _pool()
+    resets.hold = True
+    conn, side = await _open(pool, A)
+    pool.release(conn, reusable=True)
+    await asyncio.sleep(0)
+    pool.close()
+    assert side.closed and pool.counts(A) == (0, 0)
+    await pool.settled()

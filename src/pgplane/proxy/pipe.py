@@ -20,6 +20,7 @@ from pgplane.proxy.framing import HEADER, payload_length
 HANDSHAKE_BUFFER = 128 * 1024
 LINGER = 2.0  # seconds a refused peer has to read its refusal and close
 _HIGH_WATER = 256 * 1024
+_UNPIPED = Session("")
 
 
 class Closed(Exception):
@@ -49,6 +50,10 @@ class Side(asyncio.Protocol):
         self._peer: Sink | None = None
         self._session: Session | None = None
         self._sniff: Callable[[bytes], bool] | None = None
+        # Once piped and nothing left to notice on the way: the peer's write, called with each
+        # chunk as it comes (the pipe's whole per-chunk work, with one count for activity).
+        self._forward: Callable[[bytes], None] | None = None
+        self._ticks = _UNPIPED  # the session, once piped: never None on the per-chunk path
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         # Set once the transport is there: a task started with the protocol may run first.
         self.made: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -76,6 +81,11 @@ class Side(asyncio.Protocol):
             self.made.set_result(None)
 
     def data_received(self, data: bytes) -> None:
+        forward = self._forward
+        if forward is not None:
+            forward(data)
+            self._ticks.ticks += 1
+            return
         self._received(data)
 
     def _received(self, data: bytes) -> None:
@@ -88,6 +98,7 @@ class Side(asyncio.Protocol):
                 self._session.ticks += 1
             if self._sniff is not None and self._sniff(data):
                 self._sniff = None
+                self._forward = peer.write
             return
         self._buffer += data
         if len(self._buffer) > HANDSHAKE_BUFFER and not self._paused:
@@ -167,6 +178,10 @@ class Side(asyncio.Protocol):
         self._resume()
         return data
 
+    def unread(self) -> int:
+        """How many bytes the side has sent that were not read yet."""
+        return len(self._buffer)
+
     def take_buffer(self) -> bytes:
         """Everything received and not read yet, removed (for a protocol taking over)."""
         data, self._buffer = bytes(self._buffer), bytearray()
@@ -212,12 +227,14 @@ class Side(asyncio.Protocol):
     ) -> None:
         """From now on, forward everything this side receives to ``peer``."""
         self._peer = peer.sink()
-        self._session = session
+        self._session = self._ticks = session
         self._sniff = sniff
         self.transport.set_write_buffer_limits(high=_HIGH_WATER)
         if self._buffer:
             pending, self._buffer = bytes(self._buffer), bytearray()
             self._received(pending)
+        if sniff is None:
+            self._forward = self._peer.write
         if self._paused:
             self._paused = False
             self.transport.resume_reading()

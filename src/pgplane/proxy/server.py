@@ -169,6 +169,10 @@ class Proxy:
                     return
                 raise
             sock.setblocking(False)
+            if sock.family in (socket.AF_INET, socket.AF_INET6):
+                # Every message of the pipe is sent as it comes (uvloop sets this itself; asyncio
+                # does not for an accepted socket, and Nagle would hold a reply for an ACK).
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._spawn(self._serve(sock, address))
 
     async def _serve(self, sock: socket.socket, address: object) -> None:

@@ -149,7 +149,6 @@ class SqlOverHttp:
                     conn.side,
                     request,
                     self._limits,
-                    reset=conn.used,
                     cancel=functools.partial(self._cancel, conn),
                 )
             except Stale:

@@ -1,29 +1,43 @@
 """Logged-in compute connections kept between SQL over HTTP requests, bounded.
 
 A query over HTTP would otherwise pay a Postgres backend start each time. Connections are kept
-per (endpoint, role, database, startup parameters), handed out only when ready and idle in no
-transaction (the runner resets them before use), and dropped as soon as their compute closes them
-(a suspend stops it with a fast shutdown, which ends every session). A kept connection is no
-reason to keep a compute awake: it is no proxy session (:mod:`pgplane.proxy.activity` never
-hears of it) and Postgres shows it idle since its last request, which is what idle suspend asks.
+per (endpoint, role, database, startup parameters) and handed out only in a known state: a
+request gives its connection back only if it ended ready and idle in no transaction, and the
+connection is then reset in the background (:mod:`pgplane.proxy.sqlhttp.reset`, off the
+request's latency) and becomes idle again only once the reset is verified; a failed reset closes
+it. A request that finds none idle while one of its key is being reset waits for that one (a
+round trip on the compute) rather than starting a backend.
 
-Bounds: so many connections per key (busy or idle), so many in all; a request past them waits
-for one to be given back, up to a deadline, then is refused. An idle connection of another key
-is closed to make room, and one idle past ``idle_seconds`` is closed when next seen.
+Connections are dropped as soon as their compute closes them (a suspend stops it with a fast
+shutdown, which ends every session), or sends anything while idle (a session's last words). A
+kept connection is no reason to keep a compute awake: it is no proxy session
+(:mod:`pgplane.proxy.activity` never hears of it) and Postgres shows it idle since its last
+request, which is what idle suspend asks.
+
+Bounds: so many connections per key (busy, being reset or idle), so many in all; a request past
+them waits for one to be given back, up to a deadline, then is refused. An idle connection of
+another key is closed to make room, and one idle past ``idle_seconds`` is closed when next seen.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from pgplane.errors import SqlFailed
 from pgplane.proxy import wire
 from pgplane.proxy.pipe import Side
 from pgplane.proxy.seam import Target
+from pgplane.proxy.sqlhttp.reset import discard_all
 
 Key = tuple[str, str, str, tuple[tuple[str, str], ...]]  # endpoint, role, database, parameters
+# Starts putting a connection's session back as new, at once; what it returns is awaited in the
+# background: True only once that is verified.
+Reset = Callable[[Side], Coroutine[Any, Any, bool]]
 
 
 @dataclass(eq=False, slots=True)
@@ -32,20 +46,31 @@ class Conn:
     side: Side
     target: Target
     cancel_key: tuple[int, bytes] | None
-    used: bool = False  # served a request already: reset before the next
     idle_since: float = 0.0
-    state: str = "busy"  # busy, idle or gone
+    state: str = "busy"  # busy, resetting, idle or gone
 
 
 class Pool:
-    def __init__(self, *, per_key: int = 10, total: int = 200, idle_seconds: float = 300.0) -> None:
+    def __init__(
+        self,
+        *,
+        per_key: int = 10,
+        total: int = 200,
+        idle_seconds: float = 300.0,
+        reset: Reset = discard_all,
+    ) -> None:
         self._per_key = per_key
         self._max_total = total
         self._idle_seconds = idle_seconds
+        self._reset = reset
         self._idle: dict[Key, list[Conn]] = {}
-        self._open: dict[Key, int] = {}  # busy, idle and being opened
+        self._open: dict[Key, int] = {}  # busy, resetting, idle and being opened
         self._total = 0
         self._waiters: list[asyncio.Future[None]] = []
+        # Each reset under way: its task, and the reply's reading it awaits.
+        self._resetting: dict[Conn, tuple[asyncio.Task[None], Coroutine[Any, Any, bool]]] = {}
+        self._resetting_per_key: dict[Key, int] = {}
+        self._claims: dict[Key, int] = {}  # requests waiting for a reset of their key
 
     def counts(self, key: Key) -> tuple[int, int]:
         """Connections open for ``key`` and of those idle (for tests and logs)."""
@@ -57,17 +82,20 @@ class Pool:
         seconds for a connection to be given back."""
         deadline = time.monotonic() + wait
         while True:
-            self._expire(time.monotonic())
-            idle = None if fresh else self._idle.get(key)
-            while idle:
-                conn = idle.pop()  # the most recent: the others age out when not needed
-                if not idle:
-                    del self._idle[key]
-                if conn.side.lost.done():
-                    self._forget(conn)
-                    continue
-                conn.state = "busy"
+            now = time.monotonic()
+            self._expire(now)
+            conn = None if fresh else self._take_idle(key)
+            if conn is not None:
                 return conn
+            left = deadline - now
+            if not fresh and left > 0 and self._unclaimed_resets(key):
+                # One being reset is ready within a round trip: cheaper than a new backend.
+                self._claims[key] = self._claims.get(key, 0) + 1
+                try:
+                    await self._wait(left)
+                finally:
+                    self._count(self._claims, key, -1)
+                continue
             if self._open.get(key, 0) < self._per_key:
                 if self._total >= self._max_total:
                     self._evict_one()
@@ -75,23 +103,44 @@ class Pool:
                     self._open[key] = self._open.get(key, 0) + 1
                     self._total += 1
                     return None
-            left = deadline - time.monotonic()
             if left <= 0:
                 raise SqlFailed(
                     f"too many SQL over HTTP requests at once to endpoint {key[0]} as this role;"
                     " retry later",
                     {"code": wire.TOO_MANY_CONNECTIONS},
                 )
-            waiter = asyncio.get_running_loop().create_future()
-            self._waiters.append(waiter)
-            try:
-                async with asyncio.timeout(left):
-                    await waiter
-            except TimeoutError:
-                pass
-            finally:
-                if waiter in self._waiters:
-                    self._waiters.remove(waiter)
+            await self._wait(left)
+
+    def _take_idle(self, key: Key) -> Conn | None:
+        idle = self._idle.get(key)
+        while idle:
+            conn = idle.pop()  # the most recent: the others age out when not needed
+            if not idle:
+                del self._idle[key]
+            if conn.side.lost.done() or conn.side.unread():
+                # Closed, or closing: an idle session speaks only to say it is ending.
+                conn.state = "busy"
+                self._forget(conn)
+                continue
+            conn.state = "busy"
+            return conn
+        return None
+
+    def _unclaimed_resets(self, key: Key) -> bool:
+        return self._resetting_per_key.get(key, 0) > self._claims.get(key, 0)
+
+    async def _wait(self, seconds: float) -> None:
+        """Until a connection is given back or a slot freed, or ``seconds`` pass."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            async with asyncio.timeout(seconds):
+                await waiter
+        except TimeoutError:
+            pass
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
 
     def adopt(
         self, key: Key, side: Side, target: Target, cancel_key: tuple[int, bytes] | None
@@ -106,21 +155,67 @@ class Pool:
         self._release_slot(key)
 
     def release(self, conn: Conn, *, reusable: bool) -> None:
+        """Give ``conn`` back: closed unless ``reusable`` (ready and idle in no transaction);
+        else reset in the background, and idle again once the reset is verified."""
         if conn.state != "busy":
             return
         if not reusable or conn.side.lost.done():
             self._forget(conn)
             return
-        conn.used = True
-        conn.state = "idle"
-        conn.idle_since = time.monotonic()
-        self._idle.setdefault(conn.key, []).append(conn)
-        self._wake()
+        conn.state = "resetting"
+        self._count(self._resetting_per_key, conn.key, 1)
+        try:
+            verified = self._reset(conn.side)
+        except Exception:
+            self._count(self._resetting_per_key, conn.key, -1)
+            self._forget(conn)
+            return
+        task = asyncio.get_running_loop().create_task(self._put_back(conn, verified))
+        self._resetting[conn] = (task, verified)
+
+    async def _put_back(self, conn: Conn, verified: Coroutine[Any, Any, bool]) -> None:
+        clean = False
+        try:
+            clean = await verified
+        except Exception:
+            clean = False
+        finally:
+            self._resetting.pop(conn, None)
+            if conn.state == "resetting":  # not closed meanwhile (the pool closes)
+                self._count(self._resetting_per_key, conn.key, -1)
+                if clean and not conn.side.lost.done():
+                    conn.state = "idle"
+                    conn.idle_since = time.monotonic()
+                    self._idle.setdefault(conn.key, []).append(conn)
+                    self._wake()
+                else:
+                    self._forget(conn)
+
+    async def settled(self) -> None:
+        """Once every reset under way has ended (for tests)."""
+        while self._resetting:
+            tasks = [task for task, _ in self._resetting.values()]
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     def close(self) -> None:
+        for conn, (task, verified) in list(self._resetting.items()):
+            task.cancel()
+            if inspect.getcoroutinestate(verified) == inspect.CORO_CREATED:
+                verified.close()  # its task is cancelled before it ever ran: never awaited
+            self._count(self._resetting_per_key, conn.key, -1)
+            self._forget(conn)
+        self._resetting.clear()
         for conns in list(self._idle.values()):
             for conn in list(conns):
                 self._forget(conn)
+
+    @staticmethod
+    def _count(counts: dict[Key, int], key: Key, change: int) -> None:
+        left = counts.get(key, 0) + change
+        if left > 0:
+            counts[key] = left
+        else:
+            counts.pop(key, None)
 
     def _lost(self, conn: Conn) -> None:
         # The compute closed it (a suspend, a restart): an idle one leaves at once; a busy one
@@ -142,11 +237,7 @@ class Pool:
         self._release_slot(conn.key)
 
     def _release_slot(self, key: Key) -> None:
-        left = self._open.get(key, 0) - 1
-        if left > 0:
-            self._open[key] = left
-        else:
-            self._open.pop(key, None)
+        self._count(self._open, key, -1)
         self._total -= 1
         self._wake()
 

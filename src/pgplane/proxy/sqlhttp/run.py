@@ -3,8 +3,8 @@
 All of a request's messages go in one write and end in one Sync: a batch is ``BEGIN``, its
 queries and ``COMMIT`` in one pipeline, so after an error Postgres skips the rest up to the Sync
 (nothing after a failed query runs, whatever it says) and the proxy rolls the transaction back.
-A connection used before is reset first (``DISCARD ALL`` in the same write): what one request
-set (``SET``, temporary tables, prepared statements) never reaches the next.
+The connection comes from the pool in a known state (reset and verified after its last request,
+:mod:`pgplane.proxy.sqlhttp.reset`): what one request set never reaches the next.
 
 Past the response bound or the time bound the compute's query is cancelled (a CancelRequest, as
 a client would send), what it still sends is read and thrown away, and the connection goes back
@@ -43,8 +43,13 @@ class Limits:
 
 
 class Stale(Exception):
-    """A pooled connection was found closed (its compute suspended or restarted) before it ran
-    anything of the request: the request may be tried again on a new connection."""
+    """A pooled connection was found closing (its compute suspended or restarted) before it ran
+    anything of the request: the request may be tried again on a new connection.
+
+    Known only from what the compute says first: a shutdown's error (or notice) before any reply
+    to the request. Postgres answers a request's messages in order, so had any of it run, its
+    ParseComplete would have come first. A connection that just closes says nothing of what ran
+    (a backend killed after a commit, before its reply), so that is not Stale."""
 
 
 @dataclass(slots=True)
@@ -57,23 +62,21 @@ Cancel = Callable[[], Coroutine[Any, Any, None]]
 _cancels: set[asyncio.Task[None]] = set()
 
 
-async def execute(
-    side: Side, request: SqlRequest, limits: Limits, *, reset: bool, cancel: Cancel
-) -> Outcome:
+async def execute(side: Side, request: SqlRequest, limits: Limits, *, cancel: Cancel) -> Outcome:
     """Run the request; its JSON answer, or SqlFailed / ResponseTooLarge / Stale.
 
     Whatever ends it, the connection is either left ready and idle (``reusable``) or must be
     closed by the caller: after an exception it is reusable only if the exception says so.
     """
     reader = _Reader(side, request, limits, cancel)
-    side.write(_pipeline(request, reset=reset))
+    side.write(_pipeline(request))
     # Read in this task (no task of its own per request: it costs more than a small query):
     # at the time limit the query is cancelled on the compute and what it still sends is
     # drained, for DRAIN_SECONDS more at most.
     stop = asyncio.get_running_loop().call_later(limits.seconds, reader.stop, "time")
     try:
         async with asyncio.timeout(limits.seconds + DRAIN_SECONDS):
-            return await reader.read(reset=reset)
+            return await reader.read()
     except TimeoutError:
         reader.fire_cancel()  # the query would not stop: stop what runs on the compute
         raise SqlFailed(_timed_out(limits), {"code": QUERY_CANCELED}) from None
@@ -91,8 +94,8 @@ def _timed_out(limits: Limits) -> str:
     )
 
 
-def _pipeline(request: SqlRequest, *, reset: bool) -> bytes:
-    parts = [messages.simple_query("DISCARD ALL")] if reset else []
+def _pipeline(request: SqlRequest) -> bytes:
+    parts = []
     if request.batch is not None:
         parts.append(messages.statement(request.batch.begin()))
     parts.extend(messages.query(q.text, q.params) for q in request.queries)
@@ -135,17 +138,17 @@ class _Reader:
             _cancels.add(self._cancelling)
             self._cancelling.add_done_callback(_cancels.discard)
 
-    async def read(self, *, reset: bool) -> Outcome:
-        if reset:
-            await self._reset()
+    async def read(self) -> Outcome:
         try:
-            error, status = await self._until_ready()
+            error, status = await self._until_ready(*await self._first())
         except FrameError:
             # A row larger than the whole answer may be: the connection is mid-message.
             raise ResponseTooLarge(self._too_large()) from None
         if status != b"I" and (error is not None or self._stopped is not None):
             self._side.write(messages.simple_query("ROLLBACK"))
-            _, status = await self._until_ready()
+            _, status = await self._until_ready(
+                *await self._side.read_frame(limit=self._frame_limit)
+            )
         reusable = status == b"I"
         if self._stopped == "time":
             raise _Reusable(SqlFailed(_timed_out(self._limits), {"code": QUERY_CANCELED}), reusable)
@@ -166,25 +169,33 @@ class _Reader:
             f" {self._limits.rows} rows): select fewer rows or columns, or page with LIMIT"
         )
 
-    async def _reset(self) -> None:
-        """DISCARD ALL's reply; Stale if the connection turns out closed or closing."""
+    async def _first(self) -> tuple[bytes, bytes]:
+        """The first message of the reply; Stale if the compute says first that it is ending."""
+        ending = False
         try:
             while True:
                 kind, payload = await self._side.read_frame(limit=self._frame_limit)
+                if kind not in (b"E", b"N"):
+                    return kind, payload
+                code = wire.error_fields(payload).get("C")
+                if code not in _GOING_DOWN:
+                    return kind, payload
                 if kind == b"E":
-                    code = wire.error_fields(payload).get("C")
-                    raise Stale(code) if code in _GOING_DOWN else messages.MalformedMessage(code)
-                if kind == b"Z":
-                    return
+                    raise Stale(code)
+                ending = True  # a crash's notice (57P02): the close follows
         except (Closed, ConnectionError):
-            raise Stale("closed") from None
+            if ending:
+                raise Stale("closed") from None
+            raise
 
-    async def _until_ready(self) -> tuple[dict[str, str] | None, bytes]:
-        """Read up to ReadyForQuery: the first error, and the transaction status."""
+    async def _until_ready(
+        self, kind: bytes, payload: bytes
+    ) -> tuple[dict[str, str] | None, bytes]:
+        """Read up to ReadyForQuery, from the message read already: the first error, and the
+        transaction status."""
         error: dict[str, str] | None = None
         read = self._side.read_frame
         while True:
-            kind, payload = await read(limit=self._frame_limit)
             if kind == b"D":
                 if self._writer is not None and self._stopped is None:
                     self._row(payload, self._writer)
@@ -205,6 +216,7 @@ class _Reader:
             elif kind == b"Z":
                 return error, payload[:1]
             # ParseComplete, BindComplete, NoData, notices, parameter statuses: nothing to do.
+            kind, payload = await read(limit=self._frame_limit)
 
     def _row(self, payload: bytes, writer: render.RowWriter) -> None:
         row = writer.row(messages.data_row(payload))
