@@ -270,8 +270,14 @@ LOCKED = "the store is locked by another process"
 
 def test_a_locked_store_is_503_with_retry_after_and_reads_go_on() -> None:
     # A server of its own, with nothing else that writes on its own while the lock is held (no
-    # scheduler pass, no flush of key uses): the only writer that waits is the POST.
-    quiet = {"PGPLANE_SCHEDULER_SECONDS": "3600", "PGPLANE_KEY_USE_FLUSH_SECONDS": "3600"}
+    # scheduler pass, no flush of key uses, no node heartbeat): the only writer that waits is
+    # the POST.
+    quiet = {
+        "PGPLANE_SCHEDULER_SECONDS": "3600",
+        "PGPLANE_KEY_USE_FLUSH_SECONDS": "3600",
+        "PGPLANE_NODE_HEARTBEAT_SECONDS": "3600",
+        "PGPLANE_NODE_LEASE_SECONDS": "7200",
+    }
     with running_server(**quiet) as server, Api(server, server.create_key("lock@x.io")[1]) as api:
         _a_locked_store_is_503_with_retry_after_and_reads_go_on(server, api)
 
