@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from pgplane.compute.driver import ComputeDriver, ComputeSpec
 from pgplane.config import Settings
-from pgplane.core.models import Endpoint, Operation, Project
+from pgplane.core.models import Branch, Endpoint, Operation, Project
 from pgplane.store import Store, Tx
 
 OnFinish = Callable[[Tx], Awaitable[None]]
@@ -39,6 +39,18 @@ def require_branch(op: Operation) -> str:
     if op.branch_id is None:
         raise PermanentError(f"{op.action} needs a branch")
     return op.branch_id
+
+
+async def branch_at_work(ctx: Context, op: Operation) -> tuple[Project, Branch] | None:
+    """The live project and the branch whose data the operation makes or replaces; None when
+    either was deleted meanwhile (delete_timeline removes whatever was built)."""
+    project = await project_of(ctx, op)
+    branch_id = require_branch(op)
+    if project.deleted_at is not None:
+        return None
+    async with ctx.store.read() as tx:
+        branch = await tx.get_branch(project_id=project.id, branch_id=branch_id)
+    return None if branch is None else (project, branch)
 
 
 def compute_spec(

@@ -29,6 +29,7 @@ from pgplane.engine.context import (
     Handler,
     OnFinish,
     PermanentError,
+    branch_at_work,
     compute_spec,
     project_of,
     require_branch,
@@ -196,14 +197,11 @@ async def _last_sizes(ctx: Context, project_id: str, branch_id: str) -> BranchSt
 
 
 async def create_branch(ctx: Context, op: Operation) -> OnFinish | None:
-    project = await project_of(ctx, op)
-    branch_id = require_branch(op)
-    if project.deleted_at is not None:
+    found = await branch_at_work(ctx, op)
+    if found is None:
         return None
-    async with ctx.store.read() as tx:
-        branch = await tx.get_branch(project_id=project.id, branch_id=branch_id)
-    if branch is None:
-        return None  # deleted before it was made: delete_timeline tidies up
+    project, branch = found
+    branch_id = branch.id
     if branch.init_source == "schema-only":
         return await create_schema_only(ctx, op, project, branch)
     parent_id = op.source_branch_id or branch.parent_id

@@ -9,7 +9,14 @@ import msgspec
 from pgplane.core import clock
 from pgplane.core.models import Operation, Snapshot
 from pgplane.engine.branch_config import apply_roles_and_databases
-from pgplane.engine.context import Context, OnFinish, PermanentError, project_of, require_branch
+from pgplane.engine.context import (
+    Context,
+    OnFinish,
+    PermanentError,
+    branch_at_work,
+    project_of,
+    require_branch,
+)
 from pgplane.engine.history_handlers import point_of
 from pgplane.services import history
 from pgplane.store import Tx
@@ -74,14 +81,11 @@ async def delete_snapshot(ctx: Context, op: Operation) -> OnFinish | None:
 
 
 async def branch_from_snapshot(ctx: Context, op: Operation) -> OnFinish | None:
-    project = await project_of(ctx, op)
-    branch_id = require_branch(op)
-    if project.deleted_at is not None:
+    found = await branch_at_work(ctx, op)
+    if found is None:
         return None
-    async with ctx.store.read() as tx:
-        branch = await tx.get_branch(project_id=project.id, branch_id=branch_id)
-    if branch is None:
-        return None  # deleted before it was made: delete_timeline tidies up
+    project, branch = found
+    branch_id = branch.id
     await ctx.driver.branch_from_snapshot(
         project_id=project.id,
         snapshot_id=_snapshot_id(op),
@@ -98,14 +102,11 @@ async def branch_from_snapshot(ctx: Context, op: Operation) -> OnFinish | None:
 
 
 async def restore_snapshot(ctx: Context, op: Operation) -> OnFinish | None:
-    project = await project_of(ctx, op)
-    branch_id = require_branch(op)
-    if project.deleted_at is not None:
+    found = await branch_at_work(ctx, op)
+    if found is None:
         return None
-    async with ctx.store.read() as tx:
-        branch = await tx.get_branch(project_id=project.id, branch_id=branch_id)
-    if branch is None:
-        return None  # deleted since: delete_timeline removes whatever was built
+    project, branch = found
+    branch_id = branch.id
     await ctx.driver.restore_snapshot(
         project_id=project.id,
         snapshot_id=_snapshot_id(op),
