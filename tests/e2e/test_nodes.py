@@ -10,88 +10,43 @@ answered, and the other node keeps serving its own projects.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import re
 import signal
-from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import psycopg
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.pgstore import store_cluster
-from tests.support import Api, Server, run_cli, running_server, wait_for
-
-# Fast heartbeats: a killed node is seen down within seconds.
-_NODE_ENV = {"PGPLANE_NODE_HEARTBEAT_SECONDS": "0.3", "PGPLANE_NODE_LEASE_SECONDS": "2"}
-
-
-@contextlib.contextmanager
-def _two_nodes() -> Iterator[tuple[Server, Server]]:
-    url = store_cluster().database()
-    with (
-        running_server(store=url, PGPLANE_NODE_NAME="node-a", **_NODE_ENV) as a,
-        running_server(store=url, PGPLANE_NODE_NAME="node-b", **_NODE_ENV) as b,
-    ):
-        yield a, b
-
-
-def _nodes(server: Server) -> dict[str, dict[str, Any]]:
-    done = run_cli("nodes", "list", "--json", data_dir=server.data_dir, env=server.env)
-    assert done.returncode == 0, done.stderr
-    return {n["name"]: n for n in json.loads(done.stdout)["nodes"]}
-
-
-def _cli(server: Server, *argv: str) -> None:
-    done = run_cli(*argv, data_dir=server.data_dir, env=server.env)
-    assert done.returncode == 0, done.stderr
-
-
-def _home(servers: tuple[Server, Server], project_id: str) -> Server:
-    """The node whose data directory holds the project (and only that one's)."""
-    homes = [s for s in servers if (s.data_dir / "projects" / project_id).exists()]
-    assert len(homes) == 1, (project_id, homes)
-    return homes[0]
-
-
-def _finished_ops(server: Server) -> dict[str, int]:
-    """pgplane_operations_total{status="finished"} by action, on this node's /metrics."""
-    r = httpx.get(f"http://127.0.0.1:{server.port}/metrics", timeout=10)
-    assert r.status_code == 200, r.text
-    counts: dict[str, int] = {}
-    for family in text_string_to_metric_families(r.text):
-        for sample in family.samples:
-            if sample.name == "pgplane_operations_total" and sample.labels["status"] == "finished":
-                counts[sample.labels["action"]] = int(sample.value)
-    return counts
-
-
-def _attempts(server: Server) -> list[str]:
-    """The ids of the operation attempts this node ran, from its log."""
-    return re.findall(r"operation (\S+) \S+ \(\S+\) attempt \d+", server.log())
+from tests.nodes import (
+    attempts,
+    cli,
+    finished_ops,
+    home,
+    home_of_new,
+    nodes,
+    running_nodes,
+    wait_down,
+)
+from tests.support import Api, Server
 
 
 def test_two_nodes_share_the_platform_and_one_killed_refuses_only_its_projects() -> None:
-    with _two_nodes() as servers:
+    with running_nodes(2) as servers:
         a, b = servers
         _, key = a.create_key("nodes@example.com")
-        listed = _nodes(a)
+        listed = nodes(a)
         assert set(listed) == {"node-a", "node-b"}
         assert {n["state"] for n in listed.values()} == {"active"}
 
         # Four projects, asked of either node's API: two placed on each.
         apis = (Api(a, key), Api(b, key))
         projects = [apis[i % 2].create_ready_project(name=f"p{i}") for i in range(4)]
-        homes = {p["project"]["id"]: _home(servers, p["project"]["id"]) for p in projects}
+        homes = {p["project"]["id"]: home(servers, p["project"]["id"]) for p in projects}
         assert sorted(h.data_dir.name for h in homes.values()).count(a.data_dir.name) == 2
-        listed = _nodes(b)
+        listed = nodes(b)
         assert [listed[n]["projects"] for n in ("node-a", "node-b")] == [2, 2]
         assert [listed[n]["computes"] for n in ("node-a", "node-b")] == [2, 2]
 
-        _assert_served_once_on_their_nodes(servers, apis, projects, homes)
+        _assert_served_once_on_theirnodes(servers, apis, projects, homes)
 
         # A read of a project's data itself (its schema) is served by its node; another node
         # says where the data is (no forwarding between nodes yet).
@@ -106,17 +61,17 @@ def test_two_nodes_share_the_platform_and_one_killed_refuses_only_its_projects()
         assert "on node node-b" in r.json()["message"]
 
         # A cordoned node gets no new project; uncordoned, it takes them again.
-        _cli(a, "nodes", "cordon", "node-a")
-        assert _nodes(b)["node-a"]["state"] == "cordoned"
+        cli(a, "nodes", "cordon", "node-a")
+        assert nodes(b)["node-a"]["state"] == "cordoned"
         for i in range(2):
             body = apis[i].create_project(name=f"cordoned{i}")
-            assert _home_of_new(servers, body) is b
-        _cli(b, "nodes", "uncordon", "node-a")
-        assert _nodes(a)["node-a"]["state"] == "active"
+            assert home_of_new(servers, body) is b
+        cli(b, "nodes", "uncordon", "node-a")
+        assert nodes(a)["node-a"]["state"] == "active"
 
         # node-b killed: it shows down once its lease lapses.
         b.stop(signal.SIGKILL)
-        wait_for("node-b seen down", lambda: _nodes(a)["node-b"]["state"] == "down" or None)
+        wait_down(a, "node-b")
 
         api = apis[0]
         # Its project: read from the store, data-plane work refused, retryable, naming it.
@@ -131,7 +86,7 @@ def test_two_nodes_share_the_platform_and_one_killed_refuses_only_its_projects()
         assert "node-b is down" in r.json()["message"]
         # A new project goes to the node that is up.
         body = api.create_project(name="after")
-        assert _home_of_new((a, b), body) is a
+        assert home_of_new((a, b), body) is a
         # node-a keeps serving its own.
         r = api.http.post(
             f"/projects/{on_a}/branches",
@@ -142,8 +97,8 @@ def test_two_nodes_share_the_platform_and_one_killed_refuses_only_its_projects()
             client.http.close()
 
 
-def _assert_served_once_on_their_nodes(
-    servers: tuple[Server, Server],
+def _assert_served_once_on_theirnodes(
+    servers: tuple[Server, ...],
     apis: tuple[Api, Api],
     projects: list[dict[str, Any]],
     homes: dict[str, Server],
@@ -163,35 +118,26 @@ def _assert_served_once_on_their_nodes(
 
     # Every operation ran once, on its project's node: one attempt in all the logs, and the
     # node's /metrics count it.
-    ran = {s.data_dir.name: _attempts(s) for s in servers}
+    ran = {s.data_dir.name: attempts(s) for s in servers}
     for p in projects:
         pid = p["project"]["id"]
         for op in apis[0].operations(pid):
             where = [name for name, ids in ran.items() for i in ids if i == op["id"]]
             assert where == [homes[pid].data_dir.name], (op, where)
     for s in servers:
-        assert _finished_ops(s).get("create_timeline") == 2
-
-
-def _home_of_new(servers: tuple[Server, Server], body: dict[str, Any]) -> Server:
-    """Where a project just created was placed: its first operation's node makes its data."""
-    pid = body["project"]["id"]
-    return wait_for(
-        "the new project's data",
-        lambda: next((s for s in servers if (s.data_dir / "projects" / pid).exists()), None),
-    )
+        assert finished_ops(s).get("create_timeline") == 2
 
 
 @pytest.mark.slow
 def test_a_killed_node_restarted_takes_its_name_back_and_its_projects_converge() -> None:
-    with _two_nodes() as servers:
+    with running_nodes(2) as servers:
         a, b = servers
         _, key = a.create_key("restart@example.com")
         with Api(a, key) as api:
             # Two projects: one on each node (the second goes to the less loaded one).
             first = api.create_ready_project(name="one")
             second = api.create_ready_project(name="two")
-            by_home = {_home(servers, p["project"]["id"]).data_dir: p for p in (first, second)}
+            by_home = {home(servers, p["project"]["id"]).data_dir: p for p in (first, second)}
             pid = by_home[b.data_dir]["project"]["id"]
             # A branch asked of node-b's project, and node-b killed before or while it runs.
             r = api.http.post(
@@ -200,12 +146,12 @@ def test_a_killed_node_restarted_takes_its_name_back_and_its_projects_converge()
             )
             assert r.status_code == 201, r.text
             b.stop(signal.SIGKILL)
-            wait_for("node-b seen down", lambda: _nodes(a)["node-b"]["state"] == "down" or None)
+            wait_down(a, "node-b")
             # Back on the same data directory: the same node, its lease taken back at once, and
             # what it left unfinished finished.
             b.start()
-            assert _nodes(a)["node-b"]["state"] == "active"
+            assert nodes(a)["node-b"]["state"] == "active"
             api.settled(pid, r)
             r = api.http.post(f"/projects/{pid}/branches", json={"branch": {"name": "again"}})
             api.settled(pid, r)
-            assert len(_nodes(a)) == 2
+            assert len(nodes(a)) == 2
