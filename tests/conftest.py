@@ -30,6 +30,26 @@ def pytest_configure(config: pytest.Config) -> None:
     if worker and "PGPLANE_COMPUTE_PORTS" not in os.environ:
         low = 20000 + 400 * int(worker.removeprefix("gw"))
         os.environ["PGPLANE_COMPUTE_PORTS"] = f"{low}-{low + 399}"
+    _an_old_major()
+
+
+def _an_old_major() -> None:
+    """Postgres 15 for the suites of older majors where the machine has none (a fresh one):
+    Debian's, unpacked (tests/oldpg.py), found as ``serve`` finds any through
+    ``PGPLANE_PG_BIN_DIRS``. Done before the workers start, which inherit the setting."""
+    from pgplane.compute.local.postgres.binaries import discover
+    from tests import oldpg
+
+    configured = [p for p in os.environ.get("PGPLANE_PG_BIN_DIRS", "").split(os.pathsep) if p]
+    if any(major <= oldpg.MAJOR for major in discover([Path(p) for p in configured])):
+        return
+    try:
+        found = oldpg.ensure()
+    except oldpg.Unavailable as exc:
+        # Its suites then say they were skipped, and why, in the summary.
+        oldpg.why_not = str(exc)
+        return
+    os.environ["PGPLANE_PG_BIN_DIRS"] = os.pathsep.join([*configured, str(found)])
 
 
 @pytest.fixture(scope="session", autouse=True)

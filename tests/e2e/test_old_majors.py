@@ -8,11 +8,14 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from tests import oldpg
 from tests.console import PASSWORD, Browser
 from tests.support import Api, Server, pg_versions, run_cli, running_server
 
 OLD = [v for v in pg_versions() if v <= 15]
-pytestmark = pytest.mark.skipif(not OLD, reason="no Postgres 15 or older found on this machine")
+pytestmark = pytest.mark.skipif(
+    not OLD, reason=f"no Postgres 15 or older here, nor Debian's to unpack: {oldpg.why_not}"
+)
 EMAIL = "old-majors@example.com"
 HINT = "(CREATEROLE reaches the OS)"
 

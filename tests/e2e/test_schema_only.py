@@ -19,6 +19,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from tests import oldpg
 from tests.support import Api, Server, pg_versions, running_server
 
 PARENT_SCHEMA = """
@@ -297,7 +298,9 @@ def test_a_suspended_parent_is_not_woken(api: Api, parent: dict[str, Any]) -> No
         assert conn.execute("SELECT count(*) FROM app.people").fetchone() == (0,)
 
 
-@pytest.mark.skipif(15 not in pg_versions(), reason="no Postgres 15 on this machine")
+@pytest.mark.skipif(
+    15 not in pg_versions(), reason=f"no Postgres 15 here, nor Debian's to unpack: {oldpg.why_not}"
+)
 def test_an_older_major(api: Api) -> None:
     """Postgres 15: memberships without INHERIT/SET options, CREATEROLE as it was then."""
     created = api.create_ready_project(name="schema-only-15", pg_version=15)
