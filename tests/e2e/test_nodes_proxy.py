@@ -31,7 +31,7 @@ from tests.support import Api, Server, wait_for
 
 OTHER = "127.0.0.2"
 # The names each test's project takes: all made on node-c up front (the other nodes cordoned).
-ON_C = ("wake", "cancel", "ws", "sql", "allow", "throttle", "reads", "down")
+ON_C = ("wake", "cancel", "sqlrole", "ws", "sql", "allow", "throttle", "reads", "down")
 
 
 @pytest.fixture(scope="module")
@@ -163,6 +163,24 @@ def test_a_cancel_request_through_node_a_reaches_the_session_on_node_c(
         assert not query.is_alive()
     assert len(failed) == 1 and isinstance(failed[0], psycopg.errors.QueryCanceled)
     assert time.monotonic() - started < 60
+
+
+def test_a_role_made_with_sql_logs_in_through_node_a_with_its_password_of_now(
+    on_c: dict[str, dict[str, Any]],
+) -> None:
+    uri = on_c["sqlrole"]["connection_uris"][0]["connection_uri"]
+    with psycopg.connect(uri, connect_timeout=60, autocommit=True) as owner:
+        owner.execute("CREATE ROLE app LOGIN PASSWORD 'first-secret'")
+        with psycopg.connect(uri, user="app", password="first-secret") as app:
+            assert app.execute("SELECT current_user").fetchone() == ("app",)
+        # Changed with SQL: node A asks node C, which asks the compute; the next login knows.
+        owner.execute("ALTER ROLE app PASSWORD 'second-secret'")
+    with pytest.raises(
+        psycopg.OperationalError, match='password authentication failed for user "app"'
+    ):
+        psycopg.connect(uri, user="app", password="first-secret")
+    with psycopg.connect(uri, user="app", password="second-secret") as app:
+        assert app.execute("SELECT 1").fetchone() == (1,)
 
 
 def test_the_serverless_driver_over_a_websocket_through_node_a(
