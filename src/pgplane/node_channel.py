@@ -12,6 +12,7 @@ import contextlib
 import logging
 
 from pgplane.config import Settings
+from pgplane.connlimits import ConnectionGate
 from pgplane.engine.node import NodeLease
 from pgplane.engine.project_data import NodeAnswers, ProjectData
 from pgplane.gateway import ComputeWaker
@@ -48,10 +49,11 @@ class NodeChannel:
         settings: Settings,
         store: Store,
         node: NodeLease,
-        total: int,
+        caps: ConnectionGate,
     ) -> None:
-        """The node door listening (at most ``total`` connections), its address registered for
-        the other nodes, and this node's certificate renewed as it nears its end."""
+        """The node door listening (its connections capped as ``caps`` caps the proxy's), its
+        address registered for the other nodes, and this node's certificate renewed as it nears
+        its end."""
         if self.tls is None:
             return
         listen = settings.node_listen or settings.proxy_listen
@@ -64,7 +66,11 @@ class NodeChannel:
             )
         answers = NodeAnswers(data, waker.role_verifier)
         door = NodeDoor(
-            tls=self.tls, computes=waker, sessions=sessions, answers=answers, total=total
+            tls=self.tls,
+            computes=waker,
+            sessions=sessions,
+            answers=answers,
+            gate=ConnectionGate(per_address=caps.per_address, total=caps.total),
         )
         try:
             bound = await door.start(listen, settings.node_port)
@@ -103,6 +109,12 @@ async def open_channel(store: Store, settings: Settings, name: str) -> NodeChann
     """This node's certificate, from the platform's node authority (made now when no node made
     it before), and its way to the others; a channel with neither on a SQLite store."""
     if settings.store is None:
+        if settings.node_port or settings.node_listen or settings.node_advertise:
+            await store.close()
+            raise SystemExit(
+                "pgplane: --node-listen, --node-port and --node-advertise place the node door,"
+                " which a platform of several nodes has: give a PostgreSQL --store as well"
+            )
         return NodeChannel(None)
     async with store.write() as tx:
         authority = await nodes.authority(tx)

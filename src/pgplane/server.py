@@ -291,7 +291,7 @@ async def _serve(settings: Settings) -> None:
         settings=settings,
         store=store,
         node=node,
-        total=proxy_gate.total,
+        caps=proxy_gate,
     )
     scheduler = Scheduler(
         store=store,

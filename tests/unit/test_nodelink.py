@@ -14,12 +14,15 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from pgplane.config import Settings
+from pgplane.node_channel import open_channel
 from pgplane.nodelink import messages
 from pgplane.nodelink.authority import NodeAuthority, NodeTls, peer_node
 from pgplane.nodelink.client import Door, NodeLink, Unreachable
 from pgplane.services import nodes
 from pgplane.store import Store
 from pgplane.tls.authority import ensure_authority
+from tests.stores import new_location, open_at
 
 
 async def test_the_authority_is_made_once_and_read_back_whole(any_store: Store) -> None:
@@ -173,3 +176,15 @@ def test_frames_round_trip_and_are_bounded() -> None:
     with pytest.raises(messages.MessageError):
         # An answer is not a request.
         messages.request(messages.frame(messages.Schema("x"))[messages.HEADER :])
+
+
+async def test_the_door_flags_are_refused_on_a_store_of_one_node(tmp_path: Path) -> None:
+    """A SQLite store is one node's: there is no door to place, so no flag says where."""
+    for flag in ({"node_port": 7000}, {"node_listen": "10.0.0.1"}, {"node_advertise": "n1"}):
+        store = await open_at(new_location("sqlite", tmp_path))
+        with pytest.raises(SystemExit, match="PostgreSQL --store"):
+            await open_channel(store, Settings(data_dir=tmp_path, **flag), "node-a")  # type: ignore[arg-type]
+    store = await open_at(new_location("sqlite", tmp_path))
+    channel = await open_channel(store, Settings(data_dir=tmp_path), "node-a")
+    assert channel.link is None and channel.forwarder() is None
+    await store.close()

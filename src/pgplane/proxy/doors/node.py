@@ -4,8 +4,9 @@ A listener of its own, apart from the proxy's doors, that speaks TLS 1.3 only an
 connection only from a client showing a certificate of the platform's node authority (checked in
 the handshake: without one, or with one of the tenant-facing authority or of another platform,
 the connection ends before a byte of it is read). Unauthenticated connections are capped per
-address and in all, and the handshake and the request have one deadline; a node's connections
-are capped in all only (a node forwards many sessions from one address).
+address and in all (as the proxy's connections are), and the handshake and the request have
+one deadline; a node's connections are capped in all only (a node forwards many sessions from
+one address).
 
 Each connection carries one request (:mod:`pgplane.nodelink.messages`). A session (``Connect``)
 is served as the proxy's own doors serve one after authentication, but from this node's reads:
@@ -36,8 +37,6 @@ log = logging.getLogger(__name__)
 
 # A node's handshake and request come at once; a stranger's silence is cut short.
 _HANDSHAKE_SECONDS = 10.0
-_HANDSHAKES_PER_ADDRESS = 16
-_HANDSHAKES = 128
 
 Ask = messages.RoleVerifier | messages.HistoryBoundsAsk | messages.SchemaAsk
 
@@ -56,15 +55,18 @@ class NodeDoor:
         computes: Computes,
         sessions: Sessions,
         answers: Answers,
-        total: int = 0,
+        gate: ConnectionGate,
         handshake_seconds: float = _HANDSHAKE_SECONDS,
     ) -> None:
         self._tls = tls
         self._computes = computes
         self._sessions = sessions
         self._answers = answers
-        self._handshakes = ConnectionGate(per_address=_HANDSHAKES_PER_ADDRESS, total=_HANDSHAKES)
-        self._nodes = ConnectionGate(per_address=0, total=total)
+        # Connections not yet proven a node's, per address (a burst of one node's forwarded
+        # sessions is as many as one client address may hold on the proxy) and in all; and
+        # every connection, proven or not, in all only: the nodes' addresses are few.
+        self._handshakes = gate
+        self._nodes = ConnectionGate(per_address=0, total=gate.total)
         self._handshake_seconds = handshake_seconds
         self._listener = Listener(self._serve)
 
