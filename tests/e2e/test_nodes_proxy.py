@@ -31,7 +31,10 @@ from tests.support import Api, Server, wait_for
 
 OTHER = "127.0.0.2"
 # The names each test's project takes: all made on node-c up front (the other nodes cordoned).
-ON_C = ("wake", "cancel", "sqlrole", "ws", "sql", "allow", "throttle", "reads", "down")
+ON_C = (
+    *("wake", "many", "cancel", "sqlrole", "ws", "sql", "old-driver"),
+    *("allow", "throttle", "reads", "down"),
+)
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +134,35 @@ def test_psycopg_through_node_a_wakes_a_compute_on_node_c(
     assert len(_starts(apis[0], pid)) == len(before) + 1
 
 
+def test_clients_through_two_nodes_at_once_share_one_start_on_node_c(
+    servers: tuple[Server, Server, Server],
+    apis: tuple[Api, Api, Api],
+    on_c: dict[str, dict[str, Any]],
+) -> None:
+    a, b, _ = servers
+    pid, eid = _ids(on_c["many"])
+    uri = on_c["many"]["connection_uris"][0]["connection_uri"]
+    apis[0].suspend(pid, eid)
+    before = _starts(apis[0], pid)
+    uris = [uri, uri.replace(f":{a.proxy_port}/", f":{b.proxy_port}/")] * 8
+    results: list[object] = []
+
+    def connect(conninfo: str) -> None:
+        try:
+            with psycopg.connect(conninfo, connect_timeout=60) as conn:
+                results.append(conn.execute("SELECT 1").fetchone())
+        except psycopg.Error as exc:
+            results.append(exc)
+
+    clients = [threading.Thread(target=connect, args=(u,)) for u in uris]
+    for client in clients:
+        client.start()
+    for client in clients:
+        client.join(120)
+    assert results == [(1,)] * len(uris)
+    assert len(_starts(apis[0], pid)) == len(before) + 1
+
+
 def test_a_cancel_request_through_node_a_reaches_the_session_on_node_c(
     servers: tuple[Server, Server, Server], on_c: dict[str, dict[str, Any]]
 ) -> None:
@@ -227,6 +259,29 @@ def test_neon_over_http_through_node_a(
     assert out["query"] == [{"v": "by query()"}]
     woke = [op for op in _starts(apis[0], pid) if op not in before]
     assert len(woke) == 1 and woke[0] in attempts(servers[2])
+
+
+@pytest.mark.slow
+def test_the_older_serverless_driver_through_node_a_on_both_of_its_doors(
+    servers: tuple[Server, Server, Server],
+    apis: tuple[Api, Api, Api],
+    on_c: dict[str, dict[str, Any]],
+) -> None:
+    a = servers[0]
+    pid, eid = _ids(on_c["old-driver"])
+    uri = on_c["old-driver"]["connection_uris"][0]["connection_uri"]
+    old = serverless.install(serverless.OLD)
+    apis[0].suspend(pid, eid)
+    out = serverless.run(
+        old, "drizzle", uri=uri, ws_proxy=f"127.0.0.1:{a.proxy_port}/v2", secure=False
+    )
+    assert out == {"values": [41]}
+    apis[0].suspend(pid, eid)
+    out = serverless.run_http(
+        old, "neon", uri=uri, fetch_endpoint=f"http://127.0.0.1:{a.proxy_port}/sql"
+    )
+    assert "fatal" not in out, out
+    assert out["query"] == [{"v": "by query()"}]
 
 
 def test_the_allow_list_holds_for_the_clients_own_address_through_node_a(
