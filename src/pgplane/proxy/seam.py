@@ -113,7 +113,8 @@ class Computes(Protocol):
     """What the proxy asks of the platform."""
 
     async def route(self, endpoint_id: str, role: str, *, client: str) -> Route:
-        """The role's secret and the running compute, if any; RouteError for an unknown or
+        """The role's secret and the running compute, if any (or, for a project placed on
+        another node, that node's door: :attr:`Target.via`); RouteError for an unknown or
         disabled endpoint, AddressNotAllowed (see :func:`admit`) for a ``client`` address the
         project's allow-list does not take, found with the endpoint and before anything of the
         role is looked up. Never wakes, starts or reattaches anything."""
