@@ -94,6 +94,13 @@ class Settings:
     node_capacity: int = 0
     node_heartbeat_seconds: float = 5.0
     node_lease_seconds: float = 20.0
+    # Its node door (nodelink/), on a PostgreSQL store only (a SQLite store has one node): where
+    # other nodes reach this one's computes and data. Listening on node_listen (None: the
+    # proxy's address) and node_port (0: a port the system chooses; the store says which), and
+    # dialled at node_advertise (None: node_listen, which must then be an address they reach).
+    node_listen: str | None = None
+    node_port: int = 0
+    node_advertise: str | None = None
 
     # Operations engine.
     workers: int = 4
@@ -213,6 +220,9 @@ def settings_from_env(**overrides: object) -> Settings:
         ("node_capacity", int),
         ("node_heartbeat_seconds", float),
         ("node_lease_seconds", float),
+        ("node_listen", str),
+        ("node_port", int),
+        ("node_advertise", str),
         ("poll_seconds", float),
         ("lease_seconds", float),
         ("heartbeat_seconds", float),

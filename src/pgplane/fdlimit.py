@@ -12,8 +12,14 @@ reserve for the rest.
 
 from __future__ import annotations
 
+import logging
 import resource
 from dataclasses import dataclass
+
+from pgplane.config import Settings
+from pgplane.connlimits import ConnectionGate
+
+log = logging.getLogger("pgplane")
 
 # Kept for everything but client connections: the store, admin sessions, postmasters' pipes,
 # logs, the listeners themselves. An eighth of the limit, never below this.
@@ -71,4 +77,46 @@ def size_caps(limit: int, wanted: Caps) -> Caps:
         api_per_address=min(wanted.api_per_address, api_total),
         proxy_total=proxy_total,
         proxy_per_address=min(wanted.proxy_per_address, proxy_total),
+    )
+
+
+def gates(settings: Settings) -> tuple[ConnectionGate, ConnectionGate]:
+    """The API's and the proxy's connection gates, under a descriptor limit raised to the hard
+    one first (the module says why); SystemExit for a cap or deadline set below 0."""
+    for name in (
+        "api_max_connections",
+        "api_connections_per_address",
+        "proxy_max_connections",
+        "proxy_connections_per_address",
+        "http_header_timeout_seconds",
+        "http_body_timeout_seconds",
+        "proxy_handshake_timeout_seconds",
+    ):
+        if getattr(settings, name) < 0:
+            raise SystemExit(f"pgplane: PGPLANE_{name.upper()} must not be negative")
+    before, limit = raise_nofile()
+    if limit != before:
+        log.info("descriptor limit raised from %d to %d", before, limit)
+    wanted = Caps(
+        api_total=settings.api_max_connections,
+        api_per_address=settings.api_connections_per_address,
+        proxy_total=settings.proxy_max_connections,
+        proxy_per_address=settings.proxy_connections_per_address,
+    )
+    caps = size_caps(limit, wanted)
+    log.info(
+        "connection caps: API %d (%d per address), proxy %d (%d per address);"
+        " descriptor limit %d, %d kept in reserve",
+        *(caps.api_total, caps.api_per_address, caps.proxy_total, caps.proxy_per_address),
+        *(limit, reserve(limit)),
+    )
+    if wanted.api_total and wanted.proxy_total and caps.descriptors < wanted.descriptors:
+        log.warning(
+            "connection caps cut down to fit the descriptor limit %d: raise its hard limit"
+            " (ulimit -Hn, systemd's LimitNOFILE=) for the caps asked for",
+            limit,
+        )
+    return (
+        ConnectionGate(per_address=caps.api_per_address, total=caps.api_total),
+        ConnectionGate(per_address=caps.proxy_per_address, total=caps.proxy_total),
     )

@@ -8,6 +8,11 @@ same read: before its role is looked up, or the compute asked about it. Many cli
 connecting to a suspended compute at once share one ``start_compute``: in this process they
 share one wake, and in the store :func:`endpoints.wake` reuses a pending start.
 
+With several nodes, an endpoint whose project is placed on another node is routed to that node's
+door (:attr:`Target.via`): the allow-list and the secret are read here as for any endpoint (a
+role made with SQL is asked of that node, which asks its compute), and the wake, the dial and the
+login are that node's own (:mod:`pgplane.proxy.doors.node`), from its own reads.
+
 This module wires the store, the engine and the compute driver to the proxy; it belongs to the
 process entry point, so neither the engine nor the proxy imports the other.
 """
@@ -21,12 +26,15 @@ from pathlib import Path
 
 from pgplane.compute.driver import ComputeDriver, ComputeError
 from pgplane.config import Settings
+from pgplane.core import clock
 from pgplane.core.ipallow import AllowList
 from pgplane.core.models import Endpoint, Project
 from pgplane.core.operations import Status
 from pgplane.engine.context import compute_spec
 from pgplane.engine.engine import Engine
 from pgplane.errors import Conflict, LimitExceeded, NotFound, Unavailable
+from pgplane.nodelink import messages
+from pgplane.nodelink.client import Door, NodeLink, Unreachable
 from pgplane.proxy import scram, wire
 from pgplane.proxy.seam import (
     Known,
@@ -38,7 +46,7 @@ from pgplane.proxy.seam import (
     UnknownEndpoint,
     admit,
 )
-from pgplane.services import endpoints, names, project_settings
+from pgplane.services import endpoints, names, nodes, project_settings
 from pgplane.store import Store, Tx
 from pgplane.telemetry.metrics import NO_METRICS, Metrics
 
@@ -46,6 +54,8 @@ log = logging.getLogger(__name__)
 
 # A start may first wait for a reattach of the whole project from the cold archive.
 _START_TIME_LIMIT = 600.0
+# Asking another node for a role's verifier happens before the client proved anything: short.
+_ASK_SECONDS = 5.0
 
 
 class ComputeWaker:
@@ -57,8 +67,10 @@ class ComputeWaker:
         driver: ComputeDriver,
         settings: Settings,
         metrics: Metrics = NO_METRICS,
+        link: NodeLink | None = None,
     ) -> None:
         self._store = store
+        self._link = link  # None: a store of one node, every project here
         self._metrics = metrics
         self._engine = engine
         self._driver = driver
@@ -66,16 +78,17 @@ class ComputeWaker:
         self._waking: dict[str, asyncio.Task[Target]] = {}
 
     async def route(self, endpoint_id: str, role: str, *, client: str) -> Route:
-        if names.is_reserved_role(role):
-            # The platform's own roles (cloud_admin, pgplane_monitor) log in only over the
-            # compute's private socket; through the proxy they are refused as unknown roles are.
-            async with self._store.read() as tx:
-                endpoint, project, target = await self._lookup(tx, endpoint_id)
-                allowed = await self._admit(tx, endpoint, project, client)
-            return Route(secret=None, target=target, allowed=allowed)
         async with self._store.read() as tx:
             endpoint, project, target = await self._lookup(tx, endpoint_id)
             allowed = await self._admit(tx, endpoint, project, client)
+            running = target is not None
+            elsewhere = await self._elsewhere(tx, endpoint)
+            target = elsewhere or target
+            if names.is_reserved_role(role):
+                # The platform's own roles (cloud_admin, pgplane_monitor) log in only over the
+                # compute's private socket; through the proxy they are refused as unknown roles
+                # are.
+                return Route(secret=None, target=target, allowed=allowed, client=client)
             found = await tx.get_role(branch_id=endpoint.branch_id, name=role)
             synced = None
             if found is None:
@@ -86,16 +99,67 @@ class ComputeWaker:
             secret: Secret | None = None
             if found.login and found.password:
                 secret = Password(found.password)
-            return Route(secret=secret, target=target, allowed=allowed)
-        if target is not None:
+            return Route(secret=secret, target=target, allowed=allowed, client=client)
+        if running:
             # Made with SQL, on a compute that runs: its word now, not the last sync's, so a
-            # password changed (or a role dropped) with SQL holds from the next login on.
-            answered, secret = await self._ask_compute(project, endpoint, role)
+            # password changed (or a role dropped) with SQL holds from the next login on (asked
+            # of the compute's node, when another).
+            if elsewhere is not None:
+                answered, verifier = await self._ask_node(elsewhere, role)
+            else:
+                answered, verifier = await self._ask_compute(project, endpoint, role)
             if answered:
-                return Route(secret=secret, target=target, allowed=allowed)
-        verifier = None if synced is None else scram.parse_verifier(synced)
-        secret = None if verifier is None else Known(verifier)
-        return Route(secret=secret, target=target, allowed=allowed)
+                return Route(secret=_known(verifier), target=target, allowed=allowed, client=client)
+        return Route(secret=_known(synced), target=target, allowed=allowed, client=client)
+
+    async def _elsewhere(self, tx: Tx, endpoint: Endpoint) -> Target | None:
+        """The endpoint's compute as reached through its project's node, when that is another
+        node (None: here, or a store of one node)."""
+        if self._link is None:
+            return None
+        node = await tx.project_node(endpoint.project_id)
+        if node is None or node.name == self._link.node:
+            return None
+        now = clock.now_us()
+        down = None if node.up(now) else f"{nodes.down(node, now)}; retry later"
+        return Target(
+            endpoint_id=endpoint.id, via=Door(node=node.name, address=node.node_address), down=down
+        )
+
+    async def _ask_node(self, elsewhere: Target, role: str) -> tuple[bool, str | None]:
+        """The role's verifier as the compute's own node reads it from the compute."""
+        if self._link is None or elsewhere.via is None or elsewhere.down is not None:
+            return False, None
+        try:
+            answer = await self._link.call(
+                elsewhere.via,
+                messages.RoleVerifier(endpoint_id=elsewhere.endpoint_id, role=role),
+                seconds=_ASK_SECONDS,
+            )
+        except Unreachable as exc:
+            log.warning(
+                "endpoint %s: role %r not asked of its node: %s", elsewhere.endpoint_id, role, exc
+            )
+            return False, None
+        if isinstance(answer, messages.Verifier):
+            return answer.answered, answer.verifier
+        return False, None
+
+    async def role_verifier(self, endpoint_id: str, role: str) -> messages.Answer:
+        """Another node's question: the verifier of a role made with SQL, as the endpoint's
+        running compute here holds it (never a platform role's: those log in only here)."""
+        try:
+            async with self._store.read() as tx:
+                endpoint, project, target = await self._lookup(tx, endpoint_id)
+                elsewhere = await self._elsewhere(tx, endpoint)
+        except RouteError:
+            return messages.Verifier(answered=False)
+        if elsewhere is not None and elsewhere.via is not None:
+            return messages.NotHere(f"endpoint {endpoint_id} is on node {elsewhere.via.node}")
+        if target is None or names.is_reserved_role(role):
+            return messages.Verifier(answered=False)
+        answered, verifier = await self._ask_compute(project, endpoint, role)
+        return messages.Verifier(answered=answered, verifier=verifier)
 
     async def _admit(self, tx: Tx, endpoint: Endpoint, project: Project, client: str) -> AllowList:
         """The allow-list that applies to the endpoint, once the client's address is on it.
@@ -113,7 +177,7 @@ class ComputeWaker:
 
     async def _ask_compute(
         self, project: Project, endpoint: Endpoint, role: str
-    ) -> tuple[bool, Secret | None]:
+    ) -> tuple[bool, str | None]:
         """Whether the running compute answered, and the role's verifier as it holds it (None:
         it has none). Unanswered, the last sync decides."""
         try:
@@ -125,8 +189,7 @@ class ComputeWaker:
             return False, None
         if verifiers is None:
             return False, None  # stopped meanwhile
-        verifier = scram.parse_verifier(verifiers.get(role, ""))
-        return True, None if verifier is None else Known(verifier)
+        return True, verifiers.get(role) or None
 
     async def wake(self, endpoint_id: str, *, force: bool) -> Target:
         if not force:
@@ -217,6 +280,11 @@ class ComputeWaker:
             port=address.port,
             unix_socket=Path(address.unix_socket) if address.unix_socket else None,
         )
+
+
+def _known(verifier: str | None) -> Secret | None:
+    parsed = None if verifier is None else scram.parse_verifier(verifier)
+    return None if parsed is None else Known(parsed)
 
 
 def _unknown(endpoint_id: str) -> RouteError:

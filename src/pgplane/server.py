@@ -25,17 +25,18 @@ from pgplane.api.logcontext import with_request_ids
 from pgplane.compute.local import LocalComputeDriver, LocalDriverConfig
 from pgplane.compute.local.tenants.volumes import MIN_BYTES as MIN_SHARE_BYTES
 from pgplane.config import Settings
-from pgplane.connlimits import ConnectionGate
 from pgplane.core.operations import Action
 from pgplane.engine import Engine
 from pgplane.engine.history_handlers import keep_history
-from pgplane.engine.node import NodeLease, OnThisNode, node_name
+from pgplane.engine.node import NodeLease, node_name
+from pgplane.engine.project_data import ProjectData
 from pgplane.engine.reconcile import reconcile
 from pgplane.engine.scheduler import Scheduler
 from pgplane.engine.shutdown import report_running, suspend_all
 from pgplane.errors import Unavailable
-from pgplane.fdlimit import Caps, raise_nofile, reserve, size_caps
+from pgplane.fdlimit import gates
 from pgplane.gateway import ComputeWaker
+from pgplane.node_channel import open_channel
 from pgplane.proxy.activity import Activity
 from pgplane.proxy.server import ALPN, Proxy
 from pgplane.proxy.session import Sessions
@@ -153,20 +154,7 @@ def _certificate(settings: Settings) -> ProxyTLS:
     return ensure_certificate(settings.tls_dir, settings.proxy_host)
 
 
-def _gates(settings: Settings) -> tuple[ConnectionGate, ConnectionGate]:
-    """The API's and the proxy's connection gates, under a descriptor limit raised to the hard
-    one first (fdlimit.py says why)."""
-    for name in (
-        "api_max_connections",
-        "api_connections_per_address",
-        "proxy_max_connections",
-        "proxy_connections_per_address",
-        "http_header_timeout_seconds",
-        "http_body_timeout_seconds",
-        "proxy_handshake_timeout_seconds",
-    ):
-        if getattr(settings, name) < 0:
-            raise SystemExit(f"pgplane: PGPLANE_{name.upper()} must not be negative")
+def _check_limits(settings: Settings) -> None:
     if settings.branch_size_limit < 0:
         raise SystemExit("pgplane: PGPLANE_BRANCH_SIZE_LIMIT must not be negative (0: no limit)")
     if settings.disk_per_project < 0 or 0 < settings.disk_per_project < MIN_SHARE_BYTES >> 20:
@@ -176,32 +164,6 @@ def _gates(settings: Settings) -> tuple[ConnectionGate, ConnectionGate]:
         )
     if settings.http_idle_timeout_seconds < 1:
         raise SystemExit("pgplane: PGPLANE_HTTP_IDLE_TIMEOUT_SECONDS must be 1 or more")
-    before, limit = raise_nofile()
-    if limit != before:
-        log.info("descriptor limit raised from %d to %d", before, limit)
-    wanted = Caps(
-        api_total=settings.api_max_connections,
-        api_per_address=settings.api_connections_per_address,
-        proxy_total=settings.proxy_max_connections,
-        proxy_per_address=settings.proxy_connections_per_address,
-    )
-    caps = size_caps(limit, wanted)
-    log.info(
-        "connection caps: API %d (%d per address), proxy %d (%d per address);"
-        " descriptor limit %d, %d kept in reserve",
-        *(caps.api_total, caps.api_per_address, caps.proxy_total, caps.proxy_per_address),
-        *(limit, reserve(limit)),
-    )
-    if wanted.api_total and wanted.proxy_total and caps.descriptors < wanted.descriptors:
-        log.warning(
-            "connection caps cut down to fit the descriptor limit %d: raise its hard limit"
-            " (ulimit -Hn, systemd's LimitNOFILE=) for the caps asked for",
-            limit,
-        )
-    return (
-        ConnectionGate(per_address=caps.api_per_address, total=caps.api_total),
-        ConnectionGate(per_address=caps.proxy_per_address, total=caps.proxy_total),
-    )
 
 
 async def serve(settings: Settings) -> None:
@@ -267,9 +229,8 @@ async def _start_proxy(proxy: Proxy, settings: Settings, store: Store, node: Nod
     return settings
 
 
-async def _serve(settings: Settings) -> None:
-    api_gate, proxy_gate = _gates(settings)
-    tls = _certificate(settings)
+async def _driver(settings: Settings) -> tuple[LocalComputeDriver, Settings]:
+    """The compute driver, and the settings with the Postgres versions it serves."""
     driver = LocalComputeDriver(
         LocalDriverConfig(
             data_dir=settings.data_dir,
@@ -286,16 +247,32 @@ async def _serve(settings: Settings) -> None:
     settings = dataclasses.replace(settings, pg_versions=tuple(driver.pg_versions()))
     log.info("PostgreSQL versions available: %s", ", ".join(map(str, settings.pg_versions)))
     await driver.apply_size_limit()
+    return driver, settings
+
+
+async def _serve(settings: Settings) -> None:
+    _check_limits(settings)
+    api_gate, proxy_gate = gates(settings)
+    tls = _certificate(settings)
+    driver, settings = await _driver(settings)
     metrics = _metrics(settings)
     store = await _open_store(settings, metrics)
     node = await _register(store, settings, metrics)
     await reconcile(store, driver, node.name)
     engine = Engine(store=store, driver=driver, settings=settings, metrics=metrics, node=node.name)
     activity = Activity(metrics)
+    channel = await open_channel(store, settings, node.name)
+    waker = ComputeWaker(
+        store=store,
+        engine=engine,
+        driver=driver,
+        settings=settings,
+        metrics=metrics,
+        link=channel.link,
+    )
     proxy = Proxy(
-        computes=ComputeWaker(
-            store=store, engine=engine, driver=driver, settings=settings, metrics=metrics
-        ),
+        computes=waker,
+        forwarder=channel.forwarder(),
         activity=activity,
         throttle=LoginThrottle(metrics=metrics),
         proxy_host=settings.proxy_host,
@@ -306,6 +283,16 @@ async def _serve(settings: Settings) -> None:
     )
     proxy.plug_sql(sql := _sql_over_http(settings, proxy.sessions))
     settings = await _start_proxy(proxy, settings, store, node)
+    data = ProjectData(store, node.name, driver, channel.link)
+    await channel.start(
+        waker,
+        proxy.sessions,
+        data,
+        settings=settings,
+        store=store,
+        node=node,
+        caps=proxy_gate,
+    )
     scheduler = Scheduler(
         store=store,
         engine=engine,
@@ -320,8 +307,8 @@ async def _serve(settings: Settings) -> None:
         store=store,
         settings=settings,
         check_settings=driver.check_settings,
-        history=(here := OnThisNode(store, node.name, driver)).history_bounds,
-        schema=here.dump_schema,
+        history=data.history_bounds,
+        schema=data.dump_schema,
         notify=engine.wake,
         readiness=readiness,
         metrics=metrics,
@@ -366,6 +353,7 @@ async def _serve(settings: Settings) -> None:
     finally:
         announce.cancel()
         await proxy.close()  # no new sessions, and no wakes, from here on
+        await channel.close()
         sql.close()
         if settings.stop_computes:
             with contextlib.suppress(TimeoutError):

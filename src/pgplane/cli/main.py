@@ -155,6 +155,19 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    node_listen: Annotated[
+        str | None,
+        typer.Option(
+            help="Address the node door (other nodes' way in) listens on [--proxy-listen]"
+        ),
+    ] = None,
+    node_port: Annotated[
+        int | None, typer.Option(help="Port of the node door (0: any free port) [0]")
+    ] = None,
+    node_advertise: Annotated[
+        str | None,
+        typer.Option(help="Host or address other nodes dial the node door at [--node-listen]"),
+    ] = None,
     store: Annotated[
         str | None,
         typer.Option(
@@ -195,6 +208,9 @@ def serve(
             log_format=log_format,
             store=store,
             node_name=node_name,
+            node_listen=node_listen,
+            node_port=node_port,
+            node_advertise=node_advertise,
         )
         if settings.node_name is not None:
             check_name(settings.node_name)

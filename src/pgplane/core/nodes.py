@@ -33,6 +33,9 @@ class Node(msgspec.Struct, frozen=True, kw_only=True):
     started_at: int
     heartbeat_at: int
     expires_at: int  # its lease: down once this has passed
+    # Where its node door listens (host:port), for other nodes only; "" while it has none (a
+    # store of one node, or one starting).
+    node_address: str = ""
 
     def up(self, now: int) -> bool:
         return self.expires_at >= now

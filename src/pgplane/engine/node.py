@@ -15,7 +15,6 @@ import secrets
 import uuid
 from pathlib import Path
 
-from pgplane.compute.driver import ComputeDriver, HistoryBounds, Point
 from pgplane.config import Settings
 from pgplane.core import clock
 from pgplane.core.nodes import ACTIVE, Node, check_name, default_name
@@ -64,6 +63,7 @@ class NodeLease:
         self.instance = f"{_home(settings.data_dir)}.{uuid.uuid4().hex[:12]}"
         low, high = settings.compute_ports
         self.capacity = settings.node_capacity or (high - low + 1)
+        self.node_address = ""  # its node door's, once it listens
 
     def _node(self, proxy_port: int, now: int) -> Node:
         s = self._settings
@@ -78,6 +78,7 @@ class NodeLease:
             started_at=now,
             heartbeat_at=now,
             expires_at=now + int(s.node_lease_seconds * _US),
+            node_address=self.node_address,
         )
 
     async def register(self, proxy_port: int) -> None:
@@ -91,8 +92,11 @@ class NodeLease:
         if adopted:
             log.info("node %s adopted %d project(s) placed on no node", self.name, adopted)
 
-    async def update_address(self, proxy_port: int) -> None:
-        """The proxy's port, once bound (0 asked the system for one)."""
+    async def update_address(self, proxy_port: int, node_address: str | None = None) -> None:
+        """The proxy's port, once bound (0 asked the system for one), and the node door's
+        address once it listens."""
+        if node_address is not None:
+            self.node_address = node_address
         now = clock.now_us()
         async with self._store.write() as tx:
             current = await tx.get_node(self.name)
@@ -136,53 +140,3 @@ class NodeLease:
             )
             return
         self._metrics.node_heartbeat()
-
-
-class OnThisNode:
-    """The API's direct reads of a project's data (a schema, a branch's history), refused with a
-    clear error when the project is placed on another node: its data is there, not here, and
-    the reads are not forwarded between nodes yet. Down or not, the error names the node."""
-
-    def __init__(self, store: Store, name: str, driver: ComputeDriver) -> None:
-        self._store = store
-        self._name = name
-        self._driver = driver
-
-    async def _require_here(self, project_id: str) -> None:
-        async with self._store.read() as tx:
-            await nodes.require_up(tx, project_id)
-            node = await tx.project_node(project_id)
-        if node is not None and node.name != self._name:
-            # The node's name only: its addresses are the operator's, not the tenant's.
-            raise Unavailable(
-                f"the project's data is on node {node.name}, not on this one ({self._name}):"
-                " ask that node's API"
-            )
-
-    async def history_bounds(
-        self, *, project_id: str, branch_id: str, pg_version: int
-    ) -> HistoryBounds:
-        await self._require_here(project_id)
-        return await self._driver.history_bounds(
-            project_id=project_id, branch_id=branch_id, pg_version=pg_version
-        )
-
-    async def dump_schema(
-        self,
-        *,
-        project_id: str,
-        branch_id: str,
-        pg_version: int,
-        db_name: str,
-        max_bytes: int,
-        point: Point | None = None,
-    ) -> str:
-        await self._require_here(project_id)
-        return await self._driver.dump_schema(
-            project_id=project_id,
-            branch_id=branch_id,
-            pg_version=pg_version,
-            db_name=db_name,
-            max_bytes=max_bytes,
-            point=point,
-        )

@@ -16,6 +16,7 @@ from pathlib import Path
 from socket import SO_PEERCRED, SOL_SOCKET
 
 from pgplane.proxy import scram, wire
+from pgplane.proxy.forward import Forwarder, Moved
 from pgplane.proxy.login import NotReady, log_in
 from pgplane.proxy.pipe import Closed, Side
 from pgplane.proxy.seam import Computes, Route, RouteError, Target
@@ -24,8 +25,9 @@ CONNECT_ATTEMPTS = 5
 
 
 class Connector:
-    def __init__(self, computes: Computes) -> None:
+    def __init__(self, computes: Computes, forwarder: Forwarder | None = None) -> None:
         self._computes = computes
+        self._forwarder = forwarder
 
     async def open(
         self, endpoint_id: str, startup: wire.Startup, route: Route
@@ -33,10 +35,36 @@ class Connector:
         """Connect to the endpoint's compute and start the session; retry through a wake.
 
         Returns the compute connection and the compute's replies from AuthenticationOk to
-        ReadyForQuery (or its refusal), for the client.
+        ReadyForQuery (or its refusal), for the client. A compute on another node is reached
+        through that node (:mod:`pgplane.proxy.forward`), which wakes it itself; a project that
+        moved meanwhile is routed once more.
         """
-        if route.secret is None:  # authentication refused it already; never wake for it
-            raise scram.ScramError("password authentication failed")
+        for _ in range(2):
+            if route.secret is None:  # authentication refused it already; never wake for it
+                raise scram.ScramError("password authentication failed")
+            target = route.target
+            if target is None or target.via is None:
+                return await self._open_here(endpoint_id, startup, route)
+            if self._forwarder is None:
+                raise RouteError(
+                    wire.CONNECTION_FAILURE,
+                    f"endpoint {endpoint_id} is served by node {target.via.node}: connect there",
+                )
+            try:
+                compute, reply = await self._forwarder.open(target, startup, client=route.client)
+            except Moved:
+                user = startup.params["user"]
+                route = await self._computes.route(endpoint_id, user, client=route.client)
+                continue
+            return compute, target, reply
+        raise RouteError(
+            wire.CONNECTION_FAILURE, f"endpoint {endpoint_id} is moving between nodes; retry"
+        )
+
+    async def _open_here(
+        self, endpoint_id: str, startup: wire.Startup, route: Route
+    ) -> tuple[Side, Target, bytes]:
+        assert route.secret is not None  # noqa: S101 - checked by open
         known, force = route.target, False
         last_problem = ""
         for _ in range(CONNECT_ATTEMPTS):
@@ -44,7 +72,7 @@ class Connector:
             # The store's word is tried once; after a failed connection only a start will do.
             known, force = None, True
             try:
-                compute = await self.dial(target)
+                compute = await self._dial(target)
             except (OSError, Closed) as exc:
                 last_problem = f"compute unreachable: {exc}"
                 continue
@@ -66,7 +94,17 @@ class Connector:
             wire.CONNECTION_FAILURE, f"could not connect to endpoint {endpoint_id}: {last_problem}"
         )
 
-    async def dial(self, target: Target) -> Side:
+    async def cancel(self, target: Target, pid: int, key: bytes) -> None:
+        """Send a CancelRequest to the compute of ``target`` (through its node, if another)."""
+        if target.via is not None:
+            if self._forwarder is not None:
+                await self._forwarder.cancel(target, pid, key)
+            return
+        compute = await self._dial(target)
+        compute.write(wire.cancel_request(pid, key))
+        compute.close()
+
+    async def _dial(self, target: Target) -> Side:
         loop = asyncio.get_running_loop()
         if target.unix_socket is not None:
             transport, side = await loop.create_unix_connection(Side, str(target.unix_socket))

@@ -12,20 +12,26 @@ from pathlib import Path
 from typing import Protocol
 
 from pgplane.core.ipallow import ALLOW_ALL, AllowList, client_address
+from pgplane.nodelink.client import Door
 from pgplane.proxy import wire
 from pgplane.proxy.scram import Verifier
 
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """Where an endpoint's running compute accepts clients."""
+    """Where an endpoint's running compute accepts clients, or the node whose it is."""
 
     endpoint_id: str
-    host: str
-    port: int
+    host: str = ""
+    port: int = 0
     # The compute's socket file. The proxy always dials it when given: its directory is private
     # to the platform and the project's OS user, so the compute trusts whoever arrives there.
     unix_socket: Path | None = None
+    # The project is placed on another node: its compute is reached through that node's door
+    # (host, port and socket are empty), which routes, wakes and logs in itself.
+    via: Door | None = None
+    # The node is down (its lease lapsed, as the store says): not dialled; the message says so.
+    down: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +60,7 @@ class Route:
     # The project's IP allow-list as it applies to this endpoint; the route was given only if
     # the client's address is on it. Kept for what the client does later (a cancel request).
     allowed: AllowList = ALLOW_ALL
+    client: str = ""  # the address the route was given for (the client's, whatever door)
 
 
 class RouteError(Exception):
@@ -106,7 +113,8 @@ class Computes(Protocol):
     """What the proxy asks of the platform."""
 
     async def route(self, endpoint_id: str, role: str, *, client: str) -> Route:
-        """The role's secret and the running compute, if any; RouteError for an unknown or
+        """The role's secret and the running compute, if any (or, for a project placed on
+        another node, that node's door: :attr:`Target.via`); RouteError for an unknown or
         disabled endpoint, AddressNotAllowed (see :func:`admit`) for a ``client`` address the
         project's allow-list does not take, found with the endpoint and before anything of the
         role is looked up. Never wakes, starts or reattaches anything."""

@@ -14,18 +14,17 @@ HTTP serves ``GET /v2`` as a WebSocket carrying the Postgres protocol, ``/sql`` 
 Every door then goes through the same steps (:mod:`pgplane.proxy.session`): the endpoint found
 (SNI, ``Host``, ``options=endpoint=``), the IP allow-list checked before the password is asked
 for, the password proven (throttled when wrong) before anything wakes, all within one handshake
-deadline from the moment the connection was accepted.
+deadline from the moment the connection was accepted. A compute on another node of the platform
+is reached through that node (:mod:`pgplane.proxy.forward`), once this node's walls are passed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import socket
 import ssl
-from collections.abc import Coroutine
 
 from pgplane.connlimits import ConnectionGate, Refusal
 from pgplane.proxy import wire
@@ -42,6 +41,8 @@ from pgplane.proxy.doors.http import (
 )
 from pgplane.proxy.doors.postgres import PostgresHello, remember_sni, server_name
 from pgplane.proxy.doors.router import Router, SqlHandler
+from pgplane.proxy.forward import Forwarder
+from pgplane.proxy.listener import Listener
 from pgplane.proxy.pipe import Side
 from pgplane.proxy.seam import Computes
 from pgplane.proxy.session import POINT_IN_TIME_REFUSED, Sessions
@@ -56,7 +57,6 @@ ALPN = (sniff.ALPN_POSTGRES, sniff.ALPN_HTTP)
 log = logging.getLogger(__name__)
 
 _HANDSHAKE_TIMEOUT = 30.0
-_BACKLOG = 1024
 _REFUSAL_GRACE = 0.5  # seconds a refused client has to show which door it came for
 _REFUSALS_AT_ONCE = 64
 
@@ -75,6 +75,7 @@ class Proxy:
         handshake_timeout: float = _HANDSHAKE_TIMEOUT,
         sql: SqlHandler | None = None,
         http_limits: HttpLimits | None = None,
+        forwarder: Forwarder | None = None,
     ) -> None:
         self._gate = gate or ConnectionGate(per_address=0, total=0)
         self._handshake_timeout = handshake_timeout
@@ -87,14 +88,13 @@ class Proxy:
             proxy_host=proxy_host,
             throttle=throttle or LoginThrottle(),
             handshake_timeout=handshake_timeout,
+            forwarder=forwarder,
         )
         self._sql = sql
         self._http_limits = http_limits or HttpLimits(request_seconds=handshake_timeout)
         self._body_budget = BodyBudget()
-        self._listeners: list[socket.socket] = []
-        self._accepting: list[asyncio.Task[None]] = []
+        self._listener = Listener(self._serve)
         self._refusing = 0  # refused clients given a moment to show their door
-        self._tasks: set[asyncio.Task[None]] = set()
         if server_tls is not None:
             if server_tls.sni_callback is None:  # pgplane.tls's keeps the name, and more
                 server_tls.sni_callback = remember_sni
@@ -112,68 +112,10 @@ class Proxy:
         self._sql = sql
 
     async def start(self, host: str, port: int) -> list[tuple[str, int]]:
-        loop = asyncio.get_running_loop()
-        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        bound: list[tuple[str, int]] = []
-        try:
-            for family, kind, proto, _, address in dict.fromkeys(infos):
-                listener = socket.socket(family, kind, proto)
-                self._listeners.append(listener)
-                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                if family == socket.AF_INET6:
-                    listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-                listener.bind(address)
-                listener.listen(_BACKLOG)
-                listener.setblocking(False)
-                bound.append(listener.getsockname()[:2])
-        except OSError:
-            self._close_listeners()
-            raise
-        for listener in self._listeners:
-            self._accepting.append(loop.create_task(self._accept_loop(listener)))
-        return bound
+        return await self._listener.start(host, port)
 
     async def close(self) -> None:
-        # The accept loops first: a listening socket is closed once nothing waits on it.
-        for task in self._accepting:
-            task.cancel()
-        await asyncio.gather(*self._accepting, return_exceptions=True)
-        self._close_listeners()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    def _close_listeners(self) -> None:
-        for listener in self._listeners:
-            listener.close()
-        self._listeners.clear()
-
-    def _spawn(self, coro: Coroutine[object, object, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _accept_loop(self, listener: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            try:
-                sock, address = await loop.sock_accept(listener)
-            except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    # Out of descriptors (the caps are sized to leave some; others use them
-                    # too): the connection waits in the backlog, and is taken once one frees.
-                    log.warning("proxy cannot accept a connection: %s", exc)
-                    await asyncio.sleep(0.1)
-                    continue
-                if listener.fileno() < 0:
-                    return
-                raise
-            sock.setblocking(False)
-            if sock.family in (socket.AF_INET, socket.AF_INET6):
-                # Every message of the pipe is sent as it comes (uvloop sets this itself; asyncio
-                # does not for an accepted socket, and Nagle would hold a reply for an ACK).
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._spawn(self._serve(sock, address))
+        await self._listener.close()
 
     async def _serve(self, sock: socket.socket, address: object) -> None:
         host = address[0] if isinstance(address, tuple) and address else ""

@@ -16,7 +16,6 @@ suspends waits for the start that follows.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
@@ -24,9 +23,11 @@ from dataclasses import dataclass
 
 from pgplane.core import clock
 from pgplane.core.ipallow import AllowList
+from pgplane.nodelink.client import Unreachable
 from pgplane.proxy import endpoint_password, scram, wire
 from pgplane.proxy.activity import Activity
 from pgplane.proxy.connect import Connector
+from pgplane.proxy.forward import Forwarder
 from pgplane.proxy.framing import MAX_AUTH_FRAME, FrameError, KeySniffer
 from pgplane.proxy.login import authenticate, check_cleartext
 from pgplane.proxy.pipe import Closed, Side
@@ -73,9 +74,10 @@ class Sessions:
         proxy_host: str,
         throttle: LoginThrottle,
         handshake_timeout: float,
+        forwarder: Forwarder | None = None,
     ) -> None:
         self._computes = computes
-        self._connector = Connector(computes)
+        self._connector = Connector(computes, forwarder)
         self.activity = activity  # sessions' activity, which idle suspend reads
         self.proxy_host = proxy_host
         self._throttle = throttle
@@ -106,7 +108,10 @@ class Sessions:
             # Not under the handshake's time limit: a wake (or a reattach before it) takes as
             # long as it takes, and ends in a compute or an error the client is told.
             compute, target, reply = await self._connector.open(endpoint_id, startup, route)
-            await self._pipe(client, compute, (target, route.allowed), endpoint_id, reply)
+            cancel_to = (target, route.allowed)
+            await self.pipe(
+                client, compute, cancel_to=cancel_to, endpoint_id=endpoint_id, reply=reply
+            )
         except RouteError as exc:
             refusal = wire.error_response(exc.code, exc.message, severity=exc.severity)
         except scram.ScramError as exc:
@@ -166,9 +171,10 @@ class Sessions:
         through a wake if the compute sleeps (:meth:`Connector.open`)."""
         return await self._connector.open(endpoint_id, startup, route)
 
-    async def dial(self, target: Target) -> Side:
-        """A connection to a compute, not logged in (for a CancelRequest)."""
-        return await self._connector.dial(target)
+    async def cancel_on(self, target: Target, pid: int, key: bytes) -> None:
+        """A CancelRequest for the session ``pid`` (its ``key``) on the compute of ``target``,
+        through its node when another; OSError (or Unreachable, RouteError) if not sent."""
+        await self._connector.cancel(target, pid, key)
 
     async def _route(self, endpoint_id: str, user: str, peer: str) -> Route:
         """The endpoint's route; for one that does not exist, a route no password opens.
@@ -197,18 +203,22 @@ class Sessions:
             self._throttle.failed(endpoint_id, host)
             raise
 
-    async def _pipe(
+    async def pipe(
         self,
         client: Side,
         compute: Side,
+        *,
         cancel_to: tuple[Target, AllowList],
         endpoint_id: str,
         reply: bytes,
+        first: bytes | None = None,
     ) -> None:
+        """Pipe a logged-in session until either side ends, counted as the endpoint's activity,
+        its cancel key kept; ``first`` (``reply`` unless given) is written to the client first."""
         session = self.activity.open(endpoint_id, clock.now_us())
         keys: list[tuple[int, bytes]] = []
         try:
-            client.write(reply)
+            client.write(reply if first is None else first)
 
             def found(pid: int, key: bytes) -> None:
                 keys.append((pid, key))
@@ -251,11 +261,20 @@ class Sessions:
         # dropped; as Postgres, there is no answer either way.
         if found is None or not found[1].allows(client):
             return
-        target = found[0]
-        with contextlib.suppress(OSError):
-            compute = await self._connector.dial(target)
-            compute.write(wire.cancel_request(pid, key))
-            compute.close()
+        await self._send_cancel(found[0], pid, key)
+
+    async def cancel_forwarded(self, pid: int, key: bytes) -> None:
+        """A cancel request another node passed on, for a session piped here; that node checked
+        the client's address against the allow-list (a wrong key finds nothing)."""
+        found = self._cancel_keys.get((pid, key))
+        if found is not None:
+            await self._send_cancel(found[0], pid, key)
+
+    async def _send_cancel(self, target: Target, pid: int, key: bytes) -> None:
+        try:
+            await self._connector.cancel(target, pid, key)
+        except (OSError, Closed, Unreachable, RouteError) as exc:
+            log.info("cancel request for endpoint %s not sent: %s", target.endpoint_id, exc)
 
 
 async def _cleartext_password(client: Side) -> str:

@@ -14,6 +14,7 @@ import logging
 from pgplane.core import clock
 from pgplane.core.nodes import CORDONED, DOWN, SET_STATES, Node, NodeLoad, choose
 from pgplane.errors import BadRequest, NotFound, Unavailable
+from pgplane.nodelink.authority import NodeAuthority
 from pgplane.store import Tx
 
 log = logging.getLogger(__name__)
@@ -90,12 +91,16 @@ async def require_up(tx: Tx, project_id: str, *, now: int | None = None) -> None
     now = clock.now_us() if now is None else now
     if node is None or node.up(now):
         return
-    away = (now - node.heartbeat_at) // 1_000_000
     raise Unavailable(
-        f"the project's node {node.name} is down (no heartbeat for {away} s); its data-plane"
-        " work waits for it to return; retry later",
+        f"{down(node, now)}; its data-plane work waits for it to return; retry later",
         headers={"Retry-After": _RETRY_AFTER},
     )
+
+
+def down(node: Node, now: int) -> str:
+    """What to say of a project whose node is down."""
+    away = (now - node.heartbeat_at) // 1_000_000
+    return f"the project's node {node.name} is down (no heartbeat for {away} s)"
 
 
 async def set_state(tx: Tx, *, name: str, state: str) -> Node:
@@ -109,3 +114,16 @@ async def set_state(tx: Tx, *, name: str, state: str) -> Node:
     if state == CORDONED:
         log.info("node %s cordoned: it gets no new projects", name)
     return node
+
+
+async def authority(tx: Tx) -> NodeAuthority:
+    """The platform's node authority (:mod:`pgplane.nodelink`), made in this write transaction
+    when there is none yet: nodes starting together make one between them, as writers are
+    serialized and the second finds the first's."""
+    found = await tx.get_node_authority()
+    if found is not None:
+        return NodeAuthority.from_pem(*found)
+    made = NodeAuthority.create()
+    await tx.put_node_authority(cert=made.cert_pem(), key=made.key_pem(), now=clock.now_us())
+    log.info("the platform's node authority was made: nodes reach each other with its certificates")
+    return made

@@ -57,3 +57,11 @@ class NodesTx(abc.ABC):
     async def node_project_ids(self, node: str) -> set[str]:
         """The projects placed on the node, deleted ones included (their deletions run
         there)."""
+
+    @abc.abstractmethod
+    async def get_node_authority(self) -> tuple[str, str] | None:
+        """The platform's node authority (its certificate and key, PEM), if made yet."""
+
+    @abc.abstractmethod
+    async def put_node_authority(self, *, cert: str, key: str, now: int) -> None:
+        """Record the node authority; there is one (a second insert fails the transaction)."""

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from pgplane.core import clock
 from pgplane.errors import MethodNotAllowed, PgplaneError, SqlFailed
+from pgplane.nodelink.client import Unreachable
 from pgplane.proxy import scram, wire
 from pgplane.proxy.doors.http import HttpReply, HttpRequest
 from pgplane.proxy.pipe import Closed
@@ -203,11 +204,9 @@ class SqlOverHttp:
         if conn.cancel_key is None:
             return
         pid, secret = conn.cancel_key
-        with contextlib.suppress(OSError, Closed, TimeoutError):
+        with contextlib.suppress(OSError, Closed, TimeoutError, Unreachable, RouteError):
             async with asyncio.timeout(_CANCEL_SECONDS):
-                side = await self._sessions.dial(conn.target)
-                side.write(wire.cancel_request(pid, secret))
-                side.close()
+                await self._sessions.cancel_on(conn.target, pid, secret)
 
 
 def _error(exc: PgplaneError) -> Reply:
