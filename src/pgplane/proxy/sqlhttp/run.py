@@ -24,6 +24,7 @@ from pgplane.proxy import wire
 from pgplane.proxy.framing import FrameError
 from pgplane.proxy.pipe import Closed, Side
 from pgplane.proxy.sqlhttp import messages, render, reset
+from pgplane.proxy.sqlhttp.frames import Frames
 from pgplane.proxy.sqlhttp.request import Query, SqlRequest
 
 # How long a cancelled query may take to stop before its connection is closed instead.
@@ -134,7 +135,7 @@ class _Reader:
         self._results: list[str] = []
         self._size = 0
         self._rows = 0
-        self._frame_limit = limits.response_bytes + (1 << 16)
+        self._frames = Frames(side, limit=limits.response_bytes + (1 << 16))
         # The step being answered, its fields (JSON), its rows (JSON each) as they come.
         self._at = 0
         self._fields = "[]"
@@ -164,10 +165,9 @@ class _Reader:
             raise ResponseTooLarge(self._too_large()) from None
         if status != b"I" and (error is not None or self._stopped is not None):
             self._side.write(messages.simple_query("ROLLBACK"))
-            _, status = await self._until_ready(
-                *await self._side.read_frame(limit=self._frame_limit)
-            )
-        reusable = status == b"I"
+            _, status = await self._until_ready(*await self._frames.next())
+        # Ready and idle, and silent since: a session that spoke after its answer is ending.
+        reusable = status == b"I" and not self._frames.pending()
         if self._stopped == "time":
             raise _Reusable(SqlFailed(_timed_out(self._limits), {"code": QUERY_CANCELED}), reusable)
         if self._stopped == "size":
@@ -192,7 +192,7 @@ class _Reader:
         ending = False
         try:
             while True:
-                kind, payload = await self._side.read_frame(limit=self._frame_limit)
+                kind, payload = await self._frames.next()
                 if kind not in (b"E", b"N"):
                     return kind, payload
                 code = wire.error_fields(payload).get("C")
@@ -209,17 +209,17 @@ class _Reader:
     async def _past_reset(self, kind: bytes, payload: bytes) -> tuple[bytes, bytes]:
         """Read the reset's answer, from the message read already; the first message after it.
         Stale if it failed: Postgres then skipped the request's messages up to their Sync."""
-        read = self._side.read_frame
+        read = self._frames.next
         while True:
             if kind == b"E":
                 raise Stale(wire.error_fields(payload).get("C", "reset failed"))
             if kind == b"C":
                 if payload != reset.DONE:
                     raise messages.MalformedMessage("the reset got another command's answer")
-                return await read(limit=self._frame_limit)
+                return await read()
             if kind not in (b"1", b"2") and kind not in reset.ASIDES:
                 raise messages.MalformedMessage(f"the reset got a {kind!r} message")
-            kind, payload = await read(limit=self._frame_limit)
+            kind, payload = await read()
 
     async def _until_ready(
         self, kind: bytes, payload: bytes
@@ -227,7 +227,7 @@ class _Reader:
         """Read up to ReadyForQuery, from the message read already: the first error, and the
         transaction status."""
         error: dict[str, str] | None = None
-        read = self._side.read_frame
+        frames = self._frames
         while True:
             if kind == b"D":
                 if self._writer is not None and self._stopped is None:
@@ -249,7 +249,13 @@ class _Reader:
             elif kind == b"Z":
                 return error, payload[:1]
             # ParseComplete, BindComplete, NoData, notices, parameter statuses: nothing to do.
-            kind, payload = await read(limit=self._frame_limit)
+            # Every message that has arrived is taken without a wait; the connection is awaited
+            # only when none has.
+            message = frames.take()
+            while message is None:
+                await frames.fill()
+                message = frames.take()
+            kind, payload = message
 
     def _row(self, payload: bytes, writer: render.RowWriter) -> None:
         row = writer.row(messages.data_row(payload))
