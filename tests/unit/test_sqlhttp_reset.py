@@ -1,7 +1,8 @@
 """SQL over HTTP on a pooled connection, at the bytes: the reset goes ahead of a request in its
 own pipeline and is read first, an idle connection's reset is verified before the connection is
 trusted again, and a request is tried again only when nothing of it ran (the compute said it was
-ending first, or the reset ahead of it failed)."""
+ending first, or the reset ahead of it failed), and a session that spoke past its answer is not
+pooled."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pgplane.proxy.pipe import Closed, Side
 from pgplane.proxy.sqlhttp import messages
 from pgplane.proxy.sqlhttp.request import Login, Query, SqlRequest
 from pgplane.proxy.sqlhttp.reset import AHEAD, RESET, discard_all
-from pgplane.proxy.sqlhttp.run import Limits, Stale, execute
+from pgplane.proxy.sqlhttp.run import Limits, Outcome, Stale, execute
 
 READY = frame(b"Z", b"I")
 DISCARDED = frame(b"C", b"DISCARD ALL\0")
@@ -83,7 +84,7 @@ async def test_a_reset_passes_only_on_its_exact_answer() -> None:
     assert not await _reset_with(DISCARDED + READY + frame(b"N", b"\0"))
 
 
-async def _run_with(*replies: bytes, reset_first: bool = False) -> str:
+async def _outcome(*replies: bytes, reset_first: bool = False) -> Outcome:
     side, transport = _side()
     login = Login("ep-a-1", "alice", "pw", "db")
     request = SqlRequest(login, (Query("SELECT 1", (), True),), None, True, True)
@@ -102,7 +103,11 @@ async def _run_with(*replies: bytes, reset_first: bool = False) -> str:
     for reply in replies:
         side.data_received(reply)
     side.eof_received()
-    return (await running).body
+    return await running
+
+
+async def _run_with(*replies: bytes, reset_first: bool = False) -> str:
+    return (await _outcome(*replies, reset_first=reset_first)).body
 
 
 async def test_the_reset_ahead_is_read_before_the_answer() -> None:
@@ -138,3 +143,10 @@ async def test_a_request_is_stale_only_if_the_compute_ended_before_it_ran() -> N
         await _run_with(PARSED + SHUTDOWN)
     with pytest.raises(Closed):
         await _run_with()
+
+
+async def test_a_session_that_spoke_past_its_answer_is_not_pooled() -> None:
+    assert (await _outcome(ANSWER)).reusable
+    notified = frame(b"A", b"\0\0\0\1leftover\0\0")  # a NOTIFY for a LISTEN left behind
+    outcome = await _outcome(ANSWER + notified)
+    assert '"rows":[["1"]]' in outcome.body and not outcome.reusable
