@@ -26,6 +26,9 @@ LATEST = "1.2.0"
 OLD = "0.10.4"
 DRIZZLE = "0.45.4"
 PG = "8.23.1"  # node-postgres over TCP: the baseline the WebSocket benchmark compares with
+# undici from npm, as the README offers it for neon()'s fetchFunction: a release that reuses a
+# kept-alive connection at once (8.10.1 on; node 24.19's own fetch, undici 7.29, does not).
+UNDICI = "8.13.1"
 CACHE_DIR = npm.CACHE / "serverless"
 SCRIPT = Path(__file__).resolve().parent / "js" / "serverless.cjs"
 HTTP_SCRIPT = Path(__file__).resolve().parent / "js" / "sqlhttp.cjs"
@@ -43,6 +46,12 @@ def install(driver: str = LATEST, cache_dir: Path = CACHE_DIR) -> Installation:
     target = cache_dir / f"{driver}-drizzle-{DRIZZLE}-pg-{PG}"
     packages = {"@neondatabase/serverless": driver, "drizzle-orm": DRIZZLE, "pg": PG}
     return Installation(npm.install(target, packages), driver)
+
+
+def install_undici(cache_dir: Path = CACHE_DIR) -> Path:
+    """undici at :data:`UNDICI`, installed under ``cache_dir`` unless there already; the
+    ``node_modules`` directory to add to ``NODE_PATH``."""
+    return npm.install(cache_dir / f"undici-{UNDICI}", {"undici": UNDICI}) / "node_modules"
 
 
 def run(
@@ -75,12 +84,19 @@ def run_http(
     uri: str,
     fetch_endpoint: str,
     ca_file: Path | None = None,
+    undici: Path | None = None,
     timeout: float = 120,
 ) -> Any:
-    """Run one scenario of tests/js/sqlhttp.cjs (``neon()`` posting to ``fetch_endpoint``):
+    """Run one scenario of tests/js/sqlhttp.cjs (``neon()`` posting to ``fetch_endpoint``,
+    with undici's fetch as its ``fetchFunction`` when ``undici`` is :func:`install_undici`'s):
     what it printed (JSON; ``{"fatal"}`` when something threw)."""
-    config = {"uri": uri, "fetchEndpoint": fetch_endpoint, "scenario": scenario}
-    return _node(installation, HTTP_SCRIPT, config, ca_file=ca_file, timeout=timeout)
+    config = {
+        "uri": uri,
+        "fetchEndpoint": fetch_endpoint,
+        "scenario": scenario,
+        "fetch": "node" if undici is None else "undici",
+    }
+    return _node(installation, HTTP_SCRIPT, config, ca_file=ca_file, timeout=timeout, also=undici)
 
 
 def _node(
@@ -90,10 +106,13 @@ def _node(
     *,
     ca_file: Path | None,
     timeout: float,
+    also: Path | None = None,
 ) -> Any:
     scenario = config["scenario"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NODE_", "PG"))}
-    env["NODE_PATH"] = str(installation.prefix / "node_modules")
+    env["NODE_PATH"] = os.pathsep.join(
+        str(p) for p in (installation.prefix / "node_modules", also) if p is not None
+    )
     if ca_file is not None:
         env["NODE_EXTRA_CA_CERTS"] = str(ca_file)
     try:

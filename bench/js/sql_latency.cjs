@@ -1,14 +1,21 @@
-// Latency of one small query from node, by argv[2] (JSON: uri, fetchEndpoint, mode, queries):
-// "neon" posts it with the serverless driver's neon() (POST /sql); "floor" does the same to a
-// server that answers at once (what node's fetch and the driver cost alone); "open" sends it on a
-// node-postgres connection opened once; "connect" opens a node-postgres connection for it,
-// queries and closes. Prints {"p50", "p95"} in milliseconds.
+// Latency of one small query from node, by argv[2] (JSON: uri, fetchEndpoint, mode, fetch,
+// queries, and for "floor" the scheme and the certificate): "neon" posts it with the serverless
+// driver's neon() (POST /sql); "floor" does the same to a server on another thread that answers
+// at once (what node's fetch and the driver cost alone); "open" sends it on a node-postgres
+// connection opened once; "connect" opens a node-postgres connection for it, queries and closes.
+// fetch "node" is node's own fetch (the driver's default), "undici" undici's fetch from npm set
+// as neonConfig.fetchFunction. Prints {"p50", "p95"} in milliseconds.
 "use strict";
+const fs = require("node:fs");
 const { neon, neonConfig } = require("@neondatabase/serverless");
 const pg = require("pg");
 
 const config = JSON.parse(process.argv[2]);
 neonConfig.fetchEndpoint = config.fetchEndpoint;
+if (config.fetch === "undici") {
+  // As the README says: undici's own fetch, which reuses a kept-alive connection at once.
+  neonConfig.fetchFunction = require("undici").fetch;
+}
 
 async function timed(n, once) {
   const ms = [];
@@ -41,25 +48,32 @@ const ANSWER = JSON.stringify({
 function answeringServer() {
   const { Worker } = require("node:worker_threads");
   const code = `
-    const http = require("node:http");
     const { parentPort, workerData } = require("node:worker_threads");
-    const server = http.createServer((req, res) => {
+    const answer = (req, res) => {
       req.resume();
       req.on("end", () => {
         res.writeHead(200, {
           "Content-Type": "application/json",
-          "Content-Length": Buffer.byteLength(workerData),
+          "Content-Length": Buffer.byteLength(workerData.answer),
           "Access-Control-Allow-Origin": "*",
         });
-        res.end(workerData);
+        res.end(workerData.answer);
       });
-    });
+    };
+    const server = workerData.tls
+      ? require("node:https").createServer(workerData.tls, answer)
+      : require("node:http").createServer(answer);
     server.listen(0, "127.0.0.1", () => parentPort.postMessage(server.address().port));
   `;
-  const worker = new Worker(code, { eval: true, workerData: ANSWER });
+  const tls =
+    config.scheme === "https"
+      ? { cert: fs.readFileSync(config.cert), key: fs.readFileSync(config.key) }
+      : null;
+  const worker = new Worker(code, { eval: true, workerData: { answer: ANSWER, tls } });
   worker.unref();
+  const host = tls ? "localhost" : "127.0.0.1"; // a name the certificate has
   return new Promise((resolve) =>
-    worker.once("message", (port) => resolve(`http://127.0.0.1:${port}/sql`)),
+    worker.once("message", (port) => resolve(`${config.scheme}://${host}:${port}/sql`)),
   );
 }
 
@@ -70,8 +84,8 @@ async function main() {
     const sql = neon(config.uri);
     once = (i) => sql`SELECT ${i}::int AS i`;
   } else if (config.mode === "floor") {
-    // The client's own share: neon() against a server on another thread that answers every
-    // request at once, with the answer the proxy gives this query. No server is faster.
+    // The client's own share: neon() against a server that answers every request at once,
+    // with the answer the proxy gives this query. No server is faster.
     neonConfig.fetchEndpoint = await answeringServer();
     const sql = neon(config.uri);
     once = (i) => sql`SELECT ${i}::int AS i`;

@@ -5,8 +5,9 @@ The driver's default target is ``https://api.<host>/sql`` on port 443; this mach
 ``*.localhost`` name and the test server's proxy listens on a port of its own, so the scripts set
 ``neonConfig.fetchEndpoint`` to the proxy's address: HTTPS with the platform's CA trusted
 (``NODE_EXTRA_CA_CERTS``), as an app would, or plain HTTP, which the proxy's one port serves too.
-Nothing else of the driver's configuration is changed; the connection string is the one the API
-returns. Each project's compute is asleep first: the first query wakes it.
+Nothing else of the driver's configuration is changed (but for one run with undici's ``fetch`` as
+its ``fetchFunction``, as the README offers); the connection string is the one the API returns.
+Each project's compute is asleep first: the first query wakes it.
 """
 
 from __future__ import annotations
@@ -29,7 +30,14 @@ def _asleep(api: Api, name: str) -> dict[str, Any]:
     return project
 
 
-def _run(server: Server, project: dict[str, Any], scenario: str, driver: str, scheme: str) -> Any:
+def _run(
+    server: Server,
+    project: dict[str, Any],
+    scenario: str,
+    driver: str,
+    scheme: str,
+    fetch: str = "node",
+) -> Any:
     host = "localhost" if scheme == "https" else "127.0.0.1"  # a name the certificate has
     out = serverless.run_http(
         serverless.install(driver),
@@ -37,19 +45,25 @@ def _run(server: Server, project: dict[str, Any], scenario: str, driver: str, sc
         uri=project["connection_uris"][0]["connection_uri"],
         fetch_endpoint=f"{scheme}://{host}:{server.proxy_port}/sql",
         ca_file=server.data_dir / "tls" / "ca.crt",
+        undici=serverless.install_undici() if fetch == "undici" else None,
     )
     assert "fatal" not in out, out["fatal"]
     return out
 
 
 @pytest.mark.parametrize(
-    ("driver", "scheme"), [(serverless.LATEST, "https"), (serverless.OLD, "http")]
+    ("driver", "scheme", "fetch"),
+    [
+        (serverless.LATEST, "https", "node"),
+        (serverless.OLD, "http", "node"),
+        (serverless.LATEST, "https", "undici"),
+    ],
 )
-def test_neon_over_http(server: Server, api: Api, driver: str, scheme: str) -> None:
+def test_neon_over_http(server: Server, api: Api, driver: str, scheme: str, fetch: str) -> None:
     project = _asleep(api, "driver-http")
     pid = project["project"]["id"]
     starts = _starts(api, pid)
-    out = _run(server, project, "neon", driver, scheme)
+    out = _run(server, project, "neon", driver, scheme, fetch)
     assert _starts(api, pid) == starts + 1
 
     assert out["tagged"] == [

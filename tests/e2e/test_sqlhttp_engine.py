@@ -22,6 +22,7 @@ from pgplane.compute.local.layout import Layout
 from pgplane.proxy.activity import Activity
 from pgplane.proxy.seam import Password, Route, Target, UnknownEndpoint
 from pgplane.proxy.session import Sessions
+from pgplane.proxy.sqlhttp import messages
 from pgplane.proxy.sqlhttp.handler import Reply, SqlOverHttp
 from pgplane.proxy.sqlhttp.pool import Pool
 from pgplane.proxy.sqlhttp.run import Limits
@@ -102,8 +103,10 @@ def platform(server: Server, api: Api) -> Platform:
     return Platform(server, api, api.create_ready_project(name="sqlhttp-engine"))
 
 
-def _engine(platform: Platform, **limits: Any) -> tuple[SqlOverHttp, Activity, Pool]:
-    activity, pool = Activity(), Pool()
+def _engine(
+    platform: Platform, pool: Pool | None = None, **limits: Any
+) -> tuple[SqlOverHttp, Activity, Pool]:
+    activity, pool = Activity(), pool or Pool()
     sessions = Sessions(
         computes=platform,
         activity=activity,
@@ -273,11 +276,17 @@ _AS_NEW = {
 }
 
 
-async def test_what_a_request_leaves_never_reaches_the_next(platform: Platform) -> None:
-    engine, _, pool = _engine(platform)
+@pytest.mark.parametrize("reset", ["ahead", "idle"])
+async def test_what_a_request_leaves_never_reaches_the_next(platform: Platform, reset: str) -> None:
+    # The next request resets its session first, in its own pipeline ("ahead"); a connection
+    # left idle a while is reset where it lies, and the next request finds it clean ("idle").
+    settle = 3600.0 if reset == "ahead" else 0.0
+    engine, _, pool = _engine(platform, Pool(settle_seconds=settle))
     headers = _headers(platform, Neon_Array_Mode="false")
 
     async def state() -> dict[str, str]:
+        if reset == "idle":
+            await pool.reset_idle()
         # Its transaction began after the request was sent: no earlier one left open.
         sent = datetime.now(UTC).isoformat()
         status, body = await _sql(engine, platform, {"query": _STATE, "params": [sent]}, headers)
@@ -312,6 +321,54 @@ async def test_what_a_request_leaves_never_reaches_the_next(platform: Platform) 
         assert pool.counts(key) == (1, 1)
     finally:
         engine.close()
+
+
+async def test_a_failed_reset_runs_nothing_and_a_lock_left_does_not_outlast_the_settle(
+    platform: Platform,
+) -> None:
+    engine, _, pool = _engine(platform, Pool(settle_seconds=3600.0))
+    key = (platform.endpoint_id, platform.role, "neondb", ())
+    try:
+        await _sql(engine, platform, {"query": "CREATE TABLE runs (pid int)"})
+        _, body = await _sql(engine, platform, {"query": "SELECT pg_backend_pid()"})
+        [[first_pid]] = body["rows"]
+        # The pooled session is not what the pool thinks (left in a transaction block): the
+        # reset ahead of the next request fails, so the request runs on a new connection,
+        # once, and the old one is closed.
+        conn = await pool.acquire(key, wait=0)
+        assert conn is not None and conn.dirty
+        conn.side.write(messages.simple_query("BEGIN"))
+        while (await conn.side.read_frame(limit=1 << 16))[0] != b"Z":
+            pass
+        pool.release(conn, reusable=True)
+        status, body = await _sql(
+            engine, platform, {"query": "INSERT INTO runs SELECT pg_backend_pid() RETURNING pid"}
+        )
+        assert status == 200, body
+        [[ran_on]] = body["rows"]
+        assert ran_on != first_pid and conn.state == "gone"
+        _, body = await _sql(engine, platform, {"query": "SELECT pid FROM runs"})
+        assert body["rows"] == [[ran_on]]
+        assert pool.counts(key) == (1, 1)
+    finally:
+        engine.close()
+
+    # A lock a request left is let go once its connection has been idle for the settle time,
+    # though no request came for it: another session takes it.
+    engine, _, pool = _engine(platform, Pool(settle_seconds=0.05))
+    other, _, _ = _engine(platform)
+    try:
+        status, _ = await _sql(engine, platform, {"query": "SELECT pg_advisory_lock(42)"})
+        assert status == 200
+        try_lock = {"query": "SELECT pg_try_advisory_lock(42)"}
+        async with asyncio.timeout(30):
+            while (await _sql(other, platform, try_lock))[1]["rows"] != [["t"]]:
+                await asyncio.sleep(0.02)
+        await pool.settled()
+        assert pool.counts(key) == (1, 1)
+    finally:
+        engine.close()
+        other.close()
 
 
 # Rows as they are made (a set-returning function in FROM would be made whole first).

@@ -1,5 +1,5 @@
 // One scenario of Neon's serverless driver over HTTP (neon(), POST /sql) against pgplane's proxy,
-// configured by argv[2] (JSON: uri, fetchEndpoint, scenario); prints one line of JSON with what
+// configured by argv[2] (JSON: uri, fetchEndpoint, scenario, fetch); prints one line of JSON with what
 // it saw, or {"fatal"} when something threw that the scenario did not expect.
 "use strict";
 const { neon, neonConfig } = require("@neondatabase/serverless");
@@ -8,6 +8,10 @@ const config = JSON.parse(process.argv[2]);
 // This machine cannot resolve *.localhost (the driver's default is https://api.<host>/sql) and
 // the proxy is not on 443: the driver is told where the proxy is, as its documentation says.
 neonConfig.fetchEndpoint = config.fetchEndpoint;
+if (config.fetch === "undici") {
+  // The README's faster client: undici's own fetch from npm, as the driver's fetchFunction.
+  neonConfig.fetchFunction = require("undici").fetch;
+}
 
 function failure(e) {
   return {

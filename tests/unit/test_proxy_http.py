@@ -1,6 +1,6 @@
 """The HTTP door's reading of requests (httptools) at its edges: pipelined requests answered in
-order and few, a head that dribbles in past its bound, smuggling shapes, HTTP/1.0 and
-``Expect: 100-continue``; each answered in JSON or closed, never hung."""
+order and few, a head that dribbles in past its bound, smuggling shapes, HTTP/1.0, keep-alive
+and ``Expect: 100-continue``; each answered in JSON or closed, never hung."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ async def test_http_1_0_is_closed_after_its_reply_and_100_continue_is_sent(
     async with proxied(tmp_path, sql=sql) as (port, _, _):
         reply = await _exchange(port, b"POST /sql HTTP/1.0\r\nContent-Length: 2\r\n\r\nhi")
         assert reply.startswith(b"HTTP/1.1 200 OK\r\n")
-        assert b"Connection: close\r\n" in reply
+        assert b"Connection: close\r\n" in reply and b"Keep-Alive" not in reply
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(
             b"POST /sql HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n"
@@ -77,5 +77,7 @@ async def test_http_1_0_is_closed_after_its_reply_and_100_continue_is_sent(
         writer.write(b"ok")
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
         assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+        # Kept alive, saying how long it stays so (the door's request_seconds, 30 by default).
+        assert b"\r\nKeep-Alive: timeout=30\r\n" in head and b"Connection" not in head
         writer.close()
         assert sql.seen[-1].body == b"ok"

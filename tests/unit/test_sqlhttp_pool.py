@@ -1,5 +1,5 @@
-"""SQL over HTTP's connection pool: its bounds, reuse after a verified reset, and dropping what a
-compute closed."""
+"""SQL over HTTP's connection pool: its bounds, reuse (reset ahead of the next request, or where
+it lies once idle a while, verified), and dropping what a compute closed."""
 
 from __future__ import annotations
 
@@ -41,9 +41,11 @@ class Resets:
     def __init__(self) -> None:
         self.hold = False
         self.waiting: list[asyncio.Future[bool]] = []
+        self.begun = asyncio.Event()  # a reset was started
 
     async def __call__(self, side: Any) -> bool:
         side.resets += 1
+        self.begun.set()
         if not self.hold:
             return True
         answer = asyncio.get_running_loop().create_future()
@@ -55,8 +57,10 @@ class Resets:
 
 
 def _pool(**bounds: Any) -> tuple[Pool, Resets]:
+    """A pool whose idle connections are reset where they lie only when a test says so
+    (``settle_seconds=0``: as soon as the loop turns)."""
     resets = Resets()
-    return Pool(reset=resets, **bounds), resets
+    return Pool(reset=resets, **{"settle_seconds": 3600.0, **bounds}), resets
 
 
 async def _open(pool: Pool, key: Key) -> tuple[Conn, Any]:
@@ -65,24 +69,36 @@ async def _open(pool: Pool, key: Key) -> tuple[Conn, Any]:
     return pool.adopt(key, side, TARGET, None), side  # type: ignore[arg-type]
 
 
-async def test_a_connection_is_reset_before_reuse_and_one_in_doubt_is_not_kept() -> None:
-    pool, _ = _pool(per_key=2, total=10)
+async def test_a_connection_is_idle_at_once_and_reset_ahead_of_its_next_request() -> None:
+    pool, resets = _pool(per_key=2, total=10)
+    conn, side = await _open(pool, A)
+    assert not conn.dirty  # a new session: nothing to reset
+    pool.release(conn, reusable=True)
+    assert pool.counts(A) == (1, 1) and conn.dirty
+    again = await pool.acquire(A, wait=0)
+    assert again is conn and conn.dirty  # the request it goes to resets it first
+    pool.release(conn, reusable=False)  # left in a transaction, say: not even reset
+    assert side.closed and side.resets == 0 and pool.counts(A) == (0, 0)
+    assert not resets.begun.is_set()
+
+
+async def test_a_connection_left_idle_is_reset_where_it_lies() -> None:
+    pool, resets = _pool(per_key=2, total=10, settle_seconds=0)
     conn, side = await _open(pool, A)
     pool.release(conn, reusable=True)
-    assert pool.counts(A) == (1, 0)  # being reset: not handed out yet
+    await resets.begun.wait()
     await pool.settled()
     assert side.resets == 1 and pool.counts(A) == (1, 1)
-    again = await pool.acquire(A, wait=0)
-    assert again is conn
-    pool.release(conn, reusable=False)  # left in a transaction, say: not even reset
-    assert side.closed and side.resets == 1 and pool.counts(A) == (0, 0)
+    assert await pool.acquire(A, wait=0) is conn and not conn.dirty  # clean: no reset ahead
+    pool.close()
 
 
 async def test_a_failed_reset_closes_the_connection_and_frees_its_slot() -> None:
-    pool, resets = _pool(per_key=1, total=10)
+    pool, resets = _pool(per_key=1, total=10, settle_seconds=0)
     resets.hold = True
     conn, side = await _open(pool, A)
     pool.release(conn, reusable=True)
+    await resets.begun.wait()
     waiting = asyncio.create_task(pool.acquire(A, wait=5))
     await asyncio.sleep(0)
     assert not waiting.done()  # it waits for the one being reset
@@ -92,10 +108,11 @@ async def test_a_failed_reset_closes_the_connection_and_frees_its_slot() -> None
 
 
 async def test_a_request_waits_for_a_connection_being_reset_rather_than_open_one() -> None:
-    pool, resets = _pool(per_key=5, total=10)
+    pool, resets = _pool(per_key=5, total=10, settle_seconds=0)
     resets.hold = True
     conn, side = await _open(pool, A)
     pool.release(conn, reusable=True)
+    await resets.begun.wait()
     first = asyncio.create_task(pool.acquire(A, wait=5))
     await asyncio.sleep(0)
     assert not first.done()
@@ -104,14 +121,13 @@ async def test_a_request_waits_for_a_connection_being_reset_rather_than_open_one
     assert await pool.acquire(A, wait=5) is None
     assert await pool.acquire(A, wait=5, fresh=True) is None
     resets.answer(True)
-    assert await first is conn and not side.closed
+    assert await first is conn and not side.closed and not conn.dirty
 
 
 async def test_a_connection_its_compute_closed_leaves_the_pool_at_once() -> None:
     pool, _ = _pool()
     conn, side = await _open(pool, A)
     pool.release(conn, reusable=True)
-    await pool.settled()
     side.lost.set_result(None)  # the compute suspended: its sessions ended
     await asyncio.sleep(0)
     assert pool.counts(A) == (0, 0)
@@ -122,7 +138,6 @@ async def test_an_idle_connection_that_spoke_is_not_handed_out() -> None:
     pool, _ = _pool()
     conn, side = await _open(pool, A)
     pool.release(conn, reusable=True)
-    await pool.settled()
     side.pending = 90  # a shutdown's FATAL, say, its close not seen yet
     assert await pool.acquire(A, wait=0) is None
     assert side.closed and pool.counts(A) == (1, 0)
@@ -135,7 +150,7 @@ async def test_past_the_bounds_a_request_waits_then_is_refused() -> None:
     await asyncio.sleep(0)
     assert not waiting.done()
     pool.release(conn, reusable=True)
-    assert await waiting is conn  # handed over when given back, once reset
+    assert await waiting is conn  # handed over when given back, to be reset ahead
     with pytest.raises(SqlFailed, match="too many SQL over HTTP requests") as refused:
         await pool.acquire(A, wait=0.01)
     assert refused.value.fields["code"] == "53300"
@@ -145,7 +160,6 @@ async def test_an_idle_connection_of_another_key_makes_room() -> None:
     pool, _ = _pool(per_key=5, total=1)
     conn, side = await _open(pool, A)
     pool.release(conn, reusable=True)
-    await pool.settled()
     assert await pool.acquire(B, wait=0) is None  # A's idle one was closed for it
     assert side.closed and pool.counts(A) == (0, 0) and pool.counts(B) == (1, 0)
     pool.forfeit(B)
@@ -156,18 +170,34 @@ async def test_idle_connections_age_out_and_fresh_skips_the_idle() -> None:
     pool, _ = _pool(idle_seconds=0)
     conn, side = await _open(pool, A)
     pool.release(conn, reusable=True)
-    await pool.settled()
     assert await pool.acquire(A, wait=0, fresh=True) is None
     assert side.closed  # aged out when the pool was next used
     pool.close()
 
 
 async def test_closing_the_pool_closes_connections_being_reset() -> None:
-    pool, resets = _pool()
+    pool, resets = _pool(settle_seconds=0)
     resets.hold = True
     conn, side = await _open(pool, A)
     pool.release(conn, reusable=True)
-    await asyncio.sleep(0)
+    await resets.begun.wait()
     pool.close()
     assert side.closed and pool.counts(A) == (0, 0)
     await pool.settled()
+
+
+async def test_only_connections_idle_long_enough_are_reset_where_they_lie() -> None:
+    pool, resets = _pool(per_key=2, total=10, settle_seconds=0.05)
+    older, older_side = await _open(pool, A)
+    newer, newer_side = await _open(pool, A)
+    pool.release(older, reusable=True)
+    await resets.begun.wait()
+    await pool.settled()
+    assert (older_side.resets, newer_side.resets) == (1, 0)  # the busy one is left alone
+    resets.begun.clear()
+    pool.release(newer, reusable=True)
+    await resets.begun.wait()  # looked at again once the newer one has settled too
+    await pool.settled()
+    assert (older_side.resets, newer_side.resets) == (1, 1)
+    assert not older.dirty and not newer.dirty and pool.counts(A) == (2, 2)
+    pool.close()

@@ -5,7 +5,9 @@ Every request is bounded before a handler sees it: its request line and headers 
 being read at once share :class:`BodyBudget`, 503 past it), and the time it takes to arrive
 (:attr:`HttpLimits.request_seconds`, from the moment the connection waits for it: a client that
 says nothing is closed, one caught half-way gets 408). Connections are kept alive between
-requests; every answer of this layer, an error too, is a JSON body. ``Content-Type`` is not
+requests, and every answer says for how long (``Keep-Alive: timeout=``, which node's clients
+heed: a client that reused a connection the door had just closed would lose its request);
+every answer of this layer, an error too, is a JSON body. ``Content-Type`` is not
 looked at: Neon's driver sends ``text/plain`` bodies of JSON.
 """
 
@@ -153,6 +155,8 @@ async def serve_http(
 ) -> None:
     """Serve requests on ``client`` until it closes, errs or is taken over; then close it."""
     reader = _Reader(client, limits, budget)
+    kept = int(limits.request_seconds)  # whole seconds, never past the door's own close
+    keep_alive = f"timeout={kept}" if kept > 0 else None
     try:
         while True:
             try:
@@ -184,7 +188,14 @@ async def serve_http(
             if isinstance(outcome, Upgrade):
                 await outcome.run(request.leftover + client.take_buffer())
                 return
-            client.write(_reply(outcome, head_only=request.method == "HEAD", close=request.close))
+            client.write(
+                _reply(
+                    outcome,
+                    head_only=request.method == "HEAD",
+                    close=request.close,
+                    keep_alive=keep_alive,
+                )
+            )
             if request.close:
                 return
     except _Refused as refused:
@@ -338,11 +349,13 @@ def _headers(reply: HttpReply) -> list[tuple[str, str]]:
     ]
 
 
-def _reply(reply: HttpReply, *, head_only: bool, close: bool) -> bytes:
+def _reply(reply: HttpReply, *, head_only: bool, close: bool, keep_alive: str | None) -> bytes:
     """The reply in one write: status line, headers and body."""
     headers = _headers(reply)
     if close:
         headers.append(("Connection", "close"))
+    elif keep_alive is not None:
+        headers.append(("Keep-Alive", keep_alive))
     lines = [f"HTTP/1.1 {reply.status} {_REASONS.get(reply.status, '')}"]
     for name, value in headers:
         if "\r" in value or "\n" in value:  # never from this proxy's handlers; never sent

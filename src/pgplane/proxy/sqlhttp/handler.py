@@ -141,7 +141,8 @@ class SqlOverHttp:
     async def _run(self, request: SqlRequest, route: Route) -> str:
         login = request.login
         key: Key = (login.endpoint_id, login.role, login.database, login.params)
-        # A pooled connection found closed (its compute suspended) is replaced once, by a new one.
+        # A pooled connection found closed (its compute suspended), or whose reset failed, ran
+        # nothing of the request: it is replaced once, by a new one.
         for attempt in range(2):
             conn = await self._connection(request, key, route, fresh=attempt > 0)
             reusable = False
@@ -151,6 +152,7 @@ class SqlOverHttp:
                     request,
                     self._limits,
                     cancel=functools.partial(self._cancel, conn),
+                    reset_first=conn.dirty,
                 )
             except Stale:
                 if attempt:

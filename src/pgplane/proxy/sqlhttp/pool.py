@@ -1,12 +1,14 @@
 """Logged-in compute connections kept between SQL over HTTP requests, bounded.
 
 A query over HTTP would otherwise pay a Postgres backend start each time. Connections are kept
-per (endpoint, role, database, startup parameters) and handed out only in a known state: a
-request gives its connection back only if it ended ready and idle in no transaction, and the
-connection is then reset in the background (:mod:`pgplane.proxy.sqlhttp.reset`, off the
-request's latency) and becomes idle again only once the reset is verified; a failed reset closes
-it. A request that finds none idle while one of its key is being reset waits for that one (a
-round trip on the compute) rather than starting a backend.
+per (endpoint, role, database, startup parameters), and a request gives its connection back
+only if it ended ready and idle in no transaction. It is idle again at once, marked
+:attr:`Conn.dirty`: the next request on it resets the session first, in its own pipeline
+(:mod:`pgplane.proxy.sqlhttp.reset`), so what one request set never reaches the next. One left
+idle for ``settle_seconds`` is reset where it is, in the background, so what a request left (a
+lock, say) does not outlive it for long; a request that finds none idle while one of its key is
+being reset so waits for that one (a round trip on the compute) rather than starting a backend,
+and a failed reset closes the connection.
 
 Connections are dropped as soon as their compute closes them (a suspend stops it with a fast
 shutdown, which ends every session), or sends anything while idle (a session's last words). A
@@ -32,11 +34,11 @@ from pgplane.errors import SqlFailed
 from pgplane.proxy import wire
 from pgplane.proxy.pipe import Side
 from pgplane.proxy.seam import Target
-from pgplane.proxy.sqlhttp.reset import discard_all
+from pgplane.proxy.sqlhttp.reset import SETTLE_SECONDS, discard_all
 
 Key = tuple[str, str, str, tuple[tuple[str, str], ...]]  # endpoint, role, database, parameters
-# Starts putting a connection's session back as new, at once; what it returns is awaited in the
-# background: True only once that is verified.
+# Starts putting an idle connection's session back as new, at once; what it returns is awaited
+# in the background: True only once that is verified.
 Reset = Callable[[Side], Coroutine[Any, Any, bool]]
 
 
@@ -48,6 +50,8 @@ class Conn:
     cancel_key: tuple[int, bytes] | None
     idle_since: float = 0.0
     state: str = "busy"  # busy, resetting, idle or gone
+    # A request ran on it since its last reset: the next one resets it first.
+    dirty: bool = False
 
 
 class Pool:
@@ -57,12 +61,15 @@ class Pool:
         per_key: int = 10,
         total: int = 200,
         idle_seconds: float = 300.0,
+        settle_seconds: float = SETTLE_SECONDS,
         reset: Reset = discard_all,
     ) -> None:
         self._per_key = per_key
         self._max_total = total
         self._idle_seconds = idle_seconds
+        self._settle_seconds = settle_seconds
         self._reset = reset
+        self._sweep: asyncio.TimerHandle | None = None  # the next look for dirty idle ones
         self._idle: dict[Key, list[Conn]] = {}
         self._open: dict[Key, int] = {}  # busy, resetting, idle and being opened
         self._total = 0
@@ -156,12 +163,44 @@ class Pool:
 
     def release(self, conn: Conn, *, reusable: bool) -> None:
         """Give ``conn`` back: closed unless ``reusable`` (ready and idle in no transaction);
-        else reset in the background, and idle again once the reset is verified."""
+        else idle at once, to be reset before its next request, or where it is if none comes
+        within ``settle_seconds``."""
         if conn.state != "busy":
             return
         if not reusable or conn.side.lost.done():
             self._forget(conn)
             return
+        conn.dirty = True
+        self._put_idle(conn)
+        if self._sweep is None:
+            loop = asyncio.get_running_loop()
+            self._sweep = loop.call_later(self._settle_seconds, self._reset_settled)
+
+    def _put_idle(self, conn: Conn) -> None:
+        conn.state = "idle"
+        conn.idle_since = time.monotonic()
+        self._idle.setdefault(conn.key, []).append(conn)
+        self._wake()
+
+    def _reset_settled(self) -> None:
+        """Reset every dirty connection idle for ``settle_seconds``; look again when the next
+        one will have been."""
+        self._sweep = None
+        now = time.monotonic()
+        due = [c for conns in self._idle.values() for c in conns if c.dirty]
+        later = [c.idle_since for c in due if now - c.idle_since < self._settle_seconds]
+        for conn in due:
+            if now - conn.idle_since >= self._settle_seconds:
+                self._reset_idle(conn)
+        if later:
+            wait = min(later) + self._settle_seconds - now
+            self._sweep = asyncio.get_running_loop().call_later(wait, self._reset_settled)
+
+    def _reset_idle(self, conn: Conn) -> None:
+        idle = self._idle[conn.key]
+        idle.remove(conn)
+        if not idle:
+            del self._idle[conn.key]
         conn.state = "resetting"
         self._count(self._resetting_per_key, conn.key, 1)
         try:
@@ -184,10 +223,8 @@ class Pool:
             if conn.state == "resetting":  # not closed meanwhile (the pool closes)
                 self._count(self._resetting_per_key, conn.key, -1)
                 if clean and not conn.side.lost.done():
-                    conn.state = "idle"
-                    conn.idle_since = time.monotonic()
-                    self._idle.setdefault(conn.key, []).append(conn)
-                    self._wake()
+                    conn.dirty = False
+                    self._put_idle(conn)
                 else:
                     self._forget(conn)
 
@@ -197,7 +234,17 @@ class Pool:
             tasks = [task for task, _ in self._resetting.values()]
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    async def reset_idle(self) -> None:
+        """Reset every dirty idle connection now, as ``settle_seconds`` would, and wait for
+        it (for tests)."""
+        for conn in [c for conns in self._idle.values() for c in conns if c.dirty]:
+            self._reset_idle(conn)
+        await self.settled()
+
     def close(self) -> None:
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
         for conn, (task, verified) in list(self._resetting.items()):
             task.cancel()
             if inspect.getcoroutinestate(verified) == inspect.CORO_CREATED:

@@ -3,8 +3,9 @@
 All of a request's messages go in one write and end in one Sync: a batch is ``BEGIN``, its
 queries and ``COMMIT`` in one pipeline, so after an error Postgres skips the rest up to the Sync
 (nothing after a failed query runs, whatever it says) and the proxy rolls the transaction back.
-The connection comes from the pool in a known state (reset and verified after its last request,
-:mod:`pgplane.proxy.sqlhttp.reset`): what one request set never reaches the next.
+On a pooled connection the pipeline begins with the reset of what the last request left
+(:mod:`pgplane.proxy.sqlhttp.reset`), whose answer is read first: if it failed, none of the
+request ran, and the request is tried again on a new connection (:class:`Stale`).
 
 Past the response bound or the time bound the compute's query is cancelled (a CancelRequest, as
 a client would send), what it still sends is read and thrown away, and the connection goes back
@@ -22,7 +23,8 @@ from pgplane.errors import ResponseTooLarge, SqlFailed
 from pgplane.proxy import wire
 from pgplane.proxy.framing import FrameError
 from pgplane.proxy.pipe import Closed, Side
-from pgplane.proxy.sqlhttp import messages, render
+from pgplane.proxy.sqlhttp import messages, render, reset
+from pgplane.proxy.sqlhttp.frames import Frames
 from pgplane.proxy.sqlhttp.request import Query, SqlRequest
 
 # How long a cancelled query may take to stop before its connection is closed instead.
@@ -43,13 +45,15 @@ class Limits:
 
 
 class Stale(Exception):
-    """A pooled connection was found closing (its compute suspended or restarted) before it ran
-    anything of the request: the request may be tried again on a new connection.
+    """A pooled connection ran nothing of the request: it was found closing (its compute
+    suspended or restarted), or its reset failed. The request may be tried again on a new
+    connection.
 
     Known only from what the compute says first: a shutdown's error (or notice) before any reply
-    to the request. Postgres answers a request's messages in order, so had any of it run, its
-    ParseComplete would have come first. A connection that just closes says nothing of what ran
-    (a backend killed after a commit, before its reply), so that is not Stale."""
+    to the request, or an error before the reset's CommandComplete (Postgres skips the rest of
+    the pipeline after it). Postgres answers a request's messages in order, so had any of it
+    run, its ParseComplete would have come first. A connection that just closes says nothing of
+    what ran (a backend killed after a commit, before its reply), so that is not Stale."""
 
 
 @dataclass(slots=True)
@@ -62,14 +66,17 @@ Cancel = Callable[[], Coroutine[Any, Any, None]]
 _cancels: set[asyncio.Task[None]] = set()
 
 
-async def execute(side: Side, request: SqlRequest, limits: Limits, *, cancel: Cancel) -> Outcome:
-    """Run the request; its JSON answer, or SqlFailed / ResponseTooLarge / Stale.
+async def execute(
+    side: Side, request: SqlRequest, limits: Limits, *, cancel: Cancel, reset_first: bool
+) -> Outcome:
+    """Run the request, after a reset of the session with ``reset_first``; its JSON answer, or
+    SqlFailed / ResponseTooLarge / Stale.
 
     Whatever ends it, the connection is either left ready and idle (``reusable``) or must be
     closed by the caller: after an exception it is reusable only if the exception says so.
     """
-    reader = _Reader(side, request, limits, cancel)
-    side.write(_pipeline(request))
+    reader = _Reader(side, request, limits, cancel, reset_first=reset_first)
+    side.write(_pipeline(request, reset_first=reset_first))
     # Read in this task (no task of its own per request: it costs more than a small query):
     # at the time limit the query is cancelled on the compute and what it still sends is
     # drained, for DRAIN_SECONDS more at most.
@@ -94,8 +101,8 @@ def _timed_out(limits: Limits) -> str:
     )
 
 
-def _pipeline(request: SqlRequest) -> bytes:
-    parts = []
+def _pipeline(request: SqlRequest, *, reset_first: bool) -> bytes:
+    parts = [reset.AHEAD] if reset_first else []
     if request.batch is not None:
         parts.append(messages.statement(request.batch.begin()))
     parts.extend(messages.query(q.text, q.params) for q in request.queries)
@@ -106,8 +113,17 @@ def _pipeline(request: SqlRequest) -> bytes:
 
 
 class _Reader:
-    def __init__(self, side: Side, request: SqlRequest, limits: Limits, cancel: Cancel) -> None:
+    def __init__(
+        self,
+        side: Side,
+        request: SqlRequest,
+        limits: Limits,
+        cancel: Cancel,
+        *,
+        reset_first: bool,
+    ) -> None:
         self._side = side
+        self._reset_first = reset_first
         self._request = request
         self._limits = limits
         self._cancel = cancel
@@ -119,7 +135,7 @@ class _Reader:
         self._results: list[str] = []
         self._size = 0
         self._rows = 0
-        self._frame_limit = limits.response_bytes + (1 << 16)
+        self._frames = Frames(side, limit=limits.response_bytes + (1 << 16))
         # The step being answered, its fields (JSON), its rows (JSON each) as they come.
         self._at = 0
         self._fields = "[]"
@@ -140,16 +156,18 @@ class _Reader:
 
     async def read(self) -> Outcome:
         try:
-            error, status = await self._until_ready(*await self._first())
+            first = await self._first()
+            if self._reset_first:
+                first = await self._past_reset(*first)
+            error, status = await self._until_ready(*first)
         except FrameError:
             # A row larger than the whole answer may be: the connection is mid-message.
             raise ResponseTooLarge(self._too_large()) from None
         if status != b"I" and (error is not None or self._stopped is not None):
             self._side.write(messages.simple_query("ROLLBACK"))
-            _, status = await self._until_ready(
-                *await self._side.read_frame(limit=self._frame_limit)
-            )
-        reusable = status == b"I"
+            _, status = await self._until_ready(*await self._frames.next())
+        # Ready and idle, and silent since: a session that spoke after its answer is ending.
+        reusable = status == b"I" and not self._frames.pending()
         if self._stopped == "time":
             raise _Reusable(SqlFailed(_timed_out(self._limits), {"code": QUERY_CANCELED}), reusable)
         if self._stopped == "size":
@@ -174,7 +192,7 @@ class _Reader:
         ending = False
         try:
             while True:
-                kind, payload = await self._side.read_frame(limit=self._frame_limit)
+                kind, payload = await self._frames.next()
                 if kind not in (b"E", b"N"):
                     return kind, payload
                 code = wire.error_fields(payload).get("C")
@@ -188,13 +206,28 @@ class _Reader:
                 raise Stale("closed") from None
             raise
 
+    async def _past_reset(self, kind: bytes, payload: bytes) -> tuple[bytes, bytes]:
+        """Read the reset's answer, from the message read already; the first message after it.
+        Stale if it failed: Postgres then skipped the request's messages up to their Sync."""
+        read = self._frames.next
+        while True:
+            if kind == b"E":
+                raise Stale(wire.error_fields(payload).get("C", "reset failed"))
+            if kind == b"C":
+                if payload != reset.DONE:
+                    raise messages.MalformedMessage("the reset got another command's answer")
+                return await read()
+            if kind not in (b"1", b"2") and kind not in reset.ASIDES:
+                raise messages.MalformedMessage(f"the reset got a {kind!r} message")
+            kind, payload = await read()
+
     async def _until_ready(
         self, kind: bytes, payload: bytes
     ) -> tuple[dict[str, str] | None, bytes]:
         """Read up to ReadyForQuery, from the message read already: the first error, and the
         transaction status."""
         error: dict[str, str] | None = None
-        read = self._side.read_frame
+        frames = self._frames
         while True:
             if kind == b"D":
                 if self._writer is not None and self._stopped is None:
@@ -216,7 +249,13 @@ class _Reader:
             elif kind == b"Z":
                 return error, payload[:1]
             # ParseComplete, BindComplete, NoData, notices, parameter statuses: nothing to do.
-            kind, payload = await read(limit=self._frame_limit)
+            # Every message that has arrived is taken without a wait; the connection is awaited
+            # only when none has.
+            message = frames.take()
+            while message is None:
+                await frames.fill()
+                message = frames.take()
+            kind, payload = message
 
     def _row(self, payload: bytes, writer: render.RowWriter) -> None:
         row = writer.row(messages.data_row(payload))
