@@ -219,7 +219,13 @@ async def serve(settings: Settings) -> None:
 
 async def _open_store(settings: Settings, metrics: Metrics) -> Store:
     try:
-        return await open_store(settings.store, settings.store_path, metrics)
+        return await open_store(
+            settings.store,
+            settings.store_path,
+            metrics,
+            pool_size=settings.store_pool_size,
+            name=f"pgplane {node_name(settings)}",
+        )
     except Unavailable as exc:  # a PostgreSQL store that cannot be reached
         raise SystemExit(f"pgplane: {exc.message}") from None
 
