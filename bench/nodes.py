@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -94,6 +95,8 @@ def _store_cpu() -> float:
 
 def _wrk(url: str, key: str, ports: list[int], args: argparse.Namespace) -> tuple[str, float]:
     """wrk's output, and the CPU it used."""
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is needed: apt-get install wrk")
     cmd = ["wrk", "-t2", f"-c{args.connections}", f"-d{args.seconds}s", "--latency",
            "-H", f"Authorization: Bearer {key}", "-s", str(_LUA), url]  # fmt: skip
     env = {**os.environ, "PGPLANE_BENCH_PORTS": " ".join(map(str, ports))}
