@@ -1,15 +1,15 @@
-"""Fixtures shared by every suite: one real server per session, accounts made with the CLI."""
+"""Fixtures shared by every suite: one real server per backend and test process, accounts made
+with the CLI."""
 
 from __future__ import annotations
 
 import contextlib
 import itertools
 import os
-import sqlite3
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -72,28 +72,52 @@ async def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIter
     await store.close()
 
 
+# The backend of the shared servers and of every server a test starts without naming one.
+DEFAULT_STORE = os.environ.get("PGPLANE_TEST_STORE", "sqlite")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test marked ``both_stores`` (or in a module marked so) that runs on a store (``server``,
+    ``api``, ``crash``: whatever asks for ``store_backend``) runs once on each backend, its
+    module's tests grouped by backend, so each group shares its module's fixtures."""
+    if "store_backend" in metafunc.fixturenames and metafunc.definition.get_closest_marker(
+        "both_stores"
+    ):
+        from tests.stores import BACKENDS
+
+        metafunc.parametrize("store_backend", BACKENDS, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
+def store_backend(request: pytest.FixtureRequest) -> str:
+    """The backend the module's servers run on: each in turn under ``both_stores``."""
+    return str(getattr(request, "param", DEFAULT_STORE))
+
+
 @pytest.fixture(scope="session")
-def server() -> Iterator[Server]:
-    """The shared server; on a PostgreSQL store of this process's cluster with
-    ``PGPLANE_TEST_STORE=postgresql`` (the suites that use it then run on that backend)."""
-    store = None
-    if os.environ.get("PGPLANE_TEST_STORE") == "postgresql":
-        from tests.pgstore import store_cluster
+def _shared_servers() -> Iterator[Callable[[str], Server]]:
+    """One shared server per backend and test process, started when first asked for; the
+    PostgreSQL one on a database of this process's store cluster."""
+    with contextlib.ExitStack() as stack:
+        started: dict[str, Server] = {}
 
-        store = store_cluster().database()
-    with running_server(store=store) as srv:
-        yield srv
-        assert_operations_settled(srv)
+        def shared(backend: str) -> Server:
+            if backend not in started:
+                from tests.stores import server_store
+
+                started[backend] = stack.enter_context(running_server(store=server_store(backend)))
+            return started[backend]
+
+        yield shared
+        for srv in started.values():
+            assert_operations_settled(srv)
 
 
-def _connect_store(srv: Server) -> contextlib.AbstractContextManager[Any]:
-    """The server's store, as a DB-API connection, whichever backend it runs on."""
-    url = srv.env.get("PGPLANE_STORE")
-    if url:
-        import psycopg
-
-        return psycopg.connect(url, autocommit=True)
-    return sqlite3.connect(srv.data_dir / "pgplane.db")
+@pytest.fixture(scope="module")
+def server(store_backend: str, _shared_servers: Callable[[str], Server]) -> Server:
+    """The shared server of the module's backend (``PGPLANE_TEST_STORE``, SQLite by default;
+    each in turn for a module marked ``both_stores``)."""
+    return _shared_servers(store_backend)
 
 
 def assert_operations_settled(srv: Server, timeout: float = 120) -> None:
@@ -101,19 +125,19 @@ def assert_operations_settled(srv: Server, timeout: float = 120) -> None:
 
     Read straight from the store, so operations no test polled are checked too.
     """
+    from tests.stores import store_sql
+
+    db = store_sql(srv)
     deadline = time.monotonic() + timeout
-    with _connect_store(srv) as db:
-        while True:
-            unsettled = db.execute(
-                "SELECT project_id, action, status FROM operations"
-                " WHERE status IN ('scheduling', 'running')"
-            ).fetchall()
-            if not unsettled or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        failed = db.execute(
-            "SELECT project_id, action, error FROM operations WHERE status = 'failed'"
-        ).fetchall()
+    while True:
+        unsettled = db.rows(
+            "SELECT project_id, action, status FROM operations"
+            " WHERE status IN ('scheduling', 'running')"
+        )
+        if not unsettled or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    failed = db.rows("SELECT project_id, action, error FROM operations WHERE status = 'failed'")
     assert not unsettled, f"operations left unsettled: {unsettled}"
     assert not failed, f"operations failed: {failed}"
 

@@ -12,7 +12,6 @@ no others, and every compute that ran through the kill still served by the same 
 from __future__ import annotations
 
 import signal
-import sqlite3
 import time
 from collections import Counter
 from collections.abc import Collection, Iterator
@@ -145,10 +144,12 @@ class Crash:
 
 
 @pytest.fixture
-def crash() -> Iterator[Crash]:
+def crash(store_backend: str) -> Iterator[Crash]:
     """A server with short leases and a project with rows (the crash suites' fixture: their
-    conftest is tests/conftest.py, which imports it)."""
-    with running_server(**ENV) as server:
+    conftest is tests/conftest.py, which imports it), on the module's store backend."""
+    from tests.stores import server_store
+
+    with running_server(store=server_store(store_backend), **ENV) as server:
         _, key = server.create_key("crash@example.com")
         with Api(server, key) as api:
             yield Crash(server, api)
@@ -204,12 +205,14 @@ def _postmaster_processes(data_dir: Path) -> Iterator[tuple[Path, int]]:
             yield pgdata, int(proc.name)
 
 
-def unsettled(data_dir: Path) -> list[tuple[str, str, str]]:
-    with sqlite3.connect(data_dir / "pgplane.db") as db:
-        return db.execute(
-            "SELECT project_id, action, status FROM operations"
-            " WHERE status IN ('scheduling', 'running')"
-        ).fetchall()
+def unsettled(server: Server) -> list[tuple[str, str, str]]:
+    """Operations not settled, of every project, read from the server's store."""
+    from tests.stores import store_sql
+
+    return store_sql(server).rows(
+        "SELECT project_id, action, status FROM operations"
+        " WHERE status IN ('scheduling', 'running')"
+    )
 
 
 def assert_consistent(server: Server, api: Api, pid: str, *, failed: Collection[str] = ()) -> None:
@@ -218,7 +221,7 @@ def assert_consistent(server: Server, api: Api, pid: str, *, failed: Collection[
     Every operation of the project finished, but those whose ids are in ``failed``, which
     must have failed, with a reason.
     """
-    wait_for("every operation settled", lambda: not unsettled(server.data_dir), server=server)
+    wait_for("every operation settled", lambda: not unsettled(server), server=server)
     for op in operations(api, pid):
         if op["id"] in failed:
             assert op["status"] == "failed" and op["error"], op

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -13,7 +14,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.pgstore import store_cluster
-from tests.support import Server, run_cli, running_server, wait_for
+from tests.support import Api, Server, run_cli, running_server, wait_for
 
 # Fast heartbeats: a killed node is seen down within seconds.
 NODE_ENV = {"PGPLANE_NODE_HEARTBEAT_SECONDS": "0.3", "PGPLANE_NODE_LEASE_SECONDS": "2"}
@@ -22,12 +23,13 @@ NAMES = ("node-a", "node-b", "node-c")
 
 @contextlib.contextmanager
 def running_nodes(count: int = 2, **env: str) -> Iterator[tuple[Server, ...]]:
-    """``count`` nodes (``node-a``, ``node-b``…) on a fresh database of the test store cluster."""
+    """``count`` nodes (``node-a``, ``node-b``…) on a fresh database of the test store cluster;
+    ``env`` for each (its heartbeat and lease too, over the fast ones of ``NODE_ENV``)."""
     url = store_cluster().database()
     with contextlib.ExitStack() as stack:
         yield tuple(
             stack.enter_context(
-                running_server(store=url, PGPLANE_NODE_NAME=name, **NODE_ENV, **env)
+                running_server(store=url, PGPLANE_NODE_NAME=name, **{**NODE_ENV, **env})
             )
             for name in NAMES[:count]
         )
@@ -80,3 +82,26 @@ def attempts(server: Server) -> list[str]:
 
 def wait_down(observer: Server, name: str) -> None:
     wait_for(f"{name} seen down", lambda: nodes(observer)[name]["state"] == "down" or None)
+
+
+def attempts_everywhere(servers: Sequence[Server]) -> dict[str, Counter[str]]:
+    """Each node's attempts, by operation id, from its log (every run of it on that data
+    directory: the log is appended to across restarts)."""
+    return {node_of(s): Counter(attempts(s)) for s in servers}
+
+
+def node_of(server: Server) -> str:
+    return server.env["PGPLANE_NODE_NAME"]
+
+
+def create_on(target: Server, servers: Sequence[Server], api: Api, name: str) -> dict[str, Any]:
+    """A project placed on ``target`` as an operator would have it: every other node cordoned
+    while it is created, uncordoned after. Its operations are left to run."""
+    others = [node_of(s) for s in servers if s is not target]
+    for node in others:
+        cli(target, "nodes", "cordon", node)
+    try:
+        return api.create_project(name=name)
+    finally:
+        for node in others:
+            cli(target, "nodes", "uncordon", node)

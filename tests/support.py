@@ -25,6 +25,8 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import httpx
+import psycopg
+from psycopg import sql
 
 from pgplane.compute.local.layout import Layout
 from pgplane.compute.local.postgres.binaries import PgInstall, discover
@@ -253,14 +255,17 @@ class Server:
         wait_for(f"{whole} scheduler tick(s)", lambda: self.scheduler_ticks() >= wanted, timeout)
 
     def store_and_logs(self) -> bytes:
-        """What the server wrote to its store (with the WAL) and its logs, the computes' too."""
+        """What the server wrote to its store (with the WAL, or every table of a PostgreSQL
+        store) and its logs, the computes' too."""
         paths = [
             self.log_path,
             *self.data_dir.glob("pgplane.db*"),
             *self.data_dir.glob("logs/*"),
             *self.data_dir.glob("projects/*/branches/*/*.log"),
         ]
-        return b"".join(p.read_bytes() for p in paths if p.is_file())
+        url = self.env.get("PGPLANE_STORE")
+        tables = _tables_text(url) if url else b""
+        return tables + b"".join(p.read_bytes() for p in paths if p.is_file())
 
     def create_key(self, account: str, name: str = "test") -> tuple[int, str]:
         done = run_cli(
@@ -322,6 +327,19 @@ def running_server(
         remove_project_users(data_dir)  # as root, each project had an OS user of its own
         unmount_volumes(data_dir)  # and a filesystem of its own, which outlives the server
         remove_in_background(data_dir)
+
+
+def _tables_text(url: str) -> bytes:
+    """Every row of every table of a PostgreSQL store, as COPY writes them."""
+    out = bytearray()
+    with psycopg.connect(url, autocommit=True) as conn:
+        tables = conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+        for (table,) in tables.fetchall():
+            copy_sql = sql.SQL("COPY {} TO STDOUT").format(sql.Identifier(table))
+            with conn.cursor().copy(copy_sql) as copy:
+                for chunk in copy:
+                    out += chunk
+    return bytes(out)
 
 
 def wait_for(

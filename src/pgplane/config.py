@@ -25,8 +25,10 @@ def default_data_dir() -> Path:
 class Settings:
     data_dir: Path = field(default_factory=default_data_dir)
     # The platform's store: None, the SQLite file in the data directory; or a postgresql:// URL
-    # (PGPLANE_STORE), for several processes sharing one control plane.
+    # (PGPLANE_STORE), for several processes sharing one control plane, with this many
+    # connections per process (each node takes one more, for LISTEN).
     store: str | None = None
+    store_pool_size: int = 10
     host: str = "127.0.0.1"
     port: int = 8080
 
@@ -214,6 +216,7 @@ def settings_from_env(**overrides: object) -> Settings:
         ("schema_max_bytes", int),
         ("compute_user", str),
         ("store", str),
+        ("store_pool_size", int),
         ("region_id", str),
         ("workers", int),
         ("node_name", str),
@@ -287,12 +290,15 @@ def settings_from_env(**overrides: object) -> Settings:
         env["pg_bin_dirs"] = tuple(Path(p) for p in bins.split(os.pathsep) if p)
     env.update({k: v for k, v in overrides.items() if v is not None})
     settings = Settings(**env)  # type: ignore[arg-type]
-    _check_store(settings.store)
+    _check_store(settings)
     return settings
 
 
-def _check_store(url: str | None) -> None:
+def _check_store(settings: Settings) -> None:
     """None (SQLite in the data directory) or a PostgreSQL URL, never echoed: it may hold a
-    password."""
+    password; and a pool of at least one connection."""
+    url = settings.store
     if url is not None and not url.startswith(("postgresql://", "postgres://")):
         raise ValueError("PGPLANE_STORE/--store: expected a postgresql:// URL")
+    if settings.store_pool_size < 1:
+        raise ValueError("PGPLANE_STORE_POOL_SIZE: at least 1 connection")

@@ -181,7 +181,13 @@ async def serve(settings: Settings) -> None:
 
 async def _open_store(settings: Settings, metrics: Metrics) -> Store:
     try:
-        return await open_store(settings.store, settings.store_path, metrics)
+        return await open_store(
+            settings.store,
+            settings.store_path,
+            metrics,
+            pool_size=settings.store_pool_size,
+            name=f"pgplane {node_name(settings)}",
+        )
     except Unavailable as exc:  # a PostgreSQL store that cannot be reached
         raise SystemExit(f"pgplane: {exc.message}") from None
 
@@ -258,6 +264,9 @@ async def _serve(settings: Settings) -> None:
     metrics = _metrics(settings)
     store = await _open_store(settings, metrics)
     node = await _register(store, settings, metrics)
+    # Renewed from here on, through the slow steps of the start (adopting computes, the proxy):
+    # a lease that lapsed before the first heartbeat would show a node that is starting as down.
+    node_task = asyncio.create_task(node.run(), name="node heartbeat")
     await reconcile(store, driver, node.name)
     engine = Engine(store=store, driver=driver, settings=settings, metrics=metrics, node=node.name)
     activity = Activity(metrics)
@@ -344,7 +353,6 @@ async def _serve(settings: Settings) -> None:
     engine_task = asyncio.create_task(engine.run(), name="operations engine")
     scheduler_task = asyncio.create_task(scheduler.run(), name="scheduler")
     history_task = asyncio.create_task(keep_history(driver, settings), name="history")
-    node_task = asyncio.create_task(node.run(), name="node heartbeat")
     readiness.watch("operations", engine_task)
     readiness.watch("scheduler", scheduler_task)
     announce = asyncio.create_task(_announce(server, settings, store))

@@ -7,7 +7,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
+
 from tests.support import Api
+
+# On the SQLite and the PostgreSQL store: the tests that use the shared server run on each.
+pytestmark = pytest.mark.both_stores
 
 PR = {
     "github-commit-repo": "acme/shop",

@@ -6,9 +6,13 @@ import re
 import time
 
 import httpx
+import pytest
 
 from pgplane.core import keys
 from tests.support import Api, Server
+
+# On the SQLite and the PostgreSQL store: the tests that use the shared server run on each.
+pytestmark = pytest.mark.both_stores
 
 TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z$")
 

@@ -9,7 +9,11 @@ import httpx
 import pytest
 
 from pgplane.core import keys
+from tests.stores import server_store
 from tests.support import Api, Server, running_server
+
+# On the SQLite and the PostgreSQL store: the tests that use the shared server run on each.
+pytestmark = pytest.mark.both_stores
 
 
 def _error(r: httpx.Response) -> dict:
@@ -151,9 +155,9 @@ def test_no_route_brings_a_revoked_key_back(server: Server, api: Api) -> None:
         assert revoked.http.get("/projects").status_code == 401
 
 
-def test_revocation_survives_a_restart() -> None:
+def test_revocation_survives_a_restart(store_backend: str) -> None:
     """Scenario A3 across a restart, and A2 on a store of its own: values never written down."""
-    with running_server() as srv:
+    with running_server(store=server_store(store_backend)) as srv:
         _, first = srv.create_key("restart@example.com")
         with Api(srv, first) as api:
             second = api.http.post("/api_keys", json={"key_name": "second"}).json()

@@ -8,8 +8,12 @@ import threading
 import time
 
 import psycopg
+import pytest
 
 from tests.support import Api, wait_for
+
+# On the SQLite and the PostgreSQL store: the tests that use the shared server run on each.
+pytestmark = pytest.mark.both_stores
 
 
 def _ready_branch(api: Api, project_id: str, **body: object) -> dict:

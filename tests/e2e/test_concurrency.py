@@ -22,11 +22,15 @@ from typing import Any
 
 import httpx
 import psycopg
+import pytest
 
 from pgplane.core import clock
-from pgplane.store.sqlite import SqliteStore
 from tests.crash import assert_consistent
+from tests.stores import open_server_store, server_store
 from tests.support import Api, Server, finished_operation, running_server
+
+# On the SQLite and the PostgreSQL store: the tests that use the shared server run on each.
+pytestmark = pytest.mark.both_stores
 
 Call = tuple[str, str, dict[str, Any] | None]
 
@@ -94,9 +98,9 @@ def _locked(api: Api, pid: str) -> bool:
 PAUSES = "before:start_compute=1*sleep(3000),create_branch:copied=1*sleep(3000)"
 
 
-def test_work_asked_of_a_busy_project_is_queued_and_runs_in_order() -> None:
+def test_work_asked_of_a_busy_project_is_queued_and_runs_in_order(store_backend: str) -> None:
     with (
-        running_server(PGPLANE_FAILPOINTS=PAUSES) as server,
+        running_server(store=server_store(store_backend), PGPLANE_FAILPOINTS=PAUSES) as server,
         Api(server, server.create_key("queue@example.com")[1]) as api,
     ):
         pid = _roles_and_databases_wait_for_the_compute_start(server, api)
@@ -242,7 +246,7 @@ def test_one_name_asked_for_by_many_at_once_is_given_once(api: Api) -> None:
 
 async def _insert_tied(server: Server, project_id: str, count: int, at: int) -> None:
     """``count`` operations created in one store transaction, all at the instant ``at``."""
-    store = SqliteStore(server.data_dir / "pgplane.db")
+    store = await open_server_store(server)
     try:
         async with store.write() as tx:
             await tx.insert_operations([finished_operation(project_id, at) for _ in range(count)])

@@ -18,7 +18,11 @@ from neon_api.schema import (
 
 from pgplane.core import clock
 from tests import apiclient
+from tests.stores import server_store
 from tests.support import Api, Server, running_server, wait_for
+
+# On the SQLite and the PostgreSQL store: the tests that use the shared server run on each.
+pytestmark = pytest.mark.both_stores
 
 PATH = "/consumption_history/v2/projects"
 METRICS = "compute_unit_seconds,root_branch_bytes_month,instant_restore_bytes_month"
@@ -26,8 +30,8 @@ HOUR = 3600 * 1_000_000
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[Server]:
-    with running_server(PGPLANE_USAGE_SECONDS="0.3") as srv:
+def server(store_backend: str) -> Iterator[Server]:
+    with running_server(store=server_store(store_backend), PGPLANE_USAGE_SECONDS="0.3") as srv:
         yield srv
 
 

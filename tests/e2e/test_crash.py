@@ -74,6 +74,7 @@ def test_kill_during_project_creation(failpoint: str) -> None:
             assert_consistent(server, api, pid)
 
 
+@pytest.mark.both_stores
 @pytest.mark.parametrize("failpoint", ["start_compute:spawned", slow("after:start_compute")])
 def test_kill_while_a_compute_starts(crash: Crash, failpoint: str) -> None:
     crash.suspend()
@@ -139,6 +140,7 @@ def test_kill_while_a_suspended_compute_is_checked(crash: Crash) -> None:
     assert crash.rows() == (ROWS, SUM)
 
 
+@pytest.mark.both_stores
 @pytest.mark.parametrize("failpoint", ["apply_config:executed", slow("after:apply_config")])
 def test_kill_while_a_role_and_a_password_reset_are_applied(crash: Crash, failpoint: str) -> None:
     """``apply_config:executed`` is reached after the first statement of the change (the

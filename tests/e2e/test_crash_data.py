@@ -9,7 +9,6 @@ through the proxy, acknowledged to the client, while ``serve`` (and with it the 
 from __future__ import annotations
 
 import signal
-import sqlite3
 import threading
 import time
 
@@ -24,9 +23,11 @@ from tests.crash import (
     slow,
     wait_for_op,
 )
+from tests.stores import store_sql
 from tests.support import wait_for
 
 
+@pytest.mark.both_stores
 @pytest.mark.parametrize(
     "failpoint",
     ["create_branch:backup_started", slow("create_branch:copied"), "after:create_branch"],
@@ -73,9 +74,8 @@ def test_kill_while_a_project_is_deleted(crash: Crash) -> None:
     crash.kill_at("delete_tenant:stopped")
 
     def ops() -> list[tuple[str, str]]:  # gone from the API; the store keeps its operations
-        with sqlite3.connect(crash.server.data_dir / "pgplane.db") as db:
-            query = "SELECT action, status FROM operations WHERE project_id = ?"
-            return db.execute(query, [crash.pid]).fetchall()
+        query = "SELECT action, status FROM operations WHERE project_id = ?"
+        return store_sql(crash.server).rows(query, [crash.pid])
 
     wait_for("the deletion finished", lambda: ("delete_tenant", "finished") in ops())
     assert [op for op in ops() if op[1] != "finished"] == []

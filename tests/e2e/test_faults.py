@@ -27,6 +27,7 @@ import pytest
 
 from pgplane.store.sqlite.store import BUSY_SECONDS
 from tests.crash import assert_consistent, postmasters
+from tests.stores import store_sql
 from tests.support import Api, Server, postmaster_pid, running_server, wait_for
 
 ENV = {"PGPLANE_RETRY_BASE_SECONDS": "0.2", "PGPLANE_SCHEDULER_SECONDS": "0.2"}
@@ -52,8 +53,8 @@ def _postmaster_pid(server: Server, pid: str, branch_id: str) -> int:
 
 
 def _endpoint_port(server: Server, eid: str) -> int:
-    with sqlite3.connect(server.data_dir / "pgplane.db") as db:
-        row = db.execute("SELECT port FROM endpoints WHERE id = ?", (eid,)).fetchone()
+    row = store_sql(server).one("SELECT port FROM endpoints WHERE id = ?", [eid])
+    assert row is not None
     return int(row[0])
 
 

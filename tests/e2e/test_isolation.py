@@ -26,6 +26,9 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pgplane.core import ids
 from tests.support import Api, Server, path_parameters
 
+# On the SQLite and the PostgreSQL store: the tests that use the shared server run on each.
+pytestmark = pytest.mark.both_stores
+
 ID_PARAMS = ("project_id", "branch_id", "endpoint_id", "operation_id", "key_id", "snapshot_id")
 
 

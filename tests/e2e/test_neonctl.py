@@ -18,9 +18,13 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 import psycopg
+import pytest
 
 from tests.neonctl import Neonctl
 from tests.support import Api
+
+# On the SQLite and the PostgreSQL store: the tests that use the shared server run on each.
+pytestmark = pytest.mark.both_stores
 
 OPERATION_FIELDS = {"id", "project_id", "action", "status", "created_at", "updated_at"}
 

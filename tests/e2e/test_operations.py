@@ -6,7 +6,12 @@ import re
 import uuid
 from urllib.parse import quote
 
+import pytest
+
 from tests.support import Api
+
+# On the SQLite and the PostgreSQL store: the tests that use the shared server run on each.
+pytestmark = pytest.mark.both_stores
 
 OP_TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$")
 OP_FIELDS = {

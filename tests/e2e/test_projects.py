@@ -9,6 +9,9 @@ import pytest
 
 from tests.support import Api, Server, pg_binary, pg_versions, plaintext
 
+# On the SQLite and the PostgreSQL store: the tests that use the shared server run on each.
+pytestmark = pytest.mark.both_stores
+
 CREATE_KEYS = {
     "project",
     "connection_uris",

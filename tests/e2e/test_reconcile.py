@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import psycopg
 from pgplane.compute.local.cold import archive
 from pgplane.compute.local.cold.archive import tree_checksums
 from pgplane.compute.local.tenants.volumes import Volumes
+from tests.stores import store_sql
 from tests.support import Api, postmaster_pid, running_server
 
 
@@ -81,11 +81,9 @@ def test_restart_adopts_stops_and_records() -> None:
 
             server.stop(signal.SIGKILL)
             # While pgplane is down: the store forgets one compute runs, another one dies.
-            with sqlite3.connect(server.data_dir / "pgplane.db") as db:
-                db.execute(
-                    "UPDATE endpoints SET current_state = 'idle' WHERE id = ?",
-                    (ids["orphan"][1],),
-                )
+            store_sql(server).execute(
+                "UPDATE endpoints SET current_state = 'idle' WHERE id = ?", [ids["orphan"][1]]
+            )
             vanished_pid = pids["vanished"]
             assert vanished_pid is not None
             # Its whole group: the postmaster's own, or the sandbox's whose pid 1 leads it.

@@ -10,6 +10,9 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tests.support import Api, running_server
 
+# On the SQLite and the PostgreSQL store: the tests that use the shared server run on each.
+pytestmark = pytest.mark.both_stores
+
 
 def _finish(api: Api, project_id: str, body: dict) -> dict:
     ops = api.wait_operations(project_id, [o["id"] for o in body["operations"]])

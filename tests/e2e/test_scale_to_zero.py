@@ -6,7 +6,6 @@ psycopg, as a user of the platform would.
 
 from __future__ import annotations
 
-import sqlite3
 import subprocess
 import threading
 import time
@@ -20,6 +19,7 @@ from psycopg import errors
 
 from pgplane.compute.local.cold.archive import tree_checksums
 from tests import pgclient
+from tests.stores import store_sql
 from tests.support import Api, Server, pg_binary, plaintext, running_server, wait_for
 
 
@@ -292,10 +292,9 @@ def test_activity_survives_a_restart(quick: Server) -> None:
 
 def _stored_times(server: Server, endpoint_id: str) -> tuple[int, int]:
     """The endpoint's ``last_active`` and ``suspended_at`` in the store, in microseconds."""
-    with sqlite3.connect(server.data_dir / "pgplane.db") as db:
-        row = db.execute(
-            "SELECT last_active, suspended_at FROM endpoints WHERE id = ?", [endpoint_id]
-        ).fetchone()
+    row = store_sql(server).one(
+        "SELECT last_active, suspended_at FROM endpoints WHERE id = ?", [endpoint_id]
+    )
     assert row is not None
     return int(row[0] or 0), int(row[1] or 0)
 

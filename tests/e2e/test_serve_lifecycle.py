@@ -5,14 +5,14 @@ it stops (left running and named, or suspended with ``--stop-computes``)."""
 from __future__ import annotations
 
 import signal
-import sqlite3
 import subprocess
 from importlib.metadata import version
 
 import httpx
 
 from tests.crash import postmasters
-from tests.support import PGPLANE, Api, free_port, running_server
+from tests.stores import store_sql
+from tests.support import PGPLANE, Api, Server, free_port, running_server
 
 
 def test_a_second_serve_on_the_same_data_directory_refuses_naming_the_holder() -> None:
@@ -48,10 +48,9 @@ def test_a_second_serve_on_the_same_data_directory_refuses_naming_the_holder() -
         assert httpx.get(f"{server.base_url}/openapi.json").status_code == 200
 
 
-def _suspends(server_data: object) -> list[tuple[str, str]]:
-    with sqlite3.connect(f"{server_data}/pgplane.db") as db:
-        query = "SELECT endpoint_id, status FROM operations WHERE action = 'suspend_compute'"
-        return db.execute(query).fetchall()
+def _suspends(server: Server) -> list[tuple[str, str]]:
+    query = "SELECT endpoint_id, status FROM operations WHERE action = 'suspend_compute'"
+    return store_sql(server).rows(query)
 
 
 def test_stopping_names_the_computes_it_leaves_running_and_the_next_start_adopts_them() -> None:
@@ -63,7 +62,7 @@ def test_stopping_names_the_computes_it_leaves_running_and_the_next_start_adopts
         server.stop()
         assert f"leaving 1 compute(s) running: {endpoint};" in server.log()
         assert sum(postmasters(server.data_dir / "projects").values()) == 1
-        assert _suspends(server.data_dir) == []
+        assert _suspends(server) == []
         server.start()
         with Api(server, key) as api:
             assert api.endpoint(project, endpoint)["current_state"] == "active"
@@ -76,7 +75,7 @@ def test_stop_computes_suspends_each_one_as_an_operation() -> None:
         with Api(server, key) as api:
             endpoints = [api.create_ready_project()["endpoints"][0]["id"] for _ in range(2)]
         server.stop()
-        suspends = sorted(_suspends(server.data_dir))
+        suspends = sorted(_suspends(server))
         assert suspends == [(e, "finished") for e in sorted(endpoints)], server.log()[-3000:]
         assert sum(postmasters(server.data_dir / "projects").values()) == 0
         assert "leaving" not in server.log()

@@ -9,7 +9,6 @@ makes the latest slot due at the next tick.
 from __future__ import annotations
 
 import datetime
-import sqlite3
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.test_snapshots import listed, project_with_table
+from tests.stores import store_sql
 from tests.support import Api, Server, running_server, wait_for
 
 _DAY_US = 86_400 * 1_000_000
@@ -37,12 +37,7 @@ def api(server: Server) -> Iterator[Api]:
 
 def _store(server: Server, sql: str, *params: object) -> None:
     """A change made in the server's store, as if time had passed (see the module's note)."""
-    conn = sqlite3.connect(server.data_dir / "pgplane.db", timeout=10)
-    try:
-        with conn:
-            conn.execute(sql, params)
-    finally:
-        conn.close()
+    store_sql(server).execute(sql, params)
 
 
 def _scheduled(api: Api, pid: str) -> list[dict[str, Any]]:

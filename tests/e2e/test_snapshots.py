@@ -14,12 +14,20 @@ import psycopg
 import pytest
 
 from pgplane.core import ids
+from tests.stores import server_store
 from tests.support import Api, Server, running_server, wait_for
+
+# On the SQLite and the PostgreSQL store: the tests that use the shared server run on each.
+pytestmark = pytest.mark.both_stores
 
 
 @pytest.fixture(scope="module")
-def snap_server() -> Iterator[Server]:
-    with running_server(PGPLANE_HISTORY_SECONDS="1", PGPLANE_SCHEDULER_SECONDS="0.5") as srv:
+def snap_server(store_backend: str) -> Iterator[Server]:
+    with running_server(
+        store=server_store(store_backend),
+        PGPLANE_HISTORY_SECONDS="1",
+        PGPLANE_SCHEDULER_SECONDS="0.5",
+    ) as srv:
         yield srv
 
 

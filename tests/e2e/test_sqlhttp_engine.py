@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -27,6 +26,7 @@ from pgplane.proxy.sqlhttp.handler import Reply, SqlOverHttp
 from pgplane.proxy.sqlhttp.pool import Pool
 from pgplane.proxy.sqlhttp.run import Limits
 from pgplane.proxy.throttle import LoginThrottle
+from tests.stores import store_sql
 from tests.support import Api, Server
 
 
@@ -60,10 +60,9 @@ class Platform:
         self.api.wait_operations(self.project_id, [o["id"] for o in r.json()["operations"]])
 
     def target(self) -> Target:
-        with sqlite3.connect(self.server.data_dir / "pgplane.db") as db:
-            (port,) = db.execute(
-                "SELECT port FROM endpoints WHERE id = ?", (self.endpoint_id,)
-            ).fetchone()
+        (port,) = store_sql(self.server).rows(
+            "SELECT port FROM endpoints WHERE id = ?", [self.endpoint_id]
+        )[0]
         socket = Layout(self.server.data_dir.resolve()).socket_dir(self.endpoint_id)
         return Target(self.endpoint_id, "127.0.0.1", port, socket / f".s.PGSQL.{port}")
 

@@ -144,4 +144,4 @@ def test_poison_and_hung_operations_fail_in_the_end_and_block_nobody_else() -> N
             never = next(b for b in branches if b["name"] == "never")
             deleted = _accepted(api, "DELETE", f"/projects/{poison}/branches/{never['id']}")
             assert [o["status"] for o in api.wait_operations(poison, deleted)] == ["finished"]
-            assert unsettled(server.data_dir) == []
+            assert unsettled(server) == []

@@ -16,8 +16,11 @@ A refusal is ``TooManyRequests`` (429) with ``Retry-After`` in whole seconds, an
 Each limit is GCRA (the generic cell rate algorithm): a token bucket kept as one number per key,
 the moment its bucket will be full again, in integer nanoseconds so that ``burst`` requests at one
 instant fit exactly. The state lives in this process's memory and is used only from the event
-loop, between awaits. ``pgplane serve`` is one process, so the limits are exact; several servers
-behind one address would each allow the full limits.
+loop, between awaits: exact for one ``serve``. Several nodes each keep their own, on purpose, so
+over N nodes an account gets at most N times the limits (the README says how an operator holds a
+total): sharing them through the store would make every request, reads too, a write in the
+queue of the store's one writer. Quotas, which must hold platform-wide, are counted in the store
+(``services/quotas.py``).
 """
 
 from __future__ import annotations

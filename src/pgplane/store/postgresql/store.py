@@ -1,8 +1,10 @@
 """PostgreSQL implementation of the store contract, for a control plane of several processes.
 
-Connections come from a pool (psycopg_pool), each in autocommit: a reader runs each statement in
-a snapshot of its own, as SQLite's WAL reader does, and sees every commit of every process at
-once (a revoked key included: nothing is cached).
+Connections come from a pool (psycopg_pool) of ``PGPLANE_STORE_POOL_SIZE`` per process, each in
+autocommit: a reader runs each statement in a snapshot of its own, as SQLite's WAL reader does,
+and sees every commit of every process at once (a revoked key included: nothing is cached). A
+connection is looked at before it is handed out (:func:`_check`), so a restart of the store's
+server costs no request an error: each connection it ended is replaced, not used.
 
 Writers keep SQLite's model, one at a time, across every process: a write transaction takes a
 transaction-level advisory lock before its first statement, so the services' read-then-write
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import select
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -43,6 +46,9 @@ from pgplane.telemetry.metrics import NO_METRICS, Metrics
 log = logging.getLogger(__name__)
 
 BUSY_SECONDS = 5.0  # waiting for a connection, or for the writer lock, as SQLite waits
+# Connections per process (the engine's workers, the scheduler, the heartbeat and concurrent API
+# requests each hold one only for a transaction); N nodes take N x (this + 1, the listener) of
+# the server's max_connections (100 by default).
 POOL_SIZE = 10
 CHANNEL = "pgplane_operations"
 _LOCK = f"SELECT pg_advisory_xact_lock({WRITE_LOCK})"
@@ -78,22 +84,45 @@ def redacted(url: str) -> str:
 class PostgresStore(Store):
     """Open with :meth:`open` (connects and migrates)."""
 
-    def __init__(self, url: str, metrics: Metrics = NO_METRICS, *, pool_size: int = POOL_SIZE):
+    def __init__(
+        self,
+        url: str,
+        metrics: Metrics = NO_METRICS,
+        *,
+        pool_size: int = POOL_SIZE,
+        application_name: str = "pgplane",
+    ):
+        if pool_size < MIN_POOL_SIZE:
+            raise ValueError(f"the store's pool size must be at least {MIN_POOL_SIZE}")
         self.url = url
         self._metrics = metrics
+        # Named, so an operator's pg_stat_activity says which node holds which connection.
+        self._application_name = application_name[:63]
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
             url,
             min_size=1,
             max_size=pool_size,
             open=False,
             timeout=BUSY_SECONDS,
-            kwargs={"autocommit": True, "connect_timeout": 10},
+            kwargs={
+                "autocommit": True,
+                "connect_timeout": 10,
+                "application_name": self._application_name,
+            },
             configure=_configure,
+            check=self._check,
             name="pgplane-store",
         )
 
     @classmethod
-    async def open(cls, url: str, metrics: Metrics = NO_METRICS) -> PostgresStore:
+    async def open(
+        cls,
+        url: str,
+        metrics: Metrics = NO_METRICS,
+        *,
+        pool_size: int = POOL_SIZE,
+        application_name: str = "pgplane",
+    ) -> PostgresStore:
         # One connection first, for the migrations: a server not there fails at once, with its
         # reason (the pool would retry until its timeout).
         try:
@@ -105,7 +134,7 @@ class PostgresStore(Store):
             raise Unavailable(
                 f"cannot reach the store at {redacted(url)} ({type(exc).__name__})"
             ) from exc
-        store = cls(url, metrics)
+        store = cls(url, metrics, pool_size=pool_size, application_name=application_name)
         try:
             await store._pool.open(wait=True, timeout=30)
         except PoolTimeout as exc:
@@ -171,7 +200,10 @@ class PostgresStore(Store):
         while True:
             try:
                 conn = await psycopg.AsyncConnection.connect(
-                    self.url, autocommit=True, connect_timeout=10
+                    self.url,
+                    autocommit=True,
+                    connect_timeout=10,
+                    application_name=self._application_name,
                 )
                 async with conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
@@ -187,8 +219,41 @@ class PostgresStore(Store):
             await asyncio.sleep(pause)
             pause = min(pause * 2, _LISTEN_PAUSE_CAP)
 
+    async def _check(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Refuse (raise) a pooled connection its server has ended, before a request gets it.
+
+        An idle connection in autocommit is sent nothing unasked, so one with something to read
+        has been told something: as a rule that its server shut down (its FATAL, then the end of
+        the stream). Only such a one costs a round trip to find out; the others cost one
+        ``poll``. A first one found dead means the server restarted and took the rest with it:
+        those are all checked now, so the pool's retries (paced a second and more apart after
+        the second) meet a live one next, not the next dead one.
+        """
+        if not (conn.closed or conn.broken or _has_input(conn)):
+            return
+        try:
+            await AsyncConnectionPool.check_connection(conn)
+        except psycopg.Error:
+            log.info("a store connection was ended by its server: checking the others")
+            await self._pool.check()
+            raise
+
     async def close(self) -> None:
         await self._pool.close()
+
+
+MIN_POOL_SIZE = 1
+
+
+def _has_input(conn: psycopg.AsyncConnection[Any]) -> bool:
+    """Whether the connection's socket has bytes (or its end) waiting, without reading them."""
+    try:
+        fd = conn.pgconn.socket
+    except psycopg.OperationalError:  # no socket left at all
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
