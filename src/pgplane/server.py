@@ -28,7 +28,7 @@ from pgplane.config import Settings
 from pgplane.connlimits import ConnectionGate
 from pgplane.core.operations import Action
 from pgplane.engine import Engine
-from pgplane.engine.history_handlers import keep_history
+from pgplane.engine.history_handlers import keep_history, ship_history
 from pgplane.engine.node import NodeLease, OnThisNode, node_name
 from pgplane.engine.reconcile import reconcile
 from pgplane.engine.scheduler import Scheduler
@@ -236,10 +236,23 @@ def _metrics(settings: Settings) -> Metrics:
     return Prometheus(version=__version__, actions=Action, node=name)
 
 
-async def _register(store: Store, settings: Settings, metrics: Metrics) -> NodeLease:
+async def _shared_storage(driver: LocalComputeDriver) -> str | None:
+    """The shared storage's id (made there on first use), read before the node registers."""
+    try:
+        shared = await asyncio.to_thread(driver.shared_storage)
+    except OSError as exc:
+        raise SystemExit(f"pgplane: the shared storage cannot be used: {exc}") from None
+    if shared is not None:
+        log.info("shared storage %s: the cold archive and history go there", shared)
+    return shared
+
+
+async def _register(
+    store: Store, settings: Settings, metrics: Metrics, shared: str | None
+) -> NodeLease:
     """This process as a node of the platform, before it touches any project."""
     try:
-        node = NodeLease(store, settings, metrics)
+        node = NodeLease(store, settings, metrics, shared)
         await node.register(settings.proxy_port)
     except (ValueError, NameTaken, Unavailable) as exc:
         await store.close()
@@ -281,6 +294,8 @@ async def _serve(settings: Settings) -> None:
             walls=settings.walls,
             disk_per_project_bytes=settings.disk_per_project << 20,
             branch_size_limit_mib=settings.branch_size_limit,
+            shared_dir=settings.shared_dir,
+            archive_timeout_seconds=settings.archive_timeout_seconds,
         )
     )
     settings = dataclasses.replace(settings, pg_versions=tuple(driver.pg_versions()))
@@ -288,7 +303,7 @@ async def _serve(settings: Settings) -> None:
     await driver.apply_size_limit()
     metrics = _metrics(settings)
     store = await _open_store(settings, metrics)
-    node = await _register(store, settings, metrics)
+    node = await _register(store, settings, metrics, await _shared_storage(driver))
     await reconcile(store, driver, node.name)
     engine = Engine(store=store, driver=driver, settings=settings, metrics=metrics, node=node.name)
     activity = Activity(metrics)
@@ -357,6 +372,7 @@ async def _serve(settings: Settings) -> None:
     engine_task = asyncio.create_task(engine.run(), name="operations engine")
     scheduler_task = asyncio.create_task(scheduler.run(), name="scheduler")
     history_task = asyncio.create_task(keep_history(driver, settings), name="history")
+    ship_task = asyncio.create_task(ship_history(driver, settings), name="history shipping")
     node_task = asyncio.create_task(node.run(), name="node heartbeat")
     readiness.watch("operations", engine_task)
     readiness.watch("scheduler", scheduler_task)
@@ -372,7 +388,7 @@ async def _serve(settings: Settings) -> None:
                 async with asyncio.timeout(_STOP_COMPUTES_SECONDS):
                     await suspend_all(store, engine)
         await report_running(driver)
-        for task in (node_task, history_task, scheduler_task, engine_task):
+        for task in (node_task, ship_task, history_task, scheduler_task, engine_task):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task

@@ -256,6 +256,25 @@ class ComputeDriver(SnapshotDriver, Protocol):
         the archive. Done when the data is hot and there is no archive."""
         ...
 
+    async def attach_tenant(
+        self, *, project_id: str, branch_ids: Sequence[str], pg_version: int
+    ) -> None:
+        """Make the project's data hot here: from the cold archive when there is one (as
+        ``reattach_tenant``), else rebuilt from the branches' history on shared storage (its
+        node lost), each branch to the end of what was shipped. Done when the data is hot;
+        ComputeError names the branches that could not be rebuilt, once the others are."""
+        ...
+
+    def shared_storage(self) -> str | None:
+        """The id of the shared storage this driver keeps what moves on (two drivers reading
+        the same id can move projects between them); None when it keeps all on its own disk."""
+        ...
+
+    async def ship_history(self) -> None:
+        """Copy each branch's new history to shared storage, and free there what it freed
+        here; nothing without shared storage."""
+        ...
+
     async def tenant_state(self, *, project_id: str) -> str:
         """Where the project's data is on this substrate: ``hot``, ``archived``, ``both`` (a
         detach or reattach was interrupted) or ``none``."""

@@ -101,3 +101,17 @@ async def keep_history(driver: ComputeDriver, settings: Settings) -> None:
         except Exception:
             log.exception("keeping history failed; continuing")
         await asyncio.sleep(settings.history_seconds)
+
+
+async def ship_history(driver: ComputeDriver, settings: Settings) -> None:
+    """Every ``ship_seconds``, with shared storage: each branch's new history shipped there."""
+    if settings.shared_dir is None:
+        return
+    while True:
+        try:
+            await driver.ship_history()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("history shipping failed; continuing")
+        await asyncio.sleep(settings.ship_seconds)

@@ -115,6 +115,25 @@ class LocalComputeDriver(BranchData):
         await self._prepare()
         await self._tenants.reattach(project_id)
 
+    async def attach_tenant(
+        self, *, project_id: str, branch_ids: Sequence[str], pg_version: int
+    ) -> None:
+        await self._prepare()
+        # Archived: the archive is the newest state. Otherwise (nothing here, or what a rebuild
+        # stopped by a crash left) each branch is rebuilt, unless it was already.
+        if self._shipped is None or self._tenants.state(project_id) in ("archived", "both"):
+            await self._tenants.reattach(project_id)
+            return
+        await self._shipped.rebuild(project_id, branch_ids, pg_version)
+
+    def shared_storage(self) -> str | None:
+        return None if self.shared is None else self.shared.identity
+
+    async def ship_history(self) -> None:
+        if self._shipped is not None:
+            await self._prepare()
+            await self._shipped.ship_all()
+
     async def tenant_state(self, *, project_id: str) -> str:
         await self._prepare()  # the projects' filesystems mounted
         return self._tenants.state(project_id)

@@ -10,7 +10,7 @@ from pgplane.store.sqlite.common import Statements
 
 _COLUMNS = (
     "n.name, n.instance, n.api_url, n.proxy_address, n.compute_host, n.capacity, n.state,"
-    " n.started_at, n.heartbeat_at, n.expires_at"
+    " n.started_at, n.heartbeat_at, n.expires_at, n.shared_storage"
 )
 # A compute counts while it runs or is due to (as the account quota counts them).
 _LOADS = (
@@ -35,6 +35,7 @@ def _node(r: Sequence[Any]) -> Node:
         started_at=r[7],
         heartbeat_at=r[8],
         expires_at=r[9],
+        shared_storage=r[10],
     )
 
 
@@ -49,8 +50,10 @@ class NodesMixin(Statements):
         n = node
         await self._c.execute(
             "INSERT INTO nodes (name, instance, api_url, proxy_address, compute_host, capacity,"
-            " state, started_at, heartbeat_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " state, started_at, heartbeat_at, expires_at, shared_storage)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (name) DO UPDATE SET instance = excluded.instance,"
+            " shared_storage = excluded.shared_storage,"
             " api_url = excluded.api_url, proxy_address = excluded.proxy_address,"
             " compute_host = excluded.compute_host, capacity = excluded.capacity,"
             " started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at,"
@@ -66,6 +69,7 @@ class NodesMixin(Statements):
                 n.started_at,
                 n.heartbeat_at,
                 n.expires_at,
+                n.shared_storage,
             ),
         )
 
@@ -82,7 +86,7 @@ class NodesMixin(Statements):
 
     async def node_loads(self) -> list[NodeLoad]:
         rows = await self._c.all(_LOADS)
-        return [NodeLoad(node=_node(r), projects=r[10], computes=r[11]) for r in rows]
+        return [NodeLoad(node=_node(r), projects=r[11], computes=r[12]) for r in rows]
 
     async def adopt_projects(self, node: str) -> int:
         cur = await self._c.execute("UPDATE projects SET node = ? WHERE node IS NULL", (node,))
