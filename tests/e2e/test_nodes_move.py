@@ -169,12 +169,16 @@ def test_a_dead_nodes_projects_come_back_from_shared_storage(pair: Pair) -> None
     uri = pair.uri(pid)  # node-b's, before node-a dies
     with psycopg.connect(pair.uri(pid, pair.api_a), connect_timeout=60) as conn:
         conn.execute("INSERT INTO t SELECT g, 'late' FROM generate_series(2001, 2500) g")
-        (segment,) = conn.execute("SELECT pg_walfile_name(pg_current_wal_lsn())").fetchone() or (
-            "",
-        )
+        (segment,) = conn.execute(
+            "SELECT pg_walfile_name(pg_current_wal_insert_lsn())"
+        ).fetchone() or ("",)
     wanted = contents(pair.uri(pid, pair.api_a))
     # Every row above is in that segment or an earlier one: once it is shipped, node-a dies.
-    wait_for(f"segment {segment} shipped", lambda: segment in shipped(pair.shared, pid, branch_id))
+    wait_for(
+        f"segment {segment} shipped",
+        lambda: segment in shipped(pair.shared, pid, branch_id),
+        server=a,
+    )
 
     refused = run_cli("nodes", "recover", "node-a", data_dir=b.data_dir, env=b.env)
     assert refused.returncode == 2 and "node-a is up" in refused.stderr, refused.stderr

@@ -140,6 +140,7 @@ class LocalParts:
                 postmasters=self._postmasters,
                 locks=self._locks,
                 install=self._install,
+                archive_timeout_seconds=config.archive_timeout_seconds,
             )
         )
         self._snapshots = Snapshots(

@@ -17,6 +17,8 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
+import psycopg
+
 from pgplane.compute.driver import ComputeError
 from pgplane.compute.local.copies.timeline import temporary_pgdata
 from pgplane.compute.local.files import fsync_dir, write_atomic
@@ -25,6 +27,8 @@ from pgplane.compute.local.history.pitr import rebuild
 from pgplane.compute.local.layout import TIMELINE_MARKER, Layout
 from pgplane.compute.local.postgres.binaries import PgInstall
 from pgplane.compute.local.postgres.postmaster import Postmasters
+from pgplane.compute.local.postgres.records import Running
+from pgplane.compute.local.postgres.sessions import ADMIN_USER, connect, conninfo
 from pgplane.compute.local.shared import shipping
 from pgplane.compute.local.shared.objects import ObjectStore
 from pgplane.compute.local.tenants.projects import ids
@@ -33,6 +37,9 @@ from pgplane.compute.local.tenants.user import RunAs
 log = logging.getLogger(__name__)
 
 InstallFor = Callable[..., Awaitable[tuple[PgInstall, RunAs]]]
+_SWITCH_TIMEOUT = 10.0
+# A segment just switched to holds its page header; more than that is a record written since.
+_SEGMENT_HEADER = 64
 
 
 class SharedHistory:
@@ -44,8 +51,12 @@ class SharedHistory:
         postmasters: Postmasters,
         locks: defaultdict[tuple[object, ...], asyncio.Lock],
         install: InstallFor,
+        archive_timeout_seconds: int = 0,
     ) -> None:
         self.store = store
+        # Postgres 18's own archive_timeout was seen never to switch here: the rounds do it.
+        self._archive_timeout = archive_timeout_seconds
+        self._switched: dict[Path, float] = {}
         self._layout = layout
         self._postmasters = postmasters
         self._locks = locks
@@ -70,11 +81,41 @@ class SharedHistory:
 
     async def _ship(self, project_id: str, branch_id: str) -> int:
         dirs = HistoryDirs(self._layout.branch_dir(project_id, branch_id))
+        running = self._postmasters.running(dirs.pgdata)
+        if running is not None and self._archive_timeout > 0:
+            await self._complete_segment(dirs.pgdata, running)
         async with self._locks["tenant", project_id]:
             if not (dirs.pgdata / TIMELINE_MARKER).is_file():
                 return 0  # not built yet, or moving
             prefix = shipping.prefix_of(project_id, branch_id)
             return await asyncio.to_thread(shipping.ship, self.store, dirs, prefix, self._staging)
+
+    async def _complete_segment(self, pgdata: Path, running: Running) -> None:
+        """The compute's segment completed (so archived, then shipped) once it holds records
+        older than the archive timeout; nothing when nothing was written since the last."""
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._switched.get(pgdata, 0.0) < self._archive_timeout:
+            return
+        self._switched[pgdata] = loop.time()
+        info = conninfo(running.socket_dir, running.port, user=ADMIN_USER)
+        try:
+            async with asyncio.timeout(_SWITCH_TIMEOUT):
+                conn = await connect(info)
+                async with conn:
+                    cur = await conn.execute(
+                        "SELECT pg_catalog.pg_is_in_recovery(),"
+                        " (pg_catalog.pg_current_wal_insert_lsn() OPERATOR(pg_catalog.-)"
+                        " '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8,"
+                        " pg_catalog.current_setting('wal_segment_size', false)"
+                    )
+                    row = await cur.fetchone()
+                    if row is None or row[0]:
+                        return
+                    segment = _bytes(str(row[2]))
+                    if int(row[1]) % segment > _SEGMENT_HEADER:
+                        await conn.execute("SELECT pg_catalog.pg_switch_wal()")
+        except (psycopg.Error, TimeoutError, OSError, ValueError) as exc:
+            log.info("could not complete the WAL segment of %s: %s", pgdata, exc)
 
     async def rebuild(self, project_id: str, branch_ids: Sequence[str], pg_version: int) -> None:
         """Each branch's data rebuilt here from its shipped history, to its end: converges (a
@@ -133,3 +174,12 @@ class SharedHistory:
     async def _discard(self, tmp: Path) -> None:
         await self._postmasters.stop(tmp)
         await asyncio.to_thread(shutil.rmtree, tmp, True)
+
+
+def _bytes(setting: str) -> int:
+    """``wal_segment_size`` as SHOW prints it (``16MB``)."""
+    units = {"kB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
+    for unit, factor in units.items():
+        if setting.endswith(unit):
+            return int(setting[: -len(unit)]) * factor
+    return int(setting)
