@@ -121,7 +121,8 @@ class LocalComputeDriver(BranchData):
         await self._prepare()
         # Archived: the archive is the newest state. Otherwise (nothing here, or what a rebuild
         # stopped by a crash left) each branch is rebuilt, unless it was already.
-        if self._shipped is None or self._tenants.state(project_id) in ("archived", "both"):
+        state = await asyncio.to_thread(self._tenants.state, project_id)
+        if self._shipped is None or state in ("archived", "both"):
             await self._tenants.reattach(project_id)
             return
         await self._shipped.rebuild(project_id, branch_ids, pg_version)
@@ -136,7 +137,8 @@ class LocalComputeDriver(BranchData):
 
     async def tenant_state(self, *, project_id: str) -> str:
         await self._prepare()  # the projects' filesystems mounted
-        return self._tenants.state(project_id)
+        # Off the loop: with shared storage, a look there too (NFS may be slow to answer).
+        return await asyncio.to_thread(self._tenants.state, project_id)
 
     async def delete_tenant(self, *, project_id: str) -> None:
         await self._prepare()
