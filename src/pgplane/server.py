@@ -372,7 +372,9 @@ async def _serve(settings: Settings) -> None:
     engine_task = asyncio.create_task(engine.run(), name="operations engine")
     scheduler_task = asyncio.create_task(scheduler.run(), name="scheduler")
     history_task = asyncio.create_task(keep_history(driver, settings), name="history")
-    ship_task = asyncio.create_task(ship_history(driver, settings), name="history shipping")
+    ship_task = asyncio.create_task(
+        ship_history(driver, settings, store, node.name), name="history shipping"
+    )
     node_task = asyncio.create_task(node.run(), name="node heartbeat")
     readiness.watch("operations", engine_task)
     readiness.watch("scheduler", scheduler_task)

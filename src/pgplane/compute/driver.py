@@ -7,7 +7,7 @@ remote hosts) implements this same protocol; the engine never knows which one it
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from typing import Protocol
 
 from pgplane.compute.model import (
@@ -270,9 +270,9 @@ class ComputeDriver(SnapshotDriver, Protocol):
         the same id can move projects between them); None when it keeps all on its own disk."""
         ...
 
-    async def ship_history(self) -> None:
-        """Copy each branch's new history to shared storage, and free there what it freed
-        here; nothing without shared storage."""
+    async def ship_history(self, project_ids: Set[str] | None = None) -> None:
+        """Copy each branch's new history to shared storage (of ``project_ids`` only, when
+        given), and free there what it freed here; nothing without shared storage."""
         ...
 
     async def tenant_state(self, *, project_id: str) -> str:

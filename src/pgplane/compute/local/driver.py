@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 
 from pgplane.compute.driver import (
     BranchStorage,
@@ -130,10 +130,10 @@ class LocalComputeDriver(BranchData):
     def shared_storage(self) -> str | None:
         return None if self.shared is None else self.shared.identity
 
-    async def ship_history(self) -> None:
+    async def ship_history(self, project_ids: Set[str] | None = None) -> None:
         if self._shipped is not None:
             await self._prepare()
-            await self._shipped.ship_all()
+            await self._shipped.ship_all(project_ids)
 
     async def tenant_state(self, *, project_id: str) -> str:
         await self._prepare()  # the projects' filesystems mounted

@@ -14,7 +14,7 @@ import logging
 import os
 import shutil
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence, Set
 from pathlib import Path
 
 import psycopg
@@ -64,10 +64,13 @@ class SharedHistory:
         # Root's, on this node's disk: base states packed on their way out, and back in.
         self._staging = layout.data_dir / "shipping"
 
-    async def ship_all(self) -> int:
-        """One round over every branch here: new history shipped, freed history freed."""
+    async def ship_all(self, project_ids: Set[str] | None = None) -> int:
+        """One round over every branch here (of ``project_ids``, when given): new history
+        shipped, freed history freed."""
         copied = 0
         for project_id in ids(self._layout.projects):
+            if project_ids is not None and project_id not in project_ids:
+                continue
             for branch_id in ids(self._layout.project_dir(project_id) / "branches"):
                 if self._locks["tenant", project_id].locked():
                     break  # being detached or reattached: its tree is moving
