@@ -44,6 +44,8 @@ def nodes_list(
                 "capacity": load.node.capacity,
                 "api": load.node.api_url,
                 "proxy": load.node.proxy_address,
+                # Nodes showing the same id share storage: projects move between them.
+                "shared_storage": load.node.shared_storage,
             }
             for load in await tx.node_loads()
         ]
