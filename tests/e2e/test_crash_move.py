@@ -80,10 +80,10 @@ def _kill_inside_a_move(shared: Path, killed: str, failpoint: str) -> None:
             victim.start()
 
             def moved() -> bool:
+                # Between the detach and the reattach neither node holds it: not yet.
+                here = (b.data_dir / "projects" / pid).exists()
                 ops = api_b.operations(pid)
-                return home((a, b), pid) is b and all(
-                    o["status"] in ("finished", "failed") for o in ops
-                )
+                return here and all(o["status"] in ("finished", "failed") for o in ops)
 
             wait_for("the move settled", moved, 180, server=b)
             ops = api_b.operations(pid)
