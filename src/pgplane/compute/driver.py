@@ -257,11 +257,17 @@ class ComputeDriver(SnapshotDriver, Protocol):
         ...
 
     async def attach_tenant(
-        self, *, project_id: str, branch_ids: Sequence[str], pg_version: int
+        self,
+        *,
+        project_id: str,
+        branch_ids: Sequence[str],
+        pg_version: int,
+        history_retention_seconds: int,
     ) -> None:
         """Make the project's data hot here: from the cold archive when there is one (as
         ``reattach_tenant``), else rebuilt from the branches' history on shared storage (its
-        node lost), each branch to the end of what was shipped. Done when the data is hot;
+        node lost), each branch to the end of what was shipped, its storage settings recorded
+        first (an archive brings its own). Done when the data is hot;
         ComputeError names the branches that could not be rebuilt, once the others are."""
         ...
 

@@ -111,10 +111,10 @@ async def tenant_attach(ctx: Context, op: Operation) -> OnFinish | None:
         # after this, makes it.
         branch_ids = [b.id for b in await tx.list_branches(project.id) if b.current_state != "init"]
     await ctx.driver.attach_tenant(
-        project_id=project.id, branch_ids=sorted(branch_ids), pg_version=project.pg_version
-    )
-    await ctx.driver.apply_storage_config(
-        project_id=project.id, history_retention_seconds=project.history_retention_seconds
+        project_id=project.id,
+        branch_ids=sorted(branch_ids),
+        pg_version=project.pg_version,
+        history_retention_seconds=project.history_retention_seconds,
     )
 
     async def attached(tx: Tx) -> None:

@@ -116,7 +116,12 @@ class LocalComputeDriver(BranchData):
         await self._tenants.reattach(project_id)
 
     async def attach_tenant(
-        self, *, project_id: str, branch_ids: Sequence[str], pg_version: int
+        self,
+        *,
+        project_id: str,
+        branch_ids: Sequence[str],
+        pg_version: int,
+        history_retention_seconds: int,
     ) -> None:
         await self._prepare()
         # Archived: the archive is the newest state. Otherwise (nothing here, or what a rebuild
@@ -125,6 +130,9 @@ class LocalComputeDriver(BranchData):
         if self._shipped is None or state in ("archived", "both"):
             await self._tenants.reattach(project_id)
             return
+        await self.apply_storage_config(
+            project_id=project_id, history_retention_seconds=history_retention_seconds
+        )
         await self._shipped.rebuild(project_id, branch_ids, pg_version)
 
     def shared_storage(self) -> str | None:
