@@ -70,6 +70,16 @@ class Settings:
     # much WAL a branch archives before its next base state (or its data's size, if more).
     history_seconds: float = 60.0
     history_base_bytes: int = 1 << 30
+    # Shared storage every node reaches (NFS in real life): where the cold archive lives and
+    # where each branch's history is shipped to, so that projects can move between nodes and a
+    # dead node's be brought back (compute/local/shared/). None: each node's own disk only.
+    # ship_seconds: how often each branch's new WAL and base states are shipped there;
+    # archive_timeout_seconds: how long a compute may keep a written WAL segment open before it
+    # completes it (Postgres' archive_timeout, set only with shared storage; 0: never forced).
+    # Together they bound what a dead node's projects lose: what was not shipped yet.
+    shared_dir: Path | None = None
+    ship_seconds: float = 10.0
+    archive_timeout_seconds: int = 60
     # The largest schema (pg_dump --schema-only's SQL) GET …/schema returns; past it, a 422.
     schema_max_bytes: int = 16 << 20
     # As root: each compute in a sandbox (bubblewrap) and a cgroup of its size. Off only to
@@ -213,6 +223,8 @@ def settings_from_env(**overrides: object) -> Settings:
         ("usage_seconds", float),
         ("history_seconds", float),
         ("history_base_bytes", int),
+        ("ship_seconds", float),
+        ("archive_timeout_seconds", int),
         ("schema_max_bytes", int),
         ("compute_user", str),
         ("store", str),
@@ -285,13 +297,22 @@ def settings_from_env(**overrides: object) -> Settings:
         if log_format not in ("text", "json"):
             raise ValueError(f"PGPLANE_LOG_FORMAT={log_format!r}: expected text or json")
         env["log_format"] = log_format
-    bins = os.environ.get("PGPLANE_PG_BIN_DIRS")
-    if bins:
-        env["pg_bin_dirs"] = tuple(Path(p) for p in bins.split(os.pathsep) if p)
+    env.update(_paths_from_env())
     env.update({k: v for k, v in overrides.items() if v is not None})
     settings = Settings(**env)  # type: ignore[arg-type]
     _check_store(settings)
     return settings
+
+
+def _paths_from_env() -> dict[str, object]:
+    env: dict[str, object] = {}
+    shared = os.environ.get("PGPLANE_SHARED_DIR")
+    if shared:
+        env["shared_dir"] = Path(shared).expanduser()
+    bins = os.environ.get("PGPLANE_PG_BIN_DIRS")
+    if bins:
+        env["pg_bin_dirs"] = tuple(Path(p) for p in bins.split(os.pathsep) if p)
+    return env
 
 
 def _check_store(settings: Settings) -> None:

@@ -32,8 +32,11 @@ compute's start, which copies its branch), ``start_replica:copied`` (a read-only
 in place, its standby not yet started), ``expire_branch:due`` (the
 scheduler found an expired branch, its deletion not yet recorded), ``delete_timeline:stopped``
 and ``delete_tenant:stopped`` (computes stopped, files still there), ``tenant_detach:packed``
-(the archive is verified, the hot copy still there), ``tenant_reattach:unpacked`` (the data is
-back in place, the archive not yet removed), ``rebuild:replaying`` (a copy of a base state being
+(the archive is verified, the hot copy still there), ``tenant_detach:stored`` (with shared
+storage: the archive stored and verified there, the hot copy and the local archive still here),
+``tenant_reattach:fetched`` (an archive another node stored, fetched and checked, not yet
+unpacked), ``tenant_reattach:unpacked`` (the data is back in place, the archive not yet
+removed), ``rebuild:replaying`` (a copy of a base state being
 replayed to a point of history by a temporary postmaster), ``restore_branch:built`` (a restore's
 new data complete beside the branch's), ``restore_branch:moved`` (the branch's old data moved
 out of its place, the new data not yet in), ``project_volume:mounted`` (a new project's

@@ -27,7 +27,7 @@ from pgplane.compute.local.tenants.volumes import MIN_BYTES as MIN_SHARE_BYTES
 from pgplane.config import Settings
 from pgplane.core.operations import Action
 from pgplane.engine import Engine
-from pgplane.engine.history_handlers import keep_history
+from pgplane.engine.history_handlers import keep_history, ship_history
 from pgplane.engine.node import NodeLease, node_name
 from pgplane.engine.project_data import ProjectData
 from pgplane.engine.reconcile import reconcile
@@ -204,10 +204,23 @@ def _metrics(settings: Settings) -> Metrics:
     return Prometheus(version=__version__, actions=Action, node=name)
 
 
-async def _register(store: Store, settings: Settings, metrics: Metrics) -> NodeLease:
+async def _shared_storage(driver: LocalComputeDriver) -> str | None:
+    """The shared storage's id (made there on first use), read before the node registers."""
+    try:
+        shared = await asyncio.to_thread(driver.shared_storage)
+    except OSError as exc:
+        raise SystemExit(f"pgplane: the shared storage cannot be used: {exc}") from None
+    if shared is not None:
+        log.info("shared storage %s: the cold archive and history go there", shared)
+    return shared
+
+
+async def _register(
+    store: Store, settings: Settings, metrics: Metrics, shared: str | None
+) -> NodeLease:
     """This process as a node of the platform, before it touches any project."""
     try:
-        node = NodeLease(store, settings, metrics)
+        node = NodeLease(store, settings, metrics, shared)
         await node.register(settings.proxy_port)
     except (ValueError, NameTaken, Unavailable) as exc:
         await store.close()
@@ -248,6 +261,8 @@ async def _driver(settings: Settings) -> tuple[LocalComputeDriver, Settings]:
             walls=settings.walls,
             disk_per_project_bytes=settings.disk_per_project << 20,
             branch_size_limit_mib=settings.branch_size_limit,
+            shared_dir=settings.shared_dir,
+            archive_timeout_seconds=settings.archive_timeout_seconds,
         )
     )
     settings = dataclasses.replace(settings, pg_versions=tuple(driver.pg_versions()))
@@ -263,7 +278,7 @@ async def _serve(settings: Settings) -> None:
     driver, settings = await _driver(settings)
     metrics = _metrics(settings)
     store = await _open_store(settings, metrics)
-    node = await _register(store, settings, metrics)
+    node = await _register(store, settings, metrics, await _shared_storage(driver))
     # Renewed from here on, through the slow steps of the start (adopting computes, the proxy):
     # a lease that lapsed before the first heartbeat would show a node that is starting as down.
     node_task = asyncio.create_task(node.run(), name="node heartbeat")
@@ -350,11 +365,7 @@ async def _serve(settings: Settings) -> None:
     # sight, so full collections under load stop scanning it (they caused 100+ ms pauses).
     gc.collect()
     gc.freeze()
-    engine_task = asyncio.create_task(engine.run(), name="operations engine")
-    scheduler_task = asyncio.create_task(scheduler.run(), name="scheduler")
-    history_task = asyncio.create_task(keep_history(driver, settings), name="history")
-    readiness.watch("operations", engine_task)
-    readiness.watch("scheduler", scheduler_task)
+    workers = _start_workers(engine, scheduler, readiness, driver, settings, store, node.name)
     announce = asyncio.create_task(_announce(server, settings, store))
     try:
         await server.serve()
@@ -368,7 +379,7 @@ async def _serve(settings: Settings) -> None:
                 async with asyncio.timeout(_STOP_COMPUTES_SECONDS):
                     await suspend_all(store, engine)
         await report_running(driver)
-        for task in (node_task, history_task, scheduler_task, engine_task):
+        for task in (node_task, *workers):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -376,6 +387,25 @@ async def _serve(settings: Settings) -> None:
         await node.release()
         await store.close()
         log.info("pgplane stopped")
+
+
+def _start_workers(
+    engine: Engine,
+    scheduler: Scheduler,
+    readiness: Readiness,
+    driver: LocalComputeDriver,
+    settings: Settings,
+    store: Store,
+    node: str,
+) -> tuple[asyncio.Task[None], ...]:
+    """The background work of a running node, last stopped first."""
+    engine_task = asyncio.create_task(engine.run(), name="operations engine")
+    scheduler_task = asyncio.create_task(scheduler.run(), name="scheduler")
+    readiness.watch("operations", engine_task)
+    readiness.watch("scheduler", scheduler_task)
+    history = asyncio.create_task(keep_history(driver, settings), name="history")
+    ship = asyncio.create_task(ship_history(driver, settings, store, node), name="history shipping")
+    return ship, history, scheduler_task, engine_task
 
 
 def run(settings: Settings) -> None:

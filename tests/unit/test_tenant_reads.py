@@ -26,6 +26,11 @@ MODULES = {
     "copies/datacopy.py": "copies a tenant's data from directory fds, O_NOFOLLOW, regular files",
     "copies/spares.py": "spare/ is root's, 0700",
     "files.py": "fsyncs and atomic writes of paths the platform made (O_EXCL, O_NOFOLLOW)",
+    "shared/objects.py": "shared storage (root's, 0700), opened from directory fds, O_NOFOLLOW,"
+    " O_NONBLOCK, regular files, bounded",
+    "shared/cold.py": "the shared store's objects (bounded, checked) and root's archive/",
+    "shared/shipping.py": "the shared store's objects (bounded, checked); the tenant's WAL only"
+    " through the untrusted reader",
 }
 READS = {"open", "read_text", "read_bytes"}
 

@@ -56,6 +56,19 @@ def say_progress() -> None:
 def in_store(data_dir: Path | None, work: Callable[[Tx], Awaitable[T]]) -> T:
     """Run ``work`` in one write transaction on the data directory's store; exit 2 with the
     message on a platform error."""
+
+    async def once(store: Store) -> T:
+        async with contextlib.AsyncExitStack() as stack:
+            with progress.step(log, "waiting for the store's write lock"):
+                tx = await stack.enter_async_context(store.write())
+            return await work(tx)
+
+    return on_store(data_dir, once)
+
+
+def on_store(data_dir: Path | None, work: Callable[[Store], Awaitable[T]]) -> T:
+    """Run ``work`` with the data directory's store open (for a command that watches it);
+    exit 2 with the message on a platform error."""
     from pgplane.errors import PgplaneError  # noqa: PLC0415
     from pgplane.store.open import open_store  # noqa: PLC0415
     from pgplane.store.sqlite import SqliteStore  # noqa: PLC0415
@@ -75,10 +88,7 @@ def in_store(data_dir: Path | None, work: Callable[[Tx], Awaitable[T]]) -> T:
             else:
                 store = await open_store(settings.store, settings.store_path)
         try:
-            async with contextlib.AsyncExitStack() as stack:
-                with progress.step(log, "waiting for the store's write lock"):
-                    tx = await stack.enter_async_context(store.write())
-                return await work(tx)
+            return await work(store)
         finally:
             await store.close()
 

@@ -176,6 +176,15 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    shared_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="A directory on storage every node reaches (NFS): the cold archive and the"
+            " branches' history go there, so projects can move between nodes;"
+            " default: $PGPLANE_SHARED_DIR, else none",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run the API, the operations engine and the computes' supervisor in one process."""
     from pgplane.server import run  # noqa: PLC0415 - keep `api-keys` free of server imports
@@ -211,6 +220,7 @@ def serve(
             node_listen=node_listen,
             node_port=node_port,
             node_advertise=node_advertise,
+            shared_dir=shared_dir,
         )
         if settings.node_name is not None:
             check_name(settings.node_name)

@@ -7,7 +7,7 @@ remote hosts) implements this same protocol; the engine never knows which one it
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from typing import Protocol
 
 from pgplane.compute.model import (
@@ -254,6 +254,31 @@ class ComputeDriver(SnapshotDriver, Protocol):
     async def reattach_tenant(self, *, project_id: str) -> None:
         """Restore the project's data from the cold archive, verifying every checksum, then drop
         the archive. Done when the data is hot and there is no archive."""
+        ...
+
+    async def attach_tenant(
+        self,
+        *,
+        project_id: str,
+        branch_ids: Sequence[str],
+        pg_version: int,
+        history_retention_seconds: int,
+    ) -> None:
+        """Make the project's data hot here: from the cold archive when there is one (as
+        ``reattach_tenant``), else rebuilt from the branches' history on shared storage (its
+        node lost), each branch to the end of what was shipped, its storage settings recorded
+        first (an archive brings its own). Done when the data is hot;
+        ComputeError names the branches that could not be rebuilt, once the others are."""
+        ...
+
+    def shared_storage(self) -> str | None:
+        """The id of the shared storage this driver keeps what moves on (two drivers reading
+        the same id can move projects between them); None when it keeps all on its own disk."""
+        ...
+
+    async def ship_history(self, project_ids: Set[str] | None = None) -> None:
+        """Copy each branch's new history to shared storage (of ``project_ids`` only, when
+        given), and free there what it freed here; nothing without shared storage."""
         ...
 
     async def tenant_state(self, *, project_id: str) -> str:

@@ -36,6 +36,9 @@ class Node(msgspec.Struct, frozen=True, kw_only=True):
     # Where its node door listens (host:port), for other nodes only; "" while it has none (a
     # store of one node, or one starting).
     node_address: str = ""
+    # The id of the shared storage it keeps the cold archive and history on (None: its own
+    # disk only): projects move only between nodes that share one.
+    shared_storage: str | None = None
 
     def up(self, now: int) -> bool:
         return self.expires_at >= now
@@ -68,11 +71,21 @@ def default_name(data_dir: Path) -> str:
     return f"{host}-{digest}"
 
 
-def choose(loads: Sequence[NodeLoad], now: int) -> Node | None:
+def choose(
+    loads: Sequence[NodeLoad], now: int, *, sharing: str | None = None, besides: str = ""
+) -> Node | None:
     """The least loaded node that takes new projects: active and up, fewest live projects for
     its capacity (computes are started and suspended all day; projects stay), then fewest
-    running computes, then by name so that the choice is the same on every node."""
-    open_ = [load for load in loads if load.node.state == ACTIVE and load.node.up(now)]
+    running computes, then by name so that the choice is the same on every node. With
+    ``sharing``: only a node on that shared storage, other than ``besides`` (a project moving
+    away from it)."""
+    open_ = [
+        load
+        for load in loads
+        if load.node.state == ACTIVE
+        and load.node.up(now)
+        and (sharing is None or (load.node.shared_storage == sharing and load.node.name != besides))
+    ]
     if not open_:
         return None
     best = min(

@@ -57,6 +57,7 @@ LONG_ACTIONS: frozenset[Action] = frozenset(
         Action.CREATE_BRANCH,
         Action.CREATE_SNAPSHOT,
         Action.CREATE_TIMELINE,
+        Action.TENANT_ATTACH,
         Action.TENANT_DETACH,
         Action.TENANT_REATTACH,
     }

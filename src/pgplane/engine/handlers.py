@@ -52,6 +52,7 @@ from pgplane.engine.tenant_handlers import (
     apply_storage_config,
     check_availability,
     delete_tenant,
+    tenant_attach,
     tenant_detach,
     tenant_reattach,
 )
@@ -350,7 +351,7 @@ HANDLERS: dict[Action, Handler] = {
     Action.CHECK_AVAILABILITY: check_availability,
     Action.TENANT_DETACH: tenant_detach,
     Action.TENANT_REATTACH: tenant_reattach,
-    # Start-up reconciliation's attach of a project found only in the archive: the same
-    # convergence as a reattach.
-    Action.TENANT_ATTACH: tenant_reattach,
+    # Start-up reconciliation's attach of a project found only in the archive, and a lost
+    # node's project brought back on another (services/moves.py).
+    Action.TENANT_ATTACH: tenant_attach,
 }

@@ -23,7 +23,7 @@ from pgplane.core import clock
 from pgplane.core.models import Operation
 from pgplane.engine.branch_config import apply_roles_and_databases, restart_replicas
 from pgplane.engine.context import Context, OnFinish, PermanentError, project_of, require_branch
-from pgplane.store import Tx
+from pgplane.store import Store, Tx
 
 log = logging.getLogger(__name__)
 
@@ -101,3 +101,26 @@ async def keep_history(driver: ComputeDriver, settings: Settings) -> None:
         except Exception:
             log.exception("keeping history failed; continuing")
         await asyncio.sleep(settings.history_seconds)
+
+
+async def ship_history(
+    driver: ComputeDriver, settings: Settings, store: Store, node: str | None
+) -> None:
+    """Every ``ship_seconds``, with shared storage: the new history of each branch of the
+    projects placed on this node shipped there. Only those: a project moved away (or brought
+    back elsewhere while this node was gone) is its new node's to ship, and what this node may
+    still hold of it is stale."""
+    if settings.shared_dir is None:
+        return
+    while True:
+        try:
+            mine = None
+            if node is not None:
+                async with store.read() as tx:
+                    mine = await tx.node_project_ids(node)
+            await driver.ship_history(mine)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("history shipping failed; continuing")
+        await asyncio.sleep(settings.ship_seconds)

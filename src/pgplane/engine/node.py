@@ -48,7 +48,13 @@ def node_name(settings: Settings) -> str:
 
 
 class NodeLease:
-    def __init__(self, store: Store, settings: Settings, metrics: Metrics = NO_METRICS) -> None:
+    def __init__(
+        self,
+        store: Store,
+        settings: Settings,
+        metrics: Metrics = NO_METRICS,
+        shared_storage: str | None = None,
+    ) -> None:
         if not 0 < settings.node_heartbeat_seconds < settings.node_lease_seconds:
             raise ValueError(
                 "PGPLANE_NODE_HEARTBEAT_SECONDS must be more than 0 and less than"
@@ -57,6 +63,7 @@ class NodeLease:
         self._store = store
         self._settings = settings
         self._metrics = metrics
+        self._shared = shared_storage
         self.name = node_name(settings)
         # The data directory's id, then this process's: a restart on the same directory takes
         # the name back at once, even from a lease its killed predecessor left running.
@@ -79,6 +86,7 @@ class NodeLease:
             heartbeat_at=now,
             expires_at=now + int(s.node_lease_seconds * _US),
             node_address=self.node_address,
+            shared_storage=self._shared,
         )
 
     async def register(self, proxy_port: int) -> None:

@@ -21,12 +21,13 @@ from pgplane.compute.driver import ComputeDriver
 from pgplane.config import Settings
 from pgplane.core import clock
 from pgplane.core.models import Endpoint
-from pgplane.core.operations import Action
+from pgplane.core.nodes import DRAINING
+from pgplane.core.operations import Action, Status
 from pgplane.engine import usage
 from pgplane.engine.context import compute_spec
 from pgplane.engine.engine import Engine
 from pgplane.errors import Conflict, Unavailable
-from pgplane.services import backups, scheduled, snapshots
+from pgplane.services import backups, moves, scheduled, snapshots
 from pgplane.store import Store
 from pgplane.telemetry.metrics import NO_METRICS, Metrics
 
@@ -81,6 +82,10 @@ class Scheduler:
         self._unaskable: set[str] = set()
         # Expired branches that may not be deleted (warned about once).
         self._undeletable: set[str] = set()
+        # Draining: the project moving now and its detach, and those whose detach failed (left
+        # here, named in the log and by `nodes drain`; a restart tries them once more).
+        self._moving: tuple[str, str] | None = None
+        self._unmovable: set[str] = set()
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -118,6 +123,7 @@ class Scheduler:
         started = await self._suspend_idle(live, now)
         started += await self._expire(now)
         started += await self._snapshots(now)
+        started += await self._drain(now)
         loop_now = asyncio.get_running_loop().time()
         if self._settings.availability_check_seconds > 0 and loop_now >= self._next_checks:
             self._next_checks = loop_now + min(
@@ -279,3 +285,41 @@ class Scheduler:
                 log.info("project %s idle: detaching its storage", project_id)
                 started += 1
         return started
+
+    async def _drain(self, now: int) -> int:
+        """On a draining node: the next project moved once the last one has settled (one at a
+        time, so that a drain never floods the other nodes or the shared storage)."""
+        if self._node is None or self._mine is None:
+            return 0
+        async with self._store.read() as tx:
+            node = await tx.get_node(self._node)
+            if node is None or node.state != DRAINING:
+                return 0
+            if self._moving is not None:
+                project_id, detach_id = self._moving
+                detach = await tx.get_operation(project_id=project_id, operation_id=detach_id)
+                if await tx.list_unsettled_operations(project_id=project_id):
+                    return 0
+                self._moving = None
+                if detach is not None and detach.status is Status.FAILED:
+                    self._unmovable.add(project_id)
+                    log.error(
+                        "project %s cannot move off node %s: %s",
+                        project_id,
+                        self._node,
+                        detach.error,
+                    )
+            candidates = []
+            for project_id in sorted(self._mine - self._unmovable):
+                project = await tx.get_project_by_id(project_id)
+                if project is not None and project.deleted_at is None:
+                    candidates.append(project_id)
+        for project_id in candidates:
+            async with self._store.write() as tx:
+                ops = await moves.start_move(tx, project_id=project_id, now=now)
+            detach = next((o for o in ops if o.action is Action.TENANT_DETACH), None)
+            if detach is not None:
+                self._moving = (project_id, detach.id)
+                log.info("node %s draining: moving project %s", self._node, project_id)
+                return len(ops)
+        return 0

@@ -12,6 +12,7 @@ from pgplane.engine.context import (
     project_of,
     require_branch,
 )
+from pgplane.services import moves
 from pgplane.store import Tx
 
 
@@ -64,18 +65,26 @@ async def tenant_detach(ctx: Context, op: Operation) -> OnFinish | None:
     await ctx.driver.detach_tenant(project_id=project.id)
 
     async def detached(tx: Tx) -> None:
-        now = clock.now_us()
-        await tx.set_project_storage(project_id=project.id, state="detached")
-        for endpoint in await tx.list_endpoints(project.id):
-            if endpoint.current_state != "idle":
-                await tx.set_endpoint_state(
-                    endpoint_id=endpoint.id,
-                    current_state="idle",
-                    pending_state=endpoint.pending_state,
-                    now=now,
-                )
+        await _not_running(tx, project.id, storage="detached")
+        # A draining node's project goes elsewhere with this very write: nothing can bring it
+        # back here in between (its reattach then runs on its new node).
+        await moves.after_detach(tx, project_id=project.id)
 
     return detached
+
+
+async def _not_running(tx: Tx, project_id: str, *, storage: str) -> None:
+    """The project's storage state, and its computes idle: none runs on its data now."""
+    now = clock.now_us()
+    await tx.set_project_storage(project_id=project_id, state=storage)
+    for endpoint in await tx.list_endpoints(project_id):
+        if endpoint.current_state != "idle":
+            await tx.set_endpoint_state(
+                endpoint_id=endpoint.id,
+                current_state="idle",
+                pending_state=endpoint.pending_state,
+                now=now,
+            )
 
 
 async def tenant_reattach(ctx: Context, op: Operation) -> OnFinish | None:
@@ -86,5 +95,29 @@ async def tenant_reattach(ctx: Context, op: Operation) -> OnFinish | None:
 
     async def attached(tx: Tx) -> None:
         await tx.set_project_storage(project_id=project.id, state="attached")
+
+    return attached
+
+
+async def tenant_attach(ctx: Context, op: Operation) -> OnFinish | None:
+    """The project's data made hot on this node: from its archive, or (its node lost) rebuilt
+    from its branches' history on shared storage. Its computes, which ran elsewhere if at all,
+    are idle here until started."""
+    project = await project_of(ctx, op)
+    if project.deleted_at is not None:
+        return None
+    async with ctx.store.read() as tx:
+        # A branch still being made has no history of its own: its creation, started again
+        # after this, makes it.
+        branch_ids = [b.id for b in await tx.list_branches(project.id) if b.current_state != "init"]
+    await ctx.driver.attach_tenant(
+        project_id=project.id,
+        branch_ids=sorted(branch_ids),
+        pg_version=project.pg_version,
+        history_retention_seconds=project.history_retention_seconds,
+    )
+
+    async def attached(tx: Tx) -> None:
+        await _not_running(tx, project.id, storage="attached")
 
     return attached

@@ -54,13 +54,16 @@ async def start(tx: Tx, *, project_id: str, starts: Sequence[Start]) -> list[Ope
     await nodes.require_up(tx, project_id, now=now)
     unsettled = await tx.list_unsettled_operations(project_id=project_id)
     pending = [Scope.of(o) for o in unsettled]
-    if any(s.action not in _STORAGE_FREE for s in starts):
+    brings_back = (Action.TENANT_REATTACH, Action.TENANT_ATTACH)
+    if any(s.action not in _STORAGE_FREE for s in starts) and not any(
+        s.action in brings_back for s in starts
+    ):
         # The data is away, or on its way: unless a reattach is already the last word, add one.
         last = next(
             (
                 o.action
                 for o in reversed(unsettled)
-                if o.action in (Action.TENANT_DETACH, Action.TENANT_REATTACH)
+                if o.action in (Action.TENANT_DETACH, *brings_back)
             ),
             None,
         )

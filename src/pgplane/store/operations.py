@@ -70,5 +70,11 @@ class OperationsTx(abc.ABC):
         """Write the operation's state if ``owner`` still holds its lease; False otherwise."""
 
     @abc.abstractmethod
+    async def abandon_operation(self, *, operation_id: str, error: str, now: int) -> bool:
+        """Fail an unsettled operation whoever holds it (its node is lost for good: an
+        operator brought its project back elsewhere); False when it had settled already. A
+        lease its dead owner held is ended with it, so no late write of that owner lands."""
+
+    @abc.abstractmethod
     async def last_operation_times(self, action: Action) -> dict[str, int]:
         """For each branch, when its latest operation of ``action`` was created."""

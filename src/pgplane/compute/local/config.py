@@ -31,5 +31,10 @@ class LocalDriverConfig:
     disk_per_project_bytes: int = 16 << 30
     # The branch size limit computes enforce, in MiB (postgres/limits/); 0: none.
     branch_size_limit_mib: int = 3072
+    # Shared storage every node reaches (compute/local/shared/): the cold archive and each
+    # branch's shipped history; None: this machine's disk only. With it, computes complete a
+    # written WAL segment within archive_timeout_seconds (0: when it is full).
+    shared_dir: Path | None = None
+    archive_timeout_seconds: int = 0
     # Only the bundled wheel's binaries (tests prove the bundled Postgres works on its own).
     bundled_only: bool = False

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 
 from pgplane.compute.driver import (
     BranchStorage,
@@ -115,9 +115,38 @@ class LocalComputeDriver(BranchData):
         await self._prepare()
         await self._tenants.reattach(project_id)
 
+    async def attach_tenant(
+        self,
+        *,
+        project_id: str,
+        branch_ids: Sequence[str],
+        pg_version: int,
+        history_retention_seconds: int,
+    ) -> None:
+        await self._prepare()
+        # Archived: the archive is the newest state. Otherwise (nothing here, or what a rebuild
+        # stopped by a crash left) each branch is rebuilt, unless it was already.
+        state = await asyncio.to_thread(self._tenants.state, project_id)
+        if self._shipped is None or state in ("archived", "both"):
+            await self._tenants.reattach(project_id)
+            return
+        await self.apply_storage_config(
+            project_id=project_id, history_retention_seconds=history_retention_seconds
+        )
+        await self._shipped.rebuild(project_id, branch_ids, pg_version)
+
+    def shared_storage(self) -> str | None:
+        return None if self.shared is None else self.shared.identity
+
+    async def ship_history(self, project_ids: Set[str] | None = None) -> None:
+        if self._shipped is not None:
+            await self._prepare()
+            await self._shipped.ship_all(project_ids)
+
     async def tenant_state(self, *, project_id: str) -> str:
         await self._prepare()  # the projects' filesystems mounted
-        return self._tenants.state(project_id)
+        # Off the loop: with shared storage, a look there too (NFS may be slow to answer).
+        return await asyncio.to_thread(self._tenants.state, project_id)
 
     async def delete_tenant(self, *, project_id: str) -> None:
         await self._prepare()

@@ -26,6 +26,8 @@ from pgplane.compute.local.postgres.limits.size_limit import SizeLimit
 from pgplane.compute.local.postgres.postmaster import Postmasters
 from pgplane.compute.local.replicas.replicas import Replicas
 from pgplane.compute.local.schemaonly.branches import SchemaOnly
+from pgplane.compute.local.shared.history import SharedHistory
+from pgplane.compute.local.shared.objects import DirectoryStore
 from pgplane.compute.local.skeleton import Skeleton
 from pgplane.compute.local.snapshots.snapshots import Snapshots
 from pgplane.compute.local.tenants.projects import Tenants
@@ -57,8 +59,9 @@ class LocalParts:
         self.volumes = Volumes.find(
             self.layout.volumes, size_bytes=config.disk_per_project_bytes, enabled=config.walls
         )
+        self.shared = None if config.shared_dir is None else DirectoryStore(config.shared_dir)
         self._tenants = Tenants(
-            self.layout, self.users, self._postmasters, self._locks, self.volumes
+            self.layout, self.users, self._postmasters, self._locks, self.volumes, self.shared
         )
         self._size_limit = SizeLimit(
             self.layout,
@@ -73,6 +76,7 @@ class LocalParts:
             tenants=self._tenants,
             install=self._install,
             size_limit=self._size_limit,
+            archive_timeout_seconds=config.archive_timeout_seconds if self.shared else 0,
         )
         self._replicas = Replicas(
             layout=self.layout,
@@ -126,6 +130,18 @@ class LocalParts:
             spares=self._spares,
             install=self._install,
             disk_reserve_bytes=config.disk_reserve_bytes,
+        )
+        self._shipped = (
+            None
+            if self.shared is None
+            else SharedHistory(
+                store=self.shared,
+                layout=self.layout,
+                postmasters=self._postmasters,
+                locks=self._locks,
+                install=self._install,
+                archive_timeout_seconds=config.archive_timeout_seconds,
+            )
         )
         self._snapshots = Snapshots(
             layout=self.layout,

@@ -10,7 +10,7 @@ from pgplane.store.sqlite.common import Statements
 
 _COLUMNS = (
     "n.name, n.instance, n.api_url, n.proxy_address, n.compute_host, n.capacity, n.state,"
-    " n.started_at, n.heartbeat_at, n.expires_at, n.node_address"
+    " n.started_at, n.heartbeat_at, n.expires_at, n.node_address, n.shared_storage"
 )
 # A compute counts while it runs or is due to (as the account quota counts them).
 _LOADS = (
@@ -36,6 +36,7 @@ def _node(r: Sequence[Any]) -> Node:
         heartbeat_at=r[8],
         expires_at=r[9],
         node_address=r[10],
+        shared_storage=r[11],
     )
 
 
@@ -50,9 +51,10 @@ class NodesMixin(Statements):
         n = node
         await self._c.execute(
             "INSERT INTO nodes (name, instance, api_url, proxy_address, compute_host, capacity,"
-            " state, started_at, heartbeat_at, expires_at, node_address)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " state, started_at, heartbeat_at, expires_at, node_address, shared_storage)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (name) DO UPDATE SET instance = excluded.instance,"
+            " shared_storage = excluded.shared_storage,"
             " api_url = excluded.api_url, proxy_address = excluded.proxy_address,"
             " node_address = excluded.node_address,"
             " compute_host = excluded.compute_host, capacity = excluded.capacity,"
@@ -70,6 +72,7 @@ class NodesMixin(Statements):
                 n.heartbeat_at,
                 n.expires_at,
                 n.node_address,
+                n.shared_storage,
             ),
         )
 

@@ -238,6 +238,15 @@ class OperationsMixin(Statements):
         )
         return cur.rowcount == 1
 
+    async def abandon_operation(self, *, operation_id: str, error: str, now: int) -> bool:
+        cur = await self._c.execute(
+            "UPDATE operations SET status = 'failed', error = ?, retry_at = NULL, updated_at = ?,"
+            " lease_owner = NULL, lease_expires_at = NULL"
+            " WHERE id = ? AND status IN ('scheduling', 'running')",
+            (error, now, operation_id),
+        )
+        return cur.rowcount == 1
+
     async def last_operation_times(self, action: Action) -> dict[str, int]:
         rows = await self._c.all(
             "SELECT branch_id, MAX(created_at) FROM operations"

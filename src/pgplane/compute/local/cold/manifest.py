@@ -105,13 +105,18 @@ def _read_manifest(src: Path) -> Manifest:
         raise ComputeError(f"archive {src} is {what}") from None
     except OSError as exc:
         raise ComputeError(f"reading archive {src}: {exc}") from exc
+    return parse_manifest(data, str(src))
+
+
+def parse_manifest(data: bytes, where: str) -> Manifest:
+    """A manifest read back (from ``where``), checked before any of its paths is used."""
     try:
         manifest = msgspec.json.decode(data, type=Manifest)
     except msgspec.DecodeError as exc:
-        raise ComputeError(f"archive {src} has an unreadable manifest: {exc}") from exc
+        raise ComputeError(f"archive {where} has an unreadable manifest: {exc}") from exc
     problem = _manifest_problem(manifest)
     if problem is not None:
-        raise ComputeError(f"archive {src} has an invalid manifest: {problem}")
+        raise ComputeError(f"archive {where} has an invalid manifest: {problem}")
     return manifest
 
 

@@ -64,9 +64,13 @@ class Computes:
         tenants: Tenants,
         install: InstallFor,
         size_limit: SizeLimit | None = None,
+        archive_timeout_seconds: int = 0,
     ) -> None:
         self.layout = layout
         self._size_limit = size_limit
+        # With shared storage: a written segment completed (so archived, then shipped) at the
+        # latest this long after its first record, bounding what a dead node's computes lose.
+        self._archive_timeout = archive_timeout_seconds
         self.listen_host = listen_host
         self._postmasters = postmasters
         self._locks = locks
@@ -182,7 +186,10 @@ class Computes:
             return {}
         dirs = HistoryDirs(self.layout.branch_dir(project_id, branch_id))
         await asyncio.to_thread(prepare_archive, dirs, run_as)
-        return archive_settings(dirs.wal)
+        settings = archive_settings(dirs.wal)
+        if self._archive_timeout > 0:
+            settings["archive_timeout"] = f"{self._archive_timeout}s"
+        return settings
 
     async def stop_archived(self, pgdata: Path, *, signalled: str | None = None) -> None:
         """Stop the postmaster on ``pgdata`` with nothing left unarchived: its current segment

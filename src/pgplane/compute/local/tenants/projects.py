@@ -30,6 +30,8 @@ from pgplane.compute.local.copies.timeline import temporary_pgdata
 from pgplane.compute.local.files import fsync_dir, remove_tree
 from pgplane.compute.local.layout import Layout, check_id, ensure_dir
 from pgplane.compute.local.postgres.postmaster import Postmasters
+from pgplane.compute.local.shared import cold
+from pgplane.compute.local.shared.objects import ObjectStore
 from pgplane.compute.local.tenants.ownership import hand_over, owned_by
 from pgplane.compute.local.tenants.sockets import remove_socket_dir
 from pgplane.compute.local.tenants.user import RunAs, open_traversal
@@ -49,9 +51,12 @@ class Tenants:
         postmasters: Postmasters,
         locks: defaultdict[tuple[object, ...], asyncio.Lock],
         volumes: Volumes,
+        shared: ObjectStore | None = None,
     ) -> None:
         self._layout = layout
         self.volumes = volumes
+        # Where the cold archive goes to be reached by every node; None: this node's disk only.
+        self.shared = shared
         self._users = users
         self._postmasters = postmasters
         self._locks = locks
@@ -128,17 +133,28 @@ class Tenants:
             # branch directory made anew (an expiry at the first tick after start-up met it).
             async with self._locks["base", branch_dir], self._locks["history", branch_dir]:
                 await remove_tree(branch_dir)
+                if self.shared is not None:  # its history shipped there
+                    prefix = f"history/{project_id}/{branch_id}"
+                    await asyncio.to_thread(self.shared.delete, prefix)
             conf = self._layout.compute_conf(project_id, branch_id)
             await asyncio.to_thread(conf.unlink, missing_ok=True)
 
     async def detach(self, project_id: str) -> None:
+        """The project's tree packed into its archive (on shared storage too, when there is
+        some), then the hot copy freed. With shared storage the archive is made here first, as
+        without (a disk's speed, and a local copy if the storage falters), then stored and
+        verified there, and only then is the hot copy freed and the local archive dropped."""
         project_dir = self._layout.project_dir(project_id)
         archive_dir = self._layout.archive(project_id)
         async with self._locks["tenant", project_id]:
             if not hot(project_dir):
                 if archive_dir.exists():
                     await asyncio.to_thread(archive.verify, archive_dir)
+                    await self._store_archive(project_id, archive_dir)
                     return  # detached already (a retry after the hot copy was freed)
+                if self.shared is not None and await self._stored(project_id):
+                    await asyncio.to_thread(cold.verify, self.shared, cold.prefix_of(project_id))
+                    return
                 raise ComputeError(f"project {project_id} has no data to detach")
             # Nothing of the tenant may run while root reads its tree (see archive.py).
             await self.stop(project_id)
@@ -147,21 +163,54 @@ class Tenants:
             # Proven readable before the only other copy goes.
             await asyncio.to_thread(archive.verify, archive_dir)
             await failpoints.reached("tenant_detach:packed")
+            if self.shared is not None:
+                await self._store_archive(project_id, archive_dir, keep_local=True)
+                await failpoints.reached("tenant_detach:stored")
             await self._remove(project_id, project_dir)
             for endpoint_id in ids(self._layout.endpoint_records(project_id)):
                 socket_dir = self._layout.socket_dir(endpoint_id)
                 await asyncio.to_thread(remove_socket_dir, socket_dir)
+            if self.shared is not None:
+                await remove_tree(archive_dir)
+
+    async def _store_archive(
+        self, project_id: str, archive_dir: Path, *, keep_local: bool = False
+    ) -> None:
+        """The local archive on shared storage, verified there (then dropped here, unless
+        ``keep_local``); nothing without shared storage."""
+        if self.shared is None:
+            return
+        prefix = cold.prefix_of(project_id)
+        manifest = await asyncio.to_thread(cold.upload, self.shared, prefix, archive_dir)
+        if await asyncio.to_thread(cold.verify, self.shared, prefix) != manifest:
+            raise ComputeError(f"archive of {project_id} read back from shared storage differs")
+        if not keep_local:
+            await remove_tree(archive_dir)
+
+    async def _stored(self, project_id: str) -> bool:
+        if self.shared is None:
+            return False
+        found = await asyncio.to_thread(cold.manifest_of, self.shared, cold.prefix_of(project_id))
+        return found is not None
 
     async def reattach(self, project_id: str) -> None:
         project_dir = self._layout.project_dir(project_id)
         archive_dir = self._layout.archive(project_id)
         run_as = await self._users.project(project_id)
         async with self._locks["tenant", project_id]:
-            if not archive_dir.exists():
+            local = archive_dir.exists()
+            stored = await self._stored(project_id)
+            if not local and not stored:
                 if hot(project_dir):
                     return  # attached already
                 raise ComputeError(f"project {project_id} has neither data nor an archive")
             if not hot(project_dir):
+                if not local:  # detached on another node: fetched, checked as it arrives
+                    assert self.shared is not None  # noqa: S101 - stored says so
+                    await asyncio.to_thread(ensure_dir, self._layout.archives, 0o700)
+                    prefix = cold.prefix_of(project_id)
+                    await asyncio.to_thread(cold.download, self.shared, prefix, archive_dir)
+                    await failpoints.reached("tenant_reattach:fetched")
                 # Unpacked beside, verified file by file, then renamed into place: all or
                 # nothing. Root's until its data directories are handed over, bottom-up.
                 await asyncio.to_thread(self._unpack, project_id, archive_dir, project_dir)
@@ -171,6 +220,8 @@ class Tenants:
             # before dropping the archive. The hot copy is whole (renames are atomic) and the
             # computes were stopped before packing, so the archive holds nothing newer.
             await remove_tree(archive_dir)
+            if self.shared is not None:
+                await asyncio.to_thread(self.shared.delete, cold.prefix_of(project_id))
 
     def _unpack(self, project_id: str, archive_dir: Path, project_dir: Path) -> None:
         if not self.volumes.active:
@@ -206,7 +257,10 @@ class Tenants:
 
     def state(self, project_id: str) -> str:
         hot_copy = hot(self._layout.project_dir(project_id))
-        archived = self._layout.archive(project_id).exists()
+        archived = self._layout.archive(project_id).exists() or (
+            self.shared is not None
+            and self.shared.exists(f"{cold.prefix_of(project_id)}/manifest.json")
+        )
         return {(True, True): "both", (True, False): "hot", (False, True): "archived"}.get(
             (hot_copy, archived), "none"
         )
@@ -218,6 +272,9 @@ class Tenants:
         # branch directory made anew on the host's disk (a crash test met it).
         async with self._locks["tenant", project_id]:
             await remove_tree(self._layout.archive(project_id))
+            if self.shared is not None:  # its archive and shipped history, wherever made
+                await asyncio.to_thread(self.shared.delete, cold.prefix_of(project_id))
+                await asyncio.to_thread(self.shared.delete, f"history/{project_id}")
             if project_dir.exists():
                 await self.stop(project_id)
                 await failpoints.reached("delete_tenant:stopped")

@@ -1,0 +1,188 @@
+"""The driver's side of shipped history: the rounds that ship each branch of this node, and a
+dead node's project rebuilt here from what it shipped (``shipping`` says what is where).
+
+Locks (the driver's): a round ships a branch under its project's ``("tenant", id)`` lock, as the
+keeper keeps it (a detach or reattach moving the tree waits, and a round skips a project whose
+tree is moving); a rebuild builds under the branch's ``("timeline", pgdata)`` lock and reads
+the history under its ``("history", branch_dir)`` lock, as a point-in-time rebuild does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Sequence, Set
+from pathlib import Path
+
+import psycopg
+
+from pgplane.compute.driver import ComputeError
+from pgplane.compute.local.copies.timeline import temporary_pgdata
+from pgplane.compute.local.files import fsync_dir, write_atomic
+from pgplane.compute.local.history.archiving import HistoryDirs, list_bases
+from pgplane.compute.local.history.pitr import rebuild
+from pgplane.compute.local.layout import TIMELINE_MARKER, Layout
+from pgplane.compute.local.postgres.binaries import PgInstall
+from pgplane.compute.local.postgres.postmaster import Postmasters
+from pgplane.compute.local.postgres.records import Running
+from pgplane.compute.local.postgres.sessions import ADMIN_USER, connect, conninfo
+from pgplane.compute.local.shared import shipping
+from pgplane.compute.local.shared.objects import ObjectStore
+from pgplane.compute.local.tenants.projects import ids
+from pgplane.compute.local.tenants.user import RunAs
+
+log = logging.getLogger(__name__)
+
+InstallFor = Callable[..., Awaitable[tuple[PgInstall, RunAs]]]
+_SWITCH_TIMEOUT = 10.0
+# A segment just switched to holds its page header; more than that is a record written since.
+_SEGMENT_HEADER = 64
+
+
+class SharedHistory:
+    def __init__(
+        self,
+        *,
+        store: ObjectStore,
+        layout: Layout,
+        postmasters: Postmasters,
+        locks: defaultdict[tuple[object, ...], asyncio.Lock],
+        install: InstallFor,
+        archive_timeout_seconds: int = 0,
+    ) -> None:
+        self.store = store
+        # Postgres 18's own archive_timeout was seen never to switch here: the rounds do it.
+        self._archive_timeout = archive_timeout_seconds
+        self._switched: dict[Path, float] = {}
+        self._layout = layout
+        self._postmasters = postmasters
+        self._locks = locks
+        self._install = install
+        # Root's, on this node's disk: base states packed on their way out, and back in.
+        self._staging = layout.data_dir / "shipping"
+
+    async def ship_all(self, project_ids: Set[str] | None = None) -> int:
+        """One round over every branch here (of ``project_ids``, when given): new history
+        shipped, freed history freed."""
+        copied = 0
+        for project_id in ids(self._layout.projects):
+            if project_ids is not None and project_id not in project_ids:
+                continue
+            for branch_id in ids(self._layout.project_dir(project_id) / "branches"):
+                if self._locks["tenant", project_id].locked():
+                    break  # being detached or reattached: its tree is moving
+                try:
+                    copied += await self._ship(project_id, branch_id)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # one branch's trouble must not stop the others'
+                    log.warning("history of %s/%s not shipped: %s", project_id, branch_id, exc)
+        return copied
+
+    async def _ship(self, project_id: str, branch_id: str) -> int:
+        dirs = HistoryDirs(self._layout.branch_dir(project_id, branch_id))
+        running = self._postmasters.running(dirs.pgdata)
+        if running is not None and self._archive_timeout > 0:
+            await self._complete_segment(dirs.pgdata, running)
+        async with self._locks["tenant", project_id]:
+            if not (dirs.pgdata / TIMELINE_MARKER).is_file():
+                return 0  # not built yet, or moving
+            prefix = shipping.prefix_of(project_id, branch_id)
+            return await asyncio.to_thread(shipping.ship, self.store, dirs, prefix, self._staging)
+
+    async def _complete_segment(self, pgdata: Path, running: Running) -> None:
+        """The compute's segment completed (so archived, then shipped) once it holds records
+        older than the archive timeout; nothing when nothing was written since the last."""
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._switched.get(pgdata, 0.0) < self._archive_timeout:
+            return
+        self._switched[pgdata] = loop.time()
+        info = conninfo(running.socket_dir, running.port, user=ADMIN_USER)
+        try:
+            async with asyncio.timeout(_SWITCH_TIMEOUT):
+                conn = await connect(info)
+                async with conn:
+                    cur = await conn.execute(
+                        "SELECT pg_catalog.pg_is_in_recovery(),"
+                        " (pg_catalog.pg_current_wal_insert_lsn() OPERATOR(pg_catalog.-)"
+                        " '0/0'::pg_catalog.pg_lsn)::pg_catalog.int8,"
+                        " pg_catalog.current_setting('wal_segment_size', false)"
+                    )
+                    row = await cur.fetchone()
+                    if row is None or row[0]:
+                        return
+                    segment = _bytes(str(row[2]))
+                    if int(row[1]) % segment > _SEGMENT_HEADER:
+                        await conn.execute("SELECT pg_catalog.pg_switch_wal()")
+        except (psycopg.Error, TimeoutError, OSError, ValueError) as exc:
+            log.info("could not complete the WAL segment of %s: %s", pgdata, exc)
+
+    async def rebuild(self, project_id: str, branch_ids: Sequence[str], pg_version: int) -> None:
+        """Each branch's data rebuilt here from its shipped history, to its end: converges (a
+        branch rebuilt already is left as it is). ComputeError names the branches that could
+        not be, once every other one is."""
+        lost: list[str] = []
+        for branch_id in branch_ids:
+            try:
+                await self._rebuild(project_id, branch_id, pg_version)
+            except ComputeError as exc:
+                log.error("branch %s/%s not rebuilt: %s", project_id, branch_id, exc)  # noqa: TRY400 - the reason, not a trace
+                lost.append(f"{branch_id} ({exc})")
+        if lost:
+            raise ComputeError("not rebuilt from shared storage: " + "; ".join(lost))
+
+    async def _rebuild(self, project_id: str, branch_id: str, pg_version: int) -> None:
+        install, run_as = await self._install(project_id, pg_version, make_dir=True)
+        dirs = HistoryDirs(self._layout.branch_dir(project_id, branch_id))
+        pgdata = dirs.pgdata
+        async with self._locks["timeline", pgdata]:
+            if (pgdata / TIMELINE_MARKER).is_file():
+                return
+            await asyncio.to_thread(dirs.branch_dir.mkdir, mode=0o711, exist_ok=True)
+            owner = (run_as.uid, run_as.gid) if run_as.switch else (os.geteuid(), os.getegid())
+            prefix = shipping.prefix_of(project_id, branch_id)
+            tmp = temporary_pgdata(pgdata)
+            await self._postmasters.stop(tmp)
+            await asyncio.to_thread(shutil.rmtree, tmp, True)
+            async with self._locks["history", dirs.branch_dir]:
+                await asyncio.to_thread(
+                    shipping.fetch, self.store, dirs, prefix, self._staging, owner
+                )
+                base = (await asyncio.to_thread(list_bases, dirs))[-1]
+                try:
+                    await rebuild(
+                        install=install,
+                        run_as=run_as,
+                        postmasters=self._postmasters,
+                        source=dirs,
+                        base=base,
+                        tmp=tmp,
+                        socket_dir=self._layout.init_socket_dir(project_id, branch_id),
+                        hba_file=self._layout.hba_file,
+                        point=None,
+                    )
+                except BaseException:
+                    await asyncio.shield(self._discard(tmp))
+                    raise
+            marker = tmp / TIMELINE_MARKER
+            await asyncio.to_thread(write_atomic, marker, b"")
+            run_as.chown(marker)
+            os.replace(tmp, pgdata)
+            await asyncio.to_thread(fsync_dir, pgdata.parent)
+        log.info("branch %s/%s rebuilt from shared storage", project_id, branch_id)
+
+    async def _discard(self, tmp: Path) -> None:
+        await self._postmasters.stop(tmp)
+        await asyncio.to_thread(shutil.rmtree, tmp, True)
+
+
+def _bytes(setting: str) -> int:
+    """``wal_segment_size`` as SHOW prints it (``16MB``)."""
+    units = {"kB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
+    for unit, factor in units.items():
+        if setting.endswith(unit):
+            return int(setting[: -len(unit)]) * factor
+    return int(setting)

@@ -1,0 +1,250 @@
+"""Each branch's history shipped to shared storage, and fetched back on another node.
+
+A branch's history stays beside its data (``history/archiving.py``: WAL archived by hard link,
+at no I/O cost to the compute), and the platform, as root, copies it to shared storage, where no
+compute reaches::
+
+    history/<project_id>/<branch_id>/wal/<segment>          a completed WAL segment, or a
+                                                              timeline's history file
+    history/<project_id>/<branch_id>/base/<end lsn>/...      a base state, as a cold archive
+                                                              (data.tar.gz and manifest.json)
+    history/<project_id>/<branch_id>/head.json               what the above holds that forms
+                                                              the history: written last
+
+``head.json`` names the base states and, with its sha256, each WAL file: a node that rebuilds
+the branch trusts nothing else it finds (objects a crash left unlisted are removed by the next
+round). Each round mirrors the branch's history as it is here: new files are copied, those the
+keeper freed here are freed there, so shared storage holds the branch's window and no more.
+
+The WAL a round copies is the tenant's (its postmasters write the archive): it is read only
+through the safe reader (no link followed, no FIFO opened for long, bounded), and what is
+shipped is what was read, with its checksum. A base state is root's own copy.
+
+A node rebuilds the branch from its newest base state and every segment after it (``fetch``
+here, then a replay to the end, ``histories.py``): every transaction whose commit was in a
+shipped segment is there. What the dead node had not shipped is lost: the segment its compute
+was writing (Postgres completes one at ``archive_timeout``, set on computes when there is
+shared storage) and what was archived since the last round (``ship_seconds``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import secrets
+import shutil
+from pathlib import Path
+from typing import Annotated, BinaryIO
+
+import msgspec
+
+from pgplane.compute.driver import ComputeError
+from pgplane.compute.local.cold import archive
+from pgplane.compute.local.files import fsync_dir, write_atomic
+from pgplane.compute.local.history.archiving import WAL_SUMS, HistoryDirs, list_bases
+from pgplane.compute.local.shared import cold
+from pgplane.compute.local.shared.objects import ObjectStore
+from pgplane.compute.local.tenants import untrusted
+
+log = logging.getLogger(__name__)
+
+HEAD = "head.json"
+_FORMAT = 1
+_SEGMENT = re.compile(r"[0-9A-F]{24}")
+_HISTORY = re.compile(r"[0-9A-F]{8}\.history")
+_BASE = re.compile(r"[0-9A-F]{16}")
+# Postgres' segments are 1 MiB to 1 GiB (16 MiB by default); a timeline history is lines of
+# text, one per switch.
+_MAX_SEGMENT = 1 << 30
+_MAX_HISTORY_FILE = 1 << 20
+_MAX_HEAD = 64 << 20
+_CHUNK = 1 << 20
+
+Sha256 = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+WalName = Annotated[str, msgspec.Meta(pattern="^([0-9A-F]{24}|[0-9A-F]{8}\\.history)$")]
+BaseName = Annotated[str, msgspec.Meta(pattern="^[0-9A-F]{16}$")]
+
+
+class Head(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A branch's history on shared storage: its base states (by end LSN) and WAL files."""
+
+    format: int
+    bases: tuple[BaseName, ...]
+    wal: dict[WalName, Sha256]
+
+
+def prefix_of(project_id: str, branch_id: str) -> str:
+    return f"history/{project_id}/{branch_id}"
+
+
+def read_head(store: ObjectStore, prefix: str) -> Head | None:
+    try:
+        data = store.read_bytes(f"{prefix}/{HEAD}", max_bytes=_MAX_HEAD)
+    except FileNotFoundError:
+        return None
+    try:
+        head = msgspec.json.decode(data, type=Head)
+    except msgspec.DecodeError as exc:
+        raise ComputeError(f"{prefix}/{HEAD} on shared storage is unreadable: {exc}") from None
+    if head.format != _FORMAT:
+        raise ComputeError(f"{prefix}/{HEAD}: format {head.format}, this version reads {_FORMAT}")
+    return head
+
+
+# -- shipping -----------------------------------------------------------------------------------
+
+
+def ship(store: ObjectStore, dirs: HistoryDirs, prefix: str, staging: Path) -> int:
+    """One round for one branch (blocking): what its history holds here, there too; the
+    number of files copied."""
+    head = read_head(store, prefix) or Head(format=_FORMAT, bases=(), wal={})
+    copied = 0
+    bases: list[str] = []
+    for base in list_bases(dirs):
+        name = base.path.name
+        if _BASE.fullmatch(name) is None:
+            continue
+        if name not in head.bases:
+            _ship_base(store, base.path, f"{prefix}/base/{name}", staging)
+            copied += 1
+        bases.append(name)
+    wal: dict[str, str] = {}
+    for name in _local_wal(dirs):
+        if name in head.wal:
+            wal[name] = head.wal[name]
+            continue
+        sha = _ship_wal(store, dirs, name, f"{prefix}/wal/{name}")
+        if sha is not None:
+            wal[name] = sha
+            copied += 1
+    new = Head(format=_FORMAT, bases=tuple(bases), wal=dict(sorted(wal.items())))
+    if new != head:
+        store.write_bytes(f"{prefix}/{HEAD}", msgspec.json.encode(new))
+    _free(store, prefix, new)
+    return copied
+
+
+def _local_wal(dirs: HistoryDirs) -> list[str]:
+    try:
+        names = os.listdir(dirs.wal)
+    except FileNotFoundError:
+        return []
+    return sorted(n for n in names if _SEGMENT.fullmatch(n) or _HISTORY.fullmatch(n))
+
+
+def _ship_wal(store: ObjectStore, dirs: HistoryDirs, name: str, key: str) -> str | None:
+    """The archived file copied, as read (the tenant's: safely); None when it cannot be."""
+    limit = _MAX_SEGMENT if _SEGMENT.fullmatch(name) else _MAX_HISTORY_FILE
+    try:
+        fd = untrusted.open_regular(untrusted.under(dirs.wal, name))
+    except FileNotFoundError:
+        return None  # freed meanwhile
+    except OSError as exc:  # a link, a FIFO: never shipped, so never replayed elsewhere
+        log.warning("archived WAL %s of %s is not a plain file: %s", name, dirs.wal, exc)
+        return None
+    with open(fd, "rb") as f:  # safe: opened by the untrusted reader (no link, no FIFO)
+        try:
+            sent = store.write(key, f, max_bytes=limit)
+        except ComputeError as exc:
+            log.warning("archived WAL %s of %s not shipped: %s", name, dirs.wal, exc)
+            return None
+    return sent.sha256
+
+
+def _ship_base(store: ObjectStore, base: Path, prefix: str, staging: Path) -> None:
+    """A base state packed (a cold archive of its directory) and stored."""
+    staging.mkdir(mode=0o700, parents=True, exist_ok=True)
+    local = staging / f"base-{secrets.token_hex(4)}"
+    try:
+        archive.pack(base, local)
+        cold.upload(store, prefix, local)
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
+
+
+def _free(store: ObjectStore, prefix: str, head: Head) -> None:
+    """Objects of the branch that ``head`` does not name: freed here, or left by a crash."""
+    kept = {f"{prefix}/{HEAD}"}
+    kept |= {f"{prefix}/wal/{name}" for name in head.wal}
+    for name in head.bases:
+        kept |= {f"{prefix}/base/{name}/data.tar.gz", f"{prefix}/base/{name}/manifest.json"}
+    for key in store.keys(prefix):
+        if key not in kept:
+            store.delete(key)
+
+
+# -- fetching -----------------------------------------------------------------------------------
+
+
+def fetch(
+    store: ObjectStore, dirs: HistoryDirs, prefix: str, staging: Path, owner: tuple[int, int]
+) -> None:
+    """The branch's newest shipped base state and every WAL file from its start on, put in
+    its (empty or half-fetched) history here, each checked by its checksum; the WAL files
+    ``owner``'s (the compute user's: its postmasters archive there, and a replay reads them).
+    Raises ComputeError naming what is missing or damaged."""
+    head = read_head(store, prefix)
+    if head is None or not head.bases:
+        raise ComputeError(f"branch {dirs.branch_dir.name} has no history on shared storage")
+    newest = max(head.bases)
+    base_dir = dirs.bases / newest
+    dirs.bases.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not (base_dir / "base.json").is_file():
+        shutil.rmtree(base_dir, ignore_errors=True)  # half unpacked: unpack renames it whole
+        staging.mkdir(mode=0o700, parents=True, exist_ok=True)
+        local = staging / f"fetch-{secrets.token_hex(4)}"
+        try:
+            cold.download(store, f"{prefix}/base/{newest}", local)
+            archive.unpack(local, base_dir)
+        finally:
+            shutil.rmtree(local, ignore_errors=True)
+    base = next(b for b in list_bases(dirs) if b.path.name == newest)
+    first = base.start_lsn // base.segment_size
+    wanted = {
+        name: sha
+        for name, sha in head.wal.items()
+        if _HISTORY.fullmatch(name) or _segno(name, base.segment_size) >= first
+    }
+    with contextlib.suppress(FileExistsError):
+        dirs.wal.mkdir(mode=0o700)
+    os.chown(dirs.wal, *owner, follow_symlinks=False)
+    for name, sha in sorted(wanted.items()):
+        _fetch_wal(store, f"{prefix}/wal/{name}", dirs.wal / name, sha, owner)
+    fsync_dir(dirs.wal)
+    # The catalog a replay checks each segment against: the checksums shipped with them.
+    write_atomic(dirs.bases / WAL_SUMS, msgspec.json.encode(dict(sorted(wanted.items()))))
+
+
+def _segno(name: str, segment_size: int) -> int:
+    per_xlogid = 0x1_0000_0000 // segment_size
+    return int(name[8:16], 16) * per_xlogid + int(name[16:], 16)
+
+
+def _fetch_wal(store: ObjectStore, key: str, dest: Path, sha: str, owner: tuple[int, int]) -> None:
+    if dest.exists():  # fetched by an earlier attempt (its checksum is checked by the replay)
+        return
+    limit = _MAX_SEGMENT if _SEGMENT.fullmatch(dest.name) else _MAX_HISTORY_FILE
+    tmp = dest.with_name(f".{dest.name}.tmp-{secrets.token_hex(4)}")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        with open(os.open(tmp, flags, 0o600), "wb") as out:  # root's: made here, O_EXCL
+            _read_checked(store, key, out, sha, limit)
+            os.fchown(out.fileno(), *owner)
+            out.flush()
+            os.fsync(out.fileno())
+        os.rename(tmp, dest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _read_checked(store: ObjectStore, key: str, out: BinaryIO, sha: str, limit: int) -> None:
+    name = key.rsplit("/", 1)[-1]
+    try:
+        got = store.read(key, out, max_bytes=limit)
+    except FileNotFoundError:
+        raise ComputeError(f"WAL file {name} is missing from shared storage") from None
+    if got.sha256 != sha:
+        raise ComputeError(f"WAL file {name} on shared storage does not match its checksum")

@@ -1,0 +1,90 @@
+"""Shared storage as a directory: objects whole or absent, and what is read back never trusted
+(no link followed at any component, no FIFO waited on, every read bounded)."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import pytest
+
+from pgplane.compute.driver import ComputeError
+from pgplane.compute.local.cold import archive
+from pgplane.compute.local.shared import cold
+from pgplane.compute.local.shared.objects import DirectoryStore
+
+
+def test_objects_round_trip_with_their_checksums(tmp_path: Path) -> None:
+    store = DirectoryStore(tmp_path / "shared")
+    sent = store.write("history/p-1/b-1/wal/seg", io.BytesIO(b"x" * 5000), max_bytes=5000)
+    sink = io.BytesIO()
+    got = store.read("history/p-1/b-1/wal/seg", sink, max_bytes=5000)
+    assert (got.size, got.sha256) == (sent.size, sent.sha256) == (5000, sent.sha256)
+    assert sink.getvalue() == b"x" * 5000
+    assert store.keys("history/p-1") == ["history/p-1/b-1/wal/seg"]
+    assert (tmp_path / "shared").stat().st_mode & 0o777 == 0o700
+    store.delete("history/p-1")
+    assert store.keys("history") == []
+    assert store.identity == DirectoryStore(tmp_path / "shared").identity
+
+
+def test_a_read_is_bounded_and_a_write_too(tmp_path: Path) -> None:
+    store = DirectoryStore(tmp_path)
+    store.write_bytes("a/big", b"y" * 100)
+    with pytest.raises(ComputeError, match="larger than 99"):
+        store.read_bytes("a/big", max_bytes=99)
+    with pytest.raises(ComputeError, match="more than 10"):
+        store.write("a/other", io.BytesIO(b"z" * 11), max_bytes=10)
+    assert not store.exists("a/other")  # nothing half written is seen
+    assert store.keys("a") == ["a/big"]
+
+
+@pytest.mark.parametrize("key", ["../x", "a/../b", ".hidden", "a//b", "a/b/", "/abs"])
+def test_keys_are_written_one_way_only(tmp_path: Path, key: str) -> None:
+    with pytest.raises(ComputeError, match="invalid shared storage key"):
+        DirectoryStore(tmp_path).exists(key)
+
+
+def test_links_and_fifos_on_shared_storage_are_refused(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"another project's")
+    store = DirectoryStore(tmp_path / "shared")
+    store.write_bytes("p/real", b"ok")
+    root = tmp_path / "shared"
+    os.symlink(secret, root / "p" / "link")
+    os.symlink(tmp_path, root / "dirlink")
+    os.mkfifo(root / "p" / "fifo")
+    with pytest.raises(ComputeError, match="cannot be read"):
+        store.read_bytes("p/link", max_bytes=100)
+    with pytest.raises((ComputeError, FileNotFoundError)):
+        store.read_bytes("dirlink/secret", max_bytes=100)
+    with pytest.raises(ComputeError, match="not a regular file"):
+        store.read_bytes("p/fifo", max_bytes=100)  # refused at once, never waited on
+    assert not store.exists("p/link")
+    assert store.keys("p") == ["p/real"]
+
+
+def test_a_stored_archive_comes_back_checked(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    (tree / "branches").mkdir(parents=True)
+    (tree / "branches" / "f").write_bytes(os.urandom(4096))
+    local = tmp_path / "archive"
+    archive.pack(tree, local)
+    store = DirectoryStore(tmp_path / "shared")
+    manifest = cold.upload(store, "archive/p-1", local)
+    assert cold.verify(store, "archive/p-1") == manifest
+    fetched = tmp_path / "fetched"
+    cold.download(store, "archive/p-1", fetched)
+    archive.unpack(fetched, tmp_path / "back")
+    assert (tmp_path / "back" / "branches" / "f").read_bytes() == (
+        tree / "branches" / "f"
+    ).read_bytes()
+    # A byte changed on shared storage: refused before anything is unpacked.
+    data = tmp_path / "shared" / "archive" / "p-1" / "data.tar.gz"
+    damaged = bytearray(data.read_bytes())
+    damaged[len(damaged) // 2] ^= 1
+    data.write_bytes(bytes(damaged))
+    with pytest.raises(ComputeError, match="corrupt"):
+        cold.download(store, "archive/p-1", tmp_path / "again")
+    assert not (tmp_path / "again").exists()
