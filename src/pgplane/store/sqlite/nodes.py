@@ -89,7 +89,7 @@ class NodesMixin(Statements):
 
     async def node_loads(self) -> list[NodeLoad]:
         rows = await self._c.all(_LOADS)
-        return [NodeLoad(node=_node(r), projects=r[11], computes=r[12]) for r in rows]
+        return [NodeLoad(node=_node(r), projects=r[12], computes=r[13]) for r in rows]
 
     async def adopt_projects(self, node: str) -> int:
         cur = await self._c.execute("UPDATE projects SET node = ? WHERE node IS NULL", (node,))
