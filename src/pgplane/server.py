@@ -17,18 +17,17 @@ from collections.abc import Iterator
 
 import uvicorn
 
-from pgplane import __version__
+from pgplane import startup
 from pgplane.api import create_app
 from pgplane.api.health import Readiness
 from pgplane.api.http import HttpLimits, protocol_with
 from pgplane.api.logcontext import with_request_ids
-from pgplane.compute.local import LocalComputeDriver, LocalDriverConfig
+from pgplane.compute.local import LocalComputeDriver
 from pgplane.compute.local.tenants.volumes import MIN_BYTES as MIN_SHARE_BYTES
 from pgplane.config import Settings
-from pgplane.core.operations import Action
 from pgplane.engine import Engine
 from pgplane.engine.history_handlers import keep_history, ship_history
-from pgplane.engine.node import NodeLease, node_name
+from pgplane.engine.node import NodeLease
 from pgplane.engine.project_data import ProjectData
 from pgplane.engine.reconcile import reconcile
 from pgplane.engine.scheduler import Scheduler
@@ -46,12 +45,7 @@ from pgplane.proxy.sqlhttp.run import Limits
 from pgplane.proxy.throttle import LoginThrottle
 from pgplane.serverlock import AlreadyServing, ServerLock
 from pgplane.services import signin
-from pgplane.services.nodes import NameTaken
 from pgplane.store import Store
-from pgplane.store.open import open_store
-from pgplane.telemetry import logs
-from pgplane.telemetry.metrics import NO_METRICS, Metrics
-from pgplane.telemetry.prometheus import Prometheus
 from pgplane.tls import (
     CertPair,
     ProxyTLS,
@@ -179,56 +173,6 @@ async def serve(settings: Settings) -> None:
         lock.release()
 
 
-async def _open_store(settings: Settings, metrics: Metrics) -> Store:
-    try:
-        return await open_store(
-            settings.store,
-            settings.store_path,
-            metrics,
-            pool_size=settings.store_pool_size,
-            name=f"pgplane {node_name(settings)}",
-        )
-    except Unavailable as exc:  # a PostgreSQL store that cannot be reached
-        raise SystemExit(f"pgplane: {exc.message}") from None
-
-
-def _metrics(settings: Settings) -> Metrics:
-    """The figures kept for /metrics, and the logs, each naming this node."""
-    try:
-        name = node_name(settings)
-    except ValueError as exc:
-        raise SystemExit(f"pgplane: {exc}") from None
-    logs.set_node(name)
-    if not settings.metrics:
-        return NO_METRICS
-    return Prometheus(version=__version__, actions=Action, node=name)
-
-
-async def _shared_storage(driver: LocalComputeDriver) -> str | None:
-    """The shared storage's id (made there on first use), read before the node registers."""
-    try:
-        shared = await asyncio.to_thread(driver.shared_storage)
-    except OSError as exc:
-        raise SystemExit(f"pgplane: the shared storage cannot be used: {exc}") from None
-    if shared is not None:
-        log.info("shared storage %s: the cold archive and history go there", shared)
-    return shared
-
-
-async def _register(
-    store: Store, settings: Settings, metrics: Metrics, shared: str | None
-) -> NodeLease:
-    """This process as a node of the platform, before it touches any project."""
-    try:
-        node = NodeLease(store, settings, metrics, shared)
-        await node.register(settings.proxy_port)
-    except (ValueError, NameTaken, Unavailable) as exc:
-        await store.close()
-        message = exc.message if isinstance(exc, Unavailable) else str(exc)
-        raise SystemExit(f"pgplane: {message}") from None
-    return node
-
-
 async def _start_proxy(proxy: Proxy, settings: Settings, store: Store, node: NodeLease) -> Settings:
     """The proxy listening; the settings with the port it has (0 asked the system for one)."""
     try:
@@ -248,37 +192,14 @@ async def _start_proxy(proxy: Proxy, settings: Settings, store: Store, node: Nod
     return settings
 
 
-async def _driver(settings: Settings) -> tuple[LocalComputeDriver, Settings]:
-    """The compute driver, and the settings with the Postgres versions it serves."""
-    driver = LocalComputeDriver(
-        LocalDriverConfig(
-            data_dir=settings.data_dir,
-            pg_bin_dirs=settings.pg_bin_dirs,
-            compute_user=settings.compute_user,
-            listen_host=settings.compute_host,
-            disk_reserve_bytes=settings.disk_reserve_bytes,
-            history_base_bytes=settings.history_base_bytes,
-            walls=settings.walls,
-            disk_per_project_bytes=settings.disk_per_project << 20,
-            branch_size_limit_mib=settings.branch_size_limit,
-            shared_dir=settings.shared_dir,
-            archive_timeout_seconds=settings.archive_timeout_seconds,
-        )
-    )
-    settings = dataclasses.replace(settings, pg_versions=tuple(driver.pg_versions()))
-    log.info("PostgreSQL versions available: %s", ", ".join(map(str, settings.pg_versions)))
-    await driver.apply_size_limit()
-    return driver, settings
-
-
 async def _serve(settings: Settings) -> None:
     _check_limits(settings)
     api_gate, proxy_gate = gates(settings)
     tls = _certificate(settings)
-    driver, settings = await _driver(settings)
-    metrics = _metrics(settings)
-    store = await _open_store(settings, metrics)
-    node = await _register(store, settings, metrics, await _shared_storage(driver))
+    driver, settings = await startup.driver(settings)
+    metrics = startup.metrics(settings)
+    store = await startup.store(settings, metrics)
+    node = await startup.register(store, settings, metrics, await startup.shared_storage(driver))
     # Renewed from here on, through the slow steps of the start (adopting computes, the proxy):
     # a lease that lapsed before the first heartbeat would show a node that is starting as down.
     node_task = asyncio.create_task(node.run(), name="node heartbeat")
