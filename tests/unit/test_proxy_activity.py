@@ -25,3 +25,17 @@ def test_a_newer_sighting_is_not_pushed_back_by_an_unwritten_older_one() -> None
     activity.close(session, now=500)  # used again, then gone: seen at 500, not sampled yet
     activity.unsampled(sample)
     assert activity.sample(now=600) == {"ep-a": 500}
+
+
+def test_a_count_read_off_the_kernel_is_activity_as_it_moves_and_at_the_end() -> None:
+    activity = Activity()
+    bytes_moved = [0]
+    session = activity.open("ep-a", now=100)
+    session.kernel = lambda: bytes_moved[0]
+    assert activity.sample(now=200) == {"ep-a": 200}  # first seen
+    assert activity.sample(now=300) == {}  # nothing moved, no chunk counted
+    bytes_moved[0] += 42
+    assert activity.sample(now=400) == {"ep-a": 400}
+    # Its end is its last use: the kernel's count may not have been read since.
+    activity.close(session, now=450)
+    assert activity.sample(now=500) == {"ep-a": 450}

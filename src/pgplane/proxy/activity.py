@@ -1,12 +1,15 @@
 """Which endpoints the proxy has seen used, and when: the input to idle suspend.
 
-Counting is cheap on purpose (the pipe adds one to a counter per chunk it forwards); turning
-counts into times happens once per scheduler tick, in :meth:`Activity.sample`.
+Counting is cheap on purpose: a piped session's count is the kernel's, its client's TCP bytes
+(or the kernel relay's), read only as it is sampled; where there is none the pipe adds one to a
+counter per chunk it forwards. Turning counts into times happens once per scheduler tick, in
+:meth:`Activity.sample`.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 
 from pgplane.telemetry.metrics import NO_METRICS, Metrics
 
@@ -14,12 +17,19 @@ from pgplane.telemetry.metrics import NO_METRICS, Metrics
 class Session:
     """One client connection through the proxy to an endpoint."""
 
-    __slots__ = ("endpoint_id", "seen", "ticks")
+    __slots__ = ("endpoint_id", "kernel", "seen", "ticks")
 
     def __init__(self, endpoint_id: str) -> None:
         self.endpoint_id = endpoint_id
         self.ticks = 0  # chunks forwarded in either direction
-        self.seen = -1  # ``ticks`` at the last sample
+        self.seen = -1  # ``count()`` at the last sample
+        # A count the kernel keeps for the session (pgplane.proxy.pipe.tcp_activity, or the
+        # kernel relay's), read when sampled.
+        self.kernel: Callable[[], int] | None = None
+
+    def count(self) -> int:
+        """What changes while the session is used."""
+        return self.ticks if self.kernel is None else self.ticks + self.kernel()
 
 
 class Activity:
@@ -43,7 +53,9 @@ class Activity:
             if not sessions:
                 del self._open[session.endpoint_id]
             self._metrics.proxy_closed()
-        if session.ticks != session.seen:
+        # A count read off the kernel may be one sample old once the connection is closed: its
+        # end (a Terminate, a close) is taken as the session's last use, as the pipe counts it.
+        if session.kernel is not None or session.count() != session.seen:
             self._changed[session.endpoint_id] = now
 
     def connections(self, endpoint_id: str) -> int:
@@ -53,8 +65,9 @@ class Activity:
         """Endpoints active since the last sample, with ``now`` (or when they went quiet)."""
         for endpoint_id, sessions in self._open.items():
             for session in sessions:
-                if session.ticks != session.seen:
-                    session.seen = session.ticks
+                count = session.count()
+                if count != session.seen:
+                    session.seen = count
                     self._changed[endpoint_id] = now
         changed, self._changed = self._changed, {}
         return changed

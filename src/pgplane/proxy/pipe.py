@@ -5,12 +5,20 @@ While the proxy handshakes, what a side sends is buffered for the proxy to read,
 the proxy has read what it needs, so a client that pours bytes before it is logged in costs a
 fixed amount of memory. Once piped, every chunk goes straight to the peer's transport, and a
 peer that cannot keep up pauses this side (its write buffer's high-water mark).
+
+Once nothing in a side's bytes is left to notice (the compute's cancel key read), and the
+session's activity can be read off the client's TCP connection (:func:`tcp_activity`), the side
+hands its transport to :class:`_Forwarding`, whose ``data_received`` *is* the peer's write: on
+uvloop each chunk goes from the loop's read callback into the peer transport's write, C to C,
+with no Python frame and no count per chunk.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
+import struct
 from collections.abc import Callable
 from typing import Protocol, cast
 
@@ -19,7 +27,7 @@ from pgplane.proxy.framing import HEADER, payload_length
 
 HANDSHAKE_BUFFER = 128 * 1024
 LINGER = 2.0  # seconds a refused peer has to read its refusal and close
-_HIGH_WATER = 256 * 1024
+HIGH_WATER = 256 * 1024
 _UNPIPED = Session("")
 
 
@@ -99,6 +107,7 @@ class Side(asyncio.Protocol):
             if self._sniff is not None and self._sniff(data):
                 self._sniff = None
                 self._forward = peer.write
+                self._hand_off()
             return
         self._buffer += data
         if len(self._buffer) > HANDSHAKE_BUFFER and not self._paused:
@@ -219,6 +228,19 @@ class Side(asyncio.Protocol):
         finally:
             self.close()
 
+    def _hand_off(self) -> None:
+        """To :class:`_Forwarding`, when the session's activity is counted without us and this
+        side's bytes are its own (a framed side's are not: they are decoded first)."""
+        session, forward = self._session, self._forward
+        if (
+            session is not None
+            and session.kernel is not None
+            and forward is not None
+            and type(self).data_received is Side.data_received
+            and self._transport is not None
+        ):
+            self._transport.set_protocol(_Forwarding(self, forward))
+
     def pipe_to(
         self,
         peer: Side,
@@ -229,14 +251,73 @@ class Side(asyncio.Protocol):
         self._peer = peer.sink()
         self._session = self._ticks = session
         self._sniff = sniff
-        self.transport.set_write_buffer_limits(high=_HIGH_WATER)
+        self.transport.set_write_buffer_limits(high=HIGH_WATER)
         if self._buffer:
             pending, self._buffer = bytes(self._buffer), bytearray()
             self._received(pending)
         if sniff is None:
             self._forward = self._peer.write
+            self._hand_off()
         if self._paused:
             self._paused = False
             self.transport.resume_reading()
         if self._eof:
             peer.close()
+
+
+class _Forwarding(asyncio.Protocol):
+    """A piped side's protocol once its chunks need nothing but passing on (see the module)."""
+
+    data_received: Callable[[bytes], None]  # type: ignore[assignment]  # the peer's write
+
+    def __init__(self, side: Side, write: Callable[[bytes], None]) -> None:
+        self.data_received = write
+        self._side = side
+
+    def eof_received(self) -> bool | None:
+        return self._side.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._side.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._side.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._side.resume_writing()
+
+
+_TCP_INFO_LEN = 144  # struct tcp_info up to tcpi_bytes_received (Linux 4.1)
+_BYTES_ACKED = 120
+
+
+def tcp_activity(transport: asyncio.BaseTransport) -> Callable[[], int] | None:
+    """A count that moves whenever bytes move on ``transport``'s TCP connection, either way
+    (the kernel's ``tcpi_bytes_acked`` and ``tcpi_bytes_received``); None for another kind of
+    connection, or a kernel without them."""
+    sock = transport.get_extra_info("socket")
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return None
+
+    def read() -> int | None:
+        try:
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
+        except OSError:
+            return None
+        if len(info) < _TCP_INFO_LEN:
+            return None
+        acked, received = struct.unpack_from("=QQ", info, _BYTES_ACKED)
+        return int(acked + received)
+
+    last = read()
+    if last is None:
+        return None
+
+    def count() -> int:
+        nonlocal last
+        # A closed transport's descriptor may be another connection's by now: its last count.
+        if not transport.is_closing():
+            last = read() or last
+        return cast(int, last)
+
+    return count

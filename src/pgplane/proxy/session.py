@@ -30,7 +30,7 @@ from pgplane.proxy.connect import Connector
 from pgplane.proxy.forward import Forwarder
 from pgplane.proxy.framing import MAX_AUTH_FRAME, FrameError, KeySniffer
 from pgplane.proxy.login import authenticate, check_cleartext
-from pgplane.proxy.pipe import Closed, Side
+from pgplane.proxy.pipe import Closed, Side, tcp_activity
 from pgplane.proxy.seam import Computes, Route, RouteError, Target, UnknownEndpoint
 from pgplane.proxy.throttle import LoginThrottle
 
@@ -227,7 +227,10 @@ class Sessions:
             # The reply holds the cancel key already (the proxy logged in up to ReadyForQuery);
             # the sniffer reads it from there.
             sniffer = KeySniffer(found)
-            compute.pipe_to(client, session, None if sniffer(reply) else sniffer)
+            sniffed = sniffer(reply)
+            # Activity read off the client's connection: the pipe need not count its chunks.
+            session.kernel = tcp_activity(client.transport)
+            compute.pipe_to(client, session, None if sniffed else sniffer)
             client.pipe_to(compute, session)
             await asyncio.wait([client.lost, compute.lost], return_when="FIRST_COMPLETED")
         finally:
