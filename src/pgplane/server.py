@@ -44,21 +44,17 @@ from pgplane.proxy.sqlhttp.handler import SqlOverHttp
 from pgplane.proxy.sqlhttp.pool import Pool
 from pgplane.proxy.sqlhttp.run import Limits
 from pgplane.proxy.throttle import LoginThrottle
+from pgplane.proxy_tls import proxy_certificate
 from pgplane.serverlock import AlreadyServing, ServerLock
 from pgplane.services import signin
 from pgplane.services.nodes import NameTaken
+from pgplane.services.proxy_authority import NotCovered
 from pgplane.store import Store
 from pgplane.store.open import open_store
 from pgplane.telemetry import logs
 from pgplane.telemetry.metrics import NO_METRICS, Metrics
 from pgplane.telemetry.prometheus import Prometheus
-from pgplane.tls import (
-    CertPair,
-    ProxyTLS,
-    certificate_hash,
-    ensure_certificate,
-    server_context,
-)
+from pgplane.tls import ProxyTLS, certificate_hash, server_context
 
 log = logging.getLogger("pgplane")
 
@@ -148,12 +144,6 @@ def _sql_over_http(settings: Settings, sessions: Sessions) -> SqlOverHttp:
     )
 
 
-def _certificate(settings: Settings) -> ProxyTLS:
-    if settings.tls_cert is not None and settings.tls_key is not None:
-        return ProxyTLS(CertPair(settings.tls_cert, settings.tls_key))
-    return ensure_certificate(settings.tls_dir, settings.proxy_host)
-
-
 def _check_limits(settings: Settings) -> None:
     if settings.branch_size_limit < 0:
         raise SystemExit("pgplane: PGPLANE_BRANCH_SIZE_LIMIT must not be negative (0: no limit)")
@@ -210,6 +200,15 @@ async def _register(store: Store, settings: Settings, metrics: Metrics) -> NodeL
     return node
 
 
+async def _proxy_certificate(settings: Settings, store: Store, node: NodeLease) -> ProxyTLS:
+    try:
+        return await proxy_certificate(settings, store, node.name)
+    except NotCovered as exc:
+        await node.release()  # refused: no project may be placed on it meanwhile
+        await store.close()
+        raise SystemExit(f"pgplane: {exc}") from None
+
+
 async def _start_proxy(proxy: Proxy, settings: Settings, store: Store, node: NodeLease) -> Settings:
     """The proxy listening; the settings with the port it has (0 asked the system for one)."""
     try:
@@ -253,11 +252,11 @@ async def _driver(settings: Settings) -> tuple[LocalComputeDriver, Settings]:
 async def _serve(settings: Settings) -> None:
     _check_limits(settings)
     api_gate, proxy_gate = gates(settings)
-    tls = _certificate(settings)
     driver, settings = await _driver(settings)
     metrics = _metrics(settings)
     store = await _open_store(settings, metrics)
     node = await _register(store, settings, metrics)
+    tls = await _proxy_certificate(settings, store, node)
     await reconcile(store, driver, node.name)
     engine = Engine(store=store, driver=driver, settings=settings, metrics=metrics, node=node.name)
     activity = Activity(metrics)
