@@ -7,7 +7,8 @@ import contextlib
 import json
 import re
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,14 +23,23 @@ NAMES = ("node-a", "node-b", "node-c")
 
 
 @contextlib.contextmanager
-def running_nodes(count: int = 2, **env: str) -> Iterator[tuple[Server, ...]]:
-    """``count`` nodes (``node-a``, ``node-b``…) on a fresh database of the test store cluster;
+def running_nodes(
+    count: int = 2, prepare: Mapping[str, Callable[[Path], None]] | None = None, **env: str
+) -> Iterator[tuple[Server, ...]]:
+    """``count`` nodes (``node-a``, ``node-b``…, started in that order) on a fresh database of
+    the test store cluster; ``prepare``, by node name, sees a node's data directory first;
     ``env`` for each (its heartbeat and lease too, over the fast ones of ``NODE_ENV``)."""
     url = store_cluster().database()
+    prepare = prepare or {}
     with contextlib.ExitStack() as stack:
         yield tuple(
             stack.enter_context(
-                running_server(store=url, PGPLANE_NODE_NAME=name, **{**NODE_ENV, **env})
+                running_server(
+                    prepare=prepare.get(name),
+                    store=url,
+                    PGPLANE_NODE_NAME=name,
+                    **{**NODE_ENV, **env},
+                )
             )
             for name in NAMES[:count]
         )

@@ -43,16 +43,12 @@ from pgplane.proxy.sqlhttp.handler import SqlOverHttp
 from pgplane.proxy.sqlhttp.pool import Pool
 from pgplane.proxy.sqlhttp.run import Limits
 from pgplane.proxy.throttle import LoginThrottle
+from pgplane.proxy_tls import proxy_certificate
 from pgplane.serverlock import AlreadyServing, ServerLock
 from pgplane.services import signin
+from pgplane.services.proxy_authority import NotCovered
 from pgplane.store import Store
-from pgplane.tls import (
-    CertPair,
-    ProxyTLS,
-    certificate_hash,
-    ensure_certificate,
-    server_context,
-)
+from pgplane.tls import ProxyTLS, certificate_hash, server_context
 
 log = logging.getLogger("pgplane")
 
@@ -142,12 +138,6 @@ def _sql_over_http(settings: Settings, sessions: Sessions) -> SqlOverHttp:
     )
 
 
-def _certificate(settings: Settings) -> ProxyTLS:
-    if settings.tls_cert is not None and settings.tls_key is not None:
-        return ProxyTLS(CertPair(settings.tls_cert, settings.tls_key))
-    return ensure_certificate(settings.tls_dir, settings.proxy_host)
-
-
 def _check_limits(settings: Settings) -> None:
     if settings.branch_size_limit < 0:
         raise SystemExit("pgplane: PGPLANE_BRANCH_SIZE_LIMIT must not be negative (0: no limit)")
@@ -173,6 +163,15 @@ async def serve(settings: Settings) -> None:
         lock.release()
 
 
+async def _proxy_certificate(settings: Settings, store: Store, node: NodeLease) -> ProxyTLS:
+    try:
+        return await proxy_certificate(settings, store, node.name)
+    except NotCovered as exc:
+        await node.release()  # refused: no project may be placed on it meanwhile
+        await store.close()
+        raise SystemExit(f"pgplane: {exc}") from None
+
+
 async def _start_proxy(proxy: Proxy, settings: Settings, store: Store, node: NodeLease) -> Settings:
     """The proxy listening; the settings with the port it has (0 asked the system for one)."""
     try:
@@ -195,7 +194,6 @@ async def _start_proxy(proxy: Proxy, settings: Settings, store: Store, node: Nod
 async def _serve(settings: Settings) -> None:
     _check_limits(settings)
     api_gate, proxy_gate = gates(settings)
-    tls = _certificate(settings)
     driver, settings = await startup.driver(settings)
     metrics = startup.metrics(settings)
     store = await startup.store(settings, metrics)
@@ -203,6 +201,7 @@ async def _serve(settings: Settings) -> None:
     # Renewed from here on, through the slow steps of the start (adopting computes, the proxy):
     # a lease that lapsed before the first heartbeat would show a node that is starting as down.
     node_task = asyncio.create_task(node.run(), name="node heartbeat")
+    tls = await _proxy_certificate(settings, store, node)
     await reconcile(store, driver, node.name)
     engine = Engine(store=store, driver=driver, settings=settings, metrics=metrics, node=node.name)
     activity = Activity(metrics)

@@ -30,7 +30,7 @@ from websockets.sync.client import connect as ws_connect
 from pgplane.nodelink import messages
 from pgplane.nodelink.authority import NodeAuthority, NodeTls
 from pgplane.proxy import wire
-from pgplane.tls.authority import ensure_authority
+from pgplane.tls.authority import Authority
 from tests import pgclient
 from tests.nodes import cli, home, running_nodes
 from tests.support import Api, Server
@@ -145,8 +145,16 @@ def _client_context(cert_and_key: Path | None) -> ssl.SSLContext:
 
 
 def _tenant_side_certificate(server: Server, tmp: Path) -> Path:
-    """A client certificate signed by the node's tenant-facing authority (``tls/ca.key``)."""
-    authority = ensure_authority(server.data_dir / "tls", "localhost")
+    """A client certificate signed by the platform's tenant-facing authority, the one every
+    node's proxy certificates are signed by (the test reads it from the store, as only the
+    platform may)."""
+    with _store(server) as conn:
+        row = conn.execute("SELECT cert, key FROM proxy_authority").fetchone()
+    assert row is not None
+    authority = Authority.from_pem(row[0], row[1], tmp / "ca.crt")
+    assert authority.cert == x509.load_pem_x509_certificate(
+        (server.data_dir / "tls" / "ca.crt").read_bytes()
+    )  # the one the node's clients trust
     key = ec.generate_private_key(ec.SECP256R1())
     cert = authority.issue([x509.DNSName("node-a")], key)
     path = tmp / "tenant-side.pem"

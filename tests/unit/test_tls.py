@@ -16,8 +16,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from pgplane import server as entry
 from pgplane.config import Settings
+from pgplane.proxy_tls import proxy_certificate
+from pgplane.store import Store
 from pgplane.tls import (
     CertPair,
     ProxyTLS,
@@ -143,15 +144,22 @@ def test_an_older_installs_self_signed_certificate_is_replaced(tmp_path: Path) -
     assert "*.localhost" in _names(leaf)
 
 
-def test_the_operators_own_certificate_wins_and_is_left_alone(tmp_path: Path) -> None:
+async def test_the_operators_own_certificate_wins_and_is_left_alone(
+    tmp_path: Path, any_store: Store
+) -> None:
     own = CertPair(tmp_path / "own" / "proxy.crt", tmp_path / "own" / "proxy.key")
     _self_signed(own)
     before = (own.cert.read_bytes(), own.key.read_bytes())
-    settings = Settings(data_dir=tmp_path / "data", tls_cert=own.cert, tls_key=own.key)
-    tls = entry._certificate(settings)
-    assert tls == ProxyTLS(own)
-    assert (own.cert.read_bytes(), own.key.read_bytes()) == before
-    assert not settings.tls_dir.exists()  # no authority made beside it
+    for store in (None, "postgresql://a-store-of-several-nodes"):
+        settings = Settings(
+            data_dir=tmp_path / "data", tls_cert=own.cert, tls_key=own.key, store=store
+        )
+        tls = await proxy_certificate(settings, any_store, "node-a")
+        assert tls == ProxyTLS(own)
+        assert (own.cert.read_bytes(), own.key.read_bytes()) == before
+        assert not settings.tls_dir.exists()  # no authority made beside it
+    async with any_store.read() as tx:
+        assert await tx.get_proxy_authority() is None  # nor in the store
 
 
 async def _handshake(context: ssl.SSLContext, name: str, cafile: Path) -> x509.Certificate:

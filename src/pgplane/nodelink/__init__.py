@@ -7,8 +7,9 @@ certificate of the platform's *node authority* (mutual TLS), checked in the hand
 byte of the connection is read; each side checks the other's certificate names the node it
 expects. The authority lives in the store, which the platform alone reads: the first node that
 needs it makes it, in a transaction, and every node issues itself a certificate from it when it
-starts (:mod:`pgplane.nodelink.authority`). It is not the per-data-directory authority of
-:mod:`pgplane.tls`, which signs what clients see: a certificate of that one opens no node door.
+starts (:mod:`pgplane.nodelink.authority`). It is not the tenant-facing authority of
+:mod:`pgplane.tls`, which signs what clients see (also kept in the store, in a table of its own:
+:mod:`pgplane.tls.shared`): a certificate of that one opens no node door.
 
 Over the channel a node asks another for what only the project's own node can do
 (:mod:`pgplane.nodelink.messages`): a proxied session to one of its computes (the asking node has

@@ -65,3 +65,12 @@ class NodesTx(abc.ABC):
     @abc.abstractmethod
     async def put_node_authority(self, *, cert: str, key: str, now: int) -> None:
         """Record the node authority; there is one (a second insert fails the transaction)."""
+
+    @abc.abstractmethod
+    async def get_proxy_authority(self) -> tuple[str, str] | None:
+        """The platform's tenant-facing authority (its certificate and key, PEM), if made yet:
+        the one every node's proxy certificates are signed by, on a store of several nodes."""
+
+    @abc.abstractmethod
+    async def put_proxy_authority(self, *, cert: str, key: str, now: int) -> None:
+        """Record the tenant-facing authority, replacing the one there was (there is one)."""

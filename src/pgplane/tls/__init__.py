@@ -3,7 +3,9 @@
 Without ``--tls-cert``/``--tls-key`` the platform keeps, in ``<data-dir>/tls`` (0700), its
 certificate authority (``ca.crt``, which clients trust; ``ca.key``, 0600) and the proxy's
 certificate signed by it (:mod:`pgplane.tls.authority`), renewed at start when the names change
-or its end nears. Names under a one-label host get a certificate each (:mod:`pgplane.tls.by_name`).
+or its end nears. On a PostgreSQL store (several nodes) the authority is the platform's, one for
+every node, kept in the store (:mod:`pgplane.tls.shared`). Names under a one-label host get a
+certificate each (:mod:`pgplane.tls.by_name`).
 The operator's own pair is used as it is: nothing is made, renewed or signed.
 
 Clients' SCRAM channel binding (``tls-server-end-point``) is the hash of the certificate the
@@ -50,7 +52,14 @@ def ca_certificate(directory: Path) -> Path:
 def ensure_certificate(directory: Path, host: str) -> ProxyTLS:
     """The platform's authority and the proxy's certificate for ``host`` in ``directory``, made
     or renewed as needed (a self-signed certificate of an older install is replaced)."""
-    authority = ensure_authority(directory, host)
+    return signed_certificate(ensure_authority(directory, host), host)
+
+
+def signed_certificate(authority: Authority, host: str) -> ProxyTLS:
+    """The proxy's certificate for ``host``, beside the authority's certificate, issued by it
+    anew when the one there is not its own (another authority's, before a shared one), names
+    other names or nears its end."""
+    directory = authority.cert_path.parent
     pair = CertPair(directory / "proxy.crt", directory / "proxy.key")
     ensure_leaf(authority, pair.cert, pair.key, host)
     return ProxyTLS(pair, authority, host)

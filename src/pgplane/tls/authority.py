@@ -6,8 +6,9 @@ self-signed proxy certificate is trusted by nothing, and a new one on every rein
 to be trusted again; so the platform keeps one authority, made on first start, whose
 certificate clients trust once (``sslrootcert=``, ``NODE_EXTRA_CA_CERTS``, a system store).
 
-Its key never leaves the data directory (0600 in a 0700 directory). The authority is
-name-constrained to the names the proxy serves (the proxy host, ``localhost`` and loopback
+Its key never leaves the data directory (0600 in a 0700 directory); on a platform of several
+nodes it is the platform's, kept in the store instead (:mod:`pgplane.tls.shared`). The authority
+is name-constrained to the names the proxy serves (the proxy host, ``localhost`` and loopback
 addresses): a trust store that takes it trusts it for nothing else, should its key leak.
 """
 
@@ -97,7 +98,7 @@ def _pem_key(key: _Key) -> bytes:
     )
 
 
-def _load(cert_path: Path, key_path: Path) -> tuple[x509.Certificate, _Key] | None:
+def load_pair(cert_path: Path, key_path: Path) -> tuple[x509.Certificate, _Key] | None:
     """The pair at these paths, if both are there and belong together."""
     try:
         cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
@@ -157,6 +158,32 @@ class Authority:
             return False
         return True
 
+    @classmethod
+    def from_pem(cls, cert_pem: str, key_pem: str, cert_path: Path) -> Authority:
+        cert = x509.load_pem_x509_certificate(cert_pem.encode())
+        key = serialization.load_pem_private_key(key_pem.encode(), password=None)
+        if not isinstance(key, ec.EllipticCurvePrivateKey) or cert.public_key() != key.public_key():
+            raise ValueError("the certificate authority's key is not its certificate's")
+        return cls(cert, key, cert_path)
+
+    def pem(self) -> tuple[str, str]:
+        """The certificate and the key, as PEM."""
+        return self.cert.public_bytes(serialization.Encoding.PEM).decode(), _pem_key(
+            self.key
+        ).decode()
+
+    def subtrees(self) -> str:
+        """The names it may sign for, as an operator reads them."""
+        try:
+            ext = self.cert.extensions.get_extension_for_class(x509.NameConstraints).value
+        except x509.ExtensionNotFound:
+            return "any name"
+        return ", ".join(str(s.value) for s in ext.permitted_subtrees or [])
+
+    def permits_host(self, host: str) -> bool:
+        """Whether it may sign the proxy's certificate for ``host`` (:func:`proxy_names`)."""
+        return self.permits(proxy_names(host))
+
     def permits(self, names: Iterable[Name]) -> bool:
         """Whether the authority's name constraints take every name of ``names``."""
         try:
@@ -167,7 +194,9 @@ class Authority:
         return all(any(_covers(s, n) for s in subtrees) for n in names)
 
 
-def _create(directory: Path, host: str) -> Authority:
+def make_authority(host: str, cert_path: Path) -> Authority:
+    """A new authority constrained to the names of ``host`` (:func:`proxy_names`), in memory;
+    ``cert_path`` is where clients will find its certificate."""
     key = ec.generate_private_key(ec.SECP256R1())
     # A word of its own in the name, so two installs' authorities in one trust store are told
     # apart by name as well as by key.
@@ -200,10 +229,25 @@ def _create(directory: Path, host: str) -> Authority:
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
+    return Authority(cert, key, cert_path)
+
+
+def _create(directory: Path, host: str) -> Authority:
+    authority = make_authority(host, directory / "ca.crt")
+    cert_pem, key_pem = authority.pem()
     # The key first, so a crash leaves no certificate without its key; both written atomically.
-    write_atomic(directory / "ca.key", _pem_key(key))
-    write_atomic(directory / "ca.crt", cert.public_bytes(serialization.Encoding.PEM), 0o644)
-    return Authority(cert, key, directory / "ca.crt")
+    write_atomic(directory / "ca.key", key_pem.encode())
+    write_atomic(directory / "ca.crt", cert_pem.encode(), 0o644)
+    return authority
+
+
+def replacement_reason(authority: Authority, host: str) -> str | None:
+    """Why ``authority`` cannot serve the proxy host ``host`` (None: it can)."""
+    if not _fresh(authority.cert, _CA_RENEW_BEFORE):
+        return "it nears its end"
+    if not authority.permits_host(host):
+        return f"it is not valid for the proxy host {host}"
+    return None
 
 
 def ensure_authority(directory: Path, host: str) -> Authority:
@@ -211,14 +255,11 @@ def ensure_authority(directory: Path, host: str) -> Authority:
     or constrained to names that no longer include ``host``."""
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     directory.chmod(0o700)
-    found = _load(directory / "ca.crt", directory / "ca.key")
+    found = load_pair(directory / "ca.crt", directory / "ca.key")
     if found is not None:
         authority = Authority(*found, directory / "ca.crt")
-        if not _fresh(authority.cert, _CA_RENEW_BEFORE):
-            reason = "it nears its end"
-        elif not authority.permits(proxy_names(host)):
-            reason = f"it is not valid for the proxy host {host}"
-        else:
+        reason = replacement_reason(authority, host)
+        if reason is None:
             return authority
         log.warning(
             "the platform's certificate authority is replaced (%s): clients that trusted the old"
@@ -239,7 +280,7 @@ def ensure_leaf(authority: Authority, cert_path: Path, key_path: Path, host: str
     issued anew when missing, not the authority's (a self-signed one from before), naming other
     names, or near its end. Returns whether it was issued."""
     names = proxy_names(host)
-    found = _load(cert_path, key_path)
+    found = load_pair(cert_path, key_path)
     if found is not None:
         cert, key = found
         try:

@@ -127,3 +127,15 @@ class NodesMixin(Statements):
             "INSERT INTO node_authority (id, cert, key, created_at) VALUES (1, ?, ?, ?)",
             (cert, key, now),
         )
+
+    async def get_proxy_authority(self) -> tuple[str, str] | None:
+        r = await self._c.one("SELECT cert, key FROM proxy_authority WHERE id = 1")
+        return (r[0], r[1]) if r else None
+
+    async def put_proxy_authority(self, *, cert: str, key: str, now: int) -> None:
+        await self._c.execute(
+            "INSERT INTO proxy_authority (id, cert, key, created_at) VALUES (1, ?, ?, ?)"
+            " ON CONFLICT (id) DO UPDATE SET cert = excluded.cert, key = excluded.key,"
+            " created_at = excluded.created_at",
+            (cert, key, now),
+        )
