@@ -8,14 +8,15 @@ from __future__ import annotations
 import shutil
 import signal
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from tests.e2e.test_nodes_move import ENV, contents, fill
-from tests.nodes import cli, home, running_nodes
+from tests.e2e.test_nodes_move import ENV, Pair, contents, fill, shipped
+from tests.nodes import attempts, cli, home, running_nodes, wait_down
 from tests.support import Api, Server, run_cli, wait_for
 
 
@@ -107,3 +108,60 @@ def _kill_inside_a_move(shared: Path, killed: str, failpoint: str) -> None:
             assert not (shared / "archive" / pid).exists()
             for server in (a, b):
                 assert not (server.data_dir / "archive" / pid).exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("failpoint", ["rebuild:replaying", "after:tenant_attach"])
+def test_kill_inside_a_recovery(shared: Path, failpoint: str) -> None:
+    """Node A lost for good, its project brought back on node B by `nodes recover`, and B
+    SIGKILLed inside the rebuild (tenant_attach): once B is back, every operation of the
+    recovery finished, each attempted on B once (the attach twice: the killed attempt and its
+    retry), with every row A shipped before it died."""
+    with running_nodes(2, PGPLANE_SHARED_DIR=str(shared), **ENV) as (a, b):
+        pair = Pair(a, b, shared)
+        try:
+            body = pair.project_on_a("lost")
+            pid, branch_id = body["project"]["id"], body["branch"]["id"]
+            fill(pair.uri(pid, pair.api_a), rows=2000)
+            uri = pair.uri(pid)  # node-b's, before node-a dies
+            with psycopg.connect(pair.uri(pid, pair.api_a), connect_timeout=60) as conn:
+                row = conn.execute("SELECT pg_walfile_name(pg_current_wal_insert_lsn())")
+                (segment,) = row.fetchone() or ("",)
+            wanted = contents(pair.uri(pid, pair.api_a))
+            wait_for(f"segment {segment} shipped",
+                     lambda: segment in shipped(shared, pid, branch_id), server=a)  # fmt: skip
+            a.stop(signal.SIGKILL)  # for good
+            _restart(b, failpoint)
+            wait_down(b, "node-a")
+            done = run_cli("nodes", "recover", "node-a", "--to", "node-b",
+                           data_dir=b.data_dir, env=b.env)  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            needle = f"failpoint {failpoint} reached"
+            wait_for(needle, lambda: needle in b.log(), 180, server=b)
+            b.stop(signal.SIGKILL)
+            b.env.pop("PGPLANE_FAILPOINTS")
+            before = Counter(attempts(b))
+            b.start()
+
+            recovery = [o for o in pair.api_b.operations(pid) if o["action"] == "tenant_attach"]
+            assert len(recovery) == 1, recovery
+            attach = recovery[0]
+            after = [
+                o["id"]
+                for o in pair.api_b.operations(pid)
+                if o["created_at"] >= attach["created_at"]
+            ]
+            ops = pair.api_b.wait_operations(pid, after, 180)
+            assert {o["status"] for o in ops} == {"finished"}, (ops, b.log()[-4000:])
+            assert sorted(o["action"] for o in ops) == ["start_compute", "tenant_attach"], ops
+            ran = Counter(attempts(b))
+            assert {op: ran[op] for op in after} == {
+                op: 2 if op == attach["id"] else 1 for op in after
+            }, (ran, before)
+            assert not any(attach["id"] in line for line in a.log().splitlines()
+                           if "attempt" in line)  # fmt: skip
+            assert (b.data_dir / "projects" / pid).is_dir()  # A's copy: A is gone for good
+            assert contents(uri) == wanted
+        finally:
+            pair.api_a.http.close()
+            pair.api_b.http.close()

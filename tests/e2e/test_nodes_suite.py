@@ -18,14 +18,18 @@ of their own, as three machines would run them (tests/nodes.py).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator
 
 import psycopg
 import pytest
 
-from tests.nodekill import ROWS, Trio, kill_during, trio_of
+from pgplane.core.operations import Action
+from tests.nodekill import kill_during
+from tests.nodekill_cases import CASES, ELSEWHERE
 from tests.nodes import finished_ops, home, node_of, nodes
 from tests.support import wait_for
+from tests.trio import ROWS, Trio, trio_of
 
 
 @pytest.fixture(scope="module")
@@ -107,3 +111,12 @@ def test_node_c_killed_while_it_copies_a_branch(trio: Trio) -> None:
 
 def test_node_c_killed_while_a_compute_starts(trio: Trio) -> None:
     kill_during(trio, "start_compute:spawned")
+
+
+def test_every_kind_of_operation_has_a_kill_case() -> None:
+    """A new action joins the kill suite: a case here, or a named test that kills inside it."""
+    covered = {case.action for case in CASES.values()}
+    for action, (module, test) in ELSEWHERE.items():
+        assert callable(getattr(importlib.import_module(module), test)), (action, module, test)
+        covered.add(action)
+    assert covered == set(Action)
