@@ -30,7 +30,7 @@ from tests.support import wait_for
 @pytest.mark.both_stores
 @pytest.mark.parametrize(
     "failpoint",
-    ["create_branch:backup_started", slow("create_branch:copied"), "after:create_branch"],
+    ["create_branch:backup_started", slow("create_branch:copied"), slow("after:create_branch")],
 )
 def test_kill_during_branch_creation(crash: Crash, failpoint: str) -> None:
     crash.arm(failpoint)

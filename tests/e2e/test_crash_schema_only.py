@@ -1,9 +1,10 @@
 """``pgplane serve`` killed inside a schema-only branch's build, and what holds after its restart.
 
-Killed once the source is read (``schema_only:read``) or once the new cluster holds the schema,
-its temporary postmaster still running on ``pgdata.tmp`` (``schema_only:restored``): the
-restarted server's retry stops that postmaster, builds again from nothing, and the branch exists
-once, with the parent's table and none of its rows, the parent untouched.
+Killed once the source is read (``schema_only:read``, with ``-m slow``) or once the new cluster
+holds the schema, its temporary postmaster still running on ``pgdata.tmp``
+(``schema_only:restored``): the restarted server's retry stops that postmaster, builds again from
+nothing, and the branch exists once, with the parent's table and none of its rows, the parent
+untouched.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from tests.crash import ROWS, SUM, Crash, assert_consistent
+from tests.crash import ROWS, SUM, Crash, assert_consistent, slow
 
 
-@pytest.mark.parametrize("failpoint", ["schema_only:read", "schema_only:restored"])
+@pytest.mark.parametrize("failpoint", [slow("schema_only:read"), "schema_only:restored"])
 def test_kill_inside_a_schema_only_build(crash: Crash, failpoint: str) -> None:
     crash.arm(failpoint)
     r = crash.api.http.post(

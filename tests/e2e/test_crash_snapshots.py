@@ -126,7 +126,7 @@ def test_kill_during_a_finalized_restore_onto_the_branch(crash: Crash, failpoint
 @pytest.mark.parametrize(
     "failpoint",
     [
-        "stop_compute:signalled",
+        slow("stop_compute:signalled"),
         "start_compute:spawned",
         slow("after:suspend_compute"),
         slow("after:start_compute"),

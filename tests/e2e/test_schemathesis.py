@@ -31,7 +31,7 @@ from tests.support import Api, Server, path_parameters, running_server
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMATHESIS = str(Path(sys.executable).parent / "schemathesis")
 SEED = 20261121
-EXAMPLES = int(os.environ.get("PGPLANE_FUZZ_EXAMPLES", "10"))
+EXAMPLES = int(os.environ.get("PGPLANE_FUZZ_EXAMPLES", "6"))
 
 
 @pytest.fixture(scope="module")
