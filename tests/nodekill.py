@@ -1,14 +1,16 @@
 """Three nodes, and node C killed in the middle of an operation: the multi-node suites' harness
 (tests/e2e/test_nodes_suite*.py).
 
-A case starts one kind of operation on a project of C's, through another node's API, with a
-failpoint armed on C; C is SIGKILLed once its log says the failpoint was reached. While C is
-down, the other nodes' own projects keep working and C's projects are still read. C is started
-again (same data directory, same name) and what its handler did is counted, not assumed:
+A case (tests/nodekill_cases.py) starts one kind of operation on a project of C's, through
+another node's API, with a failpoint armed on C; C is SIGKILLed once its log says the failpoint
+was reached. While C is down, the other nodes' own projects keep working and C's projects are
+still read. C is started again (same data directory, same name) and what its handler did is
+counted, not assumed:
 
 - every operation of the project was attempted on C and on no other node, once each, and
   twice the one the kill interrupted (its killed attempt and the retry), never at once;
-- C's /metrics, fresh since the restart, count exactly the operations it finished since;
+- C's /metrics, fresh since the restart, count exactly the operations it finished since (the
+  case's, and any other work of C's projects the kill left unfinished, a scheduler's job);
 - the project's data is on C only (one data directory per branch, none half built), each
   compute is served by exactly one postmaster, the one that ran through the kill where one did,
   with no start beyond those asked for;

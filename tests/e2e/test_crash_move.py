@@ -1,7 +1,9 @@
 """A node drained, and the node it leaves or the node it goes to SIGKILLed inside the move: after
 the killed node restarts, every operation of the move finished, the project is on the other node
 once, whole (every row), its compute running again, and nothing of it is left behind (no data on
-the node it left, no archive on shared storage or on either node)."""
+the node it left, no archive on shared storage or on either node). And (``-m slow``) a node lost
+for good, its project rebuilt on the other by `nodes recover`, that node killed inside the rebuild:
+every row shipped is there once it is back."""
 
 from __future__ import annotations
 
