@@ -38,9 +38,14 @@ def _restart(server: Server, failpoint: str | None) -> None:
     server.start()
 
 
-# CI kills at one point on each side; -m slow at the others too.
+# CI kills the node the project goes to (the node it leaves is killed inside a detach by
+# test_crash_data.py on one node); -m slow at every other point, on both sides.
 @pytest.mark.parametrize(
-    ("killed", "failpoint"), [("a", "tenant_detach:stored"), ("b", "tenant_reattach:fetched")]
+    ("killed", "failpoint"),
+    [
+        pytest.param("a", "tenant_detach:stored", marks=pytest.mark.slow),
+        ("b", "tenant_reattach:fetched"),
+    ],
 )
 def test_kill_inside_a_move(shared: Path, killed: str, failpoint: str) -> None:
     _kill_inside_a_move(shared, killed, failpoint)

@@ -29,6 +29,9 @@ from tests.nodes import (
 from tests.support import Api, Server
 
 
+# The three-node suite checks the same in CI (spread, each operation once on its node, nodes list,
+# a cordon, a node down refused by name): this one runs with -m slow.
+@pytest.mark.slow
 def test_two_nodes_share_the_platform_and_one_killed_refuses_only_its_projects() -> None:
     with running_nodes(2) as servers:
         a, b = servers

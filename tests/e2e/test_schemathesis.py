@@ -1,12 +1,13 @@
 """Scenario B1: schemathesis against the platform's own OpenAPI document, served by a real server.
 
 Every documented operation gets examples, boundary cases (the coverage phase), fuzzed cases and
-sequences that follow the ids one response gives the next (the stateful phase), in positive and
-negative modes; every response goes through all of schemathesis' checks: no server error, status,
-content type, headers and body as documented, schema-valid requests taken and invalid ones
-refused, authentication enforced, unknown methods 405 with ``Allow``, OPTIONS telling the truth, a
-deleted object gone and a created one there. Path parameters are the ids of a seeded project, so
-requests reach the code behind the lookups; each destructive operation gets an object of its own.
+sequences that follow the ids one response gives the next (the stateful phase, ``-m slow``), in
+positive and negative modes; every response goes through all of schemathesis' checks: no server
+error, status, content type, headers and body as documented, schema-valid requests taken and
+invalid ones refused, authentication enforced, unknown methods 405 with ``Allow``, OPTIONS telling
+the truth, a deleted object gone and a created one there. Path parameters are the ids of a seeded
+project, so requests reach the code behind the lookups; each destructive operation gets an object
+of its own.
 
 schemathesis runs as its command line (the same engine as its pytest plugin, whose fixture loader
 does not work with pytest 9.2), seeded and bounded so CI stays quick: ``PGPLANE_FUZZ_EXAMPLES``
@@ -31,7 +32,7 @@ from tests.support import Api, Server, path_parameters, running_server
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMATHESIS = str(Path(sys.executable).parent / "schemathesis")
 SEED = 20261121
-EXAMPLES = int(os.environ.get("PGPLANE_FUZZ_EXAMPLES", "6"))
+EXAMPLES = int(os.environ.get("PGPLANE_FUZZ_EXAMPLES", "10"))
 
 
 @pytest.fixture(scope="module")
@@ -276,6 +277,9 @@ def test_every_operation_keeps_to_the_document(
         assert api.http.get(f"/projects/{seeds['parameters']['project_id']}").status_code == 200
 
 
+# Two minutes of sequences: run before a change to the API lands, with -m slow (the per-operation
+# run above checks every operation in CI).
+@pytest.mark.slow
 def test_sequences_keep_to_the_document(
     fuzzed: Server, seeds: dict[str, Any], tmp_path: Path
 ) -> None:
