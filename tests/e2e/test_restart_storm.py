@@ -109,12 +109,16 @@ def listening_sockets(pids: set[int]) -> list[str]:
     inodes = _socket_inodes(pids)
     found: set[str] = set()
     for net in {_net(pid) for pid in pids} - {None}:
+        try:  # a process gone since it was listed took its sockets with it
+            tables = {t: (net / t).read_text() for t in ("tcp", "tcp6", "unix")}
+        except (FileNotFoundError, ProcessLookupError):
+            continue
         for table in ("tcp", "tcp6"):
-            for line in (net / table).read_text().splitlines()[1:]:
+            for line in tables[table].splitlines()[1:]:
                 cols = line.split()
                 if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
                     found.add(f"tcp {cols[1]} {cols[9]}")
-        for line in (net / "unix").read_text().splitlines()[1:]:
+        for line in tables["unix"].splitlines()[1:]:
             cols = line.split()
             # Flags 00010000 (__SO_ACCEPTCON): a listening socket.
             if len(cols) >= 8 and int(cols[3], 16) & 0x10000 and cols[6] in inodes:
@@ -128,7 +132,10 @@ def _net(pid: int) -> Path | None:
         namespace = os.readlink(f"/proc/{pid}/ns/net")
     except OSError:
         return None
-    return _first_in_namespace.setdefault(namespace, Path(f"/proc/{pid}/net"))
+    cached = _first_in_namespace.get(namespace)
+    if cached is None or not cached.exists():  # the first one seen may have exited since
+        cached = _first_in_namespace[namespace] = Path(f"/proc/{pid}/net")
+    return cached
 
 
 _first_in_namespace: dict[str, Path] = {}

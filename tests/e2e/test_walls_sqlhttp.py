@@ -165,7 +165,14 @@ def test_wrong_passwords_are_throttled_per_endpoint_and_address(server: Server, 
     assert answers[0]["code"] == "28P01"
     assert answers[-1]["code"] == "08004", answers[-1]
     assert "too many failed logins" in answers[-1]["message"]
-    # Now even the right password waits, from this address; another address is untouched.
+
+    # Now even the right password waits, from this address; another address is untouched. The
+    # allowance refills a failure every 2 s: asked right after a wrong one spent the refill, not
+    # at a moment the next refill may fall on.
+    def spent() -> bool:
+        return bool(_sql(server, wrong, {"query": "SELECT 1"}).json()["code"] == "28P01")
+
+    wait_for("a wrong password spending the allowance's refill", spent, 10)
     r = _sql(server, _uri(project), {"query": "SELECT 1"})
     assert r.status_code == 400 and "too many failed logins" in r.json()["message"]
     r = _sql(server, _uri(project), {"query": "SELECT 1"}, source=OTHER)
