@@ -16,7 +16,7 @@ import pytest
 from pgplane.proxy import wire
 from tests import pgclient
 from tests.e2e.test_allowed_ips import NEON_WORDS, OTHER
-from tests.support import Api, Server
+from tests.support import Api, Server, wait_for
 
 UNNAMED = (
     "endpoint not specified: connect to ep-<id>.localhost (TLS with SNI), pass"
@@ -103,7 +103,17 @@ def test_a_wrong_password_is_refused_wakes_nothing_and_is_throttled(
         with pytest.raises(psycopg.OperationalError) as caught:
             psycopg.connect(**wrong)
     assert "too many failed logins" in str(caught.value)
-    # Then the right password too, from this address; another address logs in as usual.
+
+    # Then the right password too, from this address (asked right after a wrong one spent the
+    # allowance's refill, a failure every 2 s); another address logs in as usual.
+    def spent() -> bool:
+        try:
+            psycopg.connect(**wrong)
+        except psycopg.OperationalError as e:
+            return "password authentication failed" in str(e)
+        return False
+
+    wait_for("a wrong password spending the refill", spent, 10)
     right = f"endpoint={eid};{params['password']}"
     with pytest.raises(psycopg.OperationalError, match="too many failed logins"):
         psycopg.connect(**_by_address(server, params["role"], right))

@@ -237,7 +237,12 @@ def test_wrong_passwords_are_throttled_per_address(api: Api, server: Server) -> 
     refusals = [pgclient.refusal(server.proxy_port, password="guess", **guesser) for _ in range(40)]
     assert refusals[0] == 'password authentication failed for user "neondb_owner"'
     assert refusals[-1] is not None and "too many failed logins" in refusals[-1]
-    # Refused before its password is looked at, right or wrong...
+    # Refused before its password is looked at, right or wrong (asked right after a wrong one
+    # spent the allowance's refill, a failure every 2 s, not when the next may fall)...
+    failed = 'password authentication failed for user "neondb_owner"'
+    wait_for("a wrong password spending the refill",
+             lambda: pgclient.refusal(server.proxy_port, password="guess", **guesser) == failed,
+             10)  # fmt: skip
     right = pgclient.refusal(server.proxy_port, password=password, **guesser)
     assert right is not None and "too many failed logins" in right
     # ...while everyone else logs in as usual.
