@@ -128,14 +128,15 @@ class Crash:
             / "pgdata"
         )
 
-    def checksums(self) -> dict[str, str]:
-        """Every file of the project's branches' data (its computes stopped). Their history
+    def checksums(self, *branch_ids: str) -> dict[str, str]:
+        """Every file of the project's branches' data, or of ``branch_ids`` only: their computes
+        must be stopped (a running one writes and removes WAL files under the walk). Their history
         beside it is left out: the keeper catalogues, takes and frees it on its own time."""
         branches = self.server.data_dir / "projects" / self.pid / "branches"
         return {
             f"{branch.name}/pgdata/{path}": digest
             for branch in sorted(branches.iterdir())
-            if (branch / "pgdata").is_dir()
+            if (branch / "pgdata").is_dir() and (not branch_ids or branch.name in branch_ids)
             for path, digest in tree_checksums(branch / "pgdata").items()
         }
 
