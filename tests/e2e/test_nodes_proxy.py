@@ -322,7 +322,14 @@ def test_wrong_passwords_through_node_a_are_throttled_before_anything_wakes(
     before = _starts(apis[0], pid)
     refusals = [_login_from(a.proxy_port, OTHER, uri, password="guess")[0] for _ in range(30)]
     assert set(refusals) == {"28P01"}
-    throttled = _login_from(a.proxy_port, OTHER, uri)  # even the right password, now
+    # Even the right password, now: asked right after a wrong one spent the allowance's refill
+    # (a failure every 2 s), as a slow machine's thirty logins may have earned one more.
+    wait_for(
+        "a wrong password spending the refill",
+        lambda: _login_from(a.proxy_port, OTHER, uri, password="guess")[0] == "28P01",
+        10,
+    )
+    throttled = _login_from(a.proxy_port, OTHER, uri)
     assert throttled[0] == "08004" and "too many failed logins" in throttled[1], throttled
     assert _starts(apis[0], pid) == before
     assert apis[0].endpoint(pid, eid)["current_state"] == "idle"
