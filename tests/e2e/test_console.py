@@ -352,7 +352,7 @@ def _state(api: Api, pid: str) -> tuple[object, ...]:
 
 
 def test_every_console_page_needs_a_session(server: Server) -> None:
-    with httpx.Client(base_url=f"http://127.0.0.1:{server.port}") as anonymous:
+    with httpx.Client(base_url=f"http://127.0.0.1:{server.port}", timeout=30) as anonymous:
         for path in ("/console/projects/", "/console/settings/api-keys/", "/console/projects/x"):
             r = anonymous.get(path)
             assert r.status_code == 303 and r.headers["location"] == "/console/signin", path

@@ -110,7 +110,9 @@ def _first_key(page: Page, server: Server) -> httpx.Client:
     expect(page.get_by_text("it will not be shown again")).to_be_visible()
     _shot(page, "api-keys")
     key = (page.locator("#new-key").text_content() or "").strip()
-    api = httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {key}"})
+    api = httpx.Client(
+        base_url=server.base_url, headers={"Authorization": f"Bearer {key}"}, timeout=30
+    )
     assert api.get("/projects").status_code == 200
     return api
 
@@ -250,7 +252,9 @@ def test_a_compute_that_cannot_start_says_why_and_its_settings_are_mended_here(
             run_cli("api-keys", "create", "--name", "k", data_dir=server.data_dir).stdout
         )
         with httpx.Client(
-            base_url=server.base_url, headers={"Authorization": f"Bearer {key['key']}"}
+            base_url=server.base_url,
+            headers={"Authorization": f"Bearer {key['key']}"},
+            timeout=30,  # not httpx's 5 s: a loaded machine may take longer
         ) as api:
             r = api.post("/projects", json={"project": {"name": "broken"}})
             assert r.status_code == 201, r.text

@@ -135,10 +135,14 @@ def test_failed_authentications_are_counted_by_each_node(
     good = {"Authorization": f"Bearer {key}"}
     with (
         httpx.Client(
-            base_url=a.base_url, transport=httpx.HTTPTransport(local_address=ATTACKER)
+            base_url=a.base_url,
+            transport=httpx.HTTPTransport(local_address=ATTACKER),
+            timeout=30,
         ) as at_a,
         httpx.Client(
-            base_url=b.base_url, transport=httpx.HTTPTransport(local_address=ATTACKER)
+            base_url=b.base_url,
+            transport=httpx.HTTPTransport(local_address=ATTACKER),
+            timeout=30,
         ) as at_b,
     ):
         for client in (at_a, at_b):

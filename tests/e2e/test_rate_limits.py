@@ -168,7 +168,9 @@ def test_repeated_invalid_keys_from_one_address_are_throttled(limited: Server) -
     """Scenario A7: after the threshold an address is refused, others are not, and it recovers."""
     valid = new_account(limited)
     attacker = httpx.Client(
-        base_url=limited.base_url, transport=httpx.HTTPTransport(local_address=ATTACKER)
+        base_url=limited.base_url,
+        transport=httpx.HTTPTransport(local_address=ATTACKER),
+        timeout=30,
     )
     bystander = Api(limited, valid)
     wrong = [
