@@ -53,14 +53,19 @@ def _metrics(frame: dict[str, Any]) -> dict[str, int]:
 
 
 @pytest.fixture(scope="module")
-def project(api: Api) -> dict[str, Any]:
+def project(api: Api, server: Server) -> dict[str, Any]:
     body = api.create_ready_project(autoscaling_limit_min_cu=1, autoscaling_limit_max_cu=1)
     pid = body["project"]["id"]
     uri = body["connection_uris"][0]["connection_uri"]
     with psycopg.connect(uri, connect_timeout=60, autocommit=True) as conn:
         conn.execute("SELECT sum(sqrt(g)) FROM generate_series(1, 5000000) g")
+        # And runs two wall seconds at least: the figures are whole seconds, and a quiet
+        # machine's query alone took 0.6 s (its compute time then 0).
+        conn.execute("SELECT pg_sleep(2)")
     api.suspend(pid, body["endpoints"][0]["id"])
     start, end = _hours()
+
+    seen: dict[str, int] = {}
 
     def figures() -> dict[str, int] | None:
         r = api.http.get(
@@ -73,10 +78,14 @@ def project(api: Api) -> dict[str, Any]:
         for frame in r.json()["projects"][0]["periods"][0]["consumption"]:
             for name, value in _metrics(frame).items():
                 totals[name] = totals.get(name, 0) + value
+        seen.update(totals)
         return totals if all(totals.get(m, 0) > 0 for m in METRICS.split(",")) else None
 
     # Compute time is recorded with the suspend; storage once sampled twice (integrated).
-    body["totals"] = wait_for("the project's hourly figures", figures, timeout=60)
+    try:
+        body["totals"] = wait_for("the project's hourly figures", figures, 60, server=server)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\nthe last figures: {seen}") from None
     return body
 
 
