@@ -92,8 +92,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 # The files that take longest, longest first (seconds of test time on a clean run: 268, 142,
 # 140, 130, 108, 106, 105, 87, 81, 81). They start first, so none starts last while the other
 # test process idles: pytest-xdist's own order (--no-loadscope-reorder in scripts/test turns it
-# off) puts files with few tests last, schemathesis' one 270 s test among them. The rest follow in
-# that order, most tests first. Simulated on two clean runs' timings: 3 min less than xdist's.
+# off) puts files with few tests last, schemathesis' one 270 s test among them. The rest follow,
+# most tests first (xdist's rule). Simulated on two clean runs' timings: 3 min less than xdist's.
 LONGEST = (
     "tests/e2e/test_schemathesis.py",
     "tests/e2e/test_crash.py",
@@ -111,7 +111,6 @@ LONGEST = (
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Longest files first, then by number of tests (each file's own order kept: the sort is
     stable and its tests share one key)."""
-
     root = Path(__file__).resolve().parent.parent
     if stale := [path for path in LONGEST if not (root / path).is_file()]:
         raise pytest.UsageError(f"tests/conftest.py LONGEST names files that are gone: {stale}")
