@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import httpx
@@ -356,6 +356,25 @@ def wait_for(
             tail = "" if server is None else "\n" + "\n".join(server.log().splitlines()[-40:])
             raise AssertionError(f"timed out waiting for {what}{tail}")
         time.sleep(0.1)
+
+
+T = TypeVar("T")
+
+# The proxy's login throttle: 30 failures at once, then one every 2 s (proxy/throttle.py). A
+# loaded machine's thirty may take longer than 2 s and earn a refill or more on the way.
+
+
+def until_throttled(attempt: Callable[[], T], failed: Callable[[T], bool]) -> T:
+    """Wrong logins (``attempt``) until one is refused as something other than a wrong password
+    (``failed``): the allowance spent, whatever the refills it earned. That refusal."""
+    return wait_for("the allowance spent", lambda: None if failed(answer := attempt()) else answer)
+
+
+def spend_refill(attempt: Callable[[], T], failed: Callable[[T], bool]) -> None:
+    """Until a wrong login (``attempt``) is refused as a wrong password (``failed``): the refill
+    just spent, so the next try, right password or wrong, is throttled (and not one the next
+    refill may fall on)."""
+    wait_for("a wrong password spending the refill", lambda: failed(attempt()), 10)
 
 
 def assert_no_key_values_kept(server: Server) -> None:

@@ -16,7 +16,7 @@ import pytest
 from pgplane.proxy import wire
 from tests import pgclient
 from tests.e2e.test_allowed_ips import NEON_WORDS, OTHER
-from tests.support import Api, Server, wait_for
+from tests.support import Api, Server, spend_refill, until_throttled
 
 UNNAMED = (
     "endpoint not specified: connect to ep-<id>.localhost (TLS with SNI), pass"
@@ -105,16 +105,14 @@ def test_a_wrong_password_is_refused_wakes_nothing_and_is_throttled(
             psycopg.connect(**wrong)
         return str(caught.value)
 
+    def failed(refused: str) -> bool:
+        return "password authentication failed" in refused
+
     for _ in range(30):
         refusal()
-    # Refused unasked once the allowance is spent (30 at once, then a failure every 2 s: a loaded
-    # machine's thirty may have earned a refill or more, spent by the next tries).
-    wait_for("the allowance spent", lambda: "too many failed logins" in refusal(), 60)
-    # Then the right password too, from this address (asked right after a wrong one spent the
-    # allowance's refill); another address logs in as usual.
-    wait_for(
-        "a wrong password spending the refill", lambda: "authentication failed" in refusal(), 10
-    )
+    assert "too many failed logins" in until_throttled(refusal, failed)
+    # Then the right password too, from this address; another address logs in as usual.
+    spend_refill(refusal, failed)
     right = f"endpoint={eid};{params['password']}"
     with pytest.raises(psycopg.OperationalError, match="too many failed logins"):
         psycopg.connect(**_by_address(server, params["role"], right))

@@ -27,7 +27,7 @@ import pytest
 from pgplane.proxy import wire
 from tests import pgclient, serverless
 from tests.nodes import attempts, cli, home, running_nodes, wait_down
-from tests.support import Api, Server, wait_for
+from tests.support import Api, Server, spend_refill, wait_for
 
 OTHER = "127.0.0.2"
 # The names each test's project takes: all made on node-c up front (the other nodes cordoned).
@@ -322,12 +322,10 @@ def test_wrong_passwords_through_node_a_are_throttled_before_anything_wakes(
     before = _starts(apis[0], pid)
     refusals = [_login_from(a.proxy_port, OTHER, uri, password="guess")[0] for _ in range(30)]
     assert set(refusals) == {"28P01"}
-    # Even the right password, now: asked right after a wrong one spent the allowance's refill
-    # (a failure every 2 s), as a slow machine's thirty logins may have earned one more.
-    wait_for(
-        "a wrong password spending the refill",
-        lambda: _login_from(a.proxy_port, OTHER, uri, password="guess")[0] == "28P01",
-        10,
+    # Even the right password, now.
+    spend_refill(
+        lambda: _login_from(a.proxy_port, OTHER, uri, password="guess"),
+        lambda answer: answer[0] == "28P01",
     )
     throttled = _login_from(a.proxy_port, OTHER, uri)
     assert throttled[0] == "08004" and "too many failed logins" in throttled[1], throttled

@@ -29,7 +29,7 @@ from pgplane.proxy import wire
 from tests import pgclient
 from tests.e2e.test_serverless_ws import _credentials, ws_login
 from tests.e2e.test_walls_sockets import Flood, Flooder, _assert_proxy_refused, _probe
-from tests.support import Api, Server, running_server, wait_for
+from tests.support import Api, Server, running_server, spend_refill, until_throttled
 
 CAP = 6  # the proxy's connections per address (the same as test_walls_sockets, whose Flood runs)
 FLOOD = 3 * CAP
@@ -200,20 +200,19 @@ def test_wrong_passwords_on_the_websocket_door_are_throttled_with_tcps(
     port = walled.proxy_port
     guess = {**creds, "password": "guess", "options": f"endpoint={eid}", "source": FLOODER}
     failed = ("28P01", 'password authentication failed for user "neondb_owner"')
-    refusals = [ws_login(port, **guess) for _ in range(30)]
+
+    def attempt() -> tuple[str, str]:
+        return ws_login(port, **guess)
+
+    def wrong(answer: tuple[str, str]) -> bool:
+        return answer == failed
+
+    refusals = [attempt() for _ in range(30)]
     assert refusals[0] == failed
-
-    # Throttled once the allowance is spent (30 at once, then one every 2 s: a slow machine's
-    # thirty logins may have earned one more).
-    def refusal() -> tuple[str, str] | None:
-        answer = ws_login(port, **guess)
-        return None if answer == failed else answer
-
-    throttled = wait_for("the allowance spent", refusal, 10)
+    throttled = until_throttled(attempt, wrong)
     assert throttled[0] == "08004" and "too many failed logins" in throttled[1], throttled
-    # The same allowance on TCP: the door does not matter, the address and endpoint do (asked
-    # right after a wrong password spent the refill, not when the next may fall).
-    wait_for("a wrong password spending the refill", lambda: ws_login(port, **guess) == failed, 10)
+    # The same allowance on TCP: the door does not matter, the address and endpoint do.
+    spend_refill(attempt, wrong)
     tcp = pgclient.refusal(port, source=FLOODER, endpoint=eid, **creds)
     assert tcp is not None and "too many failed logins" in tcp
     # Everyone else logs in; nothing woke before them.

@@ -22,7 +22,7 @@ from psycopg.conninfo import make_conninfo
 
 from pgplane.compute.local.layout import Layout
 from tests import pgclient
-from tests.support import Api, Server, running_server, wait_for
+from tests.support import Api, Server, running_server, spend_refill, until_throttled, wait_for
 
 
 def _starts(api: Api, pid: str) -> list[dict[str, Any]]:
@@ -235,22 +235,16 @@ def test_wrong_passwords_are_throttled_per_address(api: Api, server: Server) -> 
     password = project["connection_uris"][0]["connection_parameters"]["password"]
     guesser = {"endpoint": eid, "user": "neondb_owner", "source": "127.0.0.2"}
     failed = 'password authentication failed for user "neondb_owner"'
-    refusals = [pgclient.refusal(server.proxy_port, password="guess", **guesser) for _ in range(30)]
+
+    def guess() -> str | None:
+        return pgclient.refusal(server.proxy_port, password="guess", **guesser)
+
+    refusals = [guess() for _ in range(30)]
     assert refusals[0] == failed
-
-    # Refused unasked once the allowance is spent (30 at once, then a failure every 2 s: a loaded
-    # machine's thirty may have earned a refill or more, spent by the next tries)...
-    def throttled() -> str | None:
-        refusal = pgclient.refusal(server.proxy_port, password="guess", **guesser)
-        return None if refusal == failed else refusal
-
-    last = wait_for("the allowance spent", throttled, 60)
+    last = until_throttled(guess, lambda refusal: refusal == failed)
     assert last is not None and "too many failed logins" in last
-    # ...before its password is looked at, right or wrong (asked right after a wrong one spent
-    # the allowance's refill, not when the next may fall)...
-    wait_for("a wrong password spending the refill",
-             lambda: pgclient.refusal(server.proxy_port, password="guess", **guesser) == failed,
-             10)  # fmt: skip
+    # Refused before its password is looked at, right or wrong...
+    spend_refill(guess, lambda refusal: refusal == failed)
     right = pgclient.refusal(server.proxy_port, password=password, **guesser)
     assert right is not None and "too many failed logins" in right
     # ...while everyone else logs in as usual.

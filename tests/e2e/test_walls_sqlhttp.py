@@ -21,7 +21,7 @@ import httpx
 import psycopg
 import pytest
 
-from tests.support import Api, Server, running_server, wait_for
+from tests.support import Api, Server, running_server, spend_refill, until_throttled, wait_for
 
 OTHER = "127.0.0.2"
 TIME_BOUND = 2.0
@@ -161,26 +161,22 @@ def test_an_address_off_the_allow_list_is_refused_before_its_password(
 def test_wrong_passwords_are_throttled_per_endpoint_and_address(server: Server, api: Api) -> None:
     project = api.create_ready_project(name="walls-sql-throttle")
     wrong = _uri(project, password="wrong")
-    answers = [_sql(server, wrong, {"query": "SELECT 1"}).json() for _ in range(30)]
-    assert answers[0]["code"] == "28P01"
 
-    # Then refused unasked once the allowance is spent (30 at once, then a failure every 2 s: a
-    # loaded machine's thirty may have earned a refill or more, spent by the next tries).
-    def throttled() -> dict[str, str] | None:
+    def guess() -> dict[str, str]:
         answer: dict[str, str] = _sql(server, wrong, {"query": "SELECT 1"}).json()
-        return None if answer["code"] == "28P01" else answer
+        return answer
 
-    answer = wait_for("the allowance spent", throttled, 60)
+    def failed(answer: dict[str, str]) -> bool:
+        return answer["code"] == "28P01"
+
+    answers = [guess() for _ in range(30)]
+    assert failed(answers[0])
+    answer = until_throttled(guess, failed)
     assert answer["code"] == "08004", answer
     assert "too many failed logins" in answer["message"]
 
-    # Now even the right password waits, from this address; another address is untouched. The
-    # allowance refills a failure every 2 s: asked right after a wrong one spent the refill, not
-    # at a moment the next refill may fall on.
-    def spent() -> bool:
-        return bool(_sql(server, wrong, {"query": "SELECT 1"}).json()["code"] == "28P01")
-
-    wait_for("a wrong password spending the allowance's refill", spent, 10)
+    # Now even the right password waits, from this address; another address is untouched.
+    spend_refill(guess, failed)
     r = _sql(server, _uri(project), {"query": "SELECT 1"})
     assert r.status_code == 400 and "too many failed logins" in r.json()["message"]
     r = _sql(server, _uri(project), {"query": "SELECT 1"}, source=OTHER)
