@@ -10,11 +10,12 @@ removed.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from pgplane.compute.local.tenants import cgroups as module
-from pgplane.compute.local.tenants.autoscale import next_cpus
+from pgplane.compute.local.tenants.autoscale import Autoscaler, next_cpus
 from pgplane.compute.local.tenants.cgroups import Cgroups, Limits
 
 GIB = 1 << 30
@@ -100,3 +101,34 @@ def test_autoscaling_grows_a_busy_compute_and_shrinks_an_idle_one() -> None:
     assert next_cpus(2, 0.25, 2, used=0) == pytest.approx(4 / 3)
     assert next_cpus(0.3, 0.25, 2, used=0) == 0.25
     assert next_cpus(1, 0.25, 2, used=0.5) == 1
+
+
+class _Counted:
+    """A compute's CPU time as its cgroup would count it, and the quotas set on it."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.set: list[float] = []
+
+    def cpu_seconds(self, _name: str) -> float:
+        return self.seconds
+
+    def set_cpus(self, _name: str, cpus: float) -> None:
+        self.set.append(cpus)
+
+
+async def test_autoscaling_reads_use_over_the_time_that_passed_not_the_nominal_interval() -> None:
+    # A late tick (a busy machine's): 1 CPU-second over 4 s is a quarter CPU, idle enough to
+    # shrink a 1-CPU compute; over the nominal 2 s it would have read as half, and stayed.
+    counted, now = _Counted(), [100.0]
+    scaler = Autoscaler(cast("Cgroups", counted), clock=lambda: now[0])
+    scaler.watch("c", Limits(cpus=1, memory_bytes=GIB, processes=64, min_cpus=0.25, max_cpus=1))
+    scaler._tick()  # the first look: nothing to compare with
+    counted.seconds, now[0] = 1.0, 104.0
+    scaler._tick()
+    assert counted.set == [pytest.approx(2 / 3)]
+    # On time and busy (1.8 CPU-seconds in 2 s against a 2/3 quota): it grows again.
+    counted.seconds, now[0] = 2.8, 106.0
+    scaler._tick()
+    assert counted.set[-1] == 1
+    await scaler.close()  # its own ticks (every 2 s) never came: this test's ran instead

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pgplane.compute.local.tenants.cgroups import Cgroups, Limits
@@ -41,13 +43,15 @@ class _Scaled:
     high: float
     cpus: float
     seconds: float | None = None  # CPU time used at the last look
+    at: float = 0.0  # when that look was, on the clock
 
 
 class Autoscaler:
     """The computes whose range is wider than a point, and the task that resizes them."""
 
-    def __init__(self, cgroups: Cgroups) -> None:
+    def __init__(self, cgroups: Cgroups, clock: Callable[[], float] = time.monotonic) -> None:
         self._cgroups = cgroups
+        self._clock = clock
         self._scaled: dict[str, _Scaled] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -82,14 +86,17 @@ class Autoscaler:
 
     def _tick(self) -> None:
         for cgroup, scaled in list(self._scaled.items()):
-            seconds = self._cgroups.cpu_seconds(cgroup)
+            seconds, now = self._cgroups.cpu_seconds(cgroup), self._clock()
             if seconds is None:
                 continue
-            if scaled.seconds is not None:
-                used = max(0.0, seconds - scaled.seconds) / INTERVAL
+            # Over the time since the last look, not the nominal interval: on a busy machine
+            # the tick comes late, and the CPU time of a longer span read as a higher use.
+            elapsed = now - scaled.at
+            if scaled.seconds is not None and elapsed > 0:
+                used = max(0.0, seconds - scaled.seconds) / elapsed
                 cpus = next_cpus(scaled.cpus, scaled.low, scaled.high, used)
                 if cpus != scaled.cpus:
                     with contextlib.suppress(FileNotFoundError):  # stopped meanwhile
                         self._cgroups.set_cpus(cgroup, cpus)
                         scaled.cpus = cpus
-            scaled.seconds = seconds
+            scaled.seconds, scaled.at = seconds, now
