@@ -127,12 +127,12 @@ def test_a_cpu_burner_is_throttled_at_its_compute_units(
 
 
 def test_a_compute_s_cpu_moves_within_its_range_with_its_load(api: Api, server: Server) -> None:
-    """Autoscaling: 0.25 to 1 CU. Idle, it settles to its minimum; burning, it grows to its
-    maximum, without a restart."""
+    """Autoscaling: 0.25 to 0.5 CU. Idle, it settles to its minimum; burning, it grows to its
+    maximum, without a restart. (The steps between, over wider ranges, are unit-tested.)"""
     body = api.create_ready_project(name="autoscaled")
     scaled = Project(server, body)
     make_superuser(scaled)
-    change = {"endpoint": {"autoscaling_limit_min_cu": 0.25, "autoscaling_limit_max_cu": 1}}
+    change = {"endpoint": {"autoscaling_limit_min_cu": 0.25, "autoscaling_limit_max_cu": 0.5}}
     api.settled(
         scaled.id,
         api.http.patch(f"/projects/{scaled.id}/endpoints/{scaled.endpoint_id}", json=change),
@@ -141,10 +141,15 @@ def test_a_compute_s_cpu_moves_within_its_range_with_its_load(api: Api, server: 
     cgroups, name = _cgroup(scaled)
     postmaster, _ = scaled.postmaster()
     wait_for("the idle compute at its minimum", lambda: _quota(cgroups, name) == 0.25, timeout=30)
+    # It grows when it used most of its quota over a tick (0.2 CPU of 0.25 here): CPU the machine
+    # must give it, which a busy one (the other test process' load) may not for a while. The
+    # burners go on until it has grown, and end with the compute. (From 0.75 CPU to 1, 0.6 CPU
+    # was asked of a loaded machine in 30 s, and once not given.)
     burn = "while :; do :; done"
-    allowed(scaled, f"true && (for i in 1 2 3 4; do timeout 20 sh -c '{burn}' & done) >/dev/null")
-    wait_for("the busy compute at its maximum", lambda: _quota(cgroups, name) == 1, timeout=30)
+    allowed(scaled, f"true && (for i in 1 2 3 4; do timeout 180 sh -c '{burn}' & done) >/dev/null")
+    wait_for("the busy compute at its maximum", lambda: _quota(cgroups, name) == 0.5, timeout=180)
     assert scaled.postmaster()[0] == postmaster  # the same postmaster throughout
+    api.suspend(scaled.id, scaled.endpoint_id)
 
 
 def test_a_memory_eater_is_capped_at_its_compute_units(tenant: Project, other: Project) -> None:
@@ -212,7 +217,7 @@ def test_autoscaling_goes_on_for_a_compute_adopted_after_a_restart(
     up their autoscaling where the platform's records leave it."""
     scaled = Project(server, api.create_ready_project(name="adopted"))
     make_superuser(scaled)
-    change = {"endpoint": {"autoscaling_limit_min_cu": 0.25, "autoscaling_limit_max_cu": 1}}
+    change = {"endpoint": {"autoscaling_limit_min_cu": 0.25, "autoscaling_limit_max_cu": 0.5}}
     api.settled(
         scaled.id,
         api.http.patch(f"/projects/{scaled.id}/endpoints/{scaled.endpoint_id}", json=change),
@@ -223,8 +228,11 @@ def test_autoscaling_goes_on_for_a_compute_adopted_after_a_restart(
     server.stop()
     server.start()
     burn = "while :; do :; done"
-    # Burning until well past the wait: a restarted server on a busy machine (a full run's other
-    # worker) takes its first looks at the adopted compute later than a quiet one.
-    allowed(scaled, f"true && (for i in 1 2 3 4; do timeout 50 sh -c '{burn}' & done) >/dev/null")
-    wait_for("the adopted compute at its maximum", lambda: _quota(cgroups, name) == 1, timeout=45)
+    # Burning until it has grown, as in the test above: a restarted server on a busy machine (a
+    # full run's other worker) takes its first looks later, and the CPU may be given late.
+    allowed(scaled, f"true && (for i in 1 2 3 4; do timeout 180 sh -c '{burn}' & done) >/dev/null")
+    wait_for(
+        "the adopted compute at its maximum", lambda: _quota(cgroups, name) == 0.5, timeout=180
+    )
     assert scaled.postmaster()[0] == postmaster  # adopted, not started again
+    api.suspend(scaled.id, scaled.endpoint_id)
