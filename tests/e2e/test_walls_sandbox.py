@@ -14,7 +14,7 @@ import pwd
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -141,13 +141,7 @@ def test_a_compute_s_cpu_moves_within_its_range_with_its_load(api: Api, server: 
     cgroups, name = _cgroup(scaled)
     postmaster, _ = scaled.postmaster()
     wait_for("the idle compute at its minimum", lambda: _quota(cgroups, name) == 0.25, timeout=30)
-    # It grows when it used most of its quota over a tick (0.2 CPU of 0.25 here): CPU the machine
-    # must give it, which a busy one (the other test process' load) may not for a while. The
-    # burners go on until it has grown, and end with the compute. (From 0.75 CPU to 1, 0.6 CPU
-    # was asked of a loaded machine in 30 s, and once not given.)
-    burn = "while :; do :; done"
-    allowed(scaled, f"true && (for i in 1 2 3 4; do timeout 180 sh -c '{burn}' & done) >/dev/null")
-    wait_for("the busy compute at its maximum", lambda: _quota(cgroups, name) == 0.5, timeout=180)
+    _burn_until(scaled, "the busy compute at its maximum", lambda: _quota(cgroups, name) == 0.5)
     assert scaled.postmaster()[0] == postmaster  # the same postmaster throughout
     api.suspend(scaled.id, scaled.endpoint_id)
 
@@ -168,6 +162,16 @@ def other(server: Server) -> Iterator[Project]:
     _, key = server.create_key("walls-sandbox-other@example.com")
     with Api(server, key) as client:
         yield Project(server, client.create_ready_project(name="neighbour"))
+
+
+def _burn_until(project: Project, what: str, grown: Callable[[], bool]) -> None:
+    """Four CPU burners in the compute until ``grown``: a compute grows when it used most of its
+    quota over a tick, CPU a busy machine (the other test process' load) may not give it for a
+    while, so they go on for up to 180 s, and end with the compute. (Growing from 0.75 CPU to 1
+    asked 0.6 CPU of a loaded machine in 30 s, and once was not given it.)"""
+    burn = "while :; do :; done"
+    allowed(project, f"true && (for i in 1 2 3 4; do timeout 180 sh -c '{burn}' & done) >/dev/null")
+    wait_for(what, grown, timeout=180)
 
 
 def _quota(cgroups: Cgroups, name: str) -> float:
@@ -227,12 +231,8 @@ def test_autoscaling_goes_on_for_a_compute_adopted_after_a_restart(
     postmaster, _ = scaled.postmaster()
     server.stop()
     server.start()
-    burn = "while :; do :; done"
-    # Burning until it has grown, as in the test above: a restarted server on a busy machine (a
-    # full run's other worker) takes its first looks later, and the CPU may be given late.
-    allowed(scaled, f"true && (for i in 1 2 3 4; do timeout 180 sh -c '{burn}' & done) >/dev/null")
-    wait_for(
-        "the adopted compute at its maximum", lambda: _quota(cgroups, name) == 0.5, timeout=180
-    )
+    # A restarted server on a busy machine (a full run's other worker) takes its first looks at
+    # the adopted compute later than a quiet one.
+    _burn_until(scaled, "the adopted compute at its maximum", lambda: _quota(cgroups, name) == 0.5)
     assert scaled.postmaster()[0] == postmaster  # adopted, not started again
     api.suspend(scaled.id, scaled.endpoint_id)
