@@ -59,7 +59,9 @@ class ObjectStore(Protocol):
         object of that key only once it is all durable."""
         ...
 
-    def write_bytes(self, key: str, data: bytes) -> Written: ...
+    def write_bytes(self, key: str, data: bytes, *, replace: bool = True) -> Written:
+        """Store ``data`` as ``key``; with ``replace=False`` an object already there stays."""
+        ...
 
     def read(self, key: str, sink: BinaryIO, *, max_bytes: int) -> Written:
         """Copy the object into ``sink``; ComputeError past ``max_bytes``, FileNotFoundError
