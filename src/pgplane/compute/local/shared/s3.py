@@ -278,6 +278,11 @@ class _CountingReader:
 
     def read(self, n: int = -1) -> bytes:
         chunk = self._source.read(n)
+        # s3transfer takes a short read for the end (a first read under the multipart threshold
+        # makes it one small put): a pipe's short reads are filled up here, or the object would
+        # be cut short without an error.
+        while n > 0 and 0 < len(chunk) < n and (more := self._source.read(n - len(chunk))):
+            chunk += more
         self._size += len(chunk)
         if self._size > self._max:
             raise ComputeError(f"{self._key}: more than {self._max} bytes to store")
