@@ -117,9 +117,16 @@ class RunAs:
 C_LOCALE = {"LC_ALL": "C", "LANG": "C", "LANGUAGE": ""}
 
 
+# What of the platform's environment a tenant's process may see: how to find programs and
+# libraries, and the locale and time zone. Nothing else: the platform's own settings hold its
+# secrets (the object store's credentials, a PostgreSQL store's URL), and libpq's variables
+# (PGDATA, PGPORT, ...) would steer the tools.
+_PASSED = frozenset({"PATH", "LD_LIBRARY_PATH", "LANG", "LANGUAGE", "TZ", "TZDIR"})
+
+
 def postgres_env() -> dict[str, str]:
-    """Our environment without libpq/Postgres variables (PGDATA, PGPORT, ...) that would leak in."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+    """The environment of a Postgres program the platform runs (a compute's included)."""
+    return {k: v for k, v in os.environ.items() if k in _PASSED or k.startswith("LC_")}
 
 
 async def resolve_run_as(compute_user: str | None) -> RunAs:
