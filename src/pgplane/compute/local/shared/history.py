@@ -57,6 +57,9 @@ class SharedHistory:
         # Postgres 18's own archive_timeout was seen never to switch here: the rounds do it.
         self._archive_timeout = archive_timeout_seconds
         self._switched: dict[Path, float] = {}
+        # The head each branch's last round wrote (this node is its only writer: the project
+        # is placed here, and an object store's prefix is leased).
+        self._heads: dict[str, shipping.Head] = {}
         self._layout = layout
         self._postmasters = postmasters
         self._locks = locks
@@ -91,7 +94,14 @@ class SharedHistory:
             if not (dirs.pgdata / TIMELINE_MARKER).is_file():
                 return 0  # not built yet, or moving
             prefix = shipping.prefix_of(project_id, branch_id)
-            return await asyncio.to_thread(shipping.ship, self.store, dirs, prefix, self._staging)
+            try:
+                copied, self._heads[prefix] = await asyncio.to_thread(
+                    shipping.ship, self.store, dirs, prefix, self._staging, self._heads.get(prefix)
+                )
+            except BaseException:
+                self._heads.pop(prefix, None)  # read again: the round may have half changed it
+                raise
+            return copied
 
     async def _complete_segment(self, pgdata: Path, running: Running) -> None:
         """The compute's segment completed (so archived, then shipped) once it holds records
@@ -144,6 +154,7 @@ class SharedHistory:
             await asyncio.to_thread(dirs.branch_dir.mkdir, mode=0o711, exist_ok=True)
             owner = (run_as.uid, run_as.gid) if run_as.switch else (os.geteuid(), os.getegid())
             prefix = shipping.prefix_of(project_id, branch_id)
+            self._heads.pop(prefix, None)  # another node may have shipped it since this one
             tmp = temporary_pgdata(pgdata)
             await self._postmasters.stop(tmp)
             await asyncio.to_thread(shutil.rmtree, tmp, True)

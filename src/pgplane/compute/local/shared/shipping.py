@@ -73,6 +73,9 @@ class Head(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     format: int
     bases: tuple[BaseName, ...]
     wal: dict[WalName, Sha256]
+    # When the newest WAL shipped was last written here (epoch us): a rebuild holds every
+    # commit up to it (a recovery prints it as the branch's recovered-to time).
+    wal_end_at: int = 0
 
 
 def prefix_of(project_id: str, branch_id: str) -> str:
@@ -96,10 +99,14 @@ def read_head(store: ObjectStore, prefix: str) -> Head | None:
 # -- shipping -----------------------------------------------------------------------------------
 
 
-def ship(store: ObjectStore, dirs: HistoryDirs, prefix: str, staging: Path) -> int:
+def ship(
+    store: ObjectStore, dirs: HistoryDirs, prefix: str, staging: Path, known: Head | None = None
+) -> tuple[int, Head]:
     """One round for one branch (blocking): what its history holds here, there too; the
-    number of files copied."""
-    head = read_head(store, prefix) or Head(format=_FORMAT, bases=(), wal={})
+    number of files copied, and the head as it is there now. ``known``: the head this node
+    wrote last round, so that a round with nothing new asks the storage nothing (an object
+    store bills each request, and rounds run every second)."""
+    head = known or read_head(store, prefix) or Head(format=_FORMAT, bases=(), wal={})
     copied = 0
     bases: list[str] = []
     for base in list_bases(dirs):
@@ -111,19 +118,23 @@ def ship(store: ObjectStore, dirs: HistoryDirs, prefix: str, staging: Path) -> i
             copied += 1
         bases.append(name)
     wal: dict[str, str] = {}
+    end_at = head.wal_end_at
     for name in _local_wal(dirs):
         if name in head.wal:
             wal[name] = head.wal[name]
             continue
+        written_at = _written_at(dirs, name)
         sha = _ship_wal(store, dirs, name, f"{prefix}/wal/{name}")
         if sha is not None:
             wal[name] = sha
             copied += 1
-    new = Head(format=_FORMAT, bases=tuple(bases), wal=dict(sorted(wal.items())))
+            end_at = max(end_at, written_at)
+    new = Head(format=_FORMAT, bases=tuple(bases), wal=dict(sorted(wal.items())), wal_end_at=end_at)
     if new != head:
         store.write_bytes(f"{prefix}/{HEAD}", msgspec.json.encode(new))
-    _free(store, prefix, new)
-    return copied
+    if new != head or known is None:
+        _free(store, prefix, new)
+    return copied, new
 
 
 def _local_wal(dirs: HistoryDirs) -> list[str]:
@@ -132,6 +143,15 @@ def _local_wal(dirs: HistoryDirs) -> list[str]:
     except FileNotFoundError:
         return []
     return sorted(n for n in names if _SEGMENT.fullmatch(n) or _HISTORY.fullmatch(n))
+
+
+def _written_at(dirs: HistoryDirs, name: str) -> int:
+    """When the archived file was last written (its own mtime, never a link's target), read
+    before it is shipped: what is shipped holds nothing written after it."""
+    try:
+        return os.lstat(dirs.wal / name).st_mtime_ns // 1000
+    except FileNotFoundError:
+        return 0
 
 
 def _ship_wal(store: ObjectStore, dirs: HistoryDirs, name: str, key: str) -> str | None:
