@@ -168,6 +168,11 @@ class BranchData(LocalParts):
     async def delete_snapshot(self, *, project_id: str, snapshot_id: str) -> None:
         await self._snapshots.remove(project_id=project_id, snapshot_id=snapshot_id)
 
+    async def fetch_snapshot(self, *, project_id: str, snapshot_id: str) -> bool:
+        """The snapshot brought back from shared or object storage (a platform recovered);
+        False when it is not there."""
+        return await self._snapshots.fetch(project_id=project_id, snapshot_id=snapshot_id)
+
     async def branch_from_snapshot(
         self, *, project_id: str, snapshot_id: str, branch_id: str, pg_version: int
     ) -> None:

@@ -40,6 +40,7 @@ from pathlib import Path
 
 from pgplane import failpoints
 from pgplane.compute.driver import ComputeError, Point
+from pgplane.compute.local.cold.manifest import MANIFEST_NAME
 from pgplane.compute.local.copies.copies import Copies
 from pgplane.compute.local.copies.datacopy import CopyStats, copy_data_dir, copy_files, open_dir
 from pgplane.compute.local.copies.timeline import completed, temporary_pgdata
@@ -48,6 +49,8 @@ from pgplane.compute.local.history.histories import Histories
 from pgplane.compute.local.layout import TIMELINE_MARKER, Layout, check_id, ensure_dir
 from pgplane.compute.local.postgres.binaries import PgInstall
 from pgplane.compute.local.postgres.postmaster import Postmasters
+from pgplane.compute.local.shared.objects import ObjectStore
+from pgplane.compute.local.snapshots import offsite
 from pgplane.compute.local.storage import allocated_bytes
 from pgplane.compute.local.tenants.ownership import hand_over
 from pgplane.compute.local.tenants.user import RunAs
@@ -80,8 +83,12 @@ class Snapshots:
         copies: Copies,
         histories: Histories,
         install: InstallFor,
+        shared: ObjectStore | None = None,
     ) -> None:
         self.layout = layout
+        # Shared or object storage: each snapshot kept there too, once sealed (offsite.py).
+        self._shared = shared
+        self._staging = layout.data_dir / "shipping"
         self._postmasters = postmasters
         self._locks = locks
         self._copies = copies
@@ -112,8 +119,29 @@ class Snapshots:
                     await asyncio.to_thread(_write_record, top, lsn)
                 await failpoints.reached("create_snapshot:built")
                 await asyncio.to_thread(_seal, top)
+            if self._shared is not None:
+                prefix = offsite.prefix_of(project_id, snapshot_id)
+                await asyncio.to_thread(offsite.ship, self._shared, top, prefix, self._staging)
         size = await asyncio.to_thread(allocated_bytes, top)
         return record[0], size
+
+    async def fetch(self, *, project_id: str, snapshot_id: str) -> bool:
+        """The snapshot brought back from shared or object storage into a project rebuilt
+        here; False when it is not there. Converges: one here already is kept."""
+        top = snapshot_dir(self.layout, project_id, snapshot_id)
+        async with self._locks["timeline", top / "pgdata"]:
+            if await asyncio.to_thread(_record, top) is not None:
+                return True
+            prefix = offsite.prefix_of(project_id, snapshot_id)
+            if self._shared is None or not await asyncio.to_thread(
+                self._shared.exists, f"{prefix}/{MANIFEST_NAME}"
+            ):
+                return False
+            await remove_tree(top)  # what a fetch stopped by a crash left
+            await asyncio.to_thread(ensure_dir, top.parent, _BUILDING_MODE)
+            await asyncio.to_thread(offsite.fetch, self._shared, prefix, top, self._staging)
+            await asyncio.to_thread(_seal, top)
+        return True
 
     async def remove(self, *, project_id: str, snapshot_id: str) -> None:
         """The snapshot's files gone (whatever a crash left of them); no-op when gone."""
@@ -124,6 +152,9 @@ class Snapshots:
                 async with self._locks["postmaster", data_dir]:
                     await self._postmasters.stop(data_dir)  # a rebuild a crash left running
             await remove_tree(top)
+            if self._shared is not None:
+                prefix = offsite.prefix_of(project_id, snapshot_id)
+                await asyncio.to_thread(self._shared.delete, prefix)
 
     async def to_branch(
         self, *, project_id: str, snapshot_id: str, branch_id: str, pg_version: int

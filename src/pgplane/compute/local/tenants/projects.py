@@ -275,6 +275,7 @@ class Tenants:
             if self.shared is not None:  # its archive and shipped history, wherever made
                 await asyncio.to_thread(self.shared.delete, cold.prefix_of(project_id))
                 await asyncio.to_thread(self.shared.delete, f"history/{project_id}")
+                await asyncio.to_thread(self.shared.delete, f"snapshots/{project_id}")
             if project_dir.exists():
                 await self.stop(project_id)
                 await failpoints.reached("delete_tenant:stopped")
