@@ -80,6 +80,20 @@ class Settings:
     shared_dir: Path | None = None
     ship_seconds: float = 10.0
     archive_timeout_seconds: int = 60
+    # Object storage (S3 and the services that speak its API: R2, GCS, Ceph, MinIO, SeaweedFS):
+    # ``s3://BUCKET/PREFIX``, its endpoint, region and credentials from the standard AWS
+    # variables and files. Everything the platform keeps goes there, sealed with keys derived
+    # from the operator's archive key (objectstore/): each branch's WAL and base states, the
+    # snapshots, the cold archive, and a SQLite store's copy, so that `pgplane recover` brings
+    # the platform back from the bucket alone. Shipping runs every object_ship_seconds and a
+    # compute completes a written WAL segment within object_archive_timeout_seconds: together
+    # they bound what the loss of the machine loses (under 5 s by default).
+    object_store: str | None = None
+    archive_key_file: Path | None = None
+    object_ship_seconds: float = 1.0
+    object_archive_timeout_seconds: int = 2
+    # How often a changed SQLite store is copied there (accounts, keys, projects, operations).
+    store_copy_seconds: float = 1.0
     # The largest schema (pg_dump --schema-only's SQL) GET …/schema returns; past it, a 422.
     schema_max_bytes: int = 16 << 20
     # As root: each compute in a sandbox (bubblewrap) and a cgroup of its size. Off only to
@@ -185,6 +199,19 @@ class Settings:
     sql_over_http_pool_total: int = 200
 
     @property
+    def shipping_seconds(self) -> float:
+        """How often each branch's new history is shipped: more often to an object store,
+        which is what the platform's data outlives the machine by."""
+        return self.object_ship_seconds if self.object_store else self.ship_seconds
+
+    @property
+    def segment_timeout_seconds(self) -> int:
+        """How long a compute may keep a written WAL segment open (0: until it is full)."""
+        if self.object_store:
+            return self.object_archive_timeout_seconds
+        return self.archive_timeout_seconds if self.shared_dir else 0
+
+    @property
     def store_path(self) -> Path:
         return self.data_dir / "pgplane.db"
 
@@ -225,6 +252,10 @@ def settings_from_env(**overrides: object) -> Settings:
         ("history_base_bytes", int),
         ("ship_seconds", float),
         ("archive_timeout_seconds", int),
+        ("object_store", str),
+        ("object_ship_seconds", float),
+        ("object_archive_timeout_seconds", int),
+        ("store_copy_seconds", float),
         ("schema_max_bytes", int),
         ("compute_user", str),
         ("store", str),
@@ -301,6 +332,7 @@ def settings_from_env(**overrides: object) -> Settings:
     env.update({k: v for k, v in overrides.items() if v is not None})
     settings = Settings(**env)  # type: ignore[arg-type]
     _check_store(settings)
+    _check_object_store(settings)
     return settings
 
 
@@ -309,6 +341,9 @@ def _paths_from_env() -> dict[str, object]:
     shared = os.environ.get("PGPLANE_SHARED_DIR")
     if shared:
         env["shared_dir"] = Path(shared).expanduser()
+    key_file = os.environ.get("PGPLANE_ARCHIVE_KEY_FILE")
+    if key_file:
+        env["archive_key_file"] = Path(key_file).expanduser()
     bins = os.environ.get("PGPLANE_PG_BIN_DIRS")
     if bins:
         env["pg_bin_dirs"] = tuple(Path(p) for p in bins.split(os.pathsep) if p)
@@ -323,3 +358,29 @@ def _check_store(settings: Settings) -> None:
         raise ValueError("PGPLANE_STORE/--store: expected a postgresql:// URL")
     if settings.store_pool_size < 1:
         raise ValueError("PGPLANE_STORE_POOL_SIZE: at least 1 connection")
+
+
+def _check_object_store(settings: Settings) -> None:
+    """An ``s3://`` URL with its archive key, alone: the shared directory is the other way to
+    keep data off this disk, and a PostgreSQL store is the operator's own database."""
+    url = settings.object_store
+    if url is None:
+        if settings.archive_key_file is not None:
+            raise ValueError("--archive-key-file goes with --object-store")
+        return
+    if not url.startswith("s3://"):
+        raise ValueError("PGPLANE_OBJECT_STORE/--object-store: expected s3://BUCKET/PREFIX")
+    if settings.archive_key_file is None:
+        raise ValueError(
+            "--object-store needs --archive-key-file (PGPLANE_ARCHIVE_KEY_FILE): every object"
+            " is sealed with keys derived from it"
+        )
+    if settings.shared_dir is not None:
+        raise ValueError("--object-store and --shared-dir: choose one")
+    if settings.store is not None:
+        raise ValueError(
+            "--object-store with a PostgreSQL store is not supported yet: use --shared-dir"
+            " for several nodes"
+        )
+    if settings.object_ship_seconds <= 0 or settings.store_copy_seconds <= 0:
+        raise ValueError("PGPLANE_OBJECT_SHIP_SECONDS and PGPLANE_STORE_COPY_SECONDS: above 0")

@@ -22,6 +22,7 @@ from pgplane.api import create_app
 from pgplane.api.health import Readiness
 from pgplane.api.http import HttpLimits, protocol_with
 from pgplane.api.logcontext import with_request_ids
+from pgplane.compute.driver import ComputeError
 from pgplane.compute.local import LocalComputeDriver
 from pgplane.compute.local.tenants.volumes import MIN_BYTES as MIN_SHARE_BYTES
 from pgplane.config import Settings
@@ -36,6 +37,8 @@ from pgplane.errors import Unavailable
 from pgplane.fdlimit import gates
 from pgplane.gateway import ComputeWaker
 from pgplane.node_channel import open_channel
+from pgplane.objectstore.bucket import Bucket
+from pgplane.objectstore.storecopy import StoreCopies
 from pgplane.proxy.activity import Activity
 from pgplane.proxy.server import ALPN, Proxy
 from pgplane.proxy.session import Sessions
@@ -194,7 +197,8 @@ async def _start_proxy(proxy: Proxy, settings: Settings, store: Store, node: Nod
 async def _serve(settings: Settings) -> None:
     _check_limits(settings)
     api_gate, proxy_gate = gates(settings)
-    driver, settings = await startup.driver(settings)
+    bucket = await startup.object_store(settings)
+    driver, settings = await startup.driver(settings, bucket)
     metrics = startup.metrics(settings)
     store = await startup.store(settings, metrics)
     node = await startup.register(store, settings, metrics, await startup.shared_storage(driver))
@@ -285,7 +289,10 @@ async def _serve(settings: Settings) -> None:
     # sight, so full collections under load stop scanning it (they caused 100+ ms pauses).
     gc.collect()
     gc.freeze()
-    workers = _start_workers(engine, scheduler, readiness, driver, settings, store, node.name)
+    workers = (
+        *_start_workers(engine, scheduler, readiness, driver, settings, store, node.name),
+        *_start_bucket(bucket, settings),
+    )
     announce = asyncio.create_task(_announce(server, settings, store))
     try:
         await server.serve()
@@ -306,6 +313,7 @@ async def _serve(settings: Settings) -> None:
         await driver.close()
         await node.release()
         await store.close()
+        await _release(bucket)
         log.info("pgplane stopped")
 
 
@@ -326,6 +334,25 @@ def _start_workers(
     history = asyncio.create_task(keep_history(driver, settings), name="history")
     ship = asyncio.create_task(ship_history(driver, settings, store, node), name="history shipping")
     return ship, history, scheduler_task, engine_task
+
+
+def _start_bucket(bucket: Bucket | None, settings: Settings) -> tuple[asyncio.Task[None], ...]:
+    """The lease on the object store's prefix renewed, and the store copied there as it
+    changes (stopped last: its final copy is taken after everything else has stopped)."""
+    if bucket is None:
+        return ()
+    copies = StoreCopies(bucket.sealed, settings.store_path)
+    tasks = [asyncio.create_task(copies.run(settings.store_copy_seconds), name="store copies")]
+    if bucket.sealed.lease is not None:
+        tasks.append(asyncio.create_task(bucket.sealed.lease.run(), name="object store lease"))
+    return tuple(tasks)
+
+
+async def _release(bucket: Bucket | None) -> None:
+    """The lease on the object store's prefix ended: a recovery need not wait for it."""
+    if bucket is not None and bucket.sealed.lease is not None:
+        with contextlib.suppress(ComputeError):
+            await asyncio.to_thread(bucket.sealed.lease.release)
 
 
 def run(settings: Settings) -> None:

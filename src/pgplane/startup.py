@@ -9,11 +9,14 @@ import dataclasses
 import logging
 
 from pgplane import __version__
+from pgplane.compute.driver import ComputeError
 from pgplane.compute.local import LocalComputeDriver, LocalDriverConfig
 from pgplane.config import Settings
 from pgplane.core.operations import Action
-from pgplane.engine.node import NodeLease, node_name
+from pgplane.engine.node import NodeLease, home, node_name
 from pgplane.errors import Unavailable
+from pgplane.objectstore import claim
+from pgplane.objectstore.bucket import Bucket, open_bucket
 from pgplane.services.nodes import NameTaken
 from pgplane.store import Store
 from pgplane.store.open import open_store
@@ -74,9 +77,37 @@ async def register(
     return node
 
 
-async def driver(settings: Settings) -> tuple[LocalComputeDriver, Settings]:
-    """The compute driver, and the settings with the Postgres versions it serves."""
-    driver = LocalComputeDriver(
+async def object_store(settings: Settings) -> Bucket | None:
+    """The object store, checked writable and claimed for this platform (its lease taken), or
+    None without one: then the data lives on this disk only, and the log says so."""
+    if settings.object_store is None or settings.archive_key_file is None:
+        if settings.shared_dir is None:
+            log.warning(
+                "no object store: every database, its history and the store live on this disk"
+                " only (--object-store s3://BUCKET/PREFIX keeps them off the machine)"
+            )
+        return None
+    try:
+        bucket = await asyncio.to_thread(
+            open_bucket, settings.object_store, settings.archive_key_file
+        )
+        await asyncio.to_thread(bucket.raw.check_writable)
+        platform = home(settings.data_dir)
+        await asyncio.to_thread(
+            claim.own, bucket.raw, platform=platform, fingerprint=bucket.fingerprint
+        )
+        lease = claim.PrefixLease(bucket.raw, platform=platform, instance=node_name(settings))
+        await asyncio.to_thread(lease.take)
+    except (ValueError, ComputeError, claim.Refused) as exc:
+        raise SystemExit(f"pgplane: object store {settings.object_store}: {exc}") from None
+    bucket.sealed.lease = lease
+    log.info("object store %s: the platform's data is kept there, sealed", settings.object_store)
+    return bucket
+
+
+def local_driver(settings: Settings, bucket: Bucket | None = None) -> LocalComputeDriver:
+    """The compute driver the settings describe (``recover`` builds the server's own)."""
+    return LocalComputeDriver(
         LocalDriverConfig(
             data_dir=settings.data_dir,
             pg_bin_dirs=settings.pg_bin_dirs,
@@ -88,9 +119,17 @@ async def driver(settings: Settings) -> tuple[LocalComputeDriver, Settings]:
             disk_per_project_bytes=settings.disk_per_project << 20,
             branch_size_limit_mib=settings.branch_size_limit,
             shared_dir=settings.shared_dir,
-            archive_timeout_seconds=settings.archive_timeout_seconds,
+            archive_timeout_seconds=settings.segment_timeout_seconds,
+            object_store=None if bucket is None else bucket.sealed,
         )
     )
+
+
+async def driver(
+    settings: Settings, bucket: Bucket | None = None
+) -> tuple[LocalComputeDriver, Settings]:
+    """The compute driver, and the settings with the Postgres versions it serves."""
+    driver = local_driver(settings, bucket)
     settings = dataclasses.replace(settings, pg_versions=tuple(driver.pg_versions()))
     log.info("PostgreSQL versions available: %s", ", ".join(map(str, settings.pg_versions)))
     await driver.apply_size_limit()

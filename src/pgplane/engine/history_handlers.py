@@ -106,11 +106,12 @@ async def keep_history(driver: ComputeDriver, settings: Settings) -> None:
 async def ship_history(
     driver: ComputeDriver, settings: Settings, store: Store, node: str | None
 ) -> None:
-    """Every ``ship_seconds``, with shared storage: the new history of each branch of the
+    """Every ``shipping_seconds``, with shared or object storage: the new history of each branch
+    of the
     projects placed on this node shipped there. Only those: a project moved away (or brought
     back elsewhere while this node was gone) is its new node's to ship, and what this node may
     still hold of it is stale."""
-    if settings.shared_dir is None:
+    if settings.shared_dir is None and settings.object_store is None:
         return
     while True:
         try:
@@ -123,4 +124,4 @@ async def ship_history(
             raise
         except Exception:
             log.exception("history shipping failed; continuing")
-        await asyncio.sleep(settings.ship_seconds)
+        await asyncio.sleep(settings.shipping_seconds)

@@ -28,18 +28,18 @@ log = logging.getLogger(__name__)
 _US = 1_000_000
 
 
-def _home(data_dir: Path) -> str:
+def home(data_dir: Path) -> str:
     """The data directory's own id, made once (a copied directory is the same node)."""
     path = data_dir / "node.id"
     try:
         return path.read_text().strip()
     except FileNotFoundError:
         pass
-    home = secrets.token_hex(8)
+    made = secrets.token_hex(8)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     with open(fd, "w") as f:
-        f.write(home + "\n")
-    return home
+        f.write(made + "\n")
+    return made
 
 
 def node_name(settings: Settings) -> str:
@@ -67,7 +67,7 @@ class NodeLease:
         self.name = node_name(settings)
         # The data directory's id, then this process's: a restart on the same directory takes
         # the name back at once, even from a lease its killed predecessor left running.
-        self.instance = f"{_home(settings.data_dir)}.{uuid.uuid4().hex[:12]}"
+        self.instance = f"{home(settings.data_dir)}.{uuid.uuid4().hex[:12]}"
         low, high = settings.compute_ports
         self.capacity = settings.node_capacity or (high - low + 1)
         self.node_address = ""  # its node door's, once it listens

@@ -5,6 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pgplane.compute.local.shared.objects import ObjectStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,5 +40,8 @@ class LocalDriverConfig:
     # written WAL segment within archive_timeout_seconds (0: when it is full).
     shared_dir: Path | None = None
     archive_timeout_seconds: int = 0
+    # Or an object store (S3), built and checked by the caller; sealed: what goes there is
+    # encrypted (compute/local/shared/sealed.py).
+    object_store: ObjectStore | None = None
     # Only the bundled wheel's binaries (tests prove the bundled Postgres works on its own).
     bundled_only: bool = False

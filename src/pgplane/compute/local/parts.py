@@ -27,7 +27,7 @@ from pgplane.compute.local.postgres.postmaster import Postmasters
 from pgplane.compute.local.replicas.replicas import Replicas
 from pgplane.compute.local.schemaonly.branches import SchemaOnly
 from pgplane.compute.local.shared.history import SharedHistory
-from pgplane.compute.local.shared.objects import DirectoryStore
+from pgplane.compute.local.shared.objects import DirectoryStore, ObjectStore
 from pgplane.compute.local.skeleton import Skeleton
 from pgplane.compute.local.snapshots.snapshots import Snapshots
 from pgplane.compute.local.tenants.projects import Tenants
@@ -59,7 +59,9 @@ class LocalParts:
         self.volumes = Volumes.find(
             self.layout.volumes, size_bytes=config.disk_per_project_bytes, enabled=config.walls
         )
-        self.shared = None if config.shared_dir is None else DirectoryStore(config.shared_dir)
+        self.shared: ObjectStore | None = config.object_store or (
+            None if config.shared_dir is None else DirectoryStore(config.shared_dir)
+        )
         self._tenants = Tenants(
             self.layout, self.users, self._postmasters, self._locks, self.volumes, self.shared
         )
@@ -150,6 +152,7 @@ class LocalParts:
             copies=self._copies,
             histories=self._histories,
             install=self._install,
+            shared=self.shared,
         )
 
     @property

@@ -1,0 +1,79 @@
+"""The object store as the platform opens it: the bucket's client, the seal, and the fence.
+
+Everything the platform writes goes through :class:`Fenced` over a sealed store: once this
+process has lost its lease on the prefix (another platform took it), every write and delete is
+refused, so nothing is ever written over another platform's objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from pgplane.compute.driver import ComputeError
+from pgplane.compute.local.shared.objects import ObjectStore, Written
+from pgplane.compute.local.shared.s3 import S3Store
+from pgplane.compute.local.shared.sealed import SealedStore, key_fingerprint, load_archive_key
+from pgplane.objectstore.claim import PrefixLease
+
+
+class Fenced:
+    """An object store that refuses to change anything once ``lease`` is lost."""
+
+    def __init__(self, inner: ObjectStore, lease: PrefixLease | None = None) -> None:
+        self._inner = inner
+        self.lease = lease
+
+    def _check(self, key: str) -> None:
+        if self.lease is not None and self.lease.lost:
+            raise ComputeError(f"{key} not written: another platform holds the prefix now")
+
+    @property
+    def identity(self) -> str:
+        return self._inner.identity
+
+    def write(self, key: str, source: BinaryIO, *, max_bytes: int) -> Written:
+        self._check(key)
+        return self._inner.write(key, source, max_bytes=max_bytes)
+
+    def write_bytes(self, key: str, data: bytes, *, replace: bool = True) -> Written:
+        self._check(key)
+        return self._inner.write_bytes(key, data, replace=replace)
+
+    def read(self, key: str, sink: BinaryIO, *, max_bytes: int) -> Written:
+        return self._inner.read(key, sink, max_bytes=max_bytes)
+
+    def read_bytes(self, key: str, *, max_bytes: int) -> bytes:
+        return self._inner.read_bytes(key, max_bytes=max_bytes)
+
+    def exists(self, key: str) -> bool:
+        return self._inner.exists(key)
+
+    def keys(self, prefix: str) -> list[str]:
+        return self._inner.keys(prefix)
+
+    def delete(self, prefix: str) -> None:
+        self._check(prefix)
+        self._inner.delete(prefix)
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    """The prefix's raw objects (the claim's, unsealed), the sealed store for everything else,
+    and the archive key's fingerprint."""
+
+    url: str
+    raw: S3Store
+    sealed: Fenced
+    fingerprint: str
+
+
+def open_bucket(url: str, key_file: Path) -> Bucket:
+    """The bucket at ``url``, its credentials from the standard AWS variables and files.
+    ValueError for a bad URL or key file; ComputeError for a store that cannot be reached."""
+    key = load_archive_key(key_file)
+    raw = S3Store.from_url(url)
+    return Bucket(
+        url=url, raw=raw, sealed=Fenced(SealedStore(raw, key)), fingerprint=key_fingerprint(key)
+    )
