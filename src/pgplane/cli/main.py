@@ -12,6 +12,7 @@ from pgplane.cli.accounts import accounts_app
 from pgplane.cli.common import DataDir
 from pgplane.cli.keys import api_keys_app
 from pgplane.cli.nodes import nodes_app
+from pgplane.cli.recover import ArchiveKeyOption, ObjectStoreOption, recover_command
 from pgplane.cli.store import store_app
 from pgplane.cli.tls import tls_app
 from pgplane.config import settings_from_env
@@ -30,6 +31,7 @@ app.add_typer(accounts_app, name="accounts")
 app.add_typer(tls_app, name="tls")
 app.add_typer(store_app, name="store")
 app.add_typer(nodes_app, name="nodes")
+app.command("recover")(recover_command)
 
 
 def _version(show: bool) -> None:
@@ -185,6 +187,8 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    object_store: ObjectStoreOption = None,
+    archive_key_file: ArchiveKeyOption = None,
 ) -> None:
     """Run the API, the operations engine and the computes' supervisor in one process."""
     from pgplane.server import run  # noqa: PLC0415 - keep `api-keys` free of server imports
@@ -221,6 +225,8 @@ def serve(
             node_port=node_port,
             node_advertise=node_advertise,
             shared_dir=shared_dir,
+            object_store=object_store,
+            archive_key_file=archive_key_file,
         )
         if settings.node_name is not None:
             check_name(settings.node_name)

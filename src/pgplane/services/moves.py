@@ -171,21 +171,24 @@ async def recover(
         chosen = target or choose(await tx.node_loads(), now, sharing=shared, besides=dead)
         if chosen is None:
             raise Unavailable(f"no other active node that is up shares node {dead}'s storage")
-        done.append(await _bring_back(tx, project_id, dead, chosen.name, now))
+        reason = (
+            f"its node {dead} was lost before it finished; the project was brought back on node"
+            f" {chosen.name} from shared storage, and this work started again there"
+        )
+        done.append(await bring_back(tx, project_id, to=chosen.name, reason=reason, now=now))
     return done
 
 
-async def _bring_back(tx: Tx, project_id: str, dead: str, to: str, now: int) -> Recovered:
+async def bring_back(tx: Tx, project_id: str, *, to: str, reason: str, now: int) -> Recovered:
+    """The project's data rebuilt on node ``to`` from what was shipped (a ``tenant_attach``),
+    its unfinished operations failed with ``reason`` and started again after it, and the
+    computes that ran started again."""
     project = await tx.get_project_by_id(project_id)
-    assert project is not None  # noqa: S101 - read by the caller in this transaction
+    if project is None:
+        raise NotFound(f"no project {project_id}")
     abandoned = await tx.list_unsettled_operations(project_id=project_id)
     for op in abandoned:
-        await tx.abandon_operation(
-            operation_id=op.id,
-            error=f"its node {dead} was lost before it finished; the project was brought back"
-            f" on node {to} from shared storage, and this work started again there",
-            now=now,
-        )
+        await tx.abandon_operation(operation_id=op.id, error=reason, now=now)
     await tx.place_project(project_id=project_id, node=to)
     again = [
         Start(
@@ -214,5 +217,5 @@ async def _bring_back(tx: Tx, project_id: str, dead: str, to: str, now: int) -> 
     starts += again
     if starts:
         await operations.start(tx, project_id=project_id, starts=starts)
-    log.info("project %s of lost node %s brought back on node %s", project_id, dead, to)
+    log.info("project %s brought back on node %s", project_id, to)
     return Recovered(project_id=project_id, node=to, abandoned=len(abandoned))

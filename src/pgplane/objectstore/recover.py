@@ -1,0 +1,252 @@
+"""``pgplane recover``: the platform brought back from its object store into an empty data
+directory, after the machine it ran on was lost.
+
+In order, each step done before the next begins, and nothing written before the checks pass:
+
+1. The data directory holds no platform (no store, no projects); its server lock is taken.
+2. The prefix holds a platform, sealed with the archive key given (else refused by name).
+3. The lost platform's lease on the prefix has lapsed (waited for, up to a lease's length):
+   a platform still live there is never recovered over; then the lease is this process'.
+4. The store's newest copy comes down, checked by SQLite; the data directory takes the
+   platform's id (``node.id``), so the next ``serve`` is that platform's node again.
+5. Every attached project is brought back as a lost node's is (``moves.bring_back``): its
+   unfinished operations failed with the reason and started again, a ``tenant_attach`` and the
+   computes that ran queued for ``serve``. Then each branch is rebuilt here, now, from its
+   newest base state and every WAL file after it (so the report is the truth, and the queued
+   attach finds the work done); its snapshots come down too. A detached project's cold archive
+   stays in the bucket, brought back on first use as on any node.
+
+The report names what came back, each branch with the time its newest shipped WAL was written
+(it holds every commit up to then), and what could not: such a branch's project stays detached,
+its queued ``tenant_attach`` failing with the reason, never a platform that looks whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+from pgplane import startup
+from pgplane.compute.driver import ComputeError
+from pgplane.compute.local import LocalComputeDriver
+from pgplane.compute.local.shared import shipping
+from pgplane.config import Settings
+from pgplane.core import clock
+from pgplane.engine.node import NodeLease
+from pgplane.objectstore import claim, storecopy
+from pgplane.objectstore.bucket import Bucket, open_bucket
+from pgplane.serverlock import AlreadyServing, ServerLock
+from pgplane.services import moves
+from pgplane.store import Store, Tx
+from pgplane.store.open import open_store
+
+log = logging.getLogger(__name__)
+
+_REASON = (
+    "the platform was recovered from its object store before this finished; the work started"
+    " again on the recovered platform"
+)
+
+
+class NotRecoverable(Exception):
+    """Recovery refused before anything was written (the message says why)."""
+
+
+@dataclass
+class Recovery:
+    platform: str
+    projects: int = 0
+    branches: list[dict[str, object]] = field(default_factory=list)
+    snapshots: list[dict[str, object]] = field(default_factory=list)
+    detached: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
+
+    def document(self) -> dict[str, object]:
+        return {
+            "platform": self.platform,
+            "projects": self.projects,
+            "branches": self.branches,
+            "snapshots": self.snapshots,
+            "detached_projects": self.detached,
+            "not_recovered": self.lost,
+        }
+
+
+async def recover(settings: Settings, *, say: bool = True) -> Recovery:
+    """Steps 1 to 5 of the module's docstring; NotRecoverable when refused."""
+    data_dir = settings.data_dir
+    for taken in (settings.store_path, data_dir / "projects"):
+        if taken.exists():
+            raise NotRecoverable(
+                f"{data_dir} already holds a platform ({taken.name}): recover into an empty"
+                " data directory"
+            )
+    data_dir.mkdir(parents=True, exist_ok=True)
+    lock = ServerLock(data_dir)
+    try:
+        lock.acquire()
+    except AlreadyServing as exc:
+        raise NotRecoverable(str(exc)) from None
+    try:
+        bucket = await _claimed(settings)
+        try:
+            return await _recover(settings, bucket)
+        finally:
+            if bucket.sealed.lease is not None:
+                await asyncio.to_thread(bucket.sealed.lease.release)
+    finally:
+        lock.release()
+
+
+async def _claimed(settings: Settings) -> Bucket:
+    """Steps 2 and 3: the bucket, its platform's, with this process holding its lease."""
+    url, key_file = settings.object_store, settings.archive_key_file
+    if url is None or key_file is None:
+        raise NotRecoverable("recover needs --object-store and --archive-key-file")
+    try:
+        bucket = await asyncio.to_thread(open_bucket, url, key_file)
+        found = await asyncio.to_thread(claim.read_platform, bucket.raw)
+        if found is None:
+            raise NotRecoverable(f"{url} holds no pgplane platform")
+        claim.check_key(found, bucket.fingerprint)
+        lease = claim.PrefixLease(bucket.raw, platform=found.platform, instance="recover")
+        deadline = time.monotonic() + claim.LEASE_SECONDS + 5
+        while (left := await asyncio.to_thread(lease.remaining)) > 0:
+            if time.monotonic() > deadline:
+                raise NotRecoverable(
+                    "a live platform still renews its lease on the prefix: stop it first"
+                )
+            log.info("waiting %.0f s for the lost platform's lease on the prefix to end", left)
+            await asyncio.sleep(min(left, 2.0))
+        await asyncio.to_thread(lease.take, same_directory_here=False)
+    except (ValueError, ComputeError, claim.Refused) as exc:
+        raise NotRecoverable(str(exc)) from None
+    bucket.sealed.lease = lease
+    return bucket
+
+
+async def _recover(settings: Settings, bucket: Bucket) -> Recovery:
+    lease = bucket.sealed.lease
+    assert lease is not None  # noqa: S101 - taken by _claimed
+    report = Recovery(platform=lease.platform)
+    try:
+        await asyncio.to_thread(storecopy.fetch, bucket.sealed, settings.store_path)
+    except ComputeError as exc:
+        raise NotRecoverable(str(exc)) from None
+    _write_node_id(settings.data_dir, lease.platform)
+    store = await open_store(None, settings.store_path)
+    try:
+        queued = await _bring_back_all(settings, store, report)
+        driver, _ = await startup.driver(settings, bucket)
+        try:
+            for project_id in queued:
+                await _rebuild(store, driver, bucket, project_id, report)
+        finally:
+            await driver.close()
+    finally:
+        await store.close()
+    return report
+
+
+def _write_node_id(data_dir: Path, platform: str) -> None:
+    path = data_dir / "node.id"
+    tmp = data_dir / ".node.id.recover"
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with open(fd, "w") as f:
+        f.write(platform + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+async def _bring_back_all(settings: Settings, store: Store, report: Recovery) -> list[str]:
+    """Step 5's store part: this directory registered as the platform's node (which takes the
+    projects of its old name: the same ``node.id``), then each attached project brought back
+    on it, in one transaction; the detached ones noted. The node's lease ends with the
+    recovery: ``serve`` takes the name back at its start."""
+    node = NodeLease(store, settings)
+    await node.register(settings.proxy_port)
+    now = clock.now_us()
+    queued = []
+    try:
+        async with store.write() as tx:
+            for project_id in sorted(await tx.node_project_ids(node.name)):
+                project = await tx.get_project_by_id(project_id)
+                if project is None or project.deleted_at is not None:
+                    continue
+                report.projects += 1
+                if project.storage_state != "attached":
+                    report.detached.append(project_id)
+                    continue
+                await moves.bring_back(tx, project_id, to=node.name, reason=_REASON, now=now)
+                queued.append(project_id)
+    finally:
+        await node.release()
+    return queued
+
+
+async def _rebuild(
+    store: Store, driver: LocalComputeDriver, bucket: Bucket, project_id: str, report: Recovery
+) -> None:
+    async with store.read() as tx:
+        project = await tx.get_project_by_id(project_id)
+        assert project is not None  # noqa: S101 - read in _bring_back_all
+        branches = [b for b in await tx.list_branches(project_id) if b.current_state != "init"]
+        snapshots = [s for s in await tx.list_snapshots(project_id) if s.state == "ready"]
+    whole = True
+    for branch in sorted(branches, key=lambda b: b.id):
+        row: dict[str, object] = {"project_id": project_id, "branch_id": branch.id}
+        row["name"] = branch.name
+        try:
+            await driver.attach_tenant(
+                project_id=project_id,
+                branch_ids=[branch.id],
+                pg_version=project.pg_version,
+                history_retention_seconds=project.history_retention_seconds,
+            )
+            head = await asyncio.to_thread(
+                shipping.read_head, bucket.sealed, shipping.prefix_of(project_id, branch.id)
+            )
+            end = None if head is None or not head.wal_end_at else head.wal_end_at
+            row["recovered_to"] = None if end is None else clock.format_us(end)
+        except ComputeError as exc:
+            whole = False
+            row["error"] = str(exc)
+            report.lost.append(f"branch {branch.id} of project {project_id}: {exc}")
+        report.branches.append(row)
+    for snapshot in snapshots:
+        await _fetch_snapshot(store, driver, project_id, snapshot.id, report)
+    if not whole:
+        log.error("project %s did not come back whole: see the report", project_id)
+
+
+async def _fetch_snapshot(
+    store: Store, driver: LocalComputeDriver, project_id: str, snapshot_id: str, report: Recovery
+) -> None:
+    error = None
+    try:
+        if not await driver.fetch_snapshot(project_id=project_id, snapshot_id=snapshot_id):
+            error = "its data is not in the object store"
+    except ComputeError as exc:
+        error = str(exc)
+    report.snapshots.append({"project_id": project_id, "snapshot_id": snapshot_id, "error": error})
+    if error is None:
+        return
+    report.lost.append(f"snapshot {snapshot_id} of project {project_id}: {error}")
+    async with store.write() as tx:  # never offered for a restore it cannot do
+        await _fail_snapshot(tx, project_id, snapshot_id)
+
+
+async def _fail_snapshot(tx: Tx, project_id: str, snapshot_id: str) -> None:
+    snapshot = await tx.get_snapshot(project_id=project_id, snapshot_id=snapshot_id)
+    if snapshot is not None:
+        await tx.update_snapshot(
+            msgspec.structs.replace(snapshot, state="failed", updated_at=clock.now_us())
+        )
