@@ -138,18 +138,21 @@ class SeaweedFS:
 
     def _wait_ready(self, deadline: float) -> bool:
         client = self.client()
-        while time.monotonic() < deadline:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                return False  # it exited: a port taken, most likely (its log says)
-            with contextlib.suppress(
-                botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError
-            ):
-                client.put_object(Bucket=self.bucket, Key="ready-probe", Body=b"ok")
-                client.delete_object(Bucket=self.bucket, Key="ready-probe")
-                return True
-            time.sleep(0.05)
-        return False
+        try:
+            while time.monotonic() < deadline:
+                assert self.proc is not None
+                if self.proc.poll() is not None:
+                    return False  # it exited: a port taken, most likely (its log says)
+                with contextlib.suppress(
+                    botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError
+                ):
+                    client.put_object(Bucket=self.bucket, Key="ready-probe", Body=b"ok")
+                    client.delete_object(Bucket=self.bucket, Key="ready-probe")
+                    return True
+                time.sleep(0.05)
+            return False
+        finally:
+            client.close()  # its pooled connections, which a test's warnings would catch
 
     def pause(self) -> None:
         """Freeze it (SIGSTOP): a store that stops answering without closing anything."""

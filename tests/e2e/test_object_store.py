@@ -1,0 +1,239 @@
+"""The platform kept in a real S3-compatible store (SeaweedFS) and brought back from it alone:
+a project with rows and a snapshot; the server and every compute killed and the whole data
+directory deleted, as a lost machine's; `pgplane recover` into a new directory; `serve` there.
+The old key lists the project, its connection string and password are the same, every row
+committed 5 s before the loss is there, and the snapshot restores.
+
+Also what keeps two platforms off one prefix: `serve` on an empty data directory over a prefix
+that holds a platform is refused, naming `pgplane recover`; `recover` with another archive key
+is refused by name and writes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from pgplane.compute.local.tenants.users import remove_project_users
+from tests.objectstore import SeaweedFS
+from tests.support import (
+    Api,
+    Server,
+    free_port,
+    make_data_dir,
+    postmaster_pid,
+    remove_in_background,
+    run_cli,
+    stop_postmasters,
+    unmount_volumes,
+)
+
+# The shipping and store copies as often as the defaults with an object store (1 s), the
+# scheduler and retries quick for the test's sake.
+ENV = {
+    "PGPLANE_POLL_SECONDS": "0.2",
+    "PGPLANE_KEY_USE_FLUSH_SECONDS": "0.5",
+    "PGPLANE_RATE_LIMIT_PER_MINUTE": "0",
+    "PGPLANE_RATE_LIMIT_BURST_PER_SECOND": "0",
+    "PGPLANE_AUTH_FAILURES_PER_MINUTE": "0",
+    "PGPLANE_USAGE_SECONDS": "0",
+    "PGPLANE_SCHEDULER_SECONDS": "0.5",
+    "PGPLANE_RETRY_BASE_SECONDS": "0.2",
+}
+# What the platform promises of a lost machine: commits older than this are in the bucket.
+RPO_SECONDS = 5.0
+
+
+@pytest.fixture(scope="module")
+def seaweed() -> Iterator[SeaweedFS]:
+    directory = Path(tempfile.mkdtemp(prefix="pgplane-test-s3-"))
+    server = SeaweedFS(directory)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def key_file(tmp_path: Path) -> Path:
+    path = tmp_path / "archive.key"
+    path.write_bytes(os.urandom(32))
+    path.chmod(0o600)
+    return path
+
+
+def _env(seaweed: SeaweedFS, prefix: str, key_file: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        **ENV,
+        **seaweed.env(),
+        "PGPLANE_OBJECT_STORE": seaweed.url(prefix),
+        "PGPLANE_ARCHIVE_KEY_FILE": str(key_file),
+    }
+
+
+@contextlib.contextmanager
+def _machine(env: dict[str, str], logs: Path, proxy_port: int | None = None) -> Iterator[Server]:
+    """A server on a data directory of its own, its log kept outside it (the directory is
+    deleted when the machine is lost); everything it left stopped and removed after."""
+    data_dir = make_data_dir()
+    server = Server(
+        data_dir=data_dir,
+        port=free_port(),
+        env=env,
+        log_path=logs / f"serve-{data_dir.name}.log",
+        proxy_port=proxy_port or free_port(),
+    )
+    try:
+        yield server
+    finally:
+        server.stop()
+        _lose(data_dir)
+
+
+def _lose(data_dir: Path) -> None:
+    """What a machine's loss takes: its computes (killed, not stopped), its users, its disk."""
+    if not data_dir.exists():
+        return
+    for pgdata in data_dir.glob("projects/*/branches/*/pgdata*"):
+        pid = postmaster_pid(data_dir, pgdata)
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    stop_postmasters(data_dir)
+    remove_project_users(data_dir)
+    unmount_volumes(data_dir)
+    remove_in_background(data_dir)
+
+
+def _rows(uri: str) -> tuple[int, int]:
+    with psycopg.connect(uri, connect_timeout=60) as conn:
+        row = conn.execute("SELECT count(*), coalesce(max(v), 0) FROM t").fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def _uri(api: Api, project_id: str, branch_id: str | None = None) -> str:
+    params = {"role_name": "neondb_owner", "database_name": "neondb"}
+    if branch_id is not None:
+        params["branch_id"] = branch_id
+    r = api.http.get(f"/projects/{project_id}/connection_uri", params=params)
+    assert r.status_code == 200, r.text
+    return str(r.json()["uri"])
+
+
+def _write_until_the_loss(uri: str) -> int:
+    """Rows 1001-1500 at once, then one every 50 ms for two seconds, then ``RPO_SECONDS`` more
+    up to the loss; the value of the last row the promise covers (committed that long before
+    the loss)."""
+    with psycopg.connect(uri, autocommit=True) as conn:
+        conn.execute("INSERT INTO t SELECT g, 'y' FROM generate_series(1001, 1500) g")
+        v = 1500
+        for seconds in (2.0, RPO_SECONDS):
+            promised = v
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                v += 1
+                conn.execute("INSERT INTO t VALUES (%s, 'late')", (v,))
+                time.sleep(0.05)
+    return promised
+
+
+def _no_credential_reaches_a_compute(server: Server, seaweed: SeaweedFS) -> None:
+    """Nothing of the store's credentials or the archive key in a compute's environment, which
+    its tenant reads (it may hold the compute's OS user)."""
+    pgdatas = list(server.data_dir.glob("projects/*/branches/*/pgdata"))
+    pids = [pid for p in pgdatas if (pid := postmaster_pid(server.data_dir, p)) is not None]
+    assert pids
+    for pid in pids:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+        assert seaweed.secret_key.encode() not in environ
+        assert b"AWS_" not in environ and b"ARCHIVE_KEY" not in environ
+
+
+def test_a_lost_machine_s_platform_comes_back_from_the_bucket_alone(
+    seaweed: SeaweedFS, key_file: Path, tmp_path: Path
+) -> None:
+    env = _env(seaweed, "lost", key_file)
+    with _machine(env, tmp_path) as first:
+        first.start()
+        assert "this disk only" not in first.log()
+        _, key = first.create_key("lost@example.com")
+        api = Api(first, key)
+        body = api.create_ready_project(name="outlives-its-machine")
+        pid, main = body["project"]["id"], body["branch"]["id"]
+        uri = _uri(api, pid)
+        with psycopg.connect(uri, autocommit=True) as conn:
+            conn.execute("CREATE TABLE t (v int PRIMARY KEY, pad text)")
+            conn.execute("INSERT INTO t SELECT g, repeat('x', 100) FROM generate_series(1, 1000) g")
+        r = api.http.post(f"/projects/{pid}/branches/{main}/snapshot", params={"name": "before"})
+        snapshot = api.settled(pid, r)["snapshot"]
+        _no_credential_reaches_a_compute(first, seaweed)
+        promised = _write_until_the_loss(uri)
+        api.http.close()
+        first.stop(signal.SIGKILL)
+        lost_dir = first.data_dir
+        _lose(lost_dir)
+        proxy_port = first.proxy_port
+
+    with _machine(env, tmp_path, proxy_port=proxy_port) as second:
+        done = run_cli("recover", data_dir=second.data_dir, env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        report = json.loads(done.stdout)
+        assert [b["branch_id"] for b in report["branches"]] == [main]
+        assert report["branches"][0]["recovered_to"], report
+        assert report["not_recovered"] == []
+        assert [s["snapshot_id"] for s in report["snapshots"]] == [snapshot["id"]]
+        second.start()
+        api = Api(second, key)  # the old key
+        r = api.http.get("/projects")
+        assert [p["id"] for p in r.json()["projects"]] == [pid], r.text
+        attach = [o for o in api.operations(pid) if o["action"] == "tenant_attach"]
+        api.wait_operations(pid, [o["id"] for o in attach])
+        assert _uri(api, pid) == uri  # the same string: host, endpoint and password
+        count, newest = _rows(uri)
+        assert newest >= promised, (newest, promised)
+        assert count == newest  # every row up to the last one there, none missing
+
+        r = api.http.post(
+            f"/projects/{pid}/snapshots/{snapshot['id']}/restore", json={"name": "restored"}
+        )
+        branch = api.settled(pid, r)["branch"]["id"]
+        r = api.http.post(
+            f"/projects/{pid}/endpoints",
+            json={"endpoint": {"branch_id": branch, "type": "read_write"}},
+        )
+        api.settled(pid, r)
+        assert _rows(_uri(api, pid, branch)) == (1000, 1000)
+        api.http.close()
+
+
+def test_a_prefix_is_one_platform_s_and_its_key_is_checked(
+    seaweed: SeaweedFS, key_file: Path, tmp_path: Path
+) -> None:
+    env = _env(seaweed, "claimed", key_file)
+    with _machine(env, tmp_path) as owner, _machine(env, tmp_path) as other:
+        owner.start()
+        with pytest.raises(RuntimeError, match="pgplane recover"):
+            other.start()  # an empty data directory over a platform's prefix
+        owner.stop()
+        wrong = tmp_path / "wrong.key"
+        wrong.write_bytes(os.urandom(32))
+        wrong.chmod(0o600)
+        with _machine({**env, "PGPLANE_ARCHIVE_KEY_FILE": str(wrong)}, tmp_path) as thief:
+            done = run_cli("recover", data_dir=thief.data_dir, env=thief.env)
+            assert done.returncode == 2, done.stdout + done.stderr
+            assert "archive key is not the one" in done.stderr
+            assert not (thief.data_dir / "pgplane.db").exists()
