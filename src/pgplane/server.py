@@ -38,6 +38,7 @@ from pgplane.fdlimit import gates
 from pgplane.gateway import ComputeWaker
 from pgplane.node_channel import open_channel
 from pgplane.objectstore.bucket import Bucket
+from pgplane.objectstore.recover import UNFINISHED
 from pgplane.objectstore.storecopy import StoreCopies
 from pgplane.proxy.activity import Activity
 from pgplane.proxy.server import ALPN, Proxy
@@ -161,6 +162,11 @@ async def serve(settings: Settings) -> None:
     except AlreadyServing as exc:
         raise SystemExit(f"pgplane: {exc}") from None
     try:
+        if (settings.data_dir / UNFINISHED).exists():
+            raise SystemExit(
+                f"pgplane: a recovery into {settings.data_dir} did not finish: run"
+                " `pgplane recover` again with the same object store and key"
+            )
         await _serve(settings)
     finally:
         lock.release()

@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ import pytest
 from pgplane.compute.local.tenants.users import remove_project_users
 from tests.objectstore import SeaweedFS
 from tests.support import (
+    PGPLANE,
     Api,
     Server,
     free_port,
@@ -36,6 +38,7 @@ from tests.support import (
     run_cli,
     stop_postmasters,
     unmount_volumes,
+    wait_for,
 )
 
 # The shipping and store copies as often as the defaults with an object store (1 s), the
@@ -151,6 +154,26 @@ def _write_until_the_loss(uri: str) -> int:
     return promised
 
 
+def _recover_killed_at(failpoint: str, data_dir: Path, env: dict[str, str], logs: Path) -> None:
+    log_path = logs / f"recover-{data_dir.name}.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [*PGPLANE, "recover", "--data-dir", str(data_dir)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**env, "PGPLANE_FAILPOINTS": failpoint},
+        )
+    try:
+        wait_for(
+            f"recover to reach {failpoint}",
+            lambda: f"failpoint {failpoint} reached" in log_path.read_text(errors="replace"),
+            180,
+        )
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def _no_credential_reaches_a_compute(server: Server, seaweed: SeaweedFS) -> None:
     """Nothing of the store's credentials or the archive key in a compute's environment, which
     its tenant reads (it may hold the compute's OS user)."""
@@ -189,6 +212,11 @@ def test_a_lost_machine_s_platform_comes_back_from_the_bucket_alone(
         proxy_port = first.proxy_port
 
     with _machine(env, tmp_path, proxy_port=proxy_port) as second:
+        # A recovery killed midway (a project rebuilt, the store's queued work not yet run):
+        # serve refuses the directory, and recover run again goes on from it.
+        _recover_killed_at("recover:project_rebuilt", second.data_dir, env, tmp_path)
+        with pytest.raises(RuntimeError, match="did not finish"):
+            second.start()
         done = run_cli("recover", data_dir=second.data_dir, env=env)
         assert done.returncode == 0, done.stdout + done.stderr
         report = json.loads(done.stdout)

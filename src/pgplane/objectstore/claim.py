@@ -14,8 +14,7 @@ platform started beside the one it was recovered from would fork it. So, under t
     ``RENEW_SECONDS`` with ``If-Match`` on what was read, so a renewal never writes over a
     lease someone else took meanwhile: the holder that finds its lease taken stops writing.
     A start takes a lapsed lease, or one its own data directory left on this host (the
-    directory's server lock says that process is gone); a live one of another host is
-    refused.
+    directory's server lock says that process is gone); any other live one is refused.
 
 These two objects hold no tenant data and are not sealed: an operator can read them with any S3
 client to see who holds a prefix.
@@ -149,13 +148,14 @@ class PrefixLease:
         except msgspec.DecodeError:
             return None, etag  # unreadable: taken over like a lapsed one
 
-    def take(self, *, same_directory_here: bool = True) -> None:
-        """Hold the prefix, or Refused naming the live holder. ``same_directory_here``: a lease
-        of this platform left on this host is its own dead process' (the server lock)."""
+    def take(self) -> None:
+        """Hold the prefix, or Refused naming the live holder. A live lease of this holder on
+        this host is its own dead process' (a holder is a data directory's: its server lock
+        says no other process runs on it)."""
         current, etag = self._current()
         now = time.time()
         if current is not None and current.expires_at > now:
-            ours = same_directory_here and current.host == self.host
+            ours = current.holder == self.instance and current.host == self.host
             if current.platform != self.platform or not ours:
                 raise Refused(
                     f"a live platform holds the object store's prefix (host {current.host},"

@@ -3,7 +3,9 @@ directory, after the machine it ran on was lost.
 
 In order, each step done before the next begins, and nothing written before the checks pass:
 
-1. The data directory holds no platform (no store, no projects); its server lock is taken.
+1. The data directory holds no platform (no store, no projects), or what a recovery stopped
+   midway left (its marker, ``recover.unfinished``, says so: it goes on from there, and
+   ``serve`` refuses the directory meanwhile); its server lock is taken.
 2. The prefix holds a platform, sealed with the archive key given (else refused by name).
 3. The lost platform's lease on the prefix has lapsed (waited for, up to a lease's length):
    a platform still live there is never recovered over; then the lease is this process'.
@@ -32,12 +34,13 @@ from pathlib import Path
 
 import msgspec
 
-from pgplane import startup
+from pgplane import failpoints, startup
 from pgplane.compute.driver import ComputeError
 from pgplane.compute.local import LocalComputeDriver
 from pgplane.compute.local.shared import shipping
 from pgplane.config import Settings
 from pgplane.core import clock
+from pgplane.core.operations import Action
 from pgplane.engine.node import NodeLease
 from pgplane.objectstore import claim, storecopy
 from pgplane.objectstore.bucket import Bucket, open_bucket
@@ -47,6 +50,9 @@ from pgplane.store import Store, Tx
 from pgplane.store.open import open_store
 
 log = logging.getLogger(__name__)
+
+# In the data directory while a recovery runs: `serve` refuses it, `recover` goes on from it.
+UNFINISHED = "recover.unfinished"
 
 _REASON = (
     "the platform was recovered from its object store before this finished; the work started"
@@ -81,12 +87,6 @@ class Recovery:
 async def recover(settings: Settings, *, say: bool = True) -> Recovery:
     """Steps 1 to 5 of the module's docstring; NotRecoverable when refused."""
     data_dir = settings.data_dir
-    for taken in (settings.store_path, data_dir / "projects"):
-        if taken.exists():
-            raise NotRecoverable(
-                f"{data_dir} already holds a platform ({taken.name}): recover into an empty"
-                " data directory"
-            )
     data_dir.mkdir(parents=True, exist_ok=True)
     lock = ServerLock(data_dir)
     try:
@@ -94,9 +94,16 @@ async def recover(settings: Settings, *, say: bool = True) -> Recovery:
     except AlreadyServing as exc:
         raise NotRecoverable(str(exc)) from None
     try:
-        bucket = await _claimed(settings)
+        marker = data_dir / UNFINISHED
+        resumed = marker.exists()
+        if not resumed:
+            _check_empty(settings)
+        bucket = await _claimed(settings, holder=f"recover {data_dir.resolve()}")
         try:
-            return await _recover(settings, bucket)
+            await asyncio.to_thread(_write_new, marker, b"")
+            report = await _recover(settings, bucket, resumed=resumed)
+            marker.unlink()
+            return report
         finally:
             if bucket.sealed.lease is not None:
                 await asyncio.to_thread(bucket.sealed.lease.release)
@@ -104,7 +111,16 @@ async def recover(settings: Settings, *, say: bool = True) -> Recovery:
         lock.release()
 
 
-async def _claimed(settings: Settings) -> Bucket:
+def _check_empty(settings: Settings) -> None:
+    for taken in (settings.store_path, settings.data_dir / "projects"):
+        if taken.exists():
+            raise NotRecoverable(
+                f"{settings.data_dir} already holds a platform ({taken.name}): recover into an"
+                " empty data directory"
+            )
+
+
+async def _claimed(settings: Settings, *, holder: str) -> Bucket:
     """Steps 2 and 3: the bucket, its platform's, with this process holding its lease."""
     url, key_file = settings.object_store, settings.archive_key_file
     if url is None or key_file is None:
@@ -115,7 +131,7 @@ async def _claimed(settings: Settings) -> Bucket:
         if found is None:
             raise NotRecoverable(f"{url} holds no pgplane platform")
         claim.check_key(found, bucket.fingerprint)
-        lease = claim.PrefixLease(bucket.raw, platform=found.platform, instance="recover")
+        lease = claim.PrefixLease(bucket.raw, platform=found.platform, instance=holder)
         deadline = time.monotonic() + claim.LEASE_SECONDS + 5
         while (left := await asyncio.to_thread(lease.remaining)) > 0:
             if time.monotonic() > deadline:
@@ -124,21 +140,27 @@ async def _claimed(settings: Settings) -> Bucket:
                 )
             log.info("waiting %.0f s for the lost platform's lease on the prefix to end", left)
             await asyncio.sleep(min(left, 2.0))
-        await asyncio.to_thread(lease.take, same_directory_here=False)
+        await asyncio.to_thread(lease.take)
     except (ValueError, ComputeError, claim.Refused) as exc:
         raise NotRecoverable(str(exc)) from None
     bucket.sealed.lease = lease
     return bucket
 
 
-async def _recover(settings: Settings, bucket: Bucket) -> Recovery:
+async def _recover(settings: Settings, bucket: Bucket, *, resumed: bool) -> Recovery:
+    """Steps 4 and 5. ``resumed``: a recovery stopped midway (its marker says so) goes on from
+    the store it fetched: each step converges (the projects brought back again end the first
+    run's queued work ``failed`` with the reason; rebuilt branches and fetched snapshots are
+    kept)."""
     lease = bucket.sealed.lease
     assert lease is not None  # noqa: S101 - taken by _claimed
     report = Recovery(platform=lease.platform)
-    try:
-        await asyncio.to_thread(storecopy.fetch, bucket.sealed, settings.store_path)
-    except ComputeError as exc:
-        raise NotRecoverable(str(exc)) from None
+    if not (resumed and settings.store_path.exists()):
+        try:
+            await asyncio.to_thread(storecopy.fetch, bucket.sealed, settings.store_path)
+        except ComputeError as exc:
+            raise NotRecoverable(str(exc)) from None
+    await failpoints.reached("recover:store_fetched")
     _write_node_id(settings.data_dir, lease.platform)
     store = await open_store(None, settings.store_path)
     try:
@@ -147,6 +169,7 @@ async def _recover(settings: Settings, bucket: Bucket) -> Recovery:
         try:
             for project_id in queued:
                 await _rebuild(store, driver, bucket, project_id, report)
+                await failpoints.reached("recover:project_rebuilt")
         finally:
             await driver.close()
     finally:
@@ -155,15 +178,22 @@ async def _recover(settings: Settings, bucket: Bucket) -> Recovery:
 
 
 def _write_node_id(data_dir: Path, platform: str) -> None:
-    path = data_dir / "node.id"
     tmp = data_dir / ".node.id.recover"
     tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    with open(fd, "w") as f:
-        f.write(platform + "\n")
+    _write_new(tmp, f"{platform}\n".encode())
+    os.replace(tmp, data_dir / "node.id")
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    """A file of root's, durable (an existing one is kept as it is: a resumed recovery's)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        return
+    with open(fd, "wb") as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 async def _bring_back_all(settings: Settings, store: Store, report: Recovery) -> list[str]:
@@ -182,6 +212,10 @@ async def _bring_back_all(settings: Settings, store: Store, report: Recovery) ->
                 if project is None or project.deleted_at is not None:
                     continue
                 report.projects += 1
+                unsettled = await tx.list_unsettled_operations(project_id=project_id)
+                if any(o.action is Action.TENANT_ATTACH for o in unsettled):
+                    queued.append(project_id)  # brought back by a recovery stopped midway
+                    continue
                 if project.storage_state != "attached":
                     report.detached.append(project_id)
                     continue
