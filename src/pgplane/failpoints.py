@@ -44,7 +44,11 @@ filesystem mounted, its directory not yet given to its user), ``point_read:servi
 schema read at a point of history: the point rebuilt, its temporary postmaster serving),
 ``schema_only:read`` (a schema-only branch's source read, nothing of it built yet) and
 ``schema_only:restored`` (its new cluster holds the schema, its temporary postmaster still
-running, the data not yet in place). The crash suites kill the server at each.
+running, the data not yet in place), ``ship:wal_stored`` and ``ship:base_stored`` (with shared
+or object storage: a branch's WAL file or base state stored there, its ``head.json`` not yet
+naming it; reached in the shipping round's thread), ``recover:store_fetched`` and
+``recover:project_rebuilt`` (``pgplane recover``: the store in place, nothing brought back yet;
+a project's branches rebuilt, the next not yet). The crash suites kill the server at each.
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ import asyncio
 import logging
 import os
 import re
+import threading
+import time
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -98,11 +104,10 @@ def parse(spec: str) -> dict[str, _Armed]:
 _armed = parse(os.environ.get(ENV, ""))
 
 
-async def reached(name: str) -> None:
-    """Act as ``name`` is armed to (wait forever, pause, raise); return at once if it is not."""
+def _take(name: str) -> _Armed | None:
     armed = _armed.get(name)
     if armed is None:
-        return
+        return None
     if armed.times is not None:
         armed.times -= 1
         if armed.times == 0:
@@ -112,8 +117,30 @@ async def reached(name: str) -> None:
         raise FailpointError(f"failpoint {name} raised")
     if armed.sleep_ms is None:
         log.warning("failpoint %s reached: waiting to be killed", name)
+    else:
+        log.warning("failpoint %s reached: pausing %d ms", name, armed.sleep_ms)
+    return armed
+
+
+async def reached(name: str) -> None:
+    """Act as ``name`` is armed to (wait forever, pause, raise); return at once if it is not."""
+    armed = _take(name)
+    if armed is None:
+        return
+    if armed.sleep_ms is None:
         await asyncio.Event().wait()
         return
-    log.warning("failpoint %s reached: pausing %d ms", name, armed.sleep_ms)
     await asyncio.sleep(armed.sleep_ms / 1000)
+    log.info("failpoint %s: going on", name)
+
+
+def reached_in_thread(name: str) -> None:
+    """``reached`` for blocking code run off the event loop (a worker thread's step)."""
+    armed = _take(name)
+    if armed is None:
+        return
+    if armed.sleep_ms is None:
+        threading.Event().wait()
+        return
+    time.sleep(armed.sleep_ms / 1000)
     log.info("failpoint %s: going on", name)

@@ -40,6 +40,7 @@ from typing import Annotated, BinaryIO
 
 import msgspec
 
+from pgplane import failpoints
 from pgplane.compute.driver import ComputeError
 from pgplane.compute.local.cold import archive
 from pgplane.compute.local.files import fsync_dir, write_atomic
@@ -115,6 +116,7 @@ def ship(
             continue
         if name not in head.bases:
             _ship_base(store, base.path, f"{prefix}/base/{name}", staging)
+            failpoints.reached_in_thread("ship:base_stored")
             copied += 1
         bases.append(name)
     wal: dict[str, str] = {}
@@ -126,6 +128,7 @@ def ship(
         written_at = _written_at(dirs, name)
         sha = _ship_wal(store, dirs, name, f"{prefix}/wal/{name}")
         if sha is not None:
+            failpoints.reached_in_thread("ship:wal_stored")
             wal[name] = sha
             copied += 1
             end_at = max(end_at, written_at)
