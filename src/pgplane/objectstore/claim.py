@@ -31,6 +31,7 @@ from typing import Protocol
 import msgspec
 
 from pgplane.compute.driver import ComputeError
+from pgplane.compute.local.shared.objects import off_loop
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +201,6 @@ class PrefixLease:
         while not self.lost:
             await asyncio.sleep(RENEW_SECONDS)
             try:
-                await asyncio.to_thread(self.renew)
+                await off_loop(self.renew)
             except ComputeError as exc:  # the store unreachable: the next beat tries again
                 log.warning("object store lease not renewed: %s", exc)

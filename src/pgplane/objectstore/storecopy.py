@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from pgplane.compute.driver import ComputeError
-from pgplane.compute.local.shared.objects import ObjectStore
+from pgplane.compute.local.shared.objects import ObjectStore, off_loop
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class StoreCopies:
         try:
             while True:
                 try:
-                    await asyncio.to_thread(self.copy)
+                    await off_loop(self.copy)
                 except (ComputeError, sqlite3.Error, OSError) as exc:
                     log.warning("the store's copy to the object store failed: %s", exc)
                 await asyncio.sleep(seconds)

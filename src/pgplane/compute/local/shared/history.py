@@ -30,7 +30,7 @@ from pgplane.compute.local.postgres.postmaster import Postmasters
 from pgplane.compute.local.postgres.records import Running
 from pgplane.compute.local.postgres.sessions import ADMIN_USER, connect, conninfo
 from pgplane.compute.local.shared import shipping
-from pgplane.compute.local.shared.objects import ObjectStore
+from pgplane.compute.local.shared.objects import ObjectStore, off_loop
 from pgplane.compute.local.tenants.projects import ids
 from pgplane.compute.local.tenants.user import RunAs
 
@@ -95,7 +95,7 @@ class SharedHistory:
                 return 0  # not built yet, or moving
             prefix = shipping.prefix_of(project_id, branch_id)
             try:
-                copied, self._heads[prefix] = await asyncio.to_thread(
+                copied, self._heads[prefix] = await off_loop(
                     shipping.ship, self.store, dirs, prefix, self._staging, self._heads.get(prefix)
                 )
             except BaseException:

@@ -16,24 +16,40 @@ against what it recorded.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
+import functools
 import hashlib
 import os
 import re
 import secrets
 import shutil
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import BinaryIO, Protocol, TypeVar
 
 from pgplane.compute.driver import ComputeError
+
+T = TypeVar("T")
 
 _CHUNK = 1 << 20
 _PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _ID_NAME = "pgplane-storage.id"
+
+
+# Threads of their own for storage calls: a store that hangs (an object store that stopped
+# answering, NFS gone) holds these, never the event loop's default executor, on which every
+# file operation of the platform runs (it has only cores + 4 threads).
+_IO = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="shared-storage")
+
+
+async def off_loop(fn: Callable[..., T], /, *args: object) -> T:
+    """``fn(*args)``, a blocking call to shared or object storage, on the storage's threads."""
+    return await asyncio.get_running_loop().run_in_executor(_IO, functools.partial(fn, *args))
 
 
 class Written:

@@ -49,7 +49,7 @@ from pgplane.compute.local.history.histories import Histories
 from pgplane.compute.local.layout import TIMELINE_MARKER, Layout, check_id, ensure_dir
 from pgplane.compute.local.postgres.binaries import PgInstall
 from pgplane.compute.local.postgres.postmaster import Postmasters
-from pgplane.compute.local.shared.objects import ObjectStore
+from pgplane.compute.local.shared.objects import ObjectStore, off_loop
 from pgplane.compute.local.snapshots import offsite
 from pgplane.compute.local.storage import allocated_bytes
 from pgplane.compute.local.tenants.ownership import hand_over
@@ -121,7 +121,7 @@ class Snapshots:
                 await asyncio.to_thread(_seal, top)
             if self._shared is not None:
                 prefix = offsite.prefix_of(project_id, snapshot_id)
-                await asyncio.to_thread(offsite.ship, self._shared, top, prefix, self._staging)
+                await off_loop(offsite.ship, self._shared, top, prefix, self._staging)
         size = await asyncio.to_thread(allocated_bytes, top)
         return record[0], size
 
@@ -133,13 +133,13 @@ class Snapshots:
             if await asyncio.to_thread(_record, top) is not None:
                 return True
             prefix = offsite.prefix_of(project_id, snapshot_id)
-            if self._shared is None or not await asyncio.to_thread(
+            if self._shared is None or not await off_loop(
                 self._shared.exists, f"{prefix}/{MANIFEST_NAME}"
             ):
                 return False
             await remove_tree(top)  # what a fetch stopped by a crash left
             await asyncio.to_thread(ensure_dir, top.parent, _BUILDING_MODE)
-            await asyncio.to_thread(offsite.fetch, self._shared, prefix, top, self._staging)
+            await off_loop(offsite.fetch, self._shared, prefix, top, self._staging)
             await asyncio.to_thread(_seal, top)
         return True
 
@@ -154,7 +154,7 @@ class Snapshots:
             await remove_tree(top)
             if self._shared is not None:
                 prefix = offsite.prefix_of(project_id, snapshot_id)
-                await asyncio.to_thread(self._shared.delete, prefix)
+                await off_loop(self._shared.delete, prefix)
 
     async def to_branch(
         self, *, project_id: str, snapshot_id: str, branch_id: str, pg_version: int

@@ -31,7 +31,7 @@ from pgplane.compute.local.files import fsync_dir, remove_tree
 from pgplane.compute.local.layout import Layout, check_id, ensure_dir
 from pgplane.compute.local.postgres.postmaster import Postmasters
 from pgplane.compute.local.shared import cold
-from pgplane.compute.local.shared.objects import ObjectStore
+from pgplane.compute.local.shared.objects import ObjectStore, off_loop
 from pgplane.compute.local.tenants.ownership import hand_over, owned_by
 from pgplane.compute.local.tenants.sockets import remove_socket_dir
 from pgplane.compute.local.tenants.user import RunAs, open_traversal
@@ -135,7 +135,7 @@ class Tenants:
                 await remove_tree(branch_dir)
                 if self.shared is not None:  # its history shipped there
                     prefix = f"history/{project_id}/{branch_id}"
-                    await asyncio.to_thread(self.shared.delete, prefix)
+                    await off_loop(self.shared.delete, prefix)
             conf = self._layout.compute_conf(project_id, branch_id)
             await asyncio.to_thread(conf.unlink, missing_ok=True)
 
@@ -153,7 +153,7 @@ class Tenants:
                     await self._store_archive(project_id, archive_dir)
                     return  # detached already (a retry after the hot copy was freed)
                 if self.shared is not None and await self._stored(project_id):
-                    await asyncio.to_thread(cold.verify, self.shared, cold.prefix_of(project_id))
+                    await off_loop(cold.verify, self.shared, cold.prefix_of(project_id))
                     return
                 raise ComputeError(f"project {project_id} has no data to detach")
             # Nothing of the tenant may run while root reads its tree (see archive.py).
@@ -181,8 +181,8 @@ class Tenants:
         if self.shared is None:
             return
         prefix = cold.prefix_of(project_id)
-        manifest = await asyncio.to_thread(cold.upload, self.shared, prefix, archive_dir)
-        if await asyncio.to_thread(cold.verify, self.shared, prefix) != manifest:
+        manifest = await off_loop(cold.upload, self.shared, prefix, archive_dir)
+        if await off_loop(cold.verify, self.shared, prefix) != manifest:
             raise ComputeError(f"archive of {project_id} read back from shared storage differs")
         if not keep_local:
             await remove_tree(archive_dir)
@@ -190,7 +190,7 @@ class Tenants:
     async def _stored(self, project_id: str) -> bool:
         if self.shared is None:
             return False
-        found = await asyncio.to_thread(cold.manifest_of, self.shared, cold.prefix_of(project_id))
+        found = await off_loop(cold.manifest_of, self.shared, cold.prefix_of(project_id))
         return found is not None
 
     async def reattach(self, project_id: str) -> None:
@@ -209,7 +209,7 @@ class Tenants:
                     assert self.shared is not None  # noqa: S101 - stored says so
                     await asyncio.to_thread(ensure_dir, self._layout.archives, 0o700)
                     prefix = cold.prefix_of(project_id)
-                    await asyncio.to_thread(cold.download, self.shared, prefix, archive_dir)
+                    await off_loop(cold.download, self.shared, prefix, archive_dir)
                     await failpoints.reached("tenant_reattach:fetched")
                 # Unpacked beside, verified file by file, then renamed into place: all or
                 # nothing. Root's until its data directories are handed over, bottom-up.
@@ -221,7 +221,7 @@ class Tenants:
             # computes were stopped before packing, so the archive holds nothing newer.
             await remove_tree(archive_dir)
             if self.shared is not None:
-                await asyncio.to_thread(self.shared.delete, cold.prefix_of(project_id))
+                await off_loop(self.shared.delete, cold.prefix_of(project_id))
 
     def _unpack(self, project_id: str, archive_dir: Path, project_dir: Path) -> None:
         if not self.volumes.active:
@@ -273,9 +273,9 @@ class Tenants:
         async with self._locks["tenant", project_id]:
             await remove_tree(self._layout.archive(project_id))
             if self.shared is not None:  # its archive and shipped history, wherever made
-                await asyncio.to_thread(self.shared.delete, cold.prefix_of(project_id))
-                await asyncio.to_thread(self.shared.delete, f"history/{project_id}")
-                await asyncio.to_thread(self.shared.delete, f"snapshots/{project_id}")
+                await off_loop(self.shared.delete, cold.prefix_of(project_id))
+                await off_loop(self.shared.delete, f"history/{project_id}")
+                await off_loop(self.shared.delete, f"snapshots/{project_id}")
             if project_dir.exists():
                 await self.stop(project_id)
                 await failpoints.reached("delete_tenant:stopped")
