@@ -4,6 +4,10 @@ directory deleted, as a lost machine's; `pgplane recover` into a new directory; 
 The old key lists the project, its connection string and password are the same, every row
 committed 5 s before the loss is there, and the snapshot restores.
 
+The object store frozen for a while under writes: the compute serves throughout, and the
+shipping catches up by itself. The server killed inside an upload: the branch's history
+converges to whole after the restart, with nothing stored that its head does not name.
+
 Also what keeps two platforms off one prefix: `serve` on an empty data directory over a prefix
 that holds a platform is refused, naming `pgplane recover`; `recover` with another archive key
 is refused by name and writes nothing.
@@ -25,6 +29,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from pgplane.compute.local.shared import shipping
+from pgplane.compute.local.shared.s3 import S3Store, parse_url
+from pgplane.compute.local.shared.sealed import SealedStore
 from pgplane.compute.local.tenants.users import remove_project_users
 from tests.objectstore import SeaweedFS
 from tests.support import (
@@ -55,6 +62,8 @@ ENV = {
 }
 # What the platform promises of a lost machine: commits older than this are in the bucket.
 RPO_SECONDS = 5.0
+# How long the object store stops answering (frozen, its connections open) while writes go on.
+OUTAGE_SECONDS = 10.0
 
 
 @pytest.fixture(scope="module")
@@ -137,20 +146,27 @@ def _uri(api: Api, project_id: str, branch_id: str | None = None) -> str:
     return str(r.json()["uri"])
 
 
-def _write_until_the_loss(uri: str) -> int:
-    """Rows 1001-1500 at once, then one every 50 ms for two seconds, then ``RPO_SECONDS`` more
-    up to the loss; the value of the last row the promise covers (committed that long before
-    the loss)."""
+def _write_until_the_loss(uri: str, seaweed: SeaweedFS) -> int:
+    """Rows 1001-1500 at once, then one every 50 ms: for ``OUTAGE_SECONDS`` with the object store
+    frozen (the compute serves throughout), two seconds once it is back, then ``RPO_SECONDS``
+    more up to the loss. The value of the last row the promise covers (committed that long
+    before the loss): the shipping caught up after the outage, with nothing lost."""
     with psycopg.connect(uri, autocommit=True) as conn:
         conn.execute("INSERT INTO t SELECT g, 'y' FROM generate_series(1001, 1500) g")
         v = 1500
-        for seconds in (2.0, RPO_SECONDS):
-            promised = v
-            deadline = time.monotonic() + seconds
-            while time.monotonic() < deadline:
-                v += 1
-                conn.execute("INSERT INTO t VALUES (%s, 'late')", (v,))
-                time.sleep(0.05)
+        seaweed.pause()
+        try:
+            for seconds in (OUTAGE_SECONDS, 2.0, RPO_SECONDS):
+                if seconds != OUTAGE_SECONDS:
+                    seaweed.resume()
+                promised = v
+                deadline = time.monotonic() + seconds
+                while time.monotonic() < deadline:
+                    v += 1
+                    conn.execute("INSERT INTO t VALUES (%s, 'late')", (v,))
+                    time.sleep(0.05)
+        finally:
+            seaweed.resume()
     return promised
 
 
@@ -204,7 +220,7 @@ def test_a_lost_machine_s_platform_comes_back_from_the_bucket_alone(
         r = api.http.post(f"/projects/{pid}/branches/{main}/snapshot", params={"name": "before"})
         snapshot = api.settled(pid, r)["snapshot"]
         _no_credential_reaches_a_compute(first, seaweed)
-        promised = _write_until_the_loss(uri)
+        promised = _write_until_the_loss(uri, seaweed)
         api.http.close()
         first.stop(signal.SIGKILL)
         lost_dir = first.data_dir
@@ -265,3 +281,46 @@ def test_a_prefix_is_one_platform_s_and_its_key_is_checked(
             assert done.returncode == 2, done.stdout + done.stderr
             assert "archive key is not the one" in done.stderr
             assert not (thief.data_dir / "pgplane.db").exists()
+
+
+@pytest.mark.parametrize("failpoint", ["ship:base_stored", "ship:wal_stored"])
+def test_a_kill_inside_an_upload_converges(
+    seaweed: SeaweedFS, key_file: Path, tmp_path: Path, failpoint: str
+) -> None:
+    """The server killed with an object stored that its branch's head does not name yet: after
+    the restart the head names the branch's whole history here, and the bucket holds nothing
+    under the branch that the head does not name."""
+    url = seaweed.url("killed-" + failpoint.partition(":")[2].replace("_", "-"))
+    env = _env(seaweed, url.rpartition("/")[2], key_file)
+    with _machine({**env, "PGPLANE_FAILPOINTS": f"1*{failpoint}"}, tmp_path) as server:
+        server.start()
+        _, key = server.create_key("killed-upload@example.com")
+        with Api(server, key) as api:
+            body = api.create_ready_project(name="killed-upload")
+        with psycopg.connect(body["connection_uris"][0]["connection_uri"]) as conn:
+            conn.execute("CREATE TABLE t AS SELECT g FROM generate_series(1, 10000) g")
+        server.wait_for_log(f"failpoint {failpoint} reached")
+        server.stop(signal.SIGKILL)
+        del server.env["PGPLANE_FAILPOINTS"]
+        server.start()
+        pid, branch = body["project"]["id"], body["branch"]["id"]
+        wal = server.data_dir / "projects" / pid / "branches" / branch / "wal"
+        client = seaweed.client()
+        try:
+            raw = S3Store(*parse_url(url), client)
+            sealed = SealedStore(raw, key_file.read_bytes())
+            prefix = shipping.prefix_of(pid, branch)
+
+            def converged() -> bool:
+                head = shipping.read_head(sealed, prefix)
+                if head is None or not head.bases:
+                    return False
+                here = {n for n in os.listdir(wal) if not n.startswith(".")}
+                named = {f"{prefix}/{shipping.HEAD}", *(f"{prefix}/wal/{n}" for n in head.wal)}
+                for base in head.bases:
+                    named |= {f"{prefix}/base/{base}/{n}" for n in ("data.tar.gz", "manifest.json")}
+                return here <= set(head.wal) and set(raw.keys(prefix)) == named
+
+            wait_for("the branch's history shipped whole, and nothing else", converged, 60)
+        finally:
+            client.close()
