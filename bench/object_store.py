@@ -1,0 +1,233 @@
+"""The object store: what shipping everything to it costs, how recent what it holds is, and how
+long bringing a lost platform back takes. Against a real SeaweedFS (``tests/objectstore.py``).
+
+Three measurements, in one run:
+
+- **cost**: pgbench's write-heavy TPC-B (the bundled pgbench, through the proxy) on a project of
+  a platform with ``--object-store`` beside one of a platform without, rounds interleaved.
+  Target: at least 0.9x the tps;
+- **RPO**: while pgbench writes on the first, a marker row committed every half second; the time
+  until the WAL segment holding its commit is named in the branch's shipped ``head.json`` (read
+  from the bucket, sealed, every 50 ms). Target: p99 at most 5 s;
+- **recover**: the first platform lost (server and computes killed, its directory deleted), then
+  ``pgplane recover`` into a new directory, timed, with the branch's size. No baseline is run
+  beside it yet (pg_basebackup plus replay of the same data is the one to add).
+
+    .venv/bin/python -m bench.object_store [--seconds 20] [--rounds 3] [--scale 10] [--smoke]
+
+``--smoke`` runs each step once, small and short, and checks no target: CI runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+from tests.objectstore import SeaweedFS
+from tests.support import (
+    PGPLANE,
+    make_data_dir,
+    remove_in_background,
+    stop_postmasters,
+    unmount_volumes,
+)
+
+from bench.common import (
+    Api,
+    Server,
+    median,
+    percentile,
+    pg_binary,
+    plaintext,
+    running_server,
+    verdict,
+)
+from pgplane.compute.local.shared import shipping
+from pgplane.compute.local.shared.s3 import S3Store, parse_url
+from pgplane.compute.local.shared.sealed import SealedStore
+from pgplane.compute.local.tenants.users import remove_project_users
+
+
+def _pgbench(uri: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [pg_binary("pgbench", 18), *args, plaintext(uri)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=3600,
+    )
+
+
+def _tps(out: str) -> float:
+    match = re.search(r"tps = ([\d.]+)", out)
+    assert match is not None, out
+    return float(match.group(1))
+
+
+class HeadWatch:
+    """When each WAL file was first named in a branch's shipped head, polled from the bucket."""
+
+    def __init__(self, seaweed: SeaweedFS, url: str, key: bytes, prefix: str) -> None:
+        self._client = seaweed.client(attempts=3)
+        self._store = SealedStore(S3Store(*parse_url(url), self._client), key)
+        self._prefix = prefix
+        self.seen: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            head = shipping.read_head(self._store, self._prefix)
+            now = time.monotonic()
+            for name in head.wal if head is not None else ():
+                self.seen.setdefault(name, now)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._client.close()
+
+
+def _markers(uri: str, watch: HeadWatch, count: int) -> list[float]:
+    """Seconds from each marker's commit until its segment was named in the head."""
+    commits: list[tuple[float, str]] = []
+    with psycopg.connect(plaintext(uri), autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS marker (at timestamptz)")
+        for _ in range(count):
+            conn.execute("INSERT INTO marker VALUES (now())")
+            at = time.monotonic()
+            row = conn.execute("SELECT pg_walfile_name(pg_current_wal_lsn())").fetchone()
+            assert row is not None
+            commits.append((at, str(row[0])))
+            time.sleep(0.5)
+    deadline = time.monotonic() + 60
+    while any(name not in watch.seen for _, name in commits) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [watch.seen.get(name, float("inf")) - at for at, name in commits]
+
+
+def _lose(server: Server) -> None:
+    server.stop(signal.SIGKILL)
+    stop_postmasters(server.data_dir)
+    remove_project_users(server.data_dir)
+    unmount_volumes(server.data_dir)
+
+
+def measure_cost(uri: str, off_uri: str, args: argparse.Namespace) -> float:
+    for u in (uri, off_uri):
+        _pgbench(u, "-i", "-s", str(args.scale), "-q")
+    tps: dict[str, list[float]] = {"on": [], "off": []}
+    for _ in range(args.rounds):
+        for side, u in (("on", uri), ("off", off_uri)):
+            tps[side].append(
+                _tps(_pgbench(u, "-c", "4", "-j", "2", "-T", str(args.seconds)).stdout)
+            )
+    ratio = median(tps["on"]) / median(tps["off"])
+    print(f"pgbench tps, object store on:  {median(tps['on']):8.0f}  {tps['on']}")
+    print(f"pgbench tps, object store off: {median(tps['off']):8.0f}  {tps['off']}")
+    print(f"shipping's cost: {ratio:.2f}x the tps without (target >= 0.9x)")
+    return ratio
+
+
+def measure_rpo(uri: str, watch: HeadWatch, samples: int) -> float:
+    seconds = str(samples // 2 + 5)  # the markers' time, and a little more
+    load = subprocess.Popen(
+        [pg_binary("pgbench", 18), "-c", "4", "-j", "2", "-T", seconds, plaintext(uri)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        rpo = _markers(uri, watch, samples)
+    finally:
+        load.wait()
+        watch.close()
+    p50, p99 = percentile(rpo, 0.5), percentile(rpo, 0.99)
+    print(f"RPO under pgbench: p50 {p50:.2f} s, p99 {p99:.2f} s (target p99 <= 5 s)")
+    return p99
+
+
+def measure_recover(on: Server, uri: str) -> None:
+    with psycopg.connect(plaintext(uri)) as conn:
+        row = conn.execute("SELECT pg_database_size('neondb')").fetchone()
+    size = int(row[0]) if row else 0
+    _lose(on)
+    target = make_data_dir()
+    try:
+        began = time.monotonic()
+        done = subprocess.run(
+            [*PGPLANE, "recover", "--data-dir", str(target)],
+            capture_output=True,
+            text=True,
+            env=on.env,
+            check=False,
+            timeout=3600,
+        )
+        took = time.monotonic() - began
+        if done.returncode != 0:
+            raise RuntimeError(f"recover failed:\n{done.stdout}\n{done.stderr}")
+        branches = json.loads(done.stdout)["branches"]
+        print(
+            f"recover: {took:.1f} s for {len(branches)} branch(es), the database"
+            f" {size / 1e6:.0f} MB ({size / 1e6 / took:.0f} MB/s)"
+        )
+    finally:
+        stop_postmasters(target)
+        remove_project_users(target)
+        unmount_volumes(target)
+        remove_in_background(target)
+
+
+def run(args: argparse.Namespace) -> int:
+    seaweed = SeaweedFS(Path(tempfile.mkdtemp(prefix="pgplane-bench-s3-")))
+    seaweed.start()
+    key_file = seaweed.directory / "archive.key"
+    key_file.write_bytes(os.urandom(32))
+    key_file.chmod(0o600)
+    url = seaweed.url("bench")
+    env = {**seaweed.env(), "PGPLANE_OBJECT_STORE": url, "PGPLANE_ARCHIVE_KEY_FILE": str(key_file)}
+    try:
+        with running_server(**env) as on, running_server() as off:
+            api_on = Api(on, on.create_key("bench@example.com")[1])
+            api_off = Api(off, off.create_key("bench@example.com")[1])
+            body = api_on.create_ready_project(name="object-store-on")
+            uri = body["connection_uris"][0]["connection_uri"]
+            off_body = api_off.create_ready_project(name="object-store-off")
+            ratio = measure_cost(uri, off_body["connection_uris"][0]["connection_uri"], args)
+            prefix = shipping.prefix_of(body["project"]["id"], body["branch"]["id"])
+            watch = HeadWatch(seaweed, url, key_file.read_bytes(), prefix)
+            p99 = measure_rpo(uri, watch, args.samples)
+            measure_recover(on, uri)
+            api_on.http.close()
+            api_off.http.close()
+    finally:
+        seaweed.stop()
+    if args.smoke:
+        return 0
+    return verdict({"cost >= 0.9x": ratio >= 0.9, "RPO p99 <= 5 s": p99 <= 5.0})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--scale", type=int, default=10)
+    parser.add_argument("--samples", type=int, default=40, help="RPO markers")
+    parser.add_argument("--smoke", action="store_true", help="once, small, no target checked")
+    args = parser.parse_args()
+    if args.smoke:
+        args.seconds, args.rounds, args.scale, args.samples = 3, 1, 1, 6
+    raise SystemExit(run(args))
+
+
+if __name__ == "__main__":
+    main()
