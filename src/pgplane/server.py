@@ -52,6 +52,7 @@ from pgplane.serverlock import AlreadyServing, ServerLock
 from pgplane.services import signin
 from pgplane.services.proxy_authority import NotCovered
 from pgplane.store import Store
+from pgplane.telemetry.metrics import Metrics
 from pgplane.tls import ProxyTLS, certificate_hash, server_context
 
 log = logging.getLogger("pgplane")
@@ -296,8 +297,8 @@ async def _serve(settings: Settings) -> None:
     gc.collect()
     gc.freeze()
     workers = (
-        *_start_workers(engine, scheduler, readiness, driver, settings, store, node.name),
-        *_start_bucket(bucket, settings),
+        *_start_workers(engine, scheduler, readiness, driver, settings, store, node.name, metrics),
+        *_start_bucket(bucket, settings, metrics),
     )
     announce = asyncio.create_task(_announce(server, settings, store))
     try:
@@ -331,6 +332,7 @@ def _start_workers(
     settings: Settings,
     store: Store,
     node: str,
+    metrics: Metrics,
 ) -> tuple[asyncio.Task[None], ...]:
     """The background work of a running node, last stopped first."""
     engine_task = asyncio.create_task(engine.run(), name="operations engine")
@@ -338,16 +340,20 @@ def _start_workers(
     readiness.watch("operations", engine_task)
     readiness.watch("scheduler", scheduler_task)
     history = asyncio.create_task(keep_history(driver, settings), name="history")
-    ship = asyncio.create_task(ship_history(driver, settings, store, node), name="history shipping")
+    ship = asyncio.create_task(
+        ship_history(driver, settings, store, node, metrics), name="history shipping"
+    )
     return ship, history, scheduler_task, engine_task
 
 
-def _start_bucket(bucket: Bucket | None, settings: Settings) -> tuple[asyncio.Task[None], ...]:
+def _start_bucket(
+    bucket: Bucket | None, settings: Settings, metrics: Metrics
+) -> tuple[asyncio.Task[None], ...]:
     """The lease on the object store's prefix renewed, and the store copied there as it
     changes (stopped last: its final copy is taken after everything else has stopped)."""
     if bucket is None:
         return ()
-    copies = StoreCopies(bucket.sealed, settings.store_path)
+    copies = StoreCopies(bucket.sealed, settings.store_path, metrics)
     tasks = [asyncio.create_task(copies.run(settings.store_copy_seconds), name="store copies")]
     if bucket.sealed.lease is not None:
         tasks.append(asyncio.create_task(bucket.sealed.lease.run(), name="object store lease"))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -26,6 +27,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import psycopg
 import pytest
 
@@ -170,6 +172,13 @@ def _write_until_the_loss(uri: str, seaweed: SeaweedFS) -> int:
     return promised
 
 
+def _metric(server: Server, name: str) -> float:
+    text = httpx.get(f"http://127.0.0.1:{server.port}/metrics", timeout=10).text
+    found = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
+    assert found, f"{name} not in /metrics"
+    return float(found.group(1))
+
+
 def _recover_killed_at(failpoint: str, data_dir: Path, env: dict[str, str], logs: Path) -> None:
     log_path = logs / f"recover-{data_dir.name}.log"
     with log_path.open("wb") as log:
@@ -220,6 +229,9 @@ def test_a_lost_machine_s_platform_comes_back_from_the_bucket_alone(
         r = api.http.post(f"/projects/{pid}/branches/{main}/snapshot", params={"name": "before"})
         snapshot = api.settled(pid, r)["snapshot"]
         _no_credential_reaches_a_compute(first, seaweed)
+        # Operators see the shipping: files stored, the store copied moments ago.
+        wait_for("a file shipped", lambda: _metric(first, "pgplane_archive_shipped_files_total"))
+        assert _metric(first, "pgplane_store_copy_age_seconds") < 30
         promised = _write_until_the_loss(uri, seaweed)
         api.http.close()
         first.stop(signal.SIGKILL)

@@ -28,6 +28,7 @@ from pgplane.compute.model import (
     RoleSpec,
     RunningCompute,
     SchemaTooLarge,
+    ShippingRound,
 )
 from pgplane.compute.snapshots import SnapshotDriver
 
@@ -52,6 +53,7 @@ __all__ = [
     "RoleSpec",
     "RunningCompute",
     "SchemaTooLarge",
+    "ShippingRound",
 ]
 
 
@@ -276,9 +278,9 @@ class ComputeDriver(SnapshotDriver, Protocol):
         the same id can move projects between them); None when it keeps all on its own disk."""
         ...
 
-    async def ship_history(self, project_ids: Set[str] | None = None) -> None:
+    async def ship_history(self, project_ids: Set[str] | None = None) -> ShippingRound | None:
         """Copy each branch's new history to shared storage (of ``project_ids`` only, when
-        given), and free there what it freed here; nothing without shared storage."""
+        given), and free there what it freed here; None without shared storage."""
         ...
 
     async def tenant_state(self, *, project_id: str) -> str:

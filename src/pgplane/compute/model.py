@@ -53,6 +53,17 @@ class PortInUse(ComputeError):
 
 
 @dataclass(frozen=True, slots=True)
+class ShippingRound:
+    """What one round of shipping history found: files stored, branches that failed, and what
+    is still only here (the oldest WAL file not yet shipped, its age in seconds, and bytes)."""
+
+    files: int = 0
+    failed: int = 0
+    lag_seconds: float = 0.0
+    unshipped_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class RoleSpec:
     """A role as the branch must hold it: its password (SCRAM-hashed by Postgres) and LOGIN.
 

@@ -24,6 +24,7 @@ from pgplane.core.models import Operation
 from pgplane.engine.branch_config import apply_roles_and_databases, restart_replicas
 from pgplane.engine.context import Context, OnFinish, PermanentError, project_of, require_branch
 from pgplane.store import Store, Tx
+from pgplane.telemetry.metrics import NO_METRICS, Metrics
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,11 @@ async def keep_history(driver: ComputeDriver, settings: Settings) -> None:
 
 
 async def ship_history(
-    driver: ComputeDriver, settings: Settings, store: Store, node: str | None
+    driver: ComputeDriver,
+    settings: Settings,
+    store: Store,
+    node: str | None,
+    metrics: Metrics = NO_METRICS,
 ) -> None:
     """Every ``shipping_seconds``, with shared or object storage: the new history of each branch
     of the
@@ -119,7 +124,9 @@ async def ship_history(
             if node is not None:
                 async with store.read() as tx:
                     mine = await tx.node_project_ids(node)
-            await driver.ship_history(mine)
+            done = await driver.ship_history(mine)
+            if done is not None:
+                metrics.shipping_round(done)
         except asyncio.CancelledError:
             raise
         except Exception:

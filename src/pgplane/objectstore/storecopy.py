@@ -24,6 +24,7 @@ from pathlib import Path
 
 from pgplane.compute.driver import ComputeError
 from pgplane.compute.local.shared.objects import ObjectStore, off_loop
+from pgplane.telemetry.metrics import NO_METRICS, Metrics
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +34,9 @@ MAX_STORE_BYTES = 4 << 30
 
 
 class StoreCopies:
-    def __init__(self, store: ObjectStore, store_path: Path) -> None:
+    def __init__(self, store: ObjectStore, store_path: Path, metrics: Metrics = NO_METRICS) -> None:
         self._store = store
+        self._metrics = metrics
         self._path = store_path
         self._staging = store_path.with_name(".store-copy")
         self._conn: sqlite3.Connection | None = None
@@ -83,8 +85,10 @@ class StoreCopies:
         try:
             while True:
                 try:
-                    await off_loop(self.copy)
+                    if await off_loop(self.copy):
+                        self._metrics.store_copied(failed=False)
                 except (ComputeError, sqlite3.Error, OSError) as exc:
+                    self._metrics.store_copied(failed=True)
                     log.warning("the store's copy to the object store failed: %s", exc)
                 await asyncio.sleep(seconds)
         finally:

@@ -9,6 +9,10 @@ Prometheus client; :class:`pgplane.telemetry.prometheus.Prometheus` keeps the fi
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pgplane.compute.model import ShippingRound
 
 
 class Metrics:
@@ -48,6 +52,12 @@ class Metrics:
 
     def computes(self, states: Iterable[str]) -> None:
         """The live computes' states, as the scheduler read them this tick."""
+
+    def shipping_round(self, done: ShippingRound) -> None:
+        """A round of shipping history to shared or object storage ended."""
+
+    def store_copied(self, *, failed: bool) -> None:
+        """A copy of the store to the object store went up, or failed to."""
 
 
 NO_METRICS = Metrics()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -24,6 +25,9 @@ from prometheus_client import (
 )
 
 from pgplane.telemetry.metrics import Metrics
+
+if TYPE_CHECKING:
+    from pgplane.compute.model import ShippingRound
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 # A scrape renders at most once a second: /metrics answers without a key, and a flood of scrapes
@@ -148,6 +152,44 @@ class Prometheus(Metrics):
         )
         self._page = b""
         self._rendered_at = -REUSE_SECONDS
+        self._shipping(registry)
+
+    def _shipping(self, registry: CollectorRegistry) -> None:
+        """What is kept only on this disk yet, with shared or object storage (none without)."""
+        self._archive_lag = Gauge(
+            "pgplane_archive_lag_seconds",
+            "Age of the oldest WAL file archived here and not yet shipped, of any branch, as of"
+            " the last shipping round (0: everything shipped).",
+            registry=registry,
+        )
+        self._archive_unshipped = Gauge(
+            "pgplane_archive_unshipped_bytes",
+            "Bytes of archived WAL not yet shipped, all branches, as of the last round.",
+            registry=registry,
+        )
+        self._ship_failures = Counter(
+            "pgplane_archive_ship_failures_total",
+            "Branches whose history a shipping round could not ship (the store down, refusing).",
+            registry=registry,
+        )
+        self._shipped_files = Counter(
+            "pgplane_archive_shipped_files_total",
+            "WAL files and base states stored by the shipping rounds.",
+            registry=registry,
+        )
+        self._store_copy_failures = Counter(
+            "pgplane_store_copy_failures_total",
+            "Copies of the platform's store to the object store that failed.",
+            registry=registry,
+        )
+        self._started = time.monotonic()
+        self._store_copied_at: float | None = None
+        Gauge(
+            "pgplane_store_copy_age_seconds",
+            "Time since the platform's store was last copied to the object store (or since"
+            " start, before the first copy).",
+            registry=registry,
+        ).set_function(lambda: time.monotonic() - (self._store_copied_at or self._started))
 
     def operation_settled(self, action: str, status: str, seconds: float) -> None:
         self._operations.labels(action, status).inc()
@@ -192,6 +234,18 @@ class Prometheus(Metrics):
         self._states.update(counts)  # a state once seen stays, as the usual ones do
         for state, count in counts.items():
             self._computes.labels(state).set(count)
+
+    def shipping_round(self, done: ShippingRound) -> None:
+        self._archive_lag.set(done.lag_seconds)
+        self._archive_unshipped.set(done.unshipped_bytes)
+        self._ship_failures.inc(done.failed)
+        self._shipped_files.inc(done.files)
+
+    def store_copied(self, *, failed: bool) -> None:
+        if failed:
+            self._store_copy_failures.inc()
+        else:
+            self._store_copied_at = time.monotonic()
 
     def render(self) -> bytes:
         """The exposition, rendered again at most once per ``REUSE_SECONDS``."""

@@ -17,6 +17,7 @@ from pgplane.compute.driver import (
     ComputeSpec,
     ComputeUsage,
     RunningCompute,
+    ShippingRound,
 )
 from pgplane.compute.local.branch_data import BranchData
 from pgplane.compute.local.postgres.monitor import last_client_activity
@@ -138,10 +139,11 @@ class LocalComputeDriver(BranchData):
     def shared_storage(self) -> str | None:
         return None if self.shared is None else self.shared.identity
 
-    async def ship_history(self, project_ids: Set[str] | None = None) -> None:
-        if self._shipped is not None:
-            await self._prepare()
-            await self._shipped.ship_all(project_ids)
+    async def ship_history(self, project_ids: Set[str] | None = None) -> ShippingRound | None:
+        if self._shipped is None:
+            return None
+        await self._prepare()
+        return await self._shipped.ship_all(project_ids)
 
     async def tenant_state(self, *, project_id: str) -> str:
         await self._prepare()  # the projects' filesystems mounted

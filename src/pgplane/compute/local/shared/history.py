@@ -13,13 +13,14 @@ import asyncio
 import logging
 import os
 import shutil
+import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence, Set
 from pathlib import Path
 
 import psycopg
 
-from pgplane.compute.driver import ComputeError
+from pgplane.compute.driver import ComputeError, ShippingRound
 from pgplane.compute.local.copies.timeline import temporary_pgdata
 from pgplane.compute.local.files import fsync_dir, write_atomic
 from pgplane.compute.local.history.archiving import HistoryDirs, list_bases
@@ -67,10 +68,11 @@ class SharedHistory:
         # Root's, on this node's disk: base states packed on their way out, and back in.
         self._staging = layout.data_dir / "shipping"
 
-    async def ship_all(self, project_ids: Set[str] | None = None) -> int:
+    async def ship_all(self, project_ids: Set[str] | None = None) -> ShippingRound:
         """One round over every branch here (of ``project_ids``, when given): new history
-        shipped, freed history freed."""
-        copied = 0
+        shipped, freed history freed; what it shipped, and what is still only here."""
+        files = failed = unshipped = 0
+        oldest: float | None = None
         for project_id in ids(self._layout.projects):
             if project_ids is not None and project_id not in project_ids:
                 continue
@@ -78,12 +80,36 @@ class SharedHistory:
                 if self._locks["tenant", project_id].locked():
                     break  # being detached or reattached: its tree is moving
                 try:
-                    copied += await self._ship(project_id, branch_id)
+                    files += await self._ship(project_id, branch_id)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # one branch's trouble must not stop the others'
+                    failed += 1
                     log.warning("history of %s/%s not shipped: %s", project_id, branch_id, exc)
-        return copied
+                left = await asyncio.to_thread(self._left, project_id, branch_id)
+                if left is not None:
+                    unshipped += left[1]
+                    oldest = left[0] if oldest is None else min(oldest, left[0])
+        lag = 0.0 if oldest is None else max(0.0, time.time() - oldest)
+        return ShippingRound(files=files, failed=failed, lag_seconds=lag, unshipped_bytes=unshipped)
+
+    def _left(self, project_id: str, branch_id: str) -> tuple[float, int] | None:
+        """The branch's archived WAL not named in the head its last round wrote: the oldest's
+        mtime and their bytes on disk; None when there is none."""
+        head = self._heads.get(shipping.prefix_of(project_id, branch_id))
+        shipped = {} if head is None else head.wal  # before its first round: none known
+        wal = HistoryDirs(self._layout.branch_dir(project_id, branch_id)).wal
+        oldest, size = None, 0
+        for name in shipping.local_wal(wal):
+            if name in shipped:
+                continue
+            try:
+                st = os.lstat(wal / name)  # never through a link: the tenant's directory
+            except FileNotFoundError:
+                continue
+            size += st.st_blocks * 512
+            oldest = st.st_mtime if oldest is None else min(oldest, st.st_mtime)
+        return None if oldest is None else (oldest, size)
 
     async def _ship(self, project_id: str, branch_id: str) -> int:
         dirs = HistoryDirs(self._layout.branch_dir(project_id, branch_id))
@@ -94,13 +120,11 @@ class SharedHistory:
             if not (dirs.pgdata / TIMELINE_MARKER).is_file():
                 return 0  # not built yet, or moving
             prefix = shipping.prefix_of(project_id, branch_id)
-            try:
-                copied, self._heads[prefix] = await off_loop(
-                    shipping.ship, self.store, dirs, prefix, self._staging, self._heads.get(prefix)
-                )
-            except BaseException:
-                self._heads.pop(prefix, None)  # read again: the round may have half changed it
-                raise
+            # The head this node last wrote: kept through a failed round, whose new files the
+            # next round stores again (a round that failed midway may have stored some).
+            copied, self._heads[prefix] = await off_loop(
+                shipping.ship, self.store, dirs, prefix, self._staging, self._heads.get(prefix)
+            )
             return copied
 
     async def _complete_segment(self, pgdata: Path, running: Running) -> None:

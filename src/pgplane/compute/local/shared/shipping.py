@@ -121,7 +121,7 @@ def ship(
         bases.append(name)
     wal: dict[str, str] = {}
     end_at = head.wal_end_at
-    for name in _local_wal(dirs):
+    for name in local_wal(dirs.wal):
         if name in head.wal:
             wal[name] = head.wal[name]
             continue
@@ -140,9 +140,10 @@ def ship(
     return copied, new
 
 
-def _local_wal(dirs: HistoryDirs) -> list[str]:
+def local_wal(wal: Path) -> list[str]:
+    """The WAL files archived in ``wal`` (segments and timeline histories), sorted."""
     try:
-        names = os.listdir(dirs.wal)
+        names = os.listdir(wal)
     except FileNotFoundError:
         return []
     return sorted(n for n in names if _SEGMENT.fullmatch(n) or _HISTORY.fullmatch(n))
