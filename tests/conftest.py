@@ -105,6 +105,8 @@ LONGEST = (
     "tests/e2e/test_walls_tenant_files.py",
     "tests/e2e/test_isolation.py",
     "tests/e2e/test_walls_sandbox.py",
+    "tests/e2e/test_object_store.py",
+    "tests/e2e/test_bench_object_store.py",
 )
 
 
