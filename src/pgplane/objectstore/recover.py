@@ -84,7 +84,7 @@ class Recovery:
         }
 
 
-async def recover(settings: Settings, *, say: bool = True) -> Recovery:
+async def recover(settings: Settings) -> Recovery:
     """Steps 1 to 5 of the module's docstring; NotRecoverable when refused."""
     data_dir = settings.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
