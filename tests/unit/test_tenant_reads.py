@@ -31,6 +31,9 @@ MODULES = {
     "shared/cold.py": "the shared store's objects (bounded, checked) and root's archive/",
     "shared/shipping.py": "the shared store's objects (bounded, checked); the tenant's WAL only"
     " through the untrusted reader",
+    "shared/s3.py": "objects of the object store, no local file (bounded, checked by the caller)",
+    "shared/sealed.py": "objects (bounded, authenticated) and the operator's archive key file"
+    " (O_NONBLOCK, regular files only, refused when others may read it)",
 }
 READS = {"open", "read_text", "read_bytes"}
 
