@@ -304,7 +304,7 @@ def test_a_kill_inside_an_upload_converges(
     under the branch that the head does not name."""
     url = seaweed.url("killed-" + failpoint.partition(":")[2].replace("_", "-"))
     env = _env(seaweed, url.rpartition("/")[2], key_file)
-    with _machine({**env, "PGPLANE_FAILPOINTS": f"1*{failpoint}"}, tmp_path) as server:
+    with _machine({**env, "PGPLANE_FAILPOINTS": f"{failpoint}=1*wait"}, tmp_path) as server:
         server.start()
         _, key = server.create_key("killed-upload@example.com")
         with Api(server, key) as api:
