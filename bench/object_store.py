@@ -9,9 +9,10 @@ Three measurements, in one run:
 - **RPO**: while pgbench writes on the first, a marker row committed every half second; the time
   until the WAL segment holding its commit is named in the branch's shipped ``head.json`` (read
   from the bucket, sealed, every 50 ms). Target: p99 at most 5 s;
-- **recover**: the first platform lost (server and computes killed, its directory deleted), then
-  ``pgplane recover`` into a new directory, timed, with the branch's size. No baseline is run
-  beside it yet (pg_basebackup plus replay of the same data is the one to add).
+- **recover**: the first platform lost (server and computes killed), then, once its lease on the
+  prefix lapsed (up to 30 s: timed apart), ``pgplane recover`` into a new directory, timed,
+  with the branch's size. No baseline is run beside it yet (pg_basebackup plus replay of the
+  same data is the one to add).
 
     .venv/bin/python -m bench.object_store [--seconds 20] [--rounds 3] [--scale 10] [--smoke]
 
@@ -55,6 +56,7 @@ from pgplane.compute.local.shared import shipping
 from pgplane.compute.local.shared.s3 import S3Store, parse_url
 from pgplane.compute.local.shared.sealed import SealedStore
 from pgplane.compute.local.tenants.users import remove_project_users
+from pgplane.objectstore import claim
 
 
 def _pgbench(uri: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -156,11 +158,29 @@ def measure_rpo(uri: str, watch: HeadWatch, samples: int) -> float:
     return p99
 
 
-def measure_recover(on: Server, uri: str) -> None:
+def _until_lease_lapsed(seaweed: SeaweedFS, url: str) -> None:
+    """Until the lost platform's lease on the prefix has run out: what a recovery waits for
+    first (a platform that may still be alive is never recovered over), timed apart."""
+    bucket, prefix = parse_url(url)
+    client = seaweed.client(attempts=3)
+    try:
+        while True:
+            body = client.get_object(Bucket=bucket, Key=f"{prefix}{claim.LEASE}")["Body"].read()
+            if json.loads(body)["expires_at"] < time.time():
+                return
+            time.sleep(0.2)
+    finally:
+        client.close()
+
+
+def measure_recover(on: Server, uri: str, seaweed: SeaweedFS, url: str) -> None:
     with psycopg.connect(plaintext(uri)) as conn:
         row = conn.execute("SELECT pg_database_size('neondb')").fetchone()
     size = int(row[0]) if row else 0
     _lose(on)
+    lost_at = time.monotonic()
+    _until_lease_lapsed(seaweed, url)
+    print(f"the lost platform's lease lapsed {time.monotonic() - lost_at:.1f} s after the loss")
     target = make_data_dir()
     try:
         began = time.monotonic()
@@ -206,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
             prefix = shipping.prefix_of(body["project"]["id"], body["branch"]["id"])
             watch = HeadWatch(seaweed, url, key_file.read_bytes(), prefix)
             p99 = measure_rpo(uri, watch, args.samples)
-            measure_recover(on, uri)
+            measure_recover(on, uri, seaweed, url)
             api_on.http.close()
             api_off.http.close()
     finally:
