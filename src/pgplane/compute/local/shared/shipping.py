@@ -62,6 +62,9 @@ _MAX_SEGMENT = 1 << 30
 _MAX_HISTORY_FILE = 1 << 20
 _MAX_HEAD = 64 << 20
 _CHUNK = 1 << 20
+# The tenants' archived files already said to be refused (bounded: forgotten all at once).
+_said: set[tuple[str, str]] = set()
+_MAX_SAID = 10_000
 
 Sha256 = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
 WalName = Annotated[str, msgspec.Meta(pattern="^([0-9A-F]{24}|[0-9A-F]{8}\\.history)$")]
@@ -166,15 +169,29 @@ def _ship_wal(store: ObjectStore, dirs: HistoryDirs, name: str, key: str) -> str
     except FileNotFoundError:
         return None  # freed meanwhile
     except OSError as exc:  # a link, a FIFO: never shipped, so never replayed elsewhere
-        log.warning("archived WAL %s of %s is not a plain file: %s", name, dirs.wal, exc)
+        _refused(dirs, name, f"is not a plain file: {exc}")
         return None
     with open(fd, "rb") as f:  # safe: opened by the untrusted reader (no link, no FIFO)
+        if os.fstat(f.fileno()).st_size > limit:  # refused before a byte is read
+            _refused(dirs, name, f"is larger than {limit} bytes")
+            return None
         try:
             sent = store.write(key, f, max_bytes=limit)
         except ComputeError as exc:
             log.warning("archived WAL %s of %s not shipped: %s", name, dirs.wal, exc)
             return None
     return sent.sha256
+
+
+def _refused(dirs: HistoryDirs, name: str, why: str) -> None:
+    """Said once per file, not at every round (a tenant's plant would fill the log)."""
+    said = (str(dirs.wal), name)
+    if said in _said:
+        return
+    if len(_said) >= _MAX_SAID:
+        _said.clear()
+    _said.add(said)
+    log.warning("archived WAL %s of %s %s: never shipped", name, dirs.wal, why)
 
 
 def _ship_base(store: ObjectStore, base: Path, prefix: str, staging: Path) -> None:
