@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -336,3 +337,64 @@ def test_a_kill_inside_an_upload_converges(
             wait_for("the branch's history shipped whole, and nothing else", converged, 60)
         finally:
             client.close()
+
+
+def test_a_tenants_forged_archive_uploads_nothing_and_stalls_nothing(
+    seaweed: SeaweedFS, key_file: Path, tmp_path: Path
+) -> None:
+    """A tenant holding its compute's OS user plants, in its branch's WAL archive, a link to
+    another project's file, a FIFO and a sparse file of 2 GiB, each named like a segment: none
+    is uploaded (nor read: the huge one is refused by its size), the rounds go on shipping the
+    real segments, and nothing lands under the prefix but the platform's own objects."""
+    url = seaweed.url("forged")
+    with _machine(_env(seaweed, "forged", key_file), tmp_path) as server:
+        server.start()
+        _, key = server.create_key("forged@example.com")
+        with Api(server, key) as api:
+            tenant = api.create_ready_project(name="tenant")
+            victim = api.create_ready_project(name="victim")
+        pid, branch = tenant["project"]["id"], tenant["branch"]["id"]
+        vid, vbranch = victim["project"]["id"], victim["branch"]["id"]
+        user = pwd.getpwnam(f"pgp-{pid}")
+        wal = server.data_dir / "projects" / pid / "branches" / branch / "wal"
+        secret = server.data_dir / "projects" / vid / "branches" / vbranch / "pgdata" / "PG_VERSION"
+        link, fifo, huge = (wal / f"0000000100000000000000F{n}" for n in range(3))
+        os.symlink(secret, link)
+        os.mkfifo(fifo, 0o600)
+        with huge.open("wb") as f:
+            f.truncate(2 << 30)
+        for planted in (link, fifo, huge):
+            os.lchown(planted, user.pw_uid, user.pw_gid)
+
+        with psycopg.connect(tenant["connection_uris"][0]["connection_uri"]) as conn:
+            conn.execute("CREATE TABLE t AS SELECT g FROM generate_series(1, 1000) g")
+            row = conn.execute("SELECT pg_walfile_name(pg_current_wal_insert_lsn())").fetchone()
+        segment = str(row[0]) if row else ""
+        client = seaweed.client()
+        try:
+            raw = S3Store(*parse_url(url), client)
+            sealed = SealedStore(raw, key_file.read_bytes())
+            prefix = shipping.prefix_of(pid, branch)
+
+            def shipped() -> set[str]:
+                head = shipping.read_head(sealed, prefix)
+                return set() if head is None else set(head.wal)
+
+            wait_for(f"{segment} shipped after the plant", lambda: segment in shipped(), 60)
+            keys = raw.keys(prefix)
+            for planted in (link, fifo, huge):
+                assert planted.name not in shipped()
+                assert f"{prefix}/wal/{planted.name}" not in keys
+            # Under the prefix, only the platform's own objects; history only of the two.
+            listed = client.list_objects_v2(Bucket=seaweed.bucket, Prefix="forged/")
+            everything = [o["Key"].removeprefix("forged/") for o in listed.get("Contents", [])]
+            assert {k.split("/", 1)[0] for k in everything} <= {
+                *("platform.json", "lease.json", "pgplane-storage.id"),
+                *("store", "history", "snapshots", "archive"),
+            }, everything
+            assert {k.split("/")[1] for k in everything if k.startswith("history/")} <= {pid, vid}
+        finally:
+            client.close()
+        assert server.log().count(f"{link.name} of {wal} is not a plain file") == 1
+        assert f"{huge.name} of {wal} is larger than" in server.log()
+        assert httpx.get(f"http://127.0.0.1:{server.port}/livez", timeout=10).status_code == 200
