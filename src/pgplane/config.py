@@ -362,7 +362,7 @@ def _check_store(settings: Settings) -> None:
 
 def _check_object_store(settings: Settings) -> None:
     """An ``s3://`` URL with its archive key, alone: the shared directory is the other way to
-    keep data off this disk, and a PostgreSQL store is the operator's own database."""
+    keep data off this disk."""
     url = settings.object_store
     if url is None:
         if settings.archive_key_file is not None:
@@ -377,10 +377,5 @@ def _check_object_store(settings: Settings) -> None:
         )
     if settings.shared_dir is not None:
         raise ValueError("--object-store and --shared-dir: choose one")
-    if settings.store is not None:
-        raise ValueError(
-            "--object-store with a PostgreSQL store is not supported yet: use --shared-dir"
-            " for several nodes"
-        )
     if settings.object_ship_seconds <= 0 or settings.store_copy_seconds <= 0:
         raise ValueError("PGPLANE_OBJECT_SHIP_SECONDS and PGPLANE_STORE_COPY_SECONDS: above 0")

@@ -204,10 +204,10 @@ async def _start_proxy(proxy: Proxy, settings: Settings, store: Store, node: Nod
 async def _serve(settings: Settings) -> None:
     _check_limits(settings)
     api_gate, proxy_gate = gates(settings)
-    bucket = await startup.object_store(settings)
-    driver, settings = await startup.driver(settings, bucket)
     metrics = startup.metrics(settings)
     store = await startup.store(settings, metrics)
+    bucket = await startup.object_store(settings, store)
+    driver, settings = await startup.driver(settings, bucket)
     node = await startup.register(store, settings, metrics, await startup.shared_storage(driver))
     # Renewed from here on, through the slow steps of the start (adopting computes, the proxy):
     # a lease that lapsed before the first heartbeat would show a node that is starting as down.
@@ -353,8 +353,10 @@ def _start_bucket(
     changes (stopped last: its final copy is taken after everything else has stopped)."""
     if bucket is None:
         return ()
-    copies = StoreCopies(bucket.sealed, settings.store_path, metrics)
-    tasks = [asyncio.create_task(copies.run(settings.store_copy_seconds), name="store copies")]
+    tasks = []
+    if settings.store is None:  # a PostgreSQL store is the operator's own database
+        copies = StoreCopies(bucket.sealed, settings.store_path, metrics)
+        tasks.append(asyncio.create_task(copies.run(settings.store_copy_seconds), name="copies"))
     if bucket.sealed.lease is not None:
         tasks.append(asyncio.create_task(bucket.sealed.lease.run(), name="object store lease"))
     return tuple(tasks)

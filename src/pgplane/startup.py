@@ -13,7 +13,7 @@ from pgplane.compute.driver import ComputeError
 from pgplane.compute.local import LocalComputeDriver, LocalDriverConfig
 from pgplane.config import Settings
 from pgplane.core.operations import Action
-from pgplane.engine.node import NodeLease, home, node_name
+from pgplane.engine.node import NodeLease, node_name
 from pgplane.errors import Unavailable
 from pgplane.objectstore import claim
 from pgplane.objectstore.bucket import Bucket, open_bucket
@@ -77,9 +77,10 @@ async def register(
     return node
 
 
-async def object_store(settings: Settings) -> Bucket | None:
-    """The object store, checked writable and claimed for this platform (its lease taken), or
-    None without one: then the data lives on this disk only, and the log says so."""
+async def object_store(settings: Settings, store: Store) -> Bucket | None:
+    """The object store, checked writable and claimed for this platform (with a SQLite store,
+    its lease taken: a PostgreSQL store's nodes hold leases of their own there), or None
+    without one: then the data lives on this disk only, and the log says so."""
     if settings.object_store is None or settings.archive_key_file is None:
         if settings.shared_dir is None:
             log.warning(
@@ -88,19 +89,23 @@ async def object_store(settings: Settings) -> Bucket | None:
             )
         return None
     try:
+        async with store.write() as tx:
+            platform = await claim.platform_id(tx)
         bucket = await asyncio.to_thread(
             open_bucket, settings.object_store, settings.archive_key_file
         )
         await asyncio.to_thread(bucket.raw.check_writable)
-        platform = home(settings.data_dir)
         await asyncio.to_thread(
             claim.own, bucket.raw, platform=platform, fingerprint=bucket.fingerprint
         )
-        lease = claim.PrefixLease(bucket.raw, platform=platform, instance=node_name(settings))
-        await asyncio.to_thread(lease.take)
-    except (ValueError, ComputeError, claim.Refused) as exc:
-        raise SystemExit(f"pgplane: object store {settings.object_store}: {exc}") from None
-    bucket.sealed.lease = lease
+        if settings.store is None:
+            lease = claim.PrefixLease(bucket.raw, platform=platform, instance=node_name(settings))
+            await asyncio.to_thread(lease.take)
+            bucket.sealed.lease = lease
+    except (ValueError, ComputeError, claim.Refused, Unavailable) as exc:
+        await store.close()
+        message = exc.message if isinstance(exc, Unavailable) else str(exc)
+        raise SystemExit(f"pgplane: object store {settings.object_store}: {message}") from None
     log.info("object store %s: the platform's data is kept there, sealed", settings.object_store)
     return bucket
 

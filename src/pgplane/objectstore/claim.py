@@ -5,14 +5,16 @@ platform started beside the one it was recovered from would fork it. So, under t
 
 ``platform.json``
     made once, by the first ``serve`` (with ``If-None-Match: *``: of two first starts, one
-    wins): the platform's id (its data directory's ``node.id``, which ``recover`` carries into
-    the new directory) and the fingerprint of the archive key that seals its objects. A
-    ``serve`` of another id is refused, naming ``pgplane recover``; a key of another
-    fingerprint is refused before anything is read or written.
+    wins): the platform's id (kept in its store, so every node of a PostgreSQL store, and a
+    platform recovered from a copy of its SQLite store, is the same platform) and the
+    fingerprint of the archive key that seals its objects. A ``serve`` of another id is
+    refused, naming ``pgplane recover``; a key of another fingerprint is refused before
+    anything is read or written.
 ``lease.json``
-    the live holder: its process, its host and until when it holds the prefix. Renewed every
-    ``RENEW_SECONDS`` with ``If-Match`` on what was read, so a renewal never writes over a
-    lease someone else took meanwhile: the holder that finds its lease taken stops writing.
+    with a SQLite store (one node), the live holder: its process, its host and until when it
+    holds the prefix (a PostgreSQL store's nodes hold their leases in the store). Renewed
+    every ``RENEW_SECONDS`` with ``If-Match`` on what was read, so a renewal never writes over
+    a lease someone else took meanwhile: the holder that finds its lease taken stops writing.
     A start takes a lapsed lease, or one its own data directory left on this host (the
     directory's server lock says that process is gone); any other live one is refused.
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import socket
 import time
 from typing import Protocol
@@ -32,6 +35,8 @@ import msgspec
 
 from pgplane.compute.driver import ComputeError
 from pgplane.compute.local.shared.objects import off_loop
+from pgplane.core import clock
+from pgplane.store import Tx
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +76,15 @@ class Lease(msgspec.Struct, frozen=True, kw_only=True):
     holder: str
     host: str
     expires_at: float
+
+
+async def platform_id(tx: Tx) -> str:
+    """The platform's id, as its store holds it (made on first use)."""
+    found = await tx.get_platform_id()
+    if found is None:
+        found = f"pgplane-{secrets.token_hex(8)}"
+        await tx.put_platform_id(platform_id=found, now=clock.now_us())
+    return found
 
 
 def read_platform(store: Conditional) -> Platform | None:

@@ -9,8 +9,8 @@ In order, each step done before the next begins, and nothing written before the 
 2. The prefix holds a platform, sealed with the archive key given (else refused by name).
 3. The lost platform's lease on the prefix has lapsed (waited for, up to a lease's length):
    a platform still live there is never recovered over; then the lease is this process'.
-4. The store's newest copy comes down, checked by SQLite; the data directory takes the
-   platform's id (``node.id``), so the next ``serve`` is that platform's node again.
+4. The store's newest copy comes down, checked by SQLite; the data directory takes the lost
+   node's id (``node.id``), so the next ``serve`` is that node again.
 5. Every attached project is brought back as a lost node's is (``moves.bring_back``): its
    unfinished operations failed with the reason and started again, a ``tenant_attach`` and the
    computes that ran queued for ``serve``. Then each branch is rebuilt here, now, from its
@@ -46,6 +46,7 @@ from pgplane.objectstore import claim, storecopy
 from pgplane.objectstore.bucket import Bucket, open_bucket
 from pgplane.serverlock import AlreadyServing, ServerLock
 from pgplane.services import moves
+from pgplane.services.nodes import home_of
 from pgplane.store import Store, Tx
 from pgplane.store.open import open_store
 
@@ -161,9 +162,12 @@ async def _recover(settings: Settings, bucket: Bucket, *, resumed: bool) -> Reco
         except ComputeError as exc:
             raise NotRecoverable(str(exc)) from None
     await failpoints.reached("recover:store_fetched")
-    _write_node_id(settings.data_dir, lease.platform)
     store = await open_store(None, settings.store_path)
     try:
+        async with store.read() as tx:
+            homes = {home_of(load.node.instance) for load in await tx.node_loads()}
+        if len(homes) == 1:  # the lost node's data directory id: the next serve is that node
+            _write_node_id(settings.data_dir, homes.pop())
         queued = await _bring_back_all(settings, store, report)
         driver, _ = await startup.driver(settings, bucket)
         try:
@@ -177,10 +181,10 @@ async def _recover(settings: Settings, bucket: Bucket, *, resumed: bool) -> Reco
     return report
 
 
-def _write_node_id(data_dir: Path, platform: str) -> None:
+def _write_node_id(data_dir: Path, home: str) -> None:
     tmp = data_dir / ".node.id.recover"
     tmp.unlink(missing_ok=True)
-    _write_new(tmp, f"{platform}\n".encode())
+    _write_new(tmp, f"{home}\n".encode())
     os.replace(tmp, data_dir / "node.id")
 
 

@@ -59,6 +59,14 @@ class NodesTx(abc.ABC):
         there)."""
 
     @abc.abstractmethod
+    async def get_platform_id(self) -> str | None:
+        """The platform's own id, if made yet (the owner an object store's prefix records)."""
+
+    @abc.abstractmethod
+    async def put_platform_id(self, *, platform_id: str, now: int) -> None:
+        """Record the platform's id; there is one (a second insert fails the transaction)."""
+
+    @abc.abstractmethod
     async def get_node_authority(self) -> tuple[str, str] | None:
         """The platform's node authority (its certificate and key, PEM), if made yet."""
 

@@ -118,6 +118,16 @@ class NodesMixin(Statements):
         rows = await self._c.all("SELECT id FROM projects WHERE node = ?", (node,))
         return {r[0] for r in rows}
 
+    async def get_platform_id(self) -> str | None:
+        r = await self._c.one("SELECT platform_id FROM platform WHERE id = 1")
+        return str(r[0]) if r else None
+
+    async def put_platform_id(self, *, platform_id: str, now: int) -> None:
+        await self._c.execute(
+            "INSERT INTO platform (id, platform_id, created_at) VALUES (1, ?, ?)",
+            (platform_id, now),
+        )
+
     async def get_node_authority(self) -> tuple[str, str] | None:
         r = await self._c.one("SELECT cert, key FROM node_authority WHERE id = 1")
         return (r[0], r[1]) if r else None
