@@ -1,7 +1,8 @@
-"""Projects moving between two nodes through shared storage (one PostgreSQL store, one shared
-directory, as NFS would be): a node drained moves its projects with their data byte for byte
-and their connection strings unchanged; a node killed for good has its projects brought back on
-the other by `pgplane nodes recover`, with every row committed and shipped before it died.
+"""Projects moving between two nodes through shared storage (one PostgreSQL store, and one
+shared directory, as NFS would be, or one object store, a real SeaweedFS): a node drained moves
+its projects with their data byte for byte and their connection strings unchanged; a node killed
+for good has its projects brought back on the other by `pgplane nodes recover`, with every row
+committed and shipped before it died.
 
 Each project is reached through its own node's proxy (forwarding between nodes is not asked of
 these tests): the URIs are the ones node-b's API gives, taken before the move and used after.
@@ -9,8 +10,8 @@ these tests): the URIs are the ones node-b's API gives, taken before the move an
 
 from __future__ import annotations
 
-import contextlib
 import json
+import os
 import shutil
 import signal
 import tempfile
@@ -22,7 +23,12 @@ import psycopg
 import pytest
 
 from pgplane.compute.local.cold.archive import tree_checksums
+from pgplane.compute.local.shared.objects import DirectoryStore, ObjectStore
+from pgplane.compute.local.shared.s3 import S3Store
+from pgplane.compute.local.shared.sealed import SealedStore
+from pgplane.compute.local.shared.shipping import prefix_of, read_head
 from tests.nodes import cli, home, home_of_new, nodes, running_nodes, wait_down
+from tests.objectstore import SeaweedFS
 from tests.support import Api, Server, run_cli, wait_for
 
 ENV = {
@@ -33,9 +39,48 @@ ENV = {
 }
 
 
+class Storage:
+    """Where the nodes ship: a shared directory, or a bucket of a real SeaweedFS (sealed)."""
+
+    def __init__(self, kind: str, top: Path) -> None:
+        self.kind, self.top = kind, top
+        self.env = {"PGPLANE_SHARED_DIR": str(top)}
+        self._store: ObjectStore = DirectoryStore(top)
+        self._seaweed: SeaweedFS | None = None
+        if kind == "object store":
+            self._seaweed = seaweed = SeaweedFS(top / "seaweedfs")
+            seaweed.start()
+            key = top / "archive.key"
+            key.write_bytes(os.urandom(32))
+            key.chmod(0o600)
+            self._client = seaweed.client()
+            self._store = SealedStore(
+                S3Store(seaweed.bucket, "nodes/", self._client), key.read_bytes()
+            )
+            self.env = {
+                **seaweed.env(),
+                "PGPLANE_OBJECT_STORE": seaweed.url("nodes"),
+                "PGPLANE_ARCHIVE_KEY_FILE": str(key),
+                "PGPLANE_OBJECT_SHIP_SECONDS": ENV["PGPLANE_SHIP_SECONDS"],
+            }
+
+    def shipped(self, project_id: str, branch_id: str) -> dict[str, str]:
+        head = read_head(self._store, prefix_of(project_id, branch_id))
+        return {} if head is None else dict(head.wal)
+
+    def archived(self, project_id: str) -> bool:
+        return self._store.exists(f"archive/{project_id}/manifest.json")
+
+    def close(self) -> None:
+        if self._seaweed is not None:
+            self._client.close()
+            self._seaweed.stop()
+        shutil.rmtree(self.top, ignore_errors=True)
+
+
 class Pair:
-    def __init__(self, a: Server, b: Server, shared: Path) -> None:
-        self.a, self.b, self.shared = a, b, shared
+    def __init__(self, a: Server, b: Server, storage: Storage) -> None:
+        self.a, self.b, self.storage = a, b, storage
         _, key = a.create_key("moves@example.com")
         self.api_a, self.api_b = Api(a, key), Api(b, key)
 
@@ -58,17 +103,17 @@ class Pair:
         return str(r.json()["uri"])
 
 
-@pytest.fixture(scope="module")
-def pair() -> Iterator[Pair]:
-    shared = Path(tempfile.mkdtemp(prefix="pgplane-test-shared-"))
+@pytest.fixture(scope="module", params=["directory", "object store"])
+def pair(request: pytest.FixtureRequest) -> Iterator[Pair]:
+    storage = Storage(request.param, Path(tempfile.mkdtemp(prefix="pgplane-test-shared-")))
     try:
-        with running_nodes(2, PGPLANE_SHARED_DIR=str(shared), **ENV) as (a, b):
-            p = Pair(a, b, shared)
+        with running_nodes(2, **storage.env, **ENV) as (a, b):
+            p = Pair(a, b, storage)
             yield p
             p.api_a.http.close()
             p.api_b.http.close()
     finally:
-        shutil.rmtree(shared, ignore_errors=True)
+        storage.close()
 
 
 def contents(uri: str) -> tuple[int, str]:
@@ -147,18 +192,11 @@ def test_a_drained_node_moves_its_projects_byte_for_byte(pair: Pair) -> None:
     assert endpoint["current_state"] == "active"
     # Nothing of them is left on node-a, or in the archive on shared storage.
     assert not (a.data_dir / "archive" / still_id).exists()
-    assert not (pair.shared / "archive" / still_id).exists()
+    assert not pair.storage.archived(still_id)
     # A draining node takes no new project.
     body = pair.api_a.create_project(name="after-drain")
     assert home_of_new((a, b), body) is b
     cli(a, "nodes", "uncordon", "node-a")
-
-
-def shipped(shared: Path, project_id: str, branch_id: str) -> dict[str, str]:
-    head = shared / "history" / project_id / branch_id / "head.json"
-    with contextlib.suppress(FileNotFoundError):
-        return dict(json.loads(head.read_bytes())["wal"])
-    return {}
 
 
 def test_a_dead_nodes_projects_come_back_from_shared_storage(pair: Pair) -> None:
@@ -176,7 +214,7 @@ def test_a_dead_nodes_projects_come_back_from_shared_storage(pair: Pair) -> None
     # Every row above is in that segment or an earlier one: once it is shipped, node-a dies.
     wait_for(
         f"segment {segment} shipped",
-        lambda: segment in shipped(pair.shared, pid, branch_id),
+        lambda: segment in pair.storage.shipped(pid, branch_id),
         server=a,
     )
 
