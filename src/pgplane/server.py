@@ -207,7 +207,7 @@ async def _serve(settings: Settings) -> None:
     metrics = startup.metrics(settings)
     store = await startup.store(settings, metrics)
     bucket = await startup.object_store(settings, store)
-    driver, settings = await startup.driver(settings, bucket)
+    driver, settings = await startup.driver(settings, None if bucket is None else bucket.sealed)
     node = await startup.register(store, settings, metrics, await startup.shared_storage(driver))
     # Renewed from here on, through the slow steps of the start (adopting computes, the proxy):
     # a lease that lapsed before the first heartbeat would show a node that is starting as down.

@@ -11,6 +11,7 @@ import logging
 from pgplane import __version__
 from pgplane.compute.driver import ComputeError
 from pgplane.compute.local import LocalComputeDriver, LocalDriverConfig
+from pgplane.compute.local.shared.objects import ObjectStore
 from pgplane.config import Settings
 from pgplane.core.operations import Action
 from pgplane.engine.node import NodeLease, node_name
@@ -110,8 +111,8 @@ async def object_store(settings: Settings, store: Store) -> Bucket | None:
     return bucket
 
 
-def local_driver(settings: Settings, bucket: Bucket | None = None) -> LocalComputeDriver:
-    """The compute driver the settings describe (``recover`` builds the server's own)."""
+def local_driver(settings: Settings, objects: ObjectStore | None = None) -> LocalComputeDriver:
+    """The compute driver the settings describe, on the object store ``objects`` (sealed)."""
     return LocalComputeDriver(
         LocalDriverConfig(
             data_dir=settings.data_dir,
@@ -125,16 +126,16 @@ def local_driver(settings: Settings, bucket: Bucket | None = None) -> LocalCompu
             branch_size_limit_mib=settings.branch_size_limit,
             shared_dir=settings.shared_dir,
             archive_timeout_seconds=settings.segment_timeout_seconds,
-            object_store=None if bucket is None else bucket.sealed,
+            object_store=objects,
         )
     )
 
 
 async def driver(
-    settings: Settings, bucket: Bucket | None = None
+    settings: Settings, objects: ObjectStore | None = None
 ) -> tuple[LocalComputeDriver, Settings]:
     """The compute driver, and the settings with the Postgres versions it serves."""
-    driver = local_driver(settings, bucket)
+    driver = local_driver(settings, objects)
     settings = dataclasses.replace(settings, pg_versions=tuple(driver.pg_versions()))
     log.info("PostgreSQL versions available: %s", ", ".join(map(str, settings.pg_versions)))
     await driver.apply_size_limit()

@@ -264,6 +264,14 @@ def test_a_lost_machine_s_platform_comes_back_from_the_bucket_alone(
         assert newest >= promised, (newest, promised)
         assert count == newest  # every row up to the last one there, none missing
 
+        # What the bucket holds now is restorable (checked beside the running platform).
+        checked = run_cli("backups", "verify", data_dir=second.data_dir, env=env)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        rows = json.loads(checked.stdout)["branches"]
+        assert [(r["branch_id"], r["error"]) for r in rows] == [(main, None)], rows
+        assert rows[0]["restorable_to"]
+        assert not any((second.data_dir / "scratch").iterdir())  # the scratch copy is gone
+
         r = api.http.post(
             f"/projects/{pid}/snapshots/{snapshot['id']}/restore", json={"name": "restored"}
         )

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from pgplane.cli.accounts import accounts_app
+from pgplane.cli.backups import backups_app
 from pgplane.cli.common import DataDir
 from pgplane.cli.keys import api_keys_app
 from pgplane.cli.nodes import nodes_app
@@ -31,6 +32,7 @@ app.add_typer(accounts_app, name="accounts")
 app.add_typer(tls_app, name="tls")
 app.add_typer(store_app, name="store")
 app.add_typer(nodes_app, name="nodes")
+app.add_typer(backups_app, name="backups")
 app.command("recover")(recover_command)
 
 

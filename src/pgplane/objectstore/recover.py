@@ -169,7 +169,7 @@ async def _recover(settings: Settings, bucket: Bucket, *, resumed: bool) -> Reco
         if len(homes) == 1:  # the lost node's data directory id: the next serve is that node
             _write_node_id(settings.data_dir, homes.pop())
         queued = await _bring_back_all(settings, store, report)
-        driver, _ = await startup.driver(settings, bucket)
+        driver, _ = await startup.driver(settings, bucket.sealed)
         try:
             for project_id in queued:
                 await _rebuild(store, driver, bucket, project_id, report)
