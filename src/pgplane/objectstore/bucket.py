@@ -18,16 +18,18 @@ from pgplane.compute.local.shared.sealed import SealedStore, key_fingerprint, lo
 from pgplane.objectstore.claim import PrefixLease
 
 
-class Fenced:
-    """An object store that refuses to change anything once ``lease`` is lost."""
+class Guarded:
+    """An object store whose writes and deletes are refused while ``refusal`` says why."""
 
-    def __init__(self, inner: ObjectStore, lease: PrefixLease | None = None) -> None:
+    def __init__(self, inner: ObjectStore) -> None:
         self._inner = inner
-        self.lease = lease
+
+    def refusal(self) -> str | None:
+        return None
 
     def _check(self, key: str) -> None:
-        if self.lease is not None and self.lease.lost:
-            raise ComputeError(f"{key} not written: another platform holds the prefix now")
+        if (why := self.refusal()) is not None:
+            raise ComputeError(f"{key} not changed in the object store: {why}")
 
     @property
     def identity(self) -> str:
@@ -56,6 +58,25 @@ class Fenced:
     def delete(self, prefix: str) -> None:
         self._check(prefix)
         self._inner.delete(prefix)
+
+
+class Fenced(Guarded):
+    """Refuses every change once this process' ``lease`` on the prefix is lost."""
+
+    def __init__(self, inner: ObjectStore, lease: PrefixLease | None = None) -> None:
+        super().__init__(inner)
+        self.lease = lease
+
+    def refusal(self) -> str | None:
+        lost = self.lease is not None and self.lease.lost
+        return "another platform holds the prefix now" if lost else None
+
+
+class ReadOnly(Guarded):
+    """Refuses every change: a verification only reads."""
+
+    def refusal(self) -> str | None:
+        return "a verification changes nothing there"
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,51 +21,18 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
-from typing import BinaryIO
 
 from pgplane import startup
 from pgplane.compute.driver import ComputeError
 from pgplane.compute.local import LocalComputeDriver
 from pgplane.compute.local.layout import Layout, ensure_dir
 from pgplane.compute.local.shared import shipping
-from pgplane.compute.local.shared.objects import ObjectStore, Written
+from pgplane.compute.local.shared.objects import ObjectStore
 from pgplane.config import Settings
 from pgplane.core import clock
 from pgplane.core.models import Project
-from pgplane.objectstore.bucket import open_bucket
+from pgplane.objectstore.bucket import ReadOnly, open_bucket
 from pgplane.store import Store
-
-
-class ReadOnly:
-    """An object store that refuses every change: a verification only reads."""
-
-    def __init__(self, inner: ObjectStore) -> None:
-        self._inner = inner
-
-    @property
-    def identity(self) -> str:
-        return self._inner.identity
-
-    def write(self, key: str, source: BinaryIO, *, max_bytes: int) -> Written:
-        raise ComputeError(f"{key}: a verification writes nothing to the object store")
-
-    def write_bytes(self, key: str, data: bytes, *, replace: bool = True) -> Written:
-        raise ComputeError(f"{key}: a verification writes nothing to the object store")
-
-    def read(self, key: str, sink: BinaryIO, *, max_bytes: int) -> Written:
-        return self._inner.read(key, sink, max_bytes=max_bytes)
-
-    def read_bytes(self, key: str, *, max_bytes: int) -> bytes:
-        return self._inner.read_bytes(key, max_bytes=max_bytes)
-
-    def exists(self, key: str) -> bool:
-        return self._inner.exists(key)
-
-    def keys(self, prefix: str) -> list[str]:
-        return self._inner.keys(prefix)
-
-    def delete(self, prefix: str) -> None:
-        raise ComputeError(f"{prefix}: a verification deletes nothing in the object store")
 
 
 async def verify(
