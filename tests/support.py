@@ -284,6 +284,25 @@ class Server:
         return int(out["id"]), str(out["key"])
 
 
+def server_env(**overrides: str) -> dict[str, str]:
+    """The environment a test's server runs with: this process', the tests' settings, then
+    ``overrides``."""
+    return {
+        **os.environ,
+        "PGPLANE_POLL_SECONDS": "0.2",
+        "PGPLANE_KEY_USE_FLUSH_SECONDS": "0.5",
+        # Tests are clients far faster than people, all from 127.0.0.1, and some send bad keys on
+        # purpose: the rate limits are off unless a test sets them (tests/e2e/test_rate_limits.py).
+        "PGPLANE_RATE_LIMIT_PER_MINUTE": "0",
+        "PGPLANE_RATE_LIMIT_BURST_PER_SECOND": "0",
+        "PGPLANE_AUTH_FAILURES_PER_MINUTE": "0",
+        # No usage sample in the background: a test that compares an object before and after
+        # must not see its figures move by themselves (the usage suites set their own period).
+        "PGPLANE_USAGE_SECONDS": "0",
+        **overrides,
+    }
+
+
 @contextlib.contextmanager
 def running_server(
     data_dir: Path | None = None,
@@ -298,21 +317,7 @@ def running_server(
     data_dir = data_dir or make_data_dir()
     if prepare is not None:
         prepare(data_dir)
-    env = {
-        **os.environ,
-        "PGPLANE_POLL_SECONDS": "0.2",
-        "PGPLANE_KEY_USE_FLUSH_SECONDS": "0.5",
-        # Tests are clients far faster than people, all from 127.0.0.1, and some send bad keys on
-        # purpose: the rate limits are off unless a test sets them (tests/e2e/test_rate_limits.py).
-        "PGPLANE_RATE_LIMIT_PER_MINUTE": "0",
-        "PGPLANE_RATE_LIMIT_BURST_PER_SECOND": "0",
-        "PGPLANE_AUTH_FAILURES_PER_MINUTE": "0",
-        # No usage sample in the background: a test that compares an object before and after
-        # must not see its figures move by themselves (the usage suites set their own period).
-        "PGPLANE_USAGE_SECONDS": "0",
-        **({"PGPLANE_STORE": store} if store else {}),
-        **env_overrides,
-    }
+    env = server_env(**({"PGPLANE_STORE": store} if store else {}), **env_overrides)
     server = Server(data_dir=data_dir, port=free_port(), env=env, log_path=data_dir / "serve.log")
     try:
         server.start()

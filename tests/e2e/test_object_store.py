@@ -46,6 +46,7 @@ from tests.support import (
     postmaster_pid,
     remove_in_background,
     run_cli,
+    server_env,
     stop_postmasters,
     unmount_volumes,
     wait_for,
@@ -53,16 +54,7 @@ from tests.support import (
 
 # The shipping and store copies as often as the defaults with an object store (1 s), the
 # scheduler and retries quick for the test's sake.
-ENV = {
-    "PGPLANE_POLL_SECONDS": "0.2",
-    "PGPLANE_KEY_USE_FLUSH_SECONDS": "0.5",
-    "PGPLANE_RATE_LIMIT_PER_MINUTE": "0",
-    "PGPLANE_RATE_LIMIT_BURST_PER_SECOND": "0",
-    "PGPLANE_AUTH_FAILURES_PER_MINUTE": "0",
-    "PGPLANE_USAGE_SECONDS": "0",
-    "PGPLANE_SCHEDULER_SECONDS": "0.5",
-    "PGPLANE_RETRY_BASE_SECONDS": "0.2",
-}
+ENV = {"PGPLANE_SCHEDULER_SECONDS": "0.5", "PGPLANE_RETRY_BASE_SECONDS": "0.2"}
 # What the platform promises of a lost machine: commits older than this are in the bucket.
 RPO_SECONDS = 5.0
 # How long the object store stops answering (frozen, its connections open) while writes go on.
@@ -90,13 +82,12 @@ def key_file(tmp_path: Path) -> Path:
 
 
 def _env(seaweed: SeaweedFS, prefix: str, key_file: Path) -> dict[str, str]:
-    return {
-        **os.environ,
+    return server_env(
         **ENV,
         **seaweed.env(),
-        "PGPLANE_OBJECT_STORE": seaweed.url(prefix),
-        "PGPLANE_ARCHIVE_KEY_FILE": str(key_file),
-    }
+        PGPLANE_OBJECT_STORE=seaweed.url(prefix),
+        PGPLANE_ARCHIVE_KEY_FILE=str(key_file),
+    )
 
 
 @contextlib.contextmanager
@@ -178,6 +169,16 @@ def _metric(server: Server, name: str) -> float:
     found = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
     assert found, f"{name} not in /metrics"
     return float(found.group(1))
+
+
+def _backups_restore(server: Server, branch_id: str) -> None:
+    """What the bucket holds now is restorable (checked beside the running platform)."""
+    checked = run_cli("backups", "verify", data_dir=server.data_dir, env=server.env)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    rows = json.loads(checked.stdout)["branches"]
+    assert [(r["branch_id"], r["error"]) for r in rows] == [(branch_id, None)], rows
+    assert rows[0]["restorable_to"]
+    assert not any((server.data_dir / "scratch").iterdir())  # the scratch copy is gone
 
 
 def _recover_killed_at(failpoint: str, data_dir: Path, env: dict[str, str], logs: Path) -> None:
@@ -264,13 +265,7 @@ def test_a_lost_machine_s_platform_comes_back_from_the_bucket_alone(
         assert newest >= promised, (newest, promised)
         assert count == newest  # every row up to the last one there, none missing
 
-        # What the bucket holds now is restorable (checked beside the running platform).
-        checked = run_cli("backups", "verify", data_dir=second.data_dir, env=env)
-        assert checked.returncode == 0, checked.stdout + checked.stderr
-        rows = json.loads(checked.stdout)["branches"]
-        assert [(r["branch_id"], r["error"]) for r in rows] == [(main, None)], rows
-        assert rows[0]["restorable_to"]
-        assert not any((second.data_dir / "scratch").iterdir())  # the scratch copy is gone
+        _backups_restore(second, main)
 
         r = api.http.post(
             f"/projects/{pid}/snapshots/{snapshot['id']}/restore", json={"name": "restored"}

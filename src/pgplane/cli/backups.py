@@ -8,8 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from pgplane.cli.common import DataDir, on_store
-from pgplane.cli.recover import ArchiveKeyOption, ObjectStoreOption
-from pgplane.config import settings_from_env
+from pgplane.cli.recover import ArchiveKeyOption, ObjectStoreOption, with_object_store
 
 if TYPE_CHECKING:
     from pgplane.store import Store
@@ -37,13 +36,7 @@ def backups_verify(
     from pgplane.compute.driver import ComputeError  # noqa: PLC0415
     from pgplane.objectstore.verify import verify  # noqa: PLC0415
 
-    try:
-        settings = settings_from_env(
-            data_dir=data_dir, object_store=object_store, archive_key_file=archive_key_file
-        )
-    except ValueError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
+    settings = with_object_store(data_dir, object_store, archive_key_file)
 
     async def check(store: Store) -> list[dict[str, object]]:
         return await verify(settings, store, project_id=project)

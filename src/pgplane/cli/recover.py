@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from pgplane.cli.common import DataDir, say_progress
-from pgplane.config import settings_from_env
+from pgplane.config import Settings, settings_from_env
 
 ObjectStoreOption = Annotated[
     str | None,
@@ -32,6 +32,19 @@ ArchiveKeyOption = Annotated[
 ]
 
 
+def with_object_store(
+    data_dir: Path | None, object_store: str | None, archive_key_file: Path | None
+) -> Settings:
+    """The settings, with these options over the environment; exit 2 naming what is wrong."""
+    try:
+        return settings_from_env(
+            data_dir=data_dir, object_store=object_store, archive_key_file=archive_key_file
+        )
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
 def recover_command(
     data_dir: DataDir = None,
     object_store: ObjectStoreOption = None,
@@ -44,13 +57,7 @@ def recover_command(
     the directory, with the same object store and key, serves it."""
     from pgplane.objectstore.recover import NotRecoverable, recover  # noqa: PLC0415
 
-    try:
-        settings = settings_from_env(
-            data_dir=data_dir, object_store=object_store, archive_key_file=archive_key_file
-        )
-    except ValueError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
+    settings = with_object_store(data_dir, object_store, archive_key_file)
     if settings.object_store is None:
         typer.echo("error: recover needs --object-store (PGPLANE_OBJECT_STORE)", err=True)
         raise typer.Exit(2)
