@@ -171,6 +171,29 @@ def _metric(server: Server, name: str) -> float:
     return float(found.group(1))
 
 
+def _recovered(server: Server, branch_id: str, snapshot_id: str) -> None:
+    """`pgplane recover` into the server's directory, reporting the branch and the snapshot."""
+    done = run_cli("recover", data_dir=server.data_dir, env=server.env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert [b["branch_id"] for b in report["branches"]] == [branch_id]
+    assert report["branches"][0]["recovered_to"], report
+    assert report["not_recovered"] == []
+    assert [s["snapshot_id"] for s in report["snapshots"]] == [snapshot_id]
+
+
+def _snapshot_restores(api: Api, pid: str, snapshot_id: str, rows: tuple[int, int]) -> None:
+    """The snapshot restored as a new branch, with a compute of its own, holds ``rows``."""
+    r = api.http.post(f"/projects/{pid}/snapshots/{snapshot_id}/restore", json={"name": "back"})
+    branch = api.settled(pid, r)["branch"]["id"]
+    r = api.http.post(
+        f"/projects/{pid}/endpoints",
+        json={"endpoint": {"branch_id": branch, "type": "read_write"}},
+    )
+    api.settled(pid, r)
+    assert _rows(_uri(api, pid, branch)) == rows
+
+
 def _backups_restore(server: Server, branch_id: str) -> None:
     """What the bucket holds now is restorable (checked beside the running platform)."""
     checked = run_cli("backups", "verify", data_dir=server.data_dir, env=server.env)
@@ -247,13 +270,7 @@ def test_a_lost_machine_s_platform_comes_back_from_the_bucket_alone(
         _recover_killed_at("recover:project_rebuilt", second.data_dir, env, tmp_path)
         with pytest.raises(RuntimeError, match="did not finish"):
             second.start()
-        done = run_cli("recover", data_dir=second.data_dir, env=env)
-        assert done.returncode == 0, done.stdout + done.stderr
-        report = json.loads(done.stdout)
-        assert [b["branch_id"] for b in report["branches"]] == [main]
-        assert report["branches"][0]["recovered_to"], report
-        assert report["not_recovered"] == []
-        assert [s["snapshot_id"] for s in report["snapshots"]] == [snapshot["id"]]
+        _recovered(second, main, snapshot["id"])
         second.start()
         api = Api(second, key)  # the old key
         r = api.http.get("/projects")
@@ -267,16 +284,7 @@ def test_a_lost_machine_s_platform_comes_back_from_the_bucket_alone(
 
         _backups_restore(second, main)
 
-        r = api.http.post(
-            f"/projects/{pid}/snapshots/{snapshot['id']}/restore", json={"name": "restored"}
-        )
-        branch = api.settled(pid, r)["branch"]["id"]
-        r = api.http.post(
-            f"/projects/{pid}/endpoints",
-            json={"endpoint": {"branch_id": branch, "type": "read_write"}},
-        )
-        api.settled(pid, r)
-        assert _rows(_uri(api, pid, branch)) == (1000, 1000)
+        _snapshot_restores(api, pid, snapshot["id"], (1000, 1000))
         api.http.close()
 
 
