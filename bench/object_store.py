@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -231,6 +232,7 @@ def run(args: argparse.Namespace) -> int:
             api_off.http.close()
     finally:
         seaweed.stop()
+        shutil.rmtree(seaweed.directory, ignore_errors=True)
     if args.smoke:
         return 0
     return verdict({"cost >= 0.9x": ratio >= 0.9, "RPO p99 <= 5 s": p99 <= 5.0})

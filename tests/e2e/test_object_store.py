@@ -297,6 +297,8 @@ def test_a_prefix_is_one_platform_s_and_its_key_is_checked(
         with pytest.raises(RuntimeError, match="pgplane recover"):
             other.start()  # an empty data directory over a platform's prefix
         owner.stop()
+        done = run_cli("recover", data_dir=other.data_dir, env=other.env)
+        assert done.returncode == 0, done.stdout + done.stderr  # the refused one, as it says
         wrong = tmp_path / "wrong.key"
         wrong.write_bytes(os.urandom(32))
         wrong.chmod(0o600)

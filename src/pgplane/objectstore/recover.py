@@ -3,7 +3,8 @@ directory, after the machine it ran on was lost.
 
 In order, each step done before the next begins, and nothing written before the checks pass:
 
-1. The data directory holds no platform (no store, no projects), or what a recovery stopped
+1. The data directory holds no platform (no projects; no store, or the empty one a refused
+   ``serve`` made), or what a recovery stopped
    midway left (its marker, ``recover.unfinished``, says so: it goes on from there, and
    ``serve`` refuses the directory meanwhile); its server lock is taken.
 2. The prefix holds a platform, sealed with the archive key given (else refused by name).
@@ -28,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,12 +115,28 @@ async def recover(settings: Settings) -> Recovery:
 
 
 def _check_empty(settings: Settings) -> None:
-    for taken in (settings.store_path, settings.data_dir / "projects"):
-        if taken.exists():
-            raise NotRecoverable(
-                f"{settings.data_dir} already holds a platform ({taken.name}): recover into an"
-                " empty data directory"
-            )
+    """No platform here: no projects, and no store, or the empty one a ``serve`` refused over
+    the prefix left (removed: the recovered store takes its place)."""
+    projects = settings.data_dir / "projects"
+    if projects.exists() or (settings.store_path.exists() and _holds_anything(settings)):
+        raise NotRecoverable(
+            f"{settings.data_dir} already holds a platform: recover into an empty data directory"
+        )
+    for suffix in ("", "-wal", "-shm"):
+        settings.store_path.with_name(settings.store_path.name + suffix).unlink(missing_ok=True)
+
+
+def _holds_anything(settings: Settings) -> bool:
+    conn = sqlite3.connect(f"file:{settings.store_path}?mode=ro", uri=True)
+    try:
+        return any(
+            conn.execute(f"SELECT EXISTS (SELECT 1 FROM {table})").fetchone()[0]  # noqa: S608 - a constant
+            for table in ("accounts", "projects")
+        )
+    except sqlite3.Error:
+        return True  # not a store this version reads: never removed
+    finally:
+        conn.close()
 
 
 async def _claimed(settings: Settings, *, holder: str) -> Bucket:
