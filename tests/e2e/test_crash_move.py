@@ -17,7 +17,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.e2e.test_nodes_move import ENV, Pair, contents, fill, shipped
+from tests.e2e.test_nodes_move import ENV, Pair, Storage, contents, fill
 from tests.nodes import attempts, cli, home, running_nodes, wait_down
 from tests.support import Api, Server, run_cli, wait_for
 
@@ -125,7 +125,7 @@ def test_kill_inside_a_recovery(shared: Path, failpoint: str) -> None:
     recovery finished, each attempted on B once (the attach twice: the killed attempt and its
     retry), with every row A shipped before it died."""
     with running_nodes(2, PGPLANE_SHARED_DIR=str(shared), **ENV) as (a, b):
-        pair = Pair(a, b, shared)
+        pair = Pair(a, b, Storage("directory", shared))
         try:
             body = pair.project_on_a("lost")
             pid, branch_id = body["project"]["id"], body["branch"]["id"]
@@ -136,7 +136,7 @@ def test_kill_inside_a_recovery(shared: Path, failpoint: str) -> None:
                 (segment,) = row.fetchone() or ("",)
             wanted = contents(pair.uri(pid, pair.api_a))
             wait_for(f"segment {segment} shipped",
-                     lambda: segment in shipped(shared, pid, branch_id), server=a)  # fmt: skip
+                     lambda: segment in pair.storage.shipped(pid, branch_id), server=a)  # fmt: skip
             a.stop(signal.SIGKILL)  # for good
             _restart(b, failpoint)
             wait_down(b, "node-a")
