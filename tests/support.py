@@ -185,21 +185,25 @@ class Server:
         return f"http://127.0.0.1:{self.port}/api/v2"
 
     def start(self) -> None:
-        """Start it and wait until it answers. An API port that another process took between
-        ``free_port()`` and the bind (any outgoing connection's ephemeral port may be it, and
-        the other test process starts servers too) is chosen again, up to three times."""
+        """Start it and wait until it answers. An API or proxy port that another process took
+        between ``free_port()`` and the bind (any outgoing connection's ephemeral port may be
+        it, and the other test process starts servers too) is chosen again, up to three
+        times."""
         for _ in range(3):
             began = self.log_path.stat().st_size if self.log_path.exists() else 0
             try:
                 self._start()
             except RuntimeError:
-                taken = f"error while attempting to bind on address ('127.0.0.1', {self.port})"
-                if taken not in self.log_path.read_bytes()[began:].decode(errors="replace"):
+                said = self.log_path.read_bytes()[began:].decode(errors="replace")
+                if f"bind on address ('127.0.0.1', {self.port})" in said:
+                    self.port = free_port()
+                elif f"proxy cannot listen on 127.0.0.1:{self.proxy_port} " in said:
+                    self.proxy_port = free_port()
+                else:
                     raise
-                self.port = free_port()
             else:
                 return
-        raise RuntimeError(f"pgplane serve found no free API port:\n{self.log()}")
+        raise RuntimeError(f"pgplane serve found no free port:\n{self.log()}")
 
     def _start(self) -> None:
         # The platform's log, as private as its store (compute users pass through data_dir).
