@@ -176,13 +176,18 @@ def archived_segments(dirs: HistoryDirs, segment_size: int) -> list[tuple[int, i
 
 
 def archived_bytes_since(dirs: HistoryDirs, base: Base) -> int:
-    """The WAL archived after ``base``: what a rebuild from it would replay at most."""
+    """The WAL archived after ``base``: what a rebuild from it would replay at most. Counted
+    as the disk holds it: a segment completed early has its zero tail freed once shipped
+    (``shared/holes.py``), and its few pages are what a replay reads of it."""
     first = base.end_lsn // base.segment_size
-    return sum(
-        base.segment_size
-        for _, segno, _ in archived_segments(dirs, base.segment_size)
-        if segno > first
-    )
+    total = 0
+    for _, segno, name in archived_segments(dirs, base.segment_size):
+        if segno > first:
+            try:
+                total += os.lstat(dirs.wal / name).st_blocks * 512  # never through a link
+            except FileNotFoundError:
+                continue
+    return total
 
 
 def history_bytes(dirs: HistoryDirs) -> int:

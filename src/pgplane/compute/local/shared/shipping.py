@@ -45,7 +45,7 @@ from pgplane.compute.driver import ComputeError
 from pgplane.compute.local.cold import archive
 from pgplane.compute.local.files import fsync_dir, write_atomic
 from pgplane.compute.local.history.archiving import WAL_SUMS, HistoryDirs, list_bases
-from pgplane.compute.local.shared import cold
+from pgplane.compute.local.shared import cold, holes
 from pgplane.compute.local.shared.objects import ObjectStore
 from pgplane.compute.local.tenants import untrusted
 
@@ -180,6 +180,11 @@ def _ship_wal(store: ObjectStore, dirs: HistoryDirs, name: str, key: str) -> str
         except ComputeError as exc:
             log.warning("archived WAL %s of %s not shipped: %s", name, dirs.wal, exc)
             return None
+    if _SEGMENT.fullmatch(name):
+        try:
+            holes.free_zero_tail(untrusted.under(dirs.wal, name))
+        except OSError as exc:  # gone meanwhile, or not a plain file any more: kept as it is
+            log.debug("the zero tail of %s of %s not freed: %s", name, dirs.wal, exc)
     return sent.sha256
 
 

@@ -61,8 +61,9 @@ def under(anchor: Path, rel: str = "") -> TenantPath:
     return TenantPath(anchor, rel.strip("/"))
 
 
-def open_regular(path: TenantPath) -> int:
-    """A descriptor of the regular file at ``path``, reached without following any link."""
+def open_regular(path: TenantPath, *, writable: bool = False) -> int:
+    """A descriptor of the regular file at ``path``, reached without following any link
+    (``writable``: for a change that keeps its bytes, as freeing a segment's zero tail)."""
     parts = [p for p in path.rel.split("/") if p]
     if not parts or any(p in (".", "..") for p in parts):
         raise UntrustedFileError(f"{path}: not a file below its anchor")
@@ -72,7 +73,8 @@ def open_regular(path: TenantPath) -> int:
             next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
             os.close(fd)
             fd = next_fd
-        file_fd = os.open(parts[-1], _FILE_FLAGS, dir_fd=fd)
+        flags = (_FILE_FLAGS & ~os.O_ACCMODE) | os.O_RDWR if writable else _FILE_FLAGS
+        file_fd = os.open(parts[-1], flags, dir_fd=fd)
     finally:
         os.close(fd)
     if not stat.S_ISREG(os.fstat(file_fd).st_mode):
