@@ -36,7 +36,7 @@ def ship(store: ObjectStore, top: Path, prefix: str, staging: Path) -> None:
         archive.pack(top, local)
         cold.upload(store, prefix, local)
     finally:
-        shutil.rmtree(local, ignore_errors=True)
+        shutil.rmtree(local, ignore_errors=True)  # root's: the staging copy made here
 
 
 def fetch(store: ObjectStore, prefix: str, top: Path, staging: Path) -> None:
@@ -46,7 +46,7 @@ def fetch(store: ObjectStore, prefix: str, top: Path, staging: Path) -> None:
         cold.download(store, prefix, local)
         archive.unpack(local, top, owner=(os.geteuid(), os.getegid()))
     finally:
-        shutil.rmtree(local, ignore_errors=True)
+        shutil.rmtree(local, ignore_errors=True)  # root's: the staging copy made here
 
 
 def _fresh(staging: Path, kind: str) -> Path:
