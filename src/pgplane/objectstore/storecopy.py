@@ -19,7 +19,6 @@ import contextlib
 import logging
 import os
 import sqlite3
-import time
 from pathlib import Path
 
 from pgplane.compute.driver import ComputeError
@@ -41,7 +40,6 @@ class StoreCopies:
         self._staging = store_path.with_name(".store-copy")
         self._conn: sqlite3.Connection | None = None
         self._copied: int | None = None
-        self.copied_at: float | None = None
 
     def _version(self) -> int:
         if self._conn is None:
@@ -71,7 +69,6 @@ class StoreCopies:
         finally:
             self._staging.unlink(missing_ok=True)
         self._copied = version
-        self.copied_at = time.time()
         return True
 
     def close(self) -> None:

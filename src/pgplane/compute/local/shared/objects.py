@@ -106,6 +106,16 @@ def check_key(key: str) -> list[str]:
     return parts
 
 
+def read_or_make_identity(store: ObjectStore) -> str:
+    """The id the storage holds (``pgplane-storage.id``), made on first use. Two nodes starting
+    together on new storage: the first write stays (``replace=False``), and each reads back
+    the one that won."""
+    with contextlib.suppress(FileNotFoundError):
+        return store.read_bytes(_ID_NAME, max_bytes=128).decode().strip()
+    store.write_bytes(_ID_NAME, secrets.token_hex(16).encode(), replace=False)
+    return store.read_bytes(_ID_NAME, max_bytes=128).decode().strip()
+
+
 class DirectoryStore:
     """Objects as files under a directory (root's, 0700), each renamed into place whole."""
 
@@ -121,14 +131,7 @@ class DirectoryStore:
 
     def _read_or_make_identity(self) -> str:
         self._prepare_root()
-        try:
-            return self.read_bytes(_ID_NAME, max_bytes=128).decode().strip()
-        except FileNotFoundError:
-            pass
-        # Two nodes starting together on a new directory: the rename makes one id win, and
-        # each reads back the one that won.
-        self.write_bytes(_ID_NAME, secrets.token_hex(16).encode(), replace=False)
-        return self.read_bytes(_ID_NAME, max_bytes=128).decode().strip()
+        return read_or_make_identity(self)
 
     def _prepare_root(self) -> None:
         with contextlib.suppress(FileExistsError):

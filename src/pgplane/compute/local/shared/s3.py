@@ -31,11 +31,11 @@ import botocore.exceptions
 from boto3.s3.transfer import TransferConfig
 
 from pgplane.compute.driver import ComputeError
-from pgplane.compute.local.shared.objects import _ID_NAME, Written, check_key
+from pgplane.compute.local.shared.objects import Written, check_key, read_or_make_identity
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
-    from mypy_boto3_s3.type_defs import ObjectIdentifierTypeDef
+    from mypy_boto3_s3.type_defs import GetObjectOutputTypeDef, ObjectIdentifierTypeDef
 
 _CHUNK = 1 << 20
 # Below this one put_object; above it a multipart upload. A stream that cannot seek is buffered a
@@ -73,17 +73,9 @@ class S3Store:
 
     @property
     def identity(self) -> str:
-        if self._identity is None:
-            self._identity = self._read_or_make_identity()
+        if self._identity is None:  # made with a conditional put: one of two racing wins
+            self._identity = read_or_make_identity(self)
         return self._identity
-
-    def _read_or_make_identity(self) -> str:
-        with contextlib.suppress(FileNotFoundError):
-            return self.read_bytes(_ID_NAME, max_bytes=128).decode().strip()
-        # Two nodes starting together on a new bucket: the conditional put makes one id win,
-        # and each reads back the one that won.
-        self.put_if_absent(_ID_NAME, secrets.token_hex(16).encode())
-        return self.read_bytes(_ID_NAME, max_bytes=128).decode().strip()
 
     # -- writing --------------------------------------------------------------------------------
 
@@ -129,22 +121,28 @@ class S3Store:
 
     # -- reading --------------------------------------------------------------------------------
 
-    def read(self, key: str, sink: BinaryIO, *, max_bytes: int) -> Written:
+    @contextlib.contextmanager
+    def _get(self, key: str, max_bytes: int) -> Iterator[GetObjectOutputTypeDef]:
+        """The object's GET response, refused at once when it says it is past ``max_bytes``;
+        its body closed after."""
         with self._call("get", key):
             got = self._client.get_object(Bucket=self.bucket, Key=self._name(key))
-            body = got["Body"]
             try:
                 if got.get("ContentLength", 0) > max_bytes:
                     raise ComputeError(f"shared object {key} is larger than {max_bytes} bytes")
-                digest, size = hashlib.sha256(), 0
-                for chunk in body.iter_chunks(_CHUNK):
-                    size += len(chunk)
-                    if size > max_bytes:  # a store that said less than it sends
-                        raise ComputeError(f"shared object {key} is larger than {max_bytes} bytes")
-                    digest.update(chunk)
-                    sink.write(chunk)
+                yield got
             finally:
-                body.close()
+                got["Body"].close()
+
+    def read(self, key: str, sink: BinaryIO, *, max_bytes: int) -> Written:
+        digest, size = hashlib.sha256(), 0
+        with self._get(key, max_bytes) as got:
+            for chunk in got["Body"].iter_chunks(_CHUNK):
+                size += len(chunk)
+                if size > max_bytes:  # a store that said less than it sends
+                    raise ComputeError(f"shared object {key} is larger than {max_bytes} bytes")
+                digest.update(chunk)
+                sink.write(chunk)
         return Written(size, digest.hexdigest())
 
     def read_bytes(self, key: str, *, max_bytes: int) -> bytes:
@@ -152,15 +150,8 @@ class S3Store:
 
     def get_with_etag(self, key: str, *, max_bytes: int) -> tuple[bytes, str]:
         """The object's bytes and its ETag, for a later :meth:`put_if_match`."""
-        with self._call("get", key):
-            got = self._client.get_object(Bucket=self.bucket, Key=self._name(key))
-            body = got["Body"]
-            try:
-                if got.get("ContentLength", 0) > max_bytes:
-                    raise ComputeError(f"shared object {key} is larger than {max_bytes} bytes")
-                data = body.read(max_bytes + 1)
-            finally:
-                body.close()
+        with self._get(key, max_bytes) as got:
+            data = got["Body"].read(max_bytes + 1)
         if len(data) > max_bytes:
             raise ComputeError(f"shared object {key} is larger than {max_bytes} bytes")
         return data, got["ETag"]
