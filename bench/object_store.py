@@ -1,7 +1,7 @@
 """The object store: what shipping everything to it costs, how recent what it holds is, and how
 long bringing a lost platform back takes. Against a real SeaweedFS (``tests/objectstore.py``).
 
-Three measurements, in one run:
+Four measurements, in one run:
 
 - **cost**: pgbench's write-heavy TPC-B (the bundled pgbench, through the proxy) on a project of
   a platform with ``--object-store`` beside one of a platform without, rounds interleaved.
@@ -9,12 +9,25 @@ Three measurements, in one run:
 - **RPO**: while pgbench writes on the first, a marker row committed every half second; the time
   until the WAL segment holding its commit is named in the branch's shipped ``head.json`` (read
   from the bucket, sealed, every 50 ms). Target: p99 at most 5 s;
+- **baseline**: before the first platform is lost, its branch copied as an operator would
+  without pgplane: ``pg_basebackup -X stream --checkpoint=fast`` (the bundled one) from the
+  same running compute into a fresh directory under /tmp, timed, then a postgres (``pg_ctl
+  start -w``) on the copy until it accepts connections, timed (the replay of the WAL streamed
+  with it: its crash recovery from the backup's checkpoint), then stopped and the copy removed.
+  The baseline is the sum of the two. It cannot go through the proxy: a replication login
+  there is refused (the platform's ``pg_hba.conf`` has no replication line for tenant roles,
+  which are NOREPLICATION anyway), so it connects to the compute's own unix socket (its
+  directory and port from the platform's postmaster record, as the tests find them) as the
+  platform's superuser ``cloud_admin``, the one role its ``pg_hba.conf`` lets replicate there.
+  As root both programs run as the compute's OS user (the owner of its data: Postgres refuses
+  root, and the socket directory is that user's);
 - **recover**: the first platform lost (server and computes killed), then, once its lease on the
   prefix lapsed (up to 30 s: timed apart), ``pgplane recover`` into a new directory, timed,
-  with the branch's size. No baseline is run beside it yet (pg_basebackup plus replay of the
-  same data is the one to add).
+  with the branch's size. Target: at most 1.5x the baseline.
 
-    .venv/bin/python -m bench.object_store [--seconds 20] [--rounds 3] [--scale 10] [--smoke]
+The default ``--scale`` 65 makes a branch of ~1 GB (pgbench's ~15 MB a scale unit).
+
+    .venv/bin/python -m bench.object_store [--seconds 20] [--rounds 3] [--scale 65] [--smoke]
 
 ``--smoke`` runs each step once, small and short, and checks no target: CI runs it.
 """
@@ -22,6 +35,7 @@ Three measurements, in one run:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -53,9 +67,13 @@ from bench.common import (
     running_server,
     verdict,
 )
+from pgplane.compute.local.layout import Layout
+from pgplane.compute.local.postgres.records import Records, is_alive
+from pgplane.compute.local.postgres.sessions import ADMIN_USER
 from pgplane.compute.local.shared import shipping
 from pgplane.compute.local.shared.s3 import S3Store, parse_url
 from pgplane.compute.local.shared.sealed import SealedStore
+from pgplane.compute.local.tenants.user import postgres_env
 from pgplane.compute.local.tenants.users import remove_project_users
 from pgplane.objectstore import claim
 
@@ -174,10 +192,86 @@ def _until_lease_lapsed(seaweed: SeaweedFS, url: str) -> None:
         client.close()
 
 
-def measure_recover(on: Server, uri: str, seaweed: SeaweedFS, url: str) -> None:
+def _as_owner(argv: list[str], owner: os.stat_result, log: Path | None = None) -> None:
+    """Run ``argv`` as the owner of the compute's data when root (its OS user: Postgres refuses
+    root, and only that user and root enter its socket directory), else as ourselves."""
+    switch = os.geteuid() == 0
+    done = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd="/",
+        env=postgres_env(),  # no PG* variable of ours steers the programs
+        timeout=3600,
+        user=owner.st_uid if switch else None,
+        group=owner.st_gid if switch else None,
+        extra_groups=[] if switch else None,
+    )
+    if done.returncode != 0:
+        tail = log.read_text(errors="replace")[-2000:] if log is not None and log.exists() else ""
+        raise RuntimeError(f"{Path(argv[0]).name} failed:\n{done.stdout}{done.stderr}{tail}")
+
+
+def _tree_bytes(path: Path) -> int:
+    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def measure_baseline(data_dir: Path, pgdata: Path) -> float:
+    """``pg_basebackup -X stream`` of the running compute of ``pgdata``, then a postgres on the
+    copy until it accepts connections; the seconds of both together (the copy removed after)."""
+    layout = Layout(data_dir.resolve())
+    running = Records(layout.postmaster_records).get(pgdata)
+    assert running is not None and is_alive(running), f"no compute runs on {pgdata}"
+    owner = pgdata.stat()
+    scratch = Path(tempfile.mkdtemp(prefix="pgplane-bench-basebackup-"))
+    os.chown(scratch, owner.st_uid, owner.st_gid)
+    copy, log = scratch / "pgdata", scratch / "postgres.log"
+    pg_ctl = pg_binary("pg_ctl", 18)
+    try:
+        began = time.monotonic()
+        _as_owner(
+            [
+                pg_binary("pg_basebackup", 18),
+                f"--dbname=host={running.socket_dir} port={running.port} user={ADMIN_USER}"
+                " sslmode=disable",
+                f"--pgdata={copy}",
+                "--wal-method=stream",
+                "--checkpoint=fast",  # not up to a checkpoint_timeout spent waiting for one
+            ],
+            owner,
+        )
+        backup = time.monotonic() - began
+        size = _tree_bytes(copy)
+        # Its own socket directory, no TCP, and nothing archived: the copy's postgresql.conf
+        # is initdb's (the compute's settings are on its command line), this says so anyway.
+        options = f"-c listen_addresses= -c unix_socket_directories={scratch} -c archive_mode=off"
+        began = time.monotonic()
+        _as_owner(
+            [pg_ctl, "-D", str(copy), "-l", str(log), "-o", options, "-w", "-t", "3600", "start"],
+            owner,
+            log,
+        )
+        replay = time.monotonic() - began
+    finally:
+        if (copy / "postmaster.pid").exists():
+            with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
+                _as_owner([pg_ctl, "-D", str(copy), "-m", "fast", "-w", "stop"], owner)
+        shutil.rmtree(scratch, ignore_errors=True)
+    took = backup + replay
+    print(
+        f"baseline (pg_basebackup + replay): {took:.1f} s for {size / 1e6:.0f} MB"
+        f" (backup {backup:.1f} s, replay until it accepts connections {replay:.1f} s)"
+    )
+    return took
+
+
+def measure_recover(on: Server, uri: str, seaweed: SeaweedFS, url: str, pgdata: Path) -> float:
+    """Seconds ``pgplane recover`` took, over the baseline's (run first, on the same compute)."""
     with psycopg.connect(plaintext(uri)) as conn:
         row = conn.execute("SELECT pg_database_size('neondb')").fetchone()
     size = int(row[0]) if row else 0
+    baseline = measure_baseline(on.data_dir, pgdata)
     _lose(on)
     lost_at = time.monotonic()
     _until_lease_lapsed(seaweed, url)
@@ -206,6 +300,9 @@ def measure_recover(on: Server, uri: str, seaweed: SeaweedFS, url: str) -> None:
         remove_project_users(target)
         unmount_volumes(target)
         remove_in_background(target)
+    ratio = took / baseline
+    print(f"recover / baseline: {ratio:.2f}x (target <= 1.5x)")
+    return ratio
 
 
 def run(args: argparse.Namespace) -> int:
@@ -227,7 +324,10 @@ def run(args: argparse.Namespace) -> int:
             prefix = shipping.prefix_of(body["project"]["id"], body["branch"]["id"])
             watch = HeadWatch(seaweed, url, key_file.read_bytes(), prefix)
             p99 = measure_rpo(uri, watch, args.samples)
-            measure_recover(on, uri, seaweed, url)
+            pgdata = Layout(on.data_dir.resolve()).pgdata(
+                body["project"]["id"], body["branch"]["id"]
+            )
+            recover = measure_recover(on, uri, seaweed, url, pgdata)
             api_on.http.close()
             api_off.http.close()
     finally:
@@ -235,14 +335,20 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(seaweed.directory, ignore_errors=True)
     if args.smoke:
         return 0
-    return verdict({"cost >= 0.9x": ratio >= 0.9, "RPO p99 <= 5 s": p99 <= 5.0})
+    return verdict(
+        {
+            "cost >= 0.9x": ratio >= 0.9,
+            "RPO p99 <= 5 s": p99 <= 5.0,
+            "recover within 1.5x of the baseline": recover <= 1.5,
+        }
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--scale", type=int, default=10)
+    parser.add_argument("--scale", type=int, default=65, help="pgbench's: 65 is ~1 GB")
     parser.add_argument("--samples", type=int, default=40, help="RPO markers")
     parser.add_argument("--smoke", action="store_true", help="once, small, no target checked")
     args = parser.parse_args()

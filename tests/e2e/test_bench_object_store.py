@@ -20,5 +20,5 @@ def test_the_object_store_bench_runs() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    for figure in ("shipping's cost", "RPO under pgbench", "recover:"):
+    for figure in ("shipping's cost", "RPO under pgbench", "baseline", "recover:"):
         assert figure in done.stdout, done.stdout
