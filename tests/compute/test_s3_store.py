@@ -130,7 +130,7 @@ def test_objects_round_trip_with_their_checksums(
     store.write_bytes("history/p-1/head", b"{}")
     assert store.read_bytes("history/p-1/head", max_bytes=2) == b"{}"
     assert store.exists("history/p-1/head")
-    assert store.keys("history/p-1") == ["history/p-1/b-1/wal/seg", "history/p-1/head"]
+    assert store.sizes("history/p-1") == {"history/p-1/b-1/wal/seg": 5000, "history/p-1/head": 2}
     store.write_bytes("history/p-1/head", b"[]", replace=False)  # the first one stays
     assert store.read_bytes("history/p-1/head", max_bytes=2) == b"{}"
     with pytest.raises(ComputeError, match="invalid shared storage key"):
@@ -189,7 +189,7 @@ def test_a_missing_object_is_file_not_found(store: S3Store) -> None:
     with pytest.raises(FileNotFoundError):
         store.get_with_etag("none/here", max_bytes=10)
     assert not store.exists("none/here")
-    assert store.keys("none") == []
+    assert list(store.sizes("none")) == []
     store.delete("none")  # nothing to delete is no error
 
 
@@ -200,21 +200,21 @@ def test_listing_pages_through_every_object_under_the_prefix_only(store: S3Store
     store.write_bytes("many-more/x", b".")  # shares the prefix's letters, not its folder
     store.write_bytes("many", b".")  # the prefix's own name, as an object
     store.write_bytes("many/deeper/down/y", b".")
-    assert store.keys("many") == sorted([*names, "many/deeper/down/y"])
+    assert list(store.sizes("many")) == sorted([*names, "many/deeper/down/y"])
     store.delete("many")
-    assert store.keys("many") == []
+    assert list(store.sizes("many")) == []
     assert not store.exists("many")
-    assert store.keys("many-more") == ["many-more/x"]
+    assert list(store.sizes("many-more")) == ["many-more/x"]
 
 
 def test_delete_takes_one_object_or_a_tree(store: S3Store) -> None:
     for key in ("d/a", "d/b/c", "d/b/d", "e/f"):
         store.write_bytes(key, b".")
     store.delete("d/a")
-    assert store.keys("d") == ["d/b/c", "d/b/d"]
+    assert list(store.sizes("d")) == ["d/b/c", "d/b/d"]
     store.delete("d/b")
-    assert store.keys("d") == []
-    assert store.keys("e") == ["e/f"]
+    assert list(store.sizes("d")) == []
+    assert list(store.sizes("e")) == ["e/f"]
 
 
 # -- conditional puts -------------------------------------------------------------------------
@@ -250,7 +250,7 @@ def test_racing_conditional_puts_have_one_winner(store: S3Store) -> None:
 
 def test_a_usable_bucket_passes_the_check(store: S3Store) -> None:
     store.check_writable()
-    assert store.keys("t") == []
+    assert list(store.sizes("t")) == []
 
 
 def test_wrong_credentials_are_named(
@@ -263,7 +263,7 @@ def test_wrong_credentials_are_named(
     with pytest.raises(ComputeError, match="InvalidAccessKeyId"):
         store.check_writable()
     with pytest.raises(ComputeError, match="InvalidAccessKeyId"):
-        store.keys("history")
+        list(store.sizes("history"))
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", server.access_key)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong" + server.secret_key)
     store = S3Store.from_url(server.url(prefix))
@@ -283,7 +283,7 @@ def test_a_missing_bucket_is_named(server: SeaweedFS, aws_env: None) -> None:
     with pytest.raises(ComputeError, match="NoSuchBucket"):
         store.check_writable()
     with pytest.raises(ComputeError, match="NoSuchBucket"):
-        store.keys("x")
+        list(store.sizes("x"))
 
 
 def test_no_credentials_or_no_server_is_named(
@@ -323,7 +323,7 @@ def test_the_bucket_holds_no_plaintext(sealed: SealedStore, server: SeaweedFS, p
     sink = io.BytesIO()
     got = sealed.read("wal/seg", sink, max_bytes=len(PLAIN))
     assert (sink.getvalue(), got.sha256) == (PLAIN, sent.sha256)
-    assert sealed.keys("wal") == ["wal/seg"]
+    assert list(sealed.sizes("wal")) == ["wal/seg"]
 
 
 def test_a_large_sealed_object_streams_both_ways(sealed: SealedStore) -> None:

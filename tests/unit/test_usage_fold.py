@@ -9,8 +9,10 @@ from types import SimpleNamespace
 from typing import cast
 
 from pgplane.compute.driver import ComputeDriver, ComputeUsage
+from pgplane.compute.model import BranchStorage
 from pgplane.core.models import Endpoint
-from pgplane.core.usage import HOUR_US, US, EndpointUsage
+from pgplane.core.usage import HOUR_US, US, BranchSizes, EndpointUsage, StorageTotals, integrate
+from pgplane.engine import usage
 from pgplane.engine.usage import Sampler, fold
 from pgplane.store.sqlite.store import SqliteStore
 
@@ -98,3 +100,23 @@ async def test_a_sample_never_outlives_the_task_that_started_it(tmp_path: Path) 
             await task
     assert task.cancelled()
     await store.close()
+
+
+def test_with_an_object_store_the_history_counts_as_its_objects_take_there() -> None:
+    """Synthetic storage counts a branch's history where it is kept: its objects' bytes once
+    known (sealed: compressed), its disk's before; archived bytes are integrated over time."""
+    kept = BranchSizes("p-1", "br-1", 100, 500, 1000, 0, archived=300)
+    unknown = BranchSizes("p-1", "br-2", 10, 50, 70, 0)
+    total = StorageTotals.of(kept) + StorageTotals.of(unknown)
+    assert total.synthetic == (100 + 300) + (10 + 70)
+    assert total.history == 1070  # on this disk, as before
+    (hour,) = integrate(kept, end=2 * US)
+    assert hour.archived_byte_s == 600
+    sizes, _ = usage.sizes_now(
+        kept,
+        BranchStorage(logical=None, data=None, history=None, archived_at=5, archived_bytes=None),
+        project_id="p-1",
+        branch_id="br-1",
+        now_us=US,
+    )
+    assert (sizes.archived, sizes.archived_at) == (300, 5)  # what was not read now kept

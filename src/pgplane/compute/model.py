@@ -183,9 +183,13 @@ class BranchStorage:
     """What a branch takes (bytes; None: not known now). ``logical`` is its databases' size as
     Postgres reports it, known only while a compute of the branch runs, as is ``wal_lsn``, where
     its WAL stands (how much it has written, as a byte position); ``data`` the blocks its data
-    directory takes on disk; ``history`` those of its history (WAL archive, base states)."""
+    directory takes on disk; ``history`` those of its history (WAL archive, base states). With
+    an object store, ``archived_at`` is when its newest shipped WAL was written (epoch us) and
+    ``archived_bytes`` what its history's objects take there."""
 
     logical: int | None
     data: int | None
     history: int | None
     wal_lsn: int | None = None
+    archived_at: int | None = None
+    archived_bytes: int | None = None

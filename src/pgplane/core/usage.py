@@ -88,6 +88,7 @@ class HourUsage:
     logical_byte_s: int = 0
     data_byte_s: int = 0
     history_byte_s: int = 0
+    archived_byte_s: int = 0  # what its history's objects take in the object store
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +105,10 @@ class BranchSizes:
     sampled_us: int
     wal_lsn: int | None = None  # where its WAL stood when last seen by a running compute
     written: int = 0  # WAL bytes its computes wrote (Neon's written_data_bytes)
+    # With an object store: when its newest shipped WAL was written (epoch us), and the bytes
+    # its history's objects take there.
+    archived_at: int | None = None
+    archived: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +120,10 @@ class StorageTotals:
     history: int = 0
     byte_hours: int = 0  # logical size and history over time (Neon's data_storage_bytes_hour)
     written: int = 0  # WAL written (Neon's written_data_bytes)
+    # With an object store: what the branches' history objects take there, and the local
+    # history of those branches (of which the objects are the kept copy).
+    archived: int = 0
+    archived_history: int = 0
 
     def __add__(self, other: StorageTotals) -> StorageTotals:
         return StorageTotals(
@@ -123,16 +132,28 @@ class StorageTotals:
             self.history + other.history,
             self.byte_hours + other.byte_hours,
             self.written + other.written,
+            self.archived + other.archived,
+            self.archived_history + other.archived_history,
         )
 
     @property
     def synthetic(self) -> int:
-        """Neon's synthetic storage size: logical data and WAL (here: the history)."""
-        return self.logical + self.history
+        """Neon's synthetic storage size: logical data and WAL (here: the history). A branch's
+        history is counted where it is kept: with an object store, as its objects take there
+        (sealed), once known; on this disk before that, and without one."""
+        return self.logical + self.history - self.archived_history + self.archived
 
     @classmethod
     def of(cls, sizes: BranchSizes) -> StorageTotals:
-        return cls(sizes.logical or 0, sizes.data or 0, sizes.history or 0, written=sizes.written)
+        known = sizes.archived is not None
+        return cls(
+            sizes.logical or 0,
+            sizes.data or 0,
+            sizes.history or 0,
+            written=sizes.written,
+            archived=sizes.archived or 0,
+            archived_history=(sizes.history or 0) if known else 0,
+        )
 
 
 def integrate(kept: BranchSizes, *, end: int) -> list[HourUsage]:
@@ -151,6 +172,7 @@ def integrate(kept: BranchSizes, *, end: int) -> list[HourUsage]:
                 logical_byte_s=int((kept.logical or 0) * seconds),
                 data_byte_s=int((kept.data or 0) * seconds),
                 history_byte_s=int((kept.history or 0) * seconds),
+                archived_byte_s=int((kept.archived or 0) * seconds),
             )
         )
         at = cut

@@ -166,6 +166,8 @@ def sizes_now(
         sampled_us=now_us,
         wal_lsn=pick(got.wal_lsn, before),
         written=written,
+        archived_at=pick(got.archived_at, kept.archived_at if kept else None),
+        archived=pick(got.archived_bytes, kept.archived if kept else None),
     )
     return sizes, [] if kept is None else integrate(kept, end=now_us)
 

@@ -52,8 +52,8 @@ class Guarded:
     def exists(self, key: str) -> bool:
         return self._inner.exists(key)
 
-    def keys(self, prefix: str) -> list[str]:
-        return self._inner.keys(prefix)
+    def sizes(self, prefix: str) -> dict[str, int]:
+        return self._inner.sizes(prefix)
 
     def delete(self, prefix: str) -> None:
         self._check(prefix)

@@ -18,8 +18,10 @@ Metrics, in Neon's names and units where it has them:
 - ``snapshot_storage_bytes_month``: the blocks the project's snapshots take (each its
   ``full_size`` from when it was taken until it was deleted), in byte-months; per project only,
   as on Neon.
-- Not Neon's: ``active_time_seconds`` (wall seconds the computes ran) and ``cpu_seconds`` (the
-  CPU time their processes used, by the kernel's accounting).
+- Not Neon's: ``active_time_seconds`` (wall seconds the computes ran), ``cpu_seconds`` (the
+  CPU time their processes used, by the kernel's accounting) and, with an object store,
+  ``archive_storage_bytes_month``: what the branches' history objects take in the bucket
+  (sealed: compressed and encrypted), in byte-months.
 
 Network transfer and extra branches are not measured here: asking for them is a 400 that says
 so, never a made-up 0.
@@ -51,7 +53,7 @@ _NEON = (
     "instant_restore_bytes_month",
     "snapshot_storage_bytes_month",
 )
-METRICS = (*_NEON, "active_time_seconds", "cpu_seconds")
+METRICS = (*_NEON, "active_time_seconds", "cpu_seconds", "archive_storage_bytes_month")
 # Per branch, Neon's four that are measured here (it names network transfer too).
 BRANCH_METRICS = _NEON[:4]
 BRANCH_DEFAULT_LIMIT = 100
@@ -202,7 +204,7 @@ def parse(
 
 
 def _values(hours: Sequence[tuple[HourUsage, bool]], metrics: Sequence[str]) -> dict[str, int]:
-    cu = cpu = active = root = child = history = 0
+    cu = cpu = active = root = child = history = archived = 0
     for h, is_root in hours:
         cu, cpu, active = cu + h.cu_us, cpu + h.cpu_us, active + h.active_us
         if is_root:
@@ -210,6 +212,7 @@ def _values(hours: Sequence[tuple[HourUsage, bool]], metrics: Sequence[str]) -> 
         else:
             child += h.data_byte_s
         history += h.history_byte_s
+        archived += h.archived_byte_s
     every = {
         "compute_unit_seconds": cu // US,
         "root_branch_bytes_month": root // _MONTH_SECONDS,
@@ -218,6 +221,7 @@ def _values(hours: Sequence[tuple[HourUsage, bool]], metrics: Sequence[str]) -> 
         "snapshot_storage_bytes_month": 0,
         "active_time_seconds": active // US,
         "cpu_seconds": cpu // US,
+        "archive_storage_bytes_month": archived // _MONTH_SECONDS,
     }
     return {m: every[m] for m in metrics}
 

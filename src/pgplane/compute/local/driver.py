@@ -8,6 +8,7 @@ archives (tenants, users), timeline and branch building, postmasters.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence, Set
 
@@ -50,7 +51,11 @@ class LocalComputeDriver(BranchData):
         self, *, project_id: str, branch_id: str, walk: bool = True
     ) -> BranchStorage:
         dirs = self._histories.dirs(project_id, branch_id)
-        return await branch_storage(dirs, self._postmasters.running(dirs.pgdata), walk=walk)
+        got = await branch_storage(dirs, self._postmasters.running(dirs.pgdata), walk=walk)
+        if self._shipped is None:
+            return got
+        archived_at, stored = self._shipped.archived(project_id, branch_id)
+        return dataclasses.replace(got, archived_at=archived_at, archived_bytes=stored)
 
     async def login_roles(
         self, spec: ComputeSpec, *, names: Sequence[str] | None = None

@@ -10,12 +10,20 @@ from pgplane.store.sqlite.common import Statements
 
 _HOUR_COLUMNS = (
     "project_id, branch_id, hour, cpu_us, active_us, cu_us, logical_byte_s, data_byte_s,"
-    " history_byte_s"
+    " history_byte_s, archived_byte_s"
 )
-_ADDED = ("cpu_us", "active_us", "cu_us", "logical_byte_s", "data_byte_s", "history_byte_s")
+_ADDED = (
+    "cpu_us",
+    "active_us",
+    "cu_us",
+    "logical_byte_s",
+    "data_byte_s",
+    "history_byte_s",
+    "archived_byte_s",
+)
 _SIZES = (
     "project_id, branch_id, logical_bytes, data_bytes, history_bytes, sampled_us, wal_lsn,"
-    " written_bytes"
+    " written_bytes, archived_at, archived_bytes"
 )
 _COLUMNS = (
     "endpoint_id, project_id, branch_id, run, run_started_us, run_cpu_us, run_seen_us,"
@@ -72,7 +80,7 @@ class UsageMixin(Statements):
     async def _add_hours(self, hours: Sequence[HourUsage]) -> None:
         added = ", ".join(f"{c} = usage_hours.{c} + excluded.{c}" for c in _ADDED)
         await self._c.executemany(
-            f"INSERT INTO usage_hours ({_HOUR_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)"
+            f"INSERT INTO usage_hours ({_HOUR_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)"
             f" ON CONFLICT (project_id, hour, branch_id) DO UPDATE SET {added}",
             [
                 (
@@ -85,6 +93,7 @@ class UsageMixin(Statements):
                     h.logical_byte_s,
                     h.data_byte_s,
                     h.history_byte_s,
+                    h.archived_byte_s,
                 )
                 for h in hours
             ],
@@ -99,7 +108,7 @@ class UsageMixin(Statements):
     async def put_branch_sizes(self, sizes: BranchSizes, hours: Sequence[HourUsage]) -> None:
         s = sizes
         await self._c.execute(
-            f"INSERT INTO branch_storage ({_SIZES}) VALUES (?,?,?,?,?,?,?,?)"
+            f"INSERT INTO branch_storage ({_SIZES}) VALUES (?,?,?,?,?,?,?,?,?,?)"
             f" ON CONFLICT (branch_id) DO UPDATE SET {_REPLACE_SIZES}",
             (
                 s.project_id,
@@ -110,6 +119,8 @@ class UsageMixin(Statements):
                 s.sampled_us,
                 s.wal_lsn,
                 s.written,
+                s.archived_at,
+                s.archived,
             ),
         )
         await self._add_hours(hours)
@@ -131,13 +142,20 @@ class UsageMixin(Statements):
             rows = await self._c.all(
                 "SELECT s.project_id, coalesce(sum(s.logical_bytes), 0),"
                 " coalesce(sum(s.data_bytes), 0), coalesce(sum(s.history_bytes), 0),"
-                " sum(s.written_bytes)"
+                " sum(s.written_bytes), coalesce(sum(s.archived_bytes), 0),"
+                " coalesce(sum(CASE WHEN s.archived_bytes IS NULL THEN 0"
+                "              ELSE coalesce(s.history_bytes, 0) END), 0)"
                 " FROM branch_storage s JOIN branches b ON b.id = s.branch_id"
                 f" WHERE s.project_id IN ({','.join('?' * len(chunk))})"
                 " AND b.deleted_at IS NULL GROUP BY s.project_id",
                 tuple(chunk),
             )
-            found |= {r[0]: StorageTotals(r[1], r[2], r[3], written=r[4]) for r in rows}
+            found |= {
+                r[0]: StorageTotals(
+                    r[1], r[2], r[3], written=r[4], archived=r[5], archived_history=r[6]
+                )
+                for r in rows
+            }
             # Snapshots are kept copies of a branch's data: counted with the history.
             kept = await self._c.all(
                 "SELECT project_id, sum(full_size) FROM snapshots"

@@ -61,6 +61,8 @@ class SharedHistory:
         # The head each branch's last round wrote (this node is its only writer: the project
         # is placed here, and an object store's prefix is leased).
         self._heads: dict[str, shipping.Head] = {}
+        # The bytes each branch's objects took there when its last changed round listed them.
+        self._stored: dict[str, int] = {}
         self._layout = layout
         self._postmasters = postmasters
         self._locks = locks
@@ -122,10 +124,20 @@ class SharedHistory:
             prefix = shipping.prefix_of(project_id, branch_id)
             # The head this node last wrote: kept through a failed round, whose new files the
             # next round stores again (a round that failed midway may have stored some).
-            copied, self._heads[prefix] = await off_loop(
+            done = await off_loop(
                 shipping.ship, self.store, dirs, prefix, self._staging, self._heads.get(prefix)
             )
-            return copied
+            self._heads[prefix] = done.head
+            if done.stored is not None:
+                self._stored[prefix] = done.stored
+            return done.copied
+
+    def archived(self, project_id: str, branch_id: str) -> tuple[int | None, int | None]:
+        """When the branch's newest shipped WAL was written here (epoch us), and the bytes its
+        objects take there, as this node's last rounds found them (None: not known here)."""
+        prefix = shipping.prefix_of(project_id, branch_id)
+        head = self._heads.get(prefix)
+        return (head.wal_end_at or None if head else None), self._stored.get(prefix)
 
     async def _complete_segment(self, pgdata: Path, running: Running) -> None:
         """The compute's segment completed (so archived, then shipped) once it holds records

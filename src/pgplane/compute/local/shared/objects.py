@@ -88,8 +88,8 @@ class ObjectStore(Protocol):
 
     def exists(self, key: str) -> bool: ...
 
-    def keys(self, prefix: str) -> list[str]:
-        """Every object's key under ``prefix``, sorted."""
+    def sizes(self, prefix: str) -> dict[str, int]:
+        """Every object under ``prefix``, by key (sorted), with the bytes it takes there."""
         ...
 
     def delete(self, prefix: str) -> None:
@@ -212,15 +212,15 @@ class DirectoryStore:
             return False
         return stat.S_ISREG(st.st_mode)
 
-    def keys(self, prefix: str) -> list[str]:
+    def sizes(self, prefix: str) -> dict[str, int]:
         parts = check_key(prefix)
-        found: list[str] = []
+        found: dict[str, int] = {}
         try:
             with self._dir(parts, create=False) as dfd:
                 _walk(dfd, prefix, found)
         except (FileNotFoundError, NotADirectoryError):
-            return []
-        return sorted(found)
+            return {}
+        return dict(sorted(found.items()))
 
     def delete(self, prefix: str) -> None:
         parts = check_key(prefix)
@@ -288,13 +288,13 @@ def _chunks(source: BinaryIO, max_bytes: int, key: str) -> Iterator[bytes]:
         yield chunk
 
 
-def _walk(dfd: int, prefix: str, found: list[str]) -> None:
+def _walk(dfd: int, prefix: str, found: dict[str, int]) -> None:
     for entry in sorted(os.listdir(dfd)):
         if entry.startswith(".") or _PART.fullmatch(entry) is None:
             continue  # a temporary, or nothing of ours
         st = os.stat(entry, dir_fd=dfd, follow_symlinks=False)
         if stat.S_ISREG(st.st_mode):
-            found.append(f"{prefix}/{entry}")
+            found[f"{prefix}/{entry}"] = st.st_blocks * 512
         elif stat.S_ISDIR(st.st_mode):
             sub = os.open(entry, _DIR_FLAGS, dir_fd=dfd)
             try:

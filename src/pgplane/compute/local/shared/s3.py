@@ -164,10 +164,10 @@ class S3Store:
             return False
         return True
 
-    def keys(self, prefix: str) -> list[str]:
-        return sorted(self._list(prefix))
+    def sizes(self, prefix: str) -> dict[str, int]:
+        return dict(sorted(self._list(prefix)))
 
-    def _list(self, prefix: str) -> Iterator[str]:
+    def _list(self, prefix: str) -> Iterator[tuple[str, int]]:
         below = self._name(prefix) + "/"
         pages = self._client.get_paginator("list_objects_v2")
         with self._call("list", prefix):
@@ -175,14 +175,14 @@ class S3Store:
                 for obj in page.get("Contents", ()):
                     key = obj["Key"].removeprefix(self.prefix)
                     if _is_key(key):  # skip what is not ours (another tool's, a probe)
-                        yield key
+                        yield key, obj["Size"]
 
     # -- deleting -------------------------------------------------------------------------------
 
     def delete(self, prefix: str) -> None:
         with self._call("delete", prefix):
             self._client.delete_object(Bucket=self.bucket, Key=self._name(prefix))
-        doomed = list(self._list(prefix))
+        doomed = [key for key, _ in self._list(prefix)]
         for start in range(0, len(doomed), 1000):  # DeleteObjects' limit per request
             batch: list[ObjectIdentifierTypeDef] = [
                 {"Key": self._name(k)} for k in doomed[start : start + 1000]

@@ -107,8 +107,8 @@ class SealedStore:
     def exists(self, key: str) -> bool:
         return self.inner.exists(key)
 
-    def keys(self, prefix: str) -> list[str]:
-        return self.inner.keys(prefix)
+    def sizes(self, prefix: str) -> dict[str, int]:
+        return self.inner.sizes(prefix)
 
     def delete(self, prefix: str) -> None:
         self.inner.delete(prefix)

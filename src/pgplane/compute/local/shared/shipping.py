@@ -36,7 +36,7 @@ import re
 import secrets
 import shutil
 from pathlib import Path
-from typing import Annotated, BinaryIO
+from typing import Annotated, BinaryIO, NamedTuple
 
 import msgspec
 
@@ -82,6 +82,15 @@ class Head(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     wal_end_at: int = 0
 
 
+class Shipped(NamedTuple):
+    """One round's outcome for a branch: files copied, the head as it is there now, and the
+    bytes its objects take there (None when this round did not list them: nothing changed)."""
+
+    copied: int
+    head: Head
+    stored: int | None
+
+
 def prefix_of(project_id: str, branch_id: str) -> str:
     return f"history/{project_id}/{branch_id}"
 
@@ -105,9 +114,9 @@ def read_head(store: ObjectStore, prefix: str) -> Head | None:
 
 def ship(
     store: ObjectStore, dirs: HistoryDirs, prefix: str, staging: Path, known: Head | None = None
-) -> tuple[int, Head]:
-    """One round for one branch (blocking): what its history holds here, there too; the
-    number of files copied, and the head as it is there now. ``known``: the head this node
+) -> Shipped:
+    """One round for one branch (blocking): what its history holds here, there too. ``known``:
+    the head this node
     wrote last round, so that a round with nothing new asks the storage nothing (an object
     store bills each request, and rounds run every second)."""
     head = known or read_head(store, prefix) or Head(format=_FORMAT, bases=(), wal={})
@@ -138,9 +147,10 @@ def ship(
     new = Head(format=_FORMAT, bases=tuple(bases), wal=dict(sorted(wal.items())), wal_end_at=end_at)
     if new != head:
         store.write_bytes(f"{prefix}/{HEAD}", msgspec.json.encode(new))
+    stored = None
     if new != head or known is None:
-        _free(store, prefix, new)
-    return copied, new
+        stored = _free(store, prefix, new)
+    return Shipped(copied, new, stored)
 
 
 def local_wal(wal: Path) -> list[str]:
@@ -210,15 +220,20 @@ def _ship_base(store: ObjectStore, base: Path, prefix: str, staging: Path) -> No
         shutil.rmtree(local, ignore_errors=True)
 
 
-def _free(store: ObjectStore, prefix: str, head: Head) -> None:
-    """Objects of the branch that ``head`` does not name: freed here, or left by a crash."""
+def _free(store: ObjectStore, prefix: str, head: Head) -> int:
+    """Objects of the branch that ``head`` does not name: freed here, or left by a crash. The
+    bytes of those it names."""
     kept = {f"{prefix}/{HEAD}"}
     kept |= {f"{prefix}/wal/{name}" for name in head.wal}
     for name in head.bases:
         kept |= {f"{prefix}/base/{name}/data.tar.gz", f"{prefix}/base/{name}/manifest.json"}
-    for key in store.keys(prefix):
+    stored = 0
+    for key, size in store.sizes(prefix).items():
         if key not in kept:
             store.delete(key)
+        else:
+            stored += size
+    return stored
 
 
 # -- fetching -----------------------------------------------------------------------------------
