@@ -94,6 +94,9 @@ class Settings:
     object_archive_timeout_seconds: int = 2
     # How often a changed SQLite store is copied there (accounts, keys, projects, operations).
     store_copy_seconds: float = 1.0
+    # How often each branch's backups in the object store are proven to restore (weekly, as
+    # `pgplane backups verify` does, in a scratch directory); 0: never by the platform itself.
+    backup_verify_seconds: float = 7 * 86400.0
     # The largest schema (pg_dump --schema-only's SQL) GET …/schema returns; past it, a 422.
     schema_max_bytes: int = 16 << 20
     # As root: each compute in a sandbox (bubblewrap) and a cgroup of its size. Off only to
@@ -256,6 +259,7 @@ def settings_from_env(**overrides: object) -> Settings:
         ("object_ship_seconds", float),
         ("object_archive_timeout_seconds", int),
         ("store_copy_seconds", float),
+        ("backup_verify_seconds", float),
         ("schema_max_bytes", int),
         ("compute_user", str),
         ("store", str),
@@ -379,3 +383,5 @@ def _check_object_store(settings: Settings) -> None:
         raise ValueError("--object-store and --shared-dir: choose one")
     if settings.object_ship_seconds <= 0 or settings.store_copy_seconds <= 0:
         raise ValueError("PGPLANE_OBJECT_SHIP_SECONDS and PGPLANE_STORE_COPY_SECONDS: above 0")
+    if settings.backup_verify_seconds < 0:
+        raise ValueError("PGPLANE_BACKUP_VERIFY_SECONDS: 0 (never) or above")

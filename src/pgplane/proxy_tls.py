@@ -1,6 +1,7 @@
 """``serve``'s side of the proxy's TLS (:mod:`pgplane.tls`): the operator's own pair, the data
-directory's authority (a SQLite store: one node), or the platform's, shared by every node of a
-PostgreSQL store (:mod:`pgplane.tls.shared`), with what changed for clients said in the log."""
+directory's authority (a SQLite store: one node), or the platform's, kept in the store: shared by
+every node of a PostgreSQL store, and copied to the object store with a SQLite store's
+(:mod:`pgplane.tls.shared`), with what changed for clients said in the log."""
 
 from __future__ import annotations
 
@@ -25,8 +26,10 @@ async def proxy_certificate(settings: Settings, store: Store, node: str) -> Prox
     if settings.tls_cert is not None and settings.tls_key is not None:
         return ProxyTLS(CertPair(settings.tls_cert, settings.tls_key))
     host = settings.proxy_host
-    if settings.store is None:
+    if settings.store is None and settings.object_store is None:
         return ensure_certificate(settings.tls_dir, host)
+    # In the store: every node's, and with an object store, the copy of a SQLite store carries
+    # it, so a recovered platform serves certificates of the same authority its clients trust.
     directory = settings.tls_dir
     cert_path = directory / "ca.crt"
     before = shared.trusted(directory)

@@ -40,6 +40,7 @@ from pgplane.node_channel import open_channel
 from pgplane.objectstore.bucket import Bucket
 from pgplane.objectstore.recover import UNFINISHED
 from pgplane.objectstore.storecopy import StoreCopies
+from pgplane.objectstore.verify import run_checks
 from pgplane.proxy.activity import Activity
 from pgplane.proxy.server import ALPN, Proxy
 from pgplane.proxy.session import Sessions
@@ -343,7 +344,8 @@ def _start_workers(
     ship = asyncio.create_task(
         ship_history(driver, settings, store, node, metrics), name="history shipping"
     )
-    return ship, history, scheduler_task, engine_task
+    checks = asyncio.create_task(run_checks(settings, store, node, metrics), name="backup checks")
+    return checks, ship, history, scheduler_task, engine_task
 
 
 def _start_bucket(

@@ -1,8 +1,9 @@
 """The platform kept in a real S3-compatible store (SeaweedFS) and brought back from it alone:
 a project with rows and a snapshot; the server and every compute killed and the whole data
 directory deleted, as a lost machine's; `pgplane recover` into a new directory; `serve` there.
-The old key lists the project, its connection string and password are the same, every row
-committed 5 s before the loss is there, and the snapshot restores.
+The old key lists the project, its connection string and password are the same, the proxy's
+certificate authority is the same, every row committed 5 s before the loss is there, and the
+snapshot restores.
 
 The object store frozen for a while under writes: the compute serves throughout, and the
 shipping catches up by itself. The server killed inside an upload: the branch's history
@@ -36,6 +37,8 @@ from pgplane.compute.local.shared import shipping
 from pgplane.compute.local.shared.s3 import S3Store, parse_url
 from pgplane.compute.local.shared.sealed import SealedStore
 from pgplane.compute.local.tenants.users import remove_project_users
+from pgplane.core import clock
+from tests.console import PASSWORD, Browser
 from tests.objectstore import SeaweedFS
 from tests.support import (
     PGPLANE,
@@ -57,8 +60,9 @@ from tests.support import (
 ENV = {"PGPLANE_SCHEDULER_SECONDS": "0.5", "PGPLANE_RETRY_BASE_SECONDS": "0.2"}
 # What the platform promises of a lost machine: commits older than this are in the bucket.
 RPO_SECONDS = 5.0
-# How long the object store stops answering (frozen, its connections open) while writes go on.
-OUTAGE_SECONDS = 10.0
+# How long the object store stops answering (frozen, its connections open) while writes go on:
+# ten seconds in every run, a minute in the slow variant (run before resolving).
+OUTAGES = [10.0, pytest.param(60.0, marks=pytest.mark.slow, id="a-minute-out")]
 
 
 @pytest.fixture(scope="module")
@@ -140,8 +144,8 @@ def _uri(api: Api, project_id: str, branch_id: str | None = None) -> str:
     return str(r.json()["uri"])
 
 
-def _write_until_the_loss(uri: str, seaweed: SeaweedFS) -> int:
-    """Rows 1001-1500 at once, then one every 50 ms: for ``OUTAGE_SECONDS`` with the object store
+def _write_until_the_loss(uri: str, seaweed: SeaweedFS, outage: float) -> int:
+    """Rows 1001-1500 at once, then one every 50 ms: for ``outage`` seconds with the object store
     frozen (the compute serves throughout), two seconds once it is back, then ``RPO_SECONDS``
     more up to the loss. The value of the last row the promise covers (committed that long
     before the loss): the shipping caught up after the outage, with nothing lost."""
@@ -150,8 +154,8 @@ def _write_until_the_loss(uri: str, seaweed: SeaweedFS) -> int:
         v = 1500
         seaweed.pause()
         try:
-            for seconds in (OUTAGE_SECONDS, 2.0, RPO_SECONDS):
-                if seconds != OUTAGE_SECONDS:
+            for i, seconds in enumerate((outage, 2.0, RPO_SECONDS)):
+                if i > 0:
                     seaweed.resume()
                 promised = v
                 deadline = time.monotonic() + seconds
@@ -236,10 +240,11 @@ def _no_credential_reaches_a_compute(server: Server, seaweed: SeaweedFS) -> None
         assert b"AWS_" not in environ and b"ARCHIVE_KEY" not in environ
 
 
+@pytest.mark.parametrize("outage", OUTAGES)
 def test_a_lost_machine_s_platform_comes_back_from_the_bucket_alone(
-    seaweed: SeaweedFS, key_file: Path, tmp_path: Path
+    seaweed: SeaweedFS, key_file: Path, tmp_path: Path, outage: float
 ) -> None:
-    env = _env(seaweed, "lost", key_file)
+    env = _env(seaweed, f"lost-{outage:.0f}", key_file)
     with _machine(env, tmp_path) as first:
         first.start()
         assert "this disk only" not in first.log()
@@ -257,7 +262,8 @@ def test_a_lost_machine_s_platform_comes_back_from_the_bucket_alone(
         # Operators see the shipping: files stored, the store copied moments ago.
         wait_for("a file shipped", lambda: _metric(first, "pgplane_archive_shipped_files_total"))
         assert _metric(first, "pgplane_store_copy_age_seconds") < 30
-        promised = _write_until_the_loss(uri, seaweed)
+        promised = _write_until_the_loss(uri, seaweed, outage)
+        authority = (first.data_dir / "tls" / "ca.crt").read_bytes()
         api.http.close()
         first.stop(signal.SIGKILL)
         lost_dir = first.data_dir
@@ -272,6 +278,8 @@ def test_a_lost_machine_s_platform_comes_back_from_the_bucket_alone(
             second.start()
         _recovered(second, main, snapshot["id"])
         second.start()
+        # The proxy's certificates are of the authority its clients trust already.
+        assert (second.data_dir / "tls" / "ca.crt").read_bytes() == authority
         api = Api(second, key)  # the old key
         r = api.http.get("/projects")
         assert [p["id"] for p in r.json()["projects"]] == [pid], r.text
@@ -345,7 +353,7 @@ def test_a_kill_inside_an_upload_converges(
                 named = {f"{prefix}/{shipping.HEAD}", *(f"{prefix}/wal/{n}" for n in head.wal)}
                 for base in head.bases:
                     named |= {f"{prefix}/base/{base}/{n}" for n in ("data.tar.gz", "manifest.json")}
-                return here <= set(head.wal) and set(raw.keys(prefix)) == named
+                return here <= set(head.wal) and set(raw.sizes(prefix)) == named
 
             wait_for("the branch's history shipped whole, and nothing else", converged, 60)
         finally:
@@ -398,7 +406,7 @@ def test_a_tenants_forged_archive_uploads_nothing_and_stalls_nothing(
             # its bytes the same (the checksum shipped is the catalog's).
             st = os.lstat(wal / segment)
             assert st.st_size == 16 << 20 and st.st_blocks * 512 < 8 << 20, st
-            keys = raw.keys(prefix)
+            keys = list(raw.sizes(prefix))
             for planted in (link, fifo, huge):
                 assert planted.name not in shipped()
                 assert f"{prefix}/wal/{planted.name}" not in keys
@@ -415,3 +423,71 @@ def test_a_tenants_forged_archive_uploads_nothing_and_stalls_nothing(
         assert server.log().count(f"{link.name} of {wal} is not a plain file") == 1
         assert f"{huge.name} of {wal} is larger than" in server.log()
         assert httpx.get(f"http://127.0.0.1:{server.port}/livez", timeout=10).status_code == 200
+
+
+def test_users_and_operators_see_the_archive_and_its_weekly_check(
+    seaweed: SeaweedFS, key_file: Path, tmp_path: Path
+) -> None:
+    """With the check's week shortened to seconds: the platform proves each branch's backup
+    restores by itself, says so in /metrics and the console; the console shows when each
+    branch was last archived and what its objects take; the project's synthetic storage size
+    and consumption count them."""
+    env = {
+        **_env(seaweed, "seen", key_file),
+        "PGPLANE_BACKUP_VERIFY_SECONDS": "3",
+        "PGPLANE_USAGE_SECONDS": "0.5",
+    }
+    with _machine(env, tmp_path) as server:
+        server.start()
+        done = run_cli(
+            "accounts", "create", "seen@example.com", "--password-stdin",
+            data_dir=server.data_dir, env=server.env, stdin=PASSWORD,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        with Browser(server) as browser:
+            assert browser.sign_in("seen@example.com").status_code == 303
+            api = Api(server, browser.create_key("archive"))
+            body = api.create_ready_project(name="archived")
+            pid = body["project"]["id"]
+            with psycopg.connect(_uri(api, pid), autocommit=True) as conn:
+                conn.execute("CREATE TABLE t AS SELECT g FROM generate_series(1, 10000) g")
+            wait_for(
+                "the platform's own check of the branch's backup",
+                lambda: _metric(server, "pgplane_backup_verify_last_run_timestamp_seconds") > 0,
+                120,
+            )
+            assert _metric(server, "pgplane_backup_verify_failed_branches") == 0
+
+            def backups() -> str:
+                page = browser.get(f"/console/projects/{pid}")
+                assert page.status_code == 200, page.text
+                found = re.search(r'data-testid="backup-row">(.*?)</tr>', page.text, re.S)
+                assert found, page.text
+                return found.group(1)
+
+            def shown() -> str | None:
+                row = backups()
+                return row if "restored to" in row and "not known" not in row else None
+
+            row = wait_for("the branch's archive in the console", shown, 60)
+            assert re.search(r"<td>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC</td>", row), row
+            assert re.search(r"<td>\d+(\.\d)? [KM]iB</td>", row), row
+
+            project = api.http.get(f"/projects/{pid}").json()["project"]
+            assert project["synthetic_storage_size"] > 0, project
+            now = clock.now_us()
+            r = api.http.get(
+                "/consumption_history/v2/projects",
+                params={
+                    "from": clock.format_s(now - 3_600_000_000),
+                    "to": clock.format_s(now + 3_600_000_000),
+                    "granularity": "hourly",
+                    "metrics": "archive_storage_bytes_month",
+                    "project_ids": pid,
+                },
+            )
+            assert r.status_code == 200, r.text
+            frames = r.json()["projects"][0]["periods"][0]["consumption"]
+            names = {m["metric_name"] for f in frames for m in f["metrics"]}
+            assert names == {"archive_storage_bytes_month"}, frames
+            api.http.close()

@@ -39,13 +39,16 @@ def backups_verify(
     settings = with_object_store(data_dir, object_store, archive_key_file)
 
     async def check(store: Store) -> list[dict[str, object]]:
-        return await verify(settings, store, project_id=project)
+        return await verify(settings, store, project_ids=None if project is None else [project])
 
     try:
         rows = on_store(data_dir, check)
     except ComputeError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    if project is not None and not rows:
+        typer.echo(f"error: no project {project} with a branch to verify", err=True)
+        raise typer.Exit(2)
     typer.echo(json.dumps({"branches": rows}, indent=2))
     if any(row["error"] for row in rows):
         raise typer.Exit(1)

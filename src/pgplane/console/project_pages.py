@@ -26,7 +26,7 @@ from pgplane.console.pages import (
     unsettled,
 )
 from pgplane.console.session import PREFIX, AnyRequest, SignedIn, signed_in
-from pgplane.console.usage_view import usage_view
+from pgplane.console.usage_view import backups_view, usage_view
 from pgplane.core.models import Branch, Endpoint, Operation, Project
 from pgplane.core.operations import Action, Status
 from pgplane.errors import BadRequest, LimitExceeded, NotFound, PgplaneError
@@ -321,9 +321,12 @@ async def project_context(
         except PgplaneError as exc:
             uri_error = exc.message
         usage = await usage_view(tx, project.id, all_branches)
+        kept = me.console.settings.object_store is not None
+        backups = await backups_view(tx, project.id, all_branches) if kept else None
         parents = {b.parent_id for b in all_branches}
     return {
         **usage,
+        "backups": backups,
         "project": project,
         "tree": _tree(all_branches, computes, page_.operations),
         "branches": all_branches,

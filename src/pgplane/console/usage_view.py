@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pgplane.console.pages import when
 from pgplane.core.models import Branch
 from pgplane.core.usage import BranchSizes, StorageTotals, Totals
 from pgplane.store import Tx
@@ -69,3 +70,36 @@ async def usage_view(tx: Tx, project_id: str, branches: list[Branch]) -> dict[st
             for b in sorted(branches, key=lambda b: b.created_at)
         ],
     }
+
+
+@dataclass(frozen=True, slots=True)
+class BackupRow:
+    name: str
+    archived: str  # when its newest WAL in the object store was written
+    stored: str  # what its history's objects take there
+    checked: str  # when it was last proven to restore, or why it did not
+
+
+async def backups_view(tx: Tx, project_id: str, branches: list[Branch]) -> list[BackupRow]:
+    """Each branch's archive in the object store, for project_backups.html."""
+    sizes = await tx.list_branch_sizes(project_id)
+    checks = {c.branch_id: c for c in await tx.backup_checks(project_id)}
+    rows = []
+    for b in sorted(branches, key=lambda b: b.created_at):
+        kept, check = sizes.get(b.id), checks.get(b.id)
+        at = None if kept is None else kept.archived_at
+        if check is None:
+            checked = "not yet"
+        elif check.error:
+            checked = f"{when(check.checked_at)}: did not restore ({check.error[:200]})"
+        else:
+            checked = f"{when(check.checked_at)}: restored to {when(check.restorable_to)}"
+        rows.append(
+            BackupRow(
+                name=b.name,
+                archived=UNKNOWN if at is None else when(at),
+                stored=size(None if kept is None else kept.archived),
+                checked=checked,
+            )
+        )
+    return rows

@@ -110,6 +110,17 @@ class Annotation(msgspec.Struct, frozen=True, kw_only=True):
     updated_at: int
 
 
+class BackupCheck(msgspec.Struct, frozen=True, kw_only=True):
+    """The last check that what the object store holds of a branch restores (epoch us):
+    restorable to the time its newest shipped WAL was written, or ``error`` why not."""
+
+    project_id: str
+    branch_id: str
+    checked_at: int
+    restorable_to: int | None = None
+    error: str | None = None
+
+
 class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     """A branch's data at a point, kept as its own copy (Neon's snapshot).
 

@@ -9,17 +9,25 @@ directory is removed after. Nothing is written to the bucket: the scratch driver
 every write and delete, so a verification can never change what a recovery would find.
 
 The report says, per branch, whether it came back and to when (its newest shipped WAL's time),
-and how long it took.
+and how long it took; each branch's result is recorded in the store (its backup check), where
+the console shows it.
+
+``serve`` runs the same check itself (``run_checks``): every ``backup_verify_seconds`` (a week
+by default) for each branch placed on its node, counted from the branch's last check, or from
+its creation before the first. ``/metrics`` says when the last check ran and how many
+branches it found unrestorable.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import secrets
 import shutil
 import subprocess
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 from pgplane import startup
@@ -30,15 +38,19 @@ from pgplane.compute.local.shared import shipping
 from pgplane.compute.local.shared.objects import ObjectStore
 from pgplane.config import Settings
 from pgplane.core import clock
-from pgplane.core.models import Project
+from pgplane.core.models import BackupCheck, Project
 from pgplane.objectstore.bucket import ReadOnly, open_bucket
 from pgplane.store import Store
+from pgplane.telemetry.metrics import NO_METRICS, Metrics
+
+log = logging.getLogger(__name__)
 
 
 async def verify(
-    settings: Settings, store: Store, *, project_id: str | None = None
+    settings: Settings, store: Store, *, project_ids: Collection[str] | None = None
 ) -> list[dict[str, object]]:
-    """One row per branch verified (``error`` set when it could not be restored)."""
+    """One row per branch verified (``error`` set when it could not be restored), of the
+    given projects or of every project; each recorded as the branch's backup check."""
     if settings.object_store is None or settings.archive_key_file is None:
         raise ComputeError("backups verify needs --object-store and --archive-key-file")
     try:
@@ -49,22 +61,19 @@ async def verify(
         raise ComputeError(str(exc)) from None
     sealed = ReadOnly(opened.sealed)
     async with store.read() as tx:
-        if project_id is not None:
-            project = await tx.get_project_by_id(project_id)
-            projects = [] if project is None or project.deleted_at else [project]
-        else:
-            projects = []
+        if project_ids is None:
+            project_ids = set()
             for load in await tx.node_loads():
-                for pid in sorted(await tx.node_project_ids(load.node.name)):
-                    found = await tx.get_project_by_id(pid)
-                    if found is not None and found.deleted_at is None:
-                        projects.append(found)
+                project_ids |= await tx.node_project_ids(load.node.name)
+        projects = []
+        for pid in sorted(project_ids):
+            found = await tx.get_project_by_id(pid)
+            if found is not None and found.deleted_at is None:
+                projects.append(found)
         work = [
             (p, [b.id for b in await tx.list_branches(p.id) if b.current_state != "init"])
             for p in projects
         ]
-    if project_id is not None and not work:
-        raise ComputeError(f"no project {project_id}")
     scratch = settings.data_dir / "scratch" / f"verify-{secrets.token_hex(4)}"
     await asyncio.to_thread(_make_scratch, scratch)
     rows: list[dict[str, object]] = []
@@ -73,7 +82,11 @@ async def verify(
         driver, _ = await startup.driver(local, sealed)
         try:
             for project, branch_ids in work:
-                rows += [await _one(driver, sealed, project, b) for b in branch_ids]
+                for branch_id in branch_ids:
+                    check, seconds = await _one(driver, sealed, project, branch_id)
+                    async with store.write() as tx:
+                        await tx.put_backup_check(check)
+                    rows.append(_row(check, seconds))
         finally:
             await driver.close()
     finally:
@@ -81,10 +94,20 @@ async def verify(
     return rows
 
 
+def _row(check: BackupCheck, seconds: float) -> dict[str, object]:
+    to = check.restorable_to
+    return {
+        "project_id": check.project_id,
+        "branch_id": check.branch_id,
+        "restorable_to": None if to is None else clock.format_us(to),
+        "error": check.error,
+        "seconds": round(seconds, 1),
+    }
+
+
 async def _one(
     driver: LocalComputeDriver, sealed: ObjectStore, project: Project, branch_id: str
-) -> dict[str, object]:
-    row: dict[str, object] = {"project_id": project.id, "branch_id": branch_id}
+) -> tuple[BackupCheck, float]:
     began = time.monotonic()
     try:
         await driver.attach_tenant(
@@ -97,12 +120,62 @@ async def _one(
             shipping.read_head, sealed, shipping.prefix_of(project.id, branch_id)
         )
         end = None if head is None or not head.wal_end_at else head.wal_end_at
-        row["restorable_to"] = None if end is None else clock.format_us(end)
-        row["error"] = None
+        error = None
     except ComputeError as exc:
-        row["error"] = str(exc)
-    row["seconds"] = round(time.monotonic() - began, 1)
-    return row
+        end, error = None, str(exc)
+    check = BackupCheck(
+        project_id=project.id,
+        branch_id=branch_id,
+        checked_at=clock.now_us(),
+        restorable_to=end,
+        error=error,
+    )
+    return check, time.monotonic() - began
+
+
+async def due(store: Store, node: str, every_us: int) -> set[str]:
+    """The projects placed on ``node`` with a live branch whose last check (or, before the
+    first, its creation) is ``every_us`` old."""
+    now = clock.now_us()
+    async with store.read() as tx:
+        checked = {c.branch_id: c.checked_at for c in await tx.backup_checks()}
+        found = set()
+        for pid in await tx.node_project_ids(node):
+            project = await tx.get_project_by_id(pid)
+            if project is None or project.deleted_at is not None:
+                continue
+            for b in await tx.list_branches(pid):
+                since = checked.get(b.id, b.created_at)
+                if b.current_state != "init" and now - since >= every_us:
+                    found.add(pid)
+                    break
+    return found
+
+
+async def run_checks(
+    settings: Settings, store: Store, node: str, metrics: Metrics = NO_METRICS
+) -> None:
+    """``serve``'s own checks: the due projects' branches verified, in a look each
+    ``backup_verify_seconds`` (at most hourly), and what they found in the metrics."""
+    every = settings.backup_verify_seconds
+    if every <= 0 or settings.object_store is None:
+        return
+    while True:
+        try:
+            projects = await due(store, node, int(every * 1e6))
+            if projects:
+                rows = await verify(settings, store, project_ids=projects)
+                failed = [r for r in rows if r["error"]]
+                for row in failed:
+                    log.error("backup of %s does not restore: %s", row["branch_id"], row["error"])
+                log.info("backups verified: %d branch(es), %d failed", len(rows), len(failed))
+                metrics.backups_verified(branches=len(rows), failed=len(failed))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("verifying backups failed; trying again later")
+            metrics.backups_verified(branches=0, failed=None)
+        await asyncio.sleep(min(every, 3600.0))
 
 
 def _make_scratch(scratch: Path) -> None:

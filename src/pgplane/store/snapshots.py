@@ -1,4 +1,4 @@
-"""The snapshot side of the store contract: snapshots and backup schedules.
+"""The snapshot side of the store contract: snapshots, backup schedules and backup checks.
 
 Part of :class:`pgplane.store.base.Tx`, whose guarantees hold here too: nothing commits on its
 own. A scheduled snapshot's slot is unique per branch: inserting a second one for the same slot
@@ -11,7 +11,7 @@ import abc
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pgplane.core.models import Snapshot
+from pgplane.core.models import BackupCheck, Snapshot
 
 
 class SnapshotsTx(abc.ABC):
@@ -66,3 +66,11 @@ class SnapshotsTx(abc.ABC):
     @abc.abstractmethod
     async def list_backup_schedules(self) -> list[tuple[str, str, list[dict[str, Any]], int]]:
         """(project id, branch id, entries, set at) of every live branch that has a schedule."""
+
+    @abc.abstractmethod
+    async def put_backup_check(self, check: BackupCheck) -> None:
+        """Record the branch's newest check, replacing the one before."""
+
+    @abc.abstractmethod
+    async def backup_checks(self, project_id: str | None = None) -> list[BackupCheck]:
+        """The checks of live branches (of the project, when given)."""

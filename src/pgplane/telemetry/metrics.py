@@ -59,5 +59,9 @@ class Metrics:
     def store_copied(self, *, failed: bool) -> None:
         """A copy of the store to the object store went up, or failed to."""
 
+    def backups_verified(self, *, branches: int, failed: int | None) -> None:
+        """The platform's own check of its backups ran over ``branches``: ``failed`` of them
+        did not restore (None: the check itself could not run)."""
+
 
 NO_METRICS = Metrics()

@@ -190,6 +190,22 @@ class Prometheus(Metrics):
             " start, before the first copy).",
             registry=registry,
         ).set_function(lambda: time.monotonic() - (self._store_copied_at or self._started))
+        self._verified_at = Gauge(
+            "pgplane_backup_verify_last_run_timestamp_seconds",
+            "When this node's last check that its branches' backups restore ended (0: none"
+            " since start).",
+            registry=registry,
+        )
+        self._verify_failed = Gauge(
+            "pgplane_backup_verify_failed_branches",
+            "Branches whose backups did not restore in this node's last check.",
+            registry=registry,
+        )
+        self._verify_errors = Counter(
+            "pgplane_backup_verify_errors_total",
+            "Checks of the backups that could not run at all (the object store, the scratch).",
+            registry=registry,
+        )
 
     def operation_settled(self, action: str, status: str, seconds: float) -> None:
         self._operations.labels(action, status).inc()
@@ -246,6 +262,13 @@ class Prometheus(Metrics):
             self._store_copy_failures.inc()
         else:
             self._store_copied_at = time.monotonic()
+
+    def backups_verified(self, *, branches: int, failed: int | None) -> None:
+        if failed is None:
+            self._verify_errors.inc()
+            return
+        self._verified_at.set(time.time())
+        self._verify_failed.set(failed)
 
     def render(self) -> bytes:
         """The exposition, rendered again at most once per ``REUSE_SECONDS``."""

@@ -1,4 +1,4 @@
-"""Snapshots of a project, and its branches' backup schedules."""
+"""Snapshots of a project, its branches' backup schedules, and the checks of their backups."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from pgplane.core.models import Snapshot
+from pgplane.core.models import BackupCheck, Snapshot
 from pgplane.errors import Conflict
 from pgplane.store.sqlite.common import Statements
 
@@ -147,3 +147,29 @@ class SnapshotsMixin(Statements):
             " WHERE b.deleted_at IS NULL AND p.deleted_at IS NULL"
         )
         return [(r[0], r[1], _schedule.decode(r[2]), r[3]) for r in rows]
+
+    async def put_backup_check(self, check: BackupCheck) -> None:
+        c = check
+        await self._c.execute(
+            "INSERT INTO backup_checks (branch_id, project_id, checked_at, restorable_to, error)"
+            " VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (branch_id) DO UPDATE SET"
+            " checked_at = excluded.checked_at, restorable_to = excluded.restorable_to,"
+            " error = excluded.error",
+            (c.branch_id, c.project_id, c.checked_at, c.restorable_to, c.error),
+        )
+
+    async def backup_checks(self, project_id: str | None = None) -> list[BackupCheck]:
+        of = "" if project_id is None else " AND c.project_id = ?"
+        rows = await self._c.all(
+            "SELECT c.project_id, c.branch_id, c.checked_at, c.restorable_to, c.error"
+            " FROM backup_checks c JOIN branches b ON b.id = c.branch_id"
+            " JOIN projects p ON p.id = c.project_id"
+            f" WHERE b.deleted_at IS NULL AND p.deleted_at IS NULL{of} ORDER BY c.branch_id",
+            () if project_id is None else (project_id,),
+        )
+        return [
+            BackupCheck(
+                project_id=r[0], branch_id=r[1], checked_at=r[2], restorable_to=r[3], error=r[4]
+            )
+            for r in rows
+        ]
