@@ -351,16 +351,17 @@ def _start_workers(
 def _start_bucket(
     bucket: Bucket | None, settings: Settings, metrics: Metrics
 ) -> tuple[asyncio.Task[None], ...]:
-    """The lease on the object store's prefix renewed, and the store copied there as it
-    changes (stopped last: its final copy is taken after everything else has stopped)."""
+    """The claim on the object store's prefix made (when the store did not answer at start)
+    and its lease renewed, and the store copied there as it changes (stopped last: its final
+    copy is taken after everything else has stopped)."""
     if bucket is None:
         return ()
     tasks = []
     if settings.store is None:  # a PostgreSQL store is the operator's own database
         copies = StoreCopies(bucket.sealed, settings.store_path, metrics)
         tasks.append(asyncio.create_task(copies.run(settings.store_copy_seconds), name="copies"))
-    if bucket.sealed.lease is not None:
-        tasks.append(asyncio.create_task(bucket.sealed.lease.run(), name="object store lease"))
+    if bucket.sealed.claim is not None:
+        tasks.append(asyncio.create_task(bucket.sealed.claim.run(), name="object store claim"))
     return tuple(tasks)
 
 

@@ -7,11 +7,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from pathlib import Path
 
 from pgplane import __version__
 from pgplane.compute.driver import ComputeError
 from pgplane.compute.local import LocalComputeDriver, LocalDriverConfig
+from pgplane.compute.local.files import write_atomic
 from pgplane.compute.local.shared.objects import ObjectStore
+from pgplane.compute.local.shared.s3 import Unreachable
 from pgplane.config import Settings
 from pgplane.core.operations import Action
 from pgplane.engine.node import NodeLease, node_name
@@ -26,6 +29,12 @@ from pgplane.telemetry.metrics import NO_METRICS, Metrics
 from pgplane.telemetry.prometheus import Prometheus
 
 log = logging.getLogger("pgplane")
+
+# How long a start waits for the object store to answer: a restart during its outage then
+# serves (the computes' clients kept waiting no longer than this), its claim made later.
+_CLAIM_AT_START_SECONDS = 10.0
+# The object store's identity as last read (root's file): what a start without the store uses.
+_IDENTITY_FILE = "object-store.id"
 
 
 async def store(settings: Settings, metrics: Metrics) -> Store:
@@ -91,24 +100,60 @@ async def object_store(settings: Settings, store: Store) -> Bucket | None:
         return None
     try:
         async with store.write() as tx:
+            served = await tx.get_platform_id() is not None
             platform = await claim.platform_id(tx)
         bucket = await asyncio.to_thread(
             open_bucket, settings.object_store, settings.archive_key_file
         )
-        await asyncio.to_thread(bucket.raw.check_writable)
-        await asyncio.to_thread(
-            claim.own, bucket.raw, platform=platform, fingerprint=bucket.fingerprint
+        instance = node_name(settings) if settings.store is None else None
+        held = claim.Claim(
+            bucket.raw, platform=platform, fingerprint=bucket.fingerprint, instance=instance
         )
-        if settings.store is None:
-            lease = claim.PrefixLease(bucket.raw, platform=platform, instance=node_name(settings))
-            await asyncio.to_thread(lease.take)
-            bucket.sealed.lease = lease
+        bucket.sealed.claim, bucket.sealed.lease = held, held.lease
+        await _claim_at_start(held, bucket, settings, served=served)
     except (ValueError, ComputeError, claim.Refused, Unavailable) as exc:
         await store.close()
         message = exc.message if isinstance(exc, Unavailable) else str(exc)
         raise SystemExit(f"pgplane: object store {settings.object_store}: {message}") from None
     log.info("object store %s: the platform's data is kept there, sealed", settings.object_store)
     return bucket
+
+
+async def _claim_at_start(
+    held: claim.Claim, bucket: Bucket, settings: Settings, *, served: bool
+) -> None:
+    """The prefix claimed, and the store's identity kept in the data directory; if the store
+    does not answer, a platform that served before (the identity kept) starts without it, its
+    claim made later (Claim.run); a new one is refused."""
+    kept = settings.data_dir / _IDENTITY_FILE
+    try:
+        async with asyncio.timeout(_CLAIM_AT_START_SECONDS):
+            await held.attempt()
+            identity = await asyncio.to_thread(lambda: bucket.raw.identity)
+        await asyncio.to_thread(_keep_identity, kept, identity)
+    except (Unreachable, TimeoutError) as exc:
+        why = str(exc) or f"no answer in {_CLAIM_AT_START_SECONDS:.0f} s"
+        known = await asyncio.to_thread(_read_identity, kept)
+        if not served or known is None:
+            raise ComputeError(why) from None
+        bucket.raw.known_identity(known)
+        log.warning(
+            "object store: %s; serving from this disk, nothing written there until it answers"
+            " and the prefix is claimed (its WAL waits on each project's disk share)",
+            why,
+        )
+
+
+def _keep_identity(path: Path, identity: str) -> None:
+    if _read_identity(path) != identity:
+        write_atomic(path, identity.encode())
+
+
+def _read_identity(path: Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except FileNotFoundError:
+        return None
 
 
 def local_driver(settings: Settings, objects: ObjectStore | None = None) -> LocalComputeDriver:

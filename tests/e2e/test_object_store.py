@@ -317,6 +317,45 @@ def test_a_prefix_is_one_platform_s_and_its_key_is_checked(
             assert not (thief.data_dir / "pgplane.db").exists()
 
 
+def test_a_restart_while_the_store_is_down_serves_and_ships_once_it_is_back(
+    seaweed: SeaweedFS, key_file: Path, tmp_path: Path
+) -> None:
+    """A restart must not keep the computes' clients out because the bucket is away: serve
+    starts, says so, serves the API and the compute, and writes nothing there until the store
+    answers; then it claims the prefix and ships what waited."""
+    env = _env(seaweed, "restarted", key_file)
+    with _machine(env, tmp_path) as server:
+        server.start()
+        _, key = server.create_key("restart@example.com")
+        with Api(server, key) as api:
+            body = api.create_ready_project(name="restarted")
+            pid = body["project"]["id"]
+            uri = _uri(api, pid)
+        with psycopg.connect(uri, autocommit=True) as conn:
+            conn.execute("CREATE TABLE t (v int PRIMARY KEY, pad text)")
+        server.stop()
+        seaweed.pause()
+        try:
+            server.start()
+            assert "nothing written there until it answers" in server.log()
+            with Api(server, key) as api:
+                r = api.http.get("/projects")
+                assert [p["id"] for p in r.json()["projects"]] == [pid], r.text
+            with psycopg.connect(uri, autocommit=True) as conn:
+                conn.execute("INSERT INTO t SELECT g, 'x' FROM generate_series(1, 1000) g")
+        finally:
+            seaweed.resume()
+        server.wait_for_log("object store prefix claimed", timeout=120)
+        wait_for(
+            "what waited shipped",
+            lambda: (
+                _metric(server, "pgplane_archive_shipped_files_total") > 0
+                and _metric(server, "pgplane_archive_unshipped_bytes") == 0
+            ),
+            120,
+        )
+
+
 @pytest.mark.parametrize("failpoint", ["ship:base_stored", "ship:wal_stored"])
 def test_a_kill_inside_an_upload_converges(
     seaweed: SeaweedFS, key_file: Path, tmp_path: Path, failpoint: str

@@ -13,9 +13,9 @@ from typing import BinaryIO
 
 from pgplane.compute.driver import ComputeError
 from pgplane.compute.local.shared.objects import ObjectStore, Written
-from pgplane.compute.local.shared.s3 import S3Store
+from pgplane.compute.local.shared.s3 import S3Store, Unreachable
 from pgplane.compute.local.shared.sealed import SealedStore, key_fingerprint, load_archive_key
-from pgplane.objectstore.claim import PrefixLease
+from pgplane.objectstore.claim import Claim, PrefixLease
 
 
 class Guarded:
@@ -31,6 +31,15 @@ class Guarded:
         if (why := self.refusal()) is not None:
             raise ComputeError(f"{key} not changed in the object store: {why}")
 
+    def _away(self, key: str) -> None:
+        """Reads too, while the store has not answered since start: at once, rather than each
+        after its timeouts (a start during an outage must not wait on every one)."""
+        if (why := self.unanswered()) is not None:
+            raise Unreachable(f"{key} not read from the object store: {why}")
+
+    def unanswered(self) -> str | None:
+        return None
+
     @property
     def identity(self) -> str:
         return self._inner.identity
@@ -44,15 +53,19 @@ class Guarded:
         return self._inner.write_bytes(key, data, replace=replace)
 
     def read(self, key: str, sink: BinaryIO, *, max_bytes: int) -> Written:
+        self._away(key)
         return self._inner.read(key, sink, max_bytes=max_bytes)
 
     def read_bytes(self, key: str, *, max_bytes: int) -> bytes:
+        self._away(key)
         return self._inner.read_bytes(key, max_bytes=max_bytes)
 
     def exists(self, key: str) -> bool:
+        self._away(key)
         return self._inner.exists(key)
 
     def sizes(self, prefix: str) -> dict[str, int]:
+        self._away(prefix)
         return self._inner.sizes(prefix)
 
     def delete(self, prefix: str) -> None:
@@ -61,15 +74,24 @@ class Guarded:
 
 
 class Fenced(Guarded):
-    """Refuses every change once this process' ``lease`` on the prefix is lost."""
+    """Refuses every change until this process' ``claim`` on the prefix is made, and once its
+    ``lease`` on it is lost."""
 
     def __init__(self, inner: ObjectStore, lease: PrefixLease | None = None) -> None:
         super().__init__(inner)
         self.lease = lease
+        self.claim: Claim | None = None
 
     def refusal(self) -> str | None:
+        if self.claim is not None and (why := self.claim.holds_off()) is not None:
+            return why
         lost = self.lease is not None and self.lease.lost
         return "another platform holds the prefix now" if lost else None
+
+    def unanswered(self) -> str | None:
+        if self.claim is not None and not self.claim.claimed and self.claim.refused is None:
+            return "the store has not answered since the start"
+        return None
 
 
 class ReadOnly(Guarded):

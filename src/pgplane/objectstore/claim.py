@@ -46,6 +46,7 @@ _FORMAT = 1
 _MAX_OBJECT = 64 << 10
 RENEW_SECONDS = 10.0
 LEASE_SECONDS = 30.0
+CLAIM_RETRY_SECONDS = 2.0
 
 
 class Conditional(Protocol):
@@ -218,3 +219,73 @@ class PrefixLease:
                 await off_loop(self.renew)
             except ComputeError as exc:  # the store unreachable: the next beat tries again
                 log.warning("object store lease not renewed: %s", exc)
+
+
+class Claimable(Conditional, Protocol):
+    def check_writable(self) -> None: ...
+
+
+class Claim:
+    """This process' claim on the prefix: the store found writable, the prefix found (or made)
+    this platform's and, with a SQLite store (``instance`` given), its lease taken.
+
+    Made at start. When the store does not answer then, on a data directory that served
+    before, ``serve`` starts all the same (a restart during an outage must not keep the
+    computes' clients out), and :meth:`run` makes the claim once the store answers; until
+    then nothing is written there (``bucket.Fenced`` asks :meth:`holds_off`)."""
+
+    def __init__(
+        self, store: Claimable, *, platform: str, fingerprint: str, instance: str | None
+    ) -> None:
+        self._store = store
+        self.platform = platform
+        self._fingerprint = fingerprint
+        self.lease = (
+            None if instance is None else PrefixLease(store, platform=platform, instance=instance)
+        )
+        self.claimed = False
+        self.refused: str | None = None
+        self._inflight: asyncio.Future[None] | None = None
+
+    def holds_off(self) -> str | None:
+        """Why nothing may be written under the prefix now; None when it may."""
+        if self.refused is not None:
+            return f"the prefix is not this platform's: {self.refused}"
+        if not self.claimed:
+            return "the prefix is not claimed yet (the store did not answer at start)"
+        return None
+
+    def _claim(self) -> None:
+        self._store.check_writable()
+        own(self._store, platform=self.platform, fingerprint=self._fingerprint)
+        if self.lease is not None:
+            self.lease.take()
+        self.claimed = True
+
+    async def attempt(self) -> None:
+        """One try (blocking calls off the loop); a try still running from before (its
+        caller stopped waiting) is waited for rather than doubled."""
+        if self._inflight is None or self._inflight.done():
+            self._inflight = asyncio.ensure_future(off_loop(self._claim))
+        await asyncio.shield(self._inflight)
+
+    async def run(self) -> None:
+        """Claim the prefix once the store answers, if start could not; then hold the lease."""
+        waited = not self.claimed
+        while not self.claimed:
+            await asyncio.sleep(CLAIM_RETRY_SECONDS)
+            try:
+                await self.attempt()
+            except Refused as exc:
+                self.refused = str(exc)
+            except ComputeError as exc:
+                log.warning("object store prefix not claimed yet: %s", exc)
+            if self.refused is not None:
+                log.error(
+                    "object store prefix not claimed: %s; nothing is written there", self.refused
+                )
+                return
+        if waited:
+            log.info("object store prefix claimed: shipping resumes")
+        if self.lease is not None:
+            await self.lease.run()

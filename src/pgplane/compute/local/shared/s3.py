@@ -53,6 +53,11 @@ _MISSING = frozenset({"NoSuchKey", "404", "NotFound"})
 _CONDITION_LOST = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict", "409"})
 
 
+class Unreachable(ComputeError):
+    """The store did not answer as a store does (no connection, a timeout, its own 5xx): it
+    may later. Every other error is its answer (wrong credentials, no bucket, a quota)."""
+
+
 class S3Store:
     """Objects in ``bucket`` under ``prefix`` (``""`` or ``a/b/``)."""
 
@@ -76,6 +81,11 @@ class S3Store:
         if self._identity is None:  # made with a conditional put: one of two racing wins
             self._identity = read_or_make_identity(self)
         return self._identity
+
+    def known_identity(self, identity: str) -> None:
+        """The identity as read before (kept by the caller): a start while the store does not
+        answer needs it, and reads it no sooner than the store answers."""
+        self._identity = identity
 
     # -- writing --------------------------------------------------------------------------------
 
@@ -234,10 +244,14 @@ class S3Store:
             if code in _MISSING:
                 raise FileNotFoundError(key) from None
             where = f"s3://{self.bucket}/{self.prefix}"
-            raise ComputeError(f"s3 {op} {key}: {code}: {message} ({where})") from None
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+            error = Unreachable if status >= 500 else ComputeError
+            raise error(f"s3 {op} {key}: {code}: {message} ({where})") from None
         except botocore.exceptions.BotoCoreError as exc:
             # No credentials, no connection, a timeout: botocore's message says which.
-            raise ComputeError(f"s3 {op} {key}: {type(exc).__name__}: {exc}") from None
+            away = (botocore.exceptions.ConnectionError, botocore.exceptions.HTTPClientError)
+            error = Unreachable if isinstance(exc, away) else ComputeError
+            raise error(f"s3 {op} {key}: {type(exc).__name__}: {exc}") from None
 
     @contextlib.contextmanager
     def _condition(self, op: str, key: str) -> Iterator[_Held]:

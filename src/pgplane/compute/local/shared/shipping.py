@@ -35,6 +35,7 @@ import os
 import re
 import secrets
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated, BinaryIO, NamedTuple
 
@@ -62,6 +63,8 @@ _MAX_SEGMENT = 1 << 30
 _MAX_HISTORY_FILE = 1 << 20
 _MAX_HEAD = 64 << 20
 _CHUNK = 1 << 20
+# WAL files fetched at once by a rebuild (botocore pools ten connections per client).
+_FETCHERS = 8
 # The tenants' archived files already said to be refused (bounded: forgotten all at once).
 _said: set[tuple[str, str]] = set()
 _MAX_SAID = 10_000
@@ -271,8 +274,15 @@ def fetch(
     with contextlib.suppress(FileExistsError):
         dirs.wal.mkdir(mode=0o700)
     os.chown(dirs.wal, *owner, follow_symlinks=False)
-    for name, sha in sorted(wanted.items()):
-        _fetch_wal(store, f"{prefix}/wal/{name}", dirs.wal / name, sha, owner)
+    # Several at once: each is a request's round trip, an unsealing and an fsync, and a
+    # recovery waits for them all (a GB of WAL one by one took most of its time).
+    with ThreadPoolExecutor(_FETCHERS, thread_name_prefix="pgplane-fetch") as pool:
+        fetches = [
+            pool.submit(_fetch_wal, store, f"{prefix}/wal/{name}", dirs.wal / name, sha, owner)
+            for name, sha in sorted(wanted.items())
+        ]
+        for done in fetches:
+            done.result()  # the first failure raised (the others finish: their files are whole)
     fsync_dir(dirs.wal)
     # The catalog a replay checks each segment against: the checksums shipped with them.
     write_atomic(dirs.bases / WAL_SUMS, msgspec.json.encode(dict(sorted(wanted.items()))))

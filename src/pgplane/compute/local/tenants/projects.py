@@ -257,10 +257,15 @@ class Tenants:
 
     def state(self, project_id: str) -> str:
         hot_copy = hot(self._layout.project_dir(project_id))
-        archived = self._layout.archive(project_id).exists() or (
-            self.shared is not None
-            and self.shared.exists(f"{cold.prefix_of(project_id)}/manifest.json")
-        )
+        archived = self._layout.archive(project_id).exists()
+        if not archived and self.shared is not None:
+            try:
+                archived = self.shared.exists(f"{cold.prefix_of(project_id)}/manifest.json")
+            except ComputeError:
+                if not hot_copy:
+                    raise  # where its data is cannot be told
+                # Its data is here: the copy there (if any) only makes it "both", which
+                # nothing here needs before the store answers again.
         return {(True, True): "both", (True, False): "hot", (False, True): "archived"}.get(
             (hot_copy, archived), "none"
         )
