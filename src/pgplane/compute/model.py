@@ -185,7 +185,8 @@ class BranchStorage:
     its WAL stands (how much it has written, as a byte position); ``data`` the blocks its data
     directory takes on disk; ``history`` those of its history (WAL archive, base states). With
     an object store, ``archived_at`` is when its newest shipped WAL was written (epoch us) and
-    ``archived_bytes`` what its history's objects take there."""
+    ``archived_bytes`` what its history's objects take there; ``unarchived_bytes`` its archived
+    WAL not shipped yet, the oldest written at ``unarchived_since`` (epoch us)."""
 
     logical: int | None
     data: int | None
@@ -193,3 +194,5 @@ class BranchStorage:
     wal_lsn: int | None = None
     archived_at: int | None = None
     archived_bytes: int | None = None
+    unarchived_bytes: int | None = None
+    unarchived_since: int | None = None

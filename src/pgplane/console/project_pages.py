@@ -322,7 +322,10 @@ async def project_context(
             uri_error = exc.message
         usage = await usage_view(tx, project.id, all_branches)
         kept = me.console.settings.object_store is not None
-        backups = await backups_view(tx, project.id, all_branches) if kept else None
+        share = me.console.settings.disk_per_project << 20
+        backups = (
+            await backups_view(tx, project.id, all_branches, share_bytes=share) if kept else None
+        )
         parents = {b.parent_id for b in all_branches}
     return {
         **usage,

@@ -6,11 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pgplane.console.pages import when
+from pgplane.core import clock
 from pgplane.core.models import Branch
 from pgplane.core.usage import BranchSizes, StorageTotals, Totals
 from pgplane.store import Tx
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+# WAL waiting this long for the object store is said on the project's page (shipping runs
+# every second: a minute is an outage, not a round).
+_WAITING_TOLD_US = 60 * 1_000_000
 UNKNOWN = "not known yet"
 
 
@@ -80,9 +84,43 @@ class BackupRow:
     checked: str  # when it was last proven to restore, or why it did not
 
 
-async def backups_view(tx: Tx, project_id: str, branches: list[Branch]) -> list[BackupRow]:
+@dataclass(frozen=True, slots=True)
+class Backups:
+    rows: list[BackupRow]
+    # Said when WAL has waited for the object store past a minute: how much, since when, and
+    # how full the project's disk share is (where it waits; writes stop when it is full).
+    waiting: str | None
+
+
+async def backups_view(
+    tx: Tx, project_id: str, branches: list[Branch], *, share_bytes: int
+) -> Backups:
     """Each branch's archive in the object store, for project_backups.html."""
     sizes = await tx.list_branch_sizes(project_id)
+    rows = await _backup_rows(tx, project_id, branches, sizes)
+    live = {b.id for b in branches}
+    kept = [s for s in sizes.values() if s.branch_id in live]
+    waiting = sum(s.unarchived or 0 for s in kept)
+    since = min((s.unarchived_since for s in kept if s.unarchived_since), default=None)
+    if not waiting or since is None or clock.now_us() - since < _WAITING_TOLD_US:
+        return Backups(rows, None)
+    said = (
+        f"The object store has not taken this project's WAL since {when(since)}:"
+        f" {size(waiting)} waits on its disk"
+    )
+    if share_bytes:
+        used = sum((s.data or 0) + (s.history or 0) for s in kept)
+        said += f" share ({used * 100 // share_bytes}% of {size(share_bytes)} used)"
+    said += (
+        ". Shipping resumes by itself when the store answers; if the share fills first,"
+        " writes stop."
+    )
+    return Backups(rows, said)
+
+
+async def _backup_rows(
+    tx: Tx, project_id: str, branches: list[Branch], sizes: dict[str, BranchSizes]
+) -> list[BackupRow]:
     checks = {c.branch_id: c for c in await tx.backup_checks(project_id)}
     rows = []
     for b in sorted(branches, key=lambda b: b.created_at):

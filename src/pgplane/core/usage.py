@@ -109,6 +109,9 @@ class BranchSizes:
     # its history's objects take there.
     archived_at: int | None = None
     archived: int | None = None
+    # Its archived WAL not shipped yet (bytes), the oldest written at ``unarchived_since``.
+    unarchived: int | None = None
+    unarchived_since: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

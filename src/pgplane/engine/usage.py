@@ -168,6 +168,9 @@ def sizes_now(
         written=written,
         archived_at=pick(got.archived_at, kept.archived_at if kept else None),
         archived=pick(got.archived_bytes, kept.archived if kept else None),
+        # What waits now, as read: a branch whose archive is not known here waits for nothing.
+        unarchived=got.unarchived_bytes,
+        unarchived_since=got.unarchived_since,
     )
     return sizes, [] if kept is None else integrate(kept, end=now_us)
 

@@ -54,8 +54,14 @@ class LocalComputeDriver(BranchData):
         got = await branch_storage(dirs, self._postmasters.running(dirs.pgdata), walk=walk)
         if self._shipped is None:
             return got
-        archived_at, stored = self._shipped.archived(project_id, branch_id)
-        return dataclasses.replace(got, archived_at=archived_at, archived_bytes=stored)
+        kept = self._shipped.archived(project_id, branch_id)
+        return dataclasses.replace(
+            got,
+            archived_at=kept.at,
+            archived_bytes=kept.stored,
+            unarchived_bytes=kept.waiting,
+            unarchived_since=kept.waiting_since,
+        )
 
     async def login_roles(
         self, spec: ComputeSpec, *, names: Sequence[str] | None = None

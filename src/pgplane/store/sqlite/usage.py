@@ -23,7 +23,7 @@ _ADDED = (
 )
 _SIZES = (
     "project_id, branch_id, logical_bytes, data_bytes, history_bytes, sampled_us, wal_lsn,"
-    " written_bytes, archived_at, archived_bytes"
+    " written_bytes, archived_at, archived_bytes, unarchived_bytes, unarchived_since"
 )
 _COLUMNS = (
     "endpoint_id, project_id, branch_id, run, run_started_us, run_cpu_us, run_seen_us,"
@@ -108,7 +108,7 @@ class UsageMixin(Statements):
     async def put_branch_sizes(self, sizes: BranchSizes, hours: Sequence[HourUsage]) -> None:
         s = sizes
         await self._c.execute(
-            f"INSERT INTO branch_storage ({_SIZES}) VALUES (?,?,?,?,?,?,?,?,?,?)"
+            f"INSERT INTO branch_storage ({_SIZES}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
             f" ON CONFLICT (branch_id) DO UPDATE SET {_REPLACE_SIZES}",
             (
                 s.project_id,
@@ -121,6 +121,8 @@ class UsageMixin(Statements):
                 s.written,
                 s.archived_at,
                 s.archived,
+                s.unarchived,
+                s.unarchived_since,
             ),
         )
         await self._add_hours(hours)

@@ -17,6 +17,7 @@ import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence, Set
 from pathlib import Path
+from typing import NamedTuple
 
 import psycopg
 
@@ -43,6 +44,17 @@ _SWITCH_TIMEOUT = 10.0
 _SEGMENT_HEADER = 64
 
 
+class Archived(NamedTuple):
+    """A branch's archive (None: not known here): when its newest shipped WAL was written
+    (epoch us), what its objects take there, and its archived WAL waiting to be shipped (bytes,
+    and since when: the oldest's mtime)."""
+
+    at: int | None
+    stored: int | None
+    waiting: int | None
+    waiting_since: int | None
+
+
 class SharedHistory:
     def __init__(
         self,
@@ -63,6 +75,8 @@ class SharedHistory:
         self._heads: dict[str, shipping.Head] = {}
         # The bytes each branch's objects took there when its last changed round listed them.
         self._stored: dict[str, int] = {}
+        # What each branch's last round left here unshipped: the oldest's mtime, and bytes.
+        self._waiting: dict[str, tuple[float, int]] = {}
         self._layout = layout
         self._postmasters = postmasters
         self._locks = locks
@@ -89,7 +103,11 @@ class SharedHistory:
                     failed += 1
                     log.warning("history of %s/%s not shipped: %s", project_id, branch_id, exc)
                 left = await asyncio.to_thread(self._left, project_id, branch_id)
-                if left is not None:
+                prefix = shipping.prefix_of(project_id, branch_id)
+                if left is None:
+                    self._waiting.pop(prefix, None)
+                else:
+                    self._waiting[prefix] = left
                     unshipped += left[1]
                     oldest = left[0] if oldest is None else min(oldest, left[0])
         lag = 0.0 if oldest is None else max(0.0, time.time() - oldest)
@@ -132,12 +150,17 @@ class SharedHistory:
                 self._stored[prefix] = done.stored
             return done.copied
 
-    def archived(self, project_id: str, branch_id: str) -> tuple[int | None, int | None]:
-        """When the branch's newest shipped WAL was written here (epoch us), and the bytes its
-        objects take there, as this node's last rounds found them (None: not known here)."""
+    def archived(self, project_id: str, branch_id: str) -> Archived:
+        """The branch's archive as this node's last rounds found it."""
         prefix = shipping.prefix_of(project_id, branch_id)
         head = self._heads.get(prefix)
-        return (head.wal_end_at or None if head else None), self._stored.get(prefix)
+        oldest, waiting = self._waiting.get(prefix, (None, 0))
+        return Archived(
+            at=head.wal_end_at or None if head else None,
+            stored=self._stored.get(prefix),
+            waiting=waiting if head else None,
+            waiting_since=None if oldest is None else int(oldest * 1e6),
+        )
 
     async def _complete_segment(self, pgdata: Path, running: Running) -> None:
         """The compute's segment completed (so archived, then shipped) once it holds records
