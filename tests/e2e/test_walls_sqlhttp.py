@@ -251,3 +251,19 @@ def test_pooled_connections_do_not_keep_a_compute_awake(server: Server, api: Api
     r = _sql(server, _uri(body), {"query": "SELECT 2"})
     assert (r.status_code, r.json()["rows"]) == (200, [["2"]])
     assert _starts(api, pid) == starts + 1
+
+
+def test_a_strangers_body_is_never_read(server: Server, api: Api) -> None:
+    """A body is read only once its sender is authenticated: a stranger's 9.8 MB of numbers
+    (malformed at its very end, so a read of it would say so) is refused for its password,
+    unread, and every other request is served as before."""
+    project = api.create_ready_project(name="walls-sql-unread")
+    numbers = b",".join(b"1" for _ in range(4_900_000))
+    body = b'{"query": "SELECT $1", "params": [[' + numbers + b"]]"  # no closing brace
+    r = _sql(server, _uri(project, password="not-the-password"), None, content=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["code"] == "28P01", r.text  # the password, not the JSON
+    r = _sql(server, _uri(project), None, content=body)
+    assert r.status_code == 400 and "not valid JSON" in r.json()["message"], r.text
+    r = _sql(server, _uri(project), {"query": "SELECT $1::int[]", "params": [[1, 2, 3]]})
+    assert r.status_code == 200 and r.json()["rows"] == [["{1,2,3}"]], r.text

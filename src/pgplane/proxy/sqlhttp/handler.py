@@ -39,15 +39,19 @@ from pgplane.proxy.sqlhttp.request import (
     ISOLATION,
     ISOLATION_LEVELS,
     READ_ONLY,
+    Login,
     SqlRequest,
     headers_of,
-    parse,
+    parse_body,
+    parse_head,
 )
 from pgplane.proxy.sqlhttp.run import Limits, Stale, execute, unwrap
 
 log = logging.getLogger(__name__)
 
 _CANCEL_SECONDS = 5.0
+# A body larger than this is read off the event loop (a few ms of parsing at most on it).
+_READ_ON_LOOP = 64 << 10
 # Neon's proxy answers any origin: the driver runs in browsers too.
 _ANY_ORIGIN = ("Access-Control-Allow-Origin", "*")
 
@@ -104,13 +108,20 @@ class SqlOverHttp:
     async def answer(self, headers: Iterable[tuple[str, str]], body: bytes, peer: str) -> Reply:
         """Answer one ``POST /sql``; ``peer`` is the client's address (its host)."""
         try:
-            request = parse(
+            head = parse_head(
                 headers_of(headers),
-                body,
+                len(body),
                 proxy_host=self._sessions.proxy_host,
                 max_body=self._limits.request_bytes,
             )
-            answer = await self._answer(request, peer)
+            route = await self._authenticated(head.login, peer)
+            # The body read once its sender is known, off the loop when large: every door of
+            # every account is served meanwhile.
+            if len(body) > _READ_ON_LOOP:
+                request = await asyncio.to_thread(parse_body, head, body)
+            else:
+                request = parse_body(head, body)
+            answer = await self._answer(request, route)
         except RouteError as exc:
             return _error(SqlFailed(exc.message, {"code": exc.code, "severity": exc.severity}))
         except PgplaneError as exc:
@@ -120,16 +131,18 @@ class SqlOverHttp:
             return _error(PgplaneError("internal proxy error"))
         return Reply(200, answer.encode(), [_ANY_ORIGIN, *_batch_headers(request)])
 
-    async def _answer(self, request: SqlRequest, peer: str) -> str:
-        login = request.login
+    async def _authenticated(self, login: Login, peer: str) -> Route:
         try:
-            route = await self._sessions.check_password(
+            return await self._sessions.check_password(
                 login.endpoint_id, login.role, login.password, peer=peer
             )
         except scram.ScramError as exc:
             raise SqlFailed(
                 str(exc), {"code": wire.INVALID_PASSWORD, "severity": "FATAL"}
             ) from None
+
+    async def _answer(self, request: SqlRequest, route: Route) -> str:
+        login = request.login
         activity = self._sessions.activity
         session = activity.open(login.endpoint_id, clock.now_us())
         try:

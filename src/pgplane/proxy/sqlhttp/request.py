@@ -98,15 +98,31 @@ def headers_of(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class Head:
+    """What the headers ask: all that is read before the request is authenticated."""
+
+    login: Login
+    array_mode: bool
+    raw_text: bool
+    pooled: bool
+    transaction: Transaction
+
+
 def parse(headers: dict[str, str], body: bytes, *, proxy_host: str, max_body: int) -> SqlRequest:
     """The request, or SqlFailed (PayloadTooLarge for a body past ``max_body``)."""
-    if len(body) > max_body:
+    return parse_body(
+        parse_head(headers, len(body), proxy_host=proxy_host, max_body=max_body), body
+    )
+
+
+def parse_head(headers: dict[str, str], size: int, *, proxy_host: str, max_body: int) -> Head:
+    """The headers read, and the body's ``size`` checked: cheap, so done for anyone; the body
+    itself is read once the login is authenticated (a stranger's body costs no parse)."""
+    if size > max_body:
         raise PayloadTooLarge(f"request body is too large (max is {max_body} bytes)")
     _refuse_unsupported(headers)
     login = parse_connection_string(headers.get(CONNECTION_STRING), proxy_host=proxy_host)
-    array_mode = _flag(headers, ARRAY_MODE)
-    raw_text = _flag(headers, RAW_TEXT)
-    pooled = _flag(headers, POOL, default=True)
     level = headers.get(ISOLATION)
     if level is not None and level not in ISOLATION_LEVELS:
         raise SqlFailed(f"invalid isolation level {level!r}: one of {', '.join(ISOLATION_LEVELS)}")
@@ -115,7 +131,19 @@ def parse(headers: dict[str, str], body: bytes, *, proxy_host: str, max_body: in
         _flag(headers, READ_ONLY),
         _flag(headers, DEFERRABLE),
     )
+    return Head(
+        login=login,
+        array_mode=_flag(headers, ARRAY_MODE),
+        raw_text=_flag(headers, RAW_TEXT),
+        pooled=_flag(headers, POOL, default=True),
+        transaction=transaction,
+    )
+
+
+def parse_body(head: Head, body: bytes) -> SqlRequest:
+    """The queries the body holds, as ``head`` says to read them."""
     payload = _json(body)
+    array_mode = head.array_mode
     if "queries" in payload:
         if set(payload) != {"queries"}:
             raise SqlFailed('a batch is {"queries": [...]} and nothing else')
@@ -123,10 +151,10 @@ def parse(headers: dict[str, str], body: bytes, *, proxy_host: str, max_body: in
         if not isinstance(items, list):
             raise SqlFailed('"queries" must be a list of {"query", "params"} objects')
         queries = tuple(_query(item, array_mode) for item in items)
-        return SqlRequest(login, queries, transaction, raw_text, pooled)
-    if transaction != Transaction():
+        return SqlRequest(head.login, queries, head.transaction, head.raw_text, head.pooled)
+    if head.transaction != Transaction():
         raise SqlFailed("the Neon-Batch-* headers apply to a batch of queries only")
-    return SqlRequest(login, (_query(payload, array_mode),), None, raw_text, pooled)
+    return SqlRequest(head.login, (_query(payload, array_mode),), None, head.raw_text, head.pooled)
 
 
 def _refuse_unsupported(headers: dict[str, str]) -> None:
@@ -298,6 +326,8 @@ def _array_literal(values: list[object], depth: int) -> str:
             items.append(_quoted(v))
         elif isinstance(v, dict):
             items.append(_quoted(_json_text(v)))
+        elif type(v) is int:  # the common case, without json.dumps' cost per element
+            items.append(str(v))
         else:
             items.append(_json_text(v))
     return "{" + ",".join(items) + "}"
