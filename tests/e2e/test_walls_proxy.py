@@ -195,6 +195,40 @@ def test_a_huge_iteration_count_on_a_compute_stalls_nobody(
     assert results == [("neondb_owner",)] * 3, results
 
 
+def test_a_verifier_of_any_size_reaches_neither_the_platform_nor_its_store(
+    api: Api, server: Server
+) -> None:
+    """A tenant superuser writes a 32 MB "verifier" into pg_authid for a role of its own (on
+    Postgres 15, whose pg_authid still has a TOAST table; 16 on bound it to a page). A
+    login by that role is refused as a wrong password's, the verifier never read into the
+    server (its memory stays where it was), and the suspend's sync of the roles leaves it out of
+    the store; the project's other roles log in as before."""
+    project = api.create_ready_project(name="walls-bloated-verifier", pg_version=15)
+    pid, eid = project["project"]["id"], project["endpoints"][0]["id"]
+    uri = project["connection_uris"][0]["connection_uri"]
+    with psycopg.connect(uri, autocommit=True) as conn:
+        conn.execute("CREATE ROLE bloated LOGIN")
+    bloated = "SCRAM-SHA-256$4096:" + "A" * (32 << 20)
+    _on_compute_as_admin(
+        server,
+        eid,
+        "UPDATE pg_catalog.pg_authid SET rolpassword = %s WHERE rolname = %s",
+        (bloated, "bloated"),
+    )
+    assert server.process is not None
+    rss_before = _rss_kib(server.process.pid)
+    for _ in range(3):
+        with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+            psycopg.connect(_as(uri, "bloated", "anything"), connect_timeout=30)
+    assert _rss_kib(server.process.pid) - rss_before < 16 << 10  # KiB: not the 32 MB
+    api.suspend(pid, eid)  # the roles synced into the store
+    store = server.data_dir / "pgplane.db"
+    assert store.stat().st_size < 16 << 20
+    assert b"A" * 4096 not in store.read_bytes()
+    with psycopg.connect(uri, connect_timeout=60) as conn:
+        assert conn.execute("SELECT current_user").fetchone() == ("neondb_owner",)
+
+
 def test_bytes_before_a_session_starts_are_held_back() -> None:
     """Logged in while its compute wakes (held up by a failpoint), a client pours bytes: the
     proxy stops reading rather than keep them, so the server's memory stays where it was."""

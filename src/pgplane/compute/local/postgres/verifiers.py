@@ -30,6 +30,10 @@ _SQL_TIMEOUT = 10.0
 # Roles of the platform's own, never offered to the proxy whatever they hold.
 _PLATFORM_ROLES = (ADMIN_USER, MONITOR_USER)
 _MAX_ROLES = 10_000
+# A SCRAM-SHA-256 verifier Postgres makes is about 130 bytes. A tenant superuser can write any
+# text into pg_authid: past this, the role is not offered (its logins refused as any wrong
+# password's), so a verifier of 100 MB never reaches the platform's memory or its store.
+MAX_VERIFIER_BYTES = 1024
 
 
 async def read_verifiers(
@@ -40,6 +44,7 @@ async def read_verifiers(
         "SELECT a.rolname, a.rolpassword FROM pg_catalog.pg_authid AS a"
         " WHERE a.rolcanlogin"
         " AND pg_catalog.starts_with(a.rolpassword, 'SCRAM-SHA-256$')"
+        " AND pg_catalog.octet_length(a.rolpassword) OPERATOR(pg_catalog.<=) %s"
         " AND NOT (a.rolname OPERATOR(pg_catalog.=) ANY (%s::pg_catalog.name[]))"
         " AND (%s::pg_catalog.name[] IS NULL"
         " OR a.rolname OPERATOR(pg_catalog.=) ANY (%s::pg_catalog.name[]))"
@@ -51,7 +56,10 @@ async def read_verifiers(
     try:
         async with asyncio.timeout(_SQL_TIMEOUT):
             async with await connect(admin_conninfo(socket_dir, port)) as conn:
-                cur = await conn.execute(query, (list(_PLATFORM_ROLES), wanted, wanted, _MAX_ROLES))
+                cur = await conn.execute(
+                    query,
+                    (MAX_VERIFIER_BYTES, list(_PLATFORM_ROLES), wanted, wanted, _MAX_ROLES),
+                )
                 rows = await cur.fetchall()
     except TimeoutError:
         raise ComputeError("reading the compute's roles timed out") from None

@@ -26,6 +26,7 @@ from pgplane.compute.driver import ComputeError, RestoreFailed
 from pgplane.compute.local.postgres.binaries import PgInstall
 from pgplane.compute.local.postgres.schema_dump import dump_schema
 from pgplane.compute.local.postgres.sessions import PLATFORM_ROLES, admin_conninfo, connect
+from pgplane.compute.local.postgres.verifiers import MAX_VERIFIER_BYTES
 from pgplane.compute.local.tenants.user import RunAs
 from pgplane.compute.local.tenants.walls import Walls
 
@@ -109,8 +110,11 @@ class SchemaSource:
         }
 
 
+# A verifier past the proxy's bound (verifiers.py) is not copied: the role comes without one.
 _ROLES = (
-    "SELECT a.rolname, a.rolpassword, a.rolcanlogin, a.rolinherit, a.rolcreaterole,"
+    "SELECT a.rolname, CASE WHEN pg_catalog.octet_length(a.rolpassword)"
+    " OPERATOR(pg_catalog.<=) %s THEN a.rolpassword END, a.rolcanlogin, a.rolinherit,"
+    " a.rolcreaterole,"
     " a.rolcreatedb, a.rolconnlimit, a.rolvaliduntil::pg_catalog.text, a.rolsuper,"
     " a.rolreplication, a.rolbypassrls FROM pg_catalog.pg_authid AS a"
     " WHERE a.oid OPERATOR(pg_catalog.>=) 16384"  # FirstNormalObjectId: not Postgres' own
@@ -197,7 +201,7 @@ class SourceReader:
 async def _catalog(socket_dir: Path, port: int) -> SchemaSource:
     platform = sorted(PLATFORM_ROLES)
     async with await connect(admin_conninfo(socket_dir, port)) as conn:
-        roles = await _all(conn, _ROLES, (platform, MAX_ROLES + 1))
+        roles = await _all(conn, _ROLES, (MAX_VERIFIER_BYTES, platform, MAX_ROLES + 1))
         memberships = await _all(conn, _MEMBERSHIPS, ())
         settings = await _all(conn, _SETTINGS, ())
         databases = await _all(conn, _DATABASES, (list(SKIPPED_DATABASES), MAX_DATABASES + 1))
