@@ -13,7 +13,7 @@ import httpx
 import psycopg
 import pytest
 
-from pgplane.core import ids
+from pgplane.core import clock, ids
 from tests.stores import server_store
 from tests.support import Api, Server, running_server, wait_for
 
@@ -401,6 +401,15 @@ def test_finalize_names_the_old_branch_and_refuses_bad_input(
     r = sapi.http.put(f"/projects/{pid}/branches/{main}/backup_schedule", json=schedule)
     assert r.status_code == 200, r.text
 
+    # An expiring branch would become the default: refused, naming the expiry, until cleared.
+    branch_url = f"/projects/{pid}/branches/{restored['id']}"
+    soon = clock.format_s(clock.now_us() + 86_400_000_000)
+    r = sapi.http.patch(branch_url, json={"branch": {"expires_at": soon}})
+    sapi.settled(pid, r)
+    r = finalize(sapi, pid, restored["id"], name="before")
+    assert r.status_code == 400 and "expires_at" in r.json()["message"], r.text
+    assert by_id(sapi, pid)[restored["id"]]["restore_status"] == "restored"
+    sapi.settled(pid, sapi.http.patch(branch_url, json={"branch": {"expires_at": None}}))
     done = sapi.settled(pid, finalize(sapi, pid, restored["id"], name="before"))
     assert [o["action"] for o in done["operations"]] == ["suspend_compute"]
     branches = by_id(sapi, pid)

@@ -25,7 +25,7 @@ from pgplane.core import clock
 from pgplane.core.models import Branch, Endpoint, Operation
 from pgplane.core.operations import Action
 from pgplane.errors import BadRequest, Conflict, Locked
-from pgplane.services import access, names, operations
+from pgplane.services import access, expiry, names, operations
 from pgplane.store import Tx
 
 RESTORED = "restored"
@@ -58,6 +58,12 @@ async def finalize(
         raise Conflict(
             f"branch {restored.restored_as}, which the restore was to replace, was deleted"
         )
+    # It takes the target's default flag and protection, which an expiring branch cannot hold
+    # (the scheduler would delete the default, and every compute moved onto it).
+    if target.default:
+        expiry.refuse_if_expiring(restored, "it would become the default", field="expires_at")
+    if target.protected:
+        expiry.refuse_if_expiring(restored, "it would become protected", field="expires_at")
     endpoints = await tx.list_endpoints(project.id)
     moving = _moving(endpoints, target.id)
     _refuse_two_writers(endpoints, moving, restored)
