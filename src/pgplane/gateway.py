@@ -56,6 +56,10 @@ log = logging.getLogger(__name__)
 _START_TIME_LIMIT = 600.0
 # Asking another node for a role's verifier happens before the client proved anything: short.
 _ASK_SECONDS = 5.0
+# A role nobody told the platform of is looked up on its running compute, in a superuser
+# session, before the client proved anything: at most this many at once per endpoint, so a
+# stranger's flood of made-up roles never takes the compute's connection slots from its owner.
+_LOOKUPS_PER_ENDPOINT = 2
 
 
 class ComputeWaker:
@@ -76,6 +80,7 @@ class ComputeWaker:
         self._driver = driver
         self._settings = settings  # the account quotas a wake is checked against
         self._waking: dict[str, asyncio.Task[Target]] = {}
+        self._lookups: dict[str, asyncio.Semaphore] = {}
 
     async def route(self, endpoint_id: str, role: str, *, client: str) -> Route:
         async with self._store.read() as tx:
@@ -180,10 +185,12 @@ class ComputeWaker:
     ) -> tuple[bool, str | None]:
         """Whether the running compute answered, and the role's verifier as it holds it (None:
         it has none). Unanswered, the last sync decides."""
+        turn = self._lookups.setdefault(endpoint.id, asyncio.Semaphore(_LOOKUPS_PER_ENDPOINT))
         try:
-            verifiers = await self._driver.login_roles(
-                compute_spec(project, endpoint), names=[role]
-            )
+            async with turn:
+                verifiers = await self._driver.login_roles(
+                    compute_spec(project, endpoint), names=[role]
+                )
         except ComputeError as exc:
             log.warning("endpoint %s: could not read role %r: %s", endpoint.id, role, exc)
             return False, None

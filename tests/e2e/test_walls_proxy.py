@@ -262,6 +262,43 @@ def test_bytes_before_a_session_starts_are_held_back() -> None:
             assert rss_after - rss_before < 64 << 10, (rss_before, rss_after)
 
 
+def test_a_throttled_stranger_s_made_up_roles_open_nothing_on_the_compute(
+    api: Api, server: Server
+) -> None:
+    """A role nobody told the platform of is looked up on the running compute, in a superuser
+    session, before the client proves anything. A stranger throttled for its wrong passwords
+    kept opening one such session per login by naming made-up roles (150 at once took the
+    compute's connection slots from its owner); the throttle now comes first, and the lookups
+    run two at a time per endpoint at most."""
+    project = api.create_ready_project(name="walls-made-up-roles")
+    eid = project["endpoints"][0]["id"]
+    uri = project["connection_uris"][0]["connection_uri"]
+    stranger = {"endpoint": eid, "source": "127.0.0.3", "password": "anything"}
+
+    def guess() -> str | None:
+        return pgclient.refusal(server.proxy_port, user="neondb_owner", **stranger)
+
+    until_throttled(guess, lambda refusal: refusal is not None and "too many" not in refusal)
+
+    def sessions(conn: psycopg.Connection[Any]) -> int:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute(
+            "SELECT sum(sessions) FROM pg_stat_database WHERE datname IS NOT NULL"
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    with psycopg.connect(uri, connect_timeout=30, autocommit=True) as conn:
+        before = sessions(conn)
+        for i in range(30):
+            refusal = pgclient.refusal(server.proxy_port, user=f"made_up_{i}", **stranger)
+            assert refusal is not None and "too many failed logins" in refusal, refusal
+        opened = sessions(conn) - before
+    assert opened <= 3, opened  # the platform's own few at most (samples, syncs)
+    with psycopg.connect(uri, connect_timeout=30) as conn:  # the owner, as ever
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
 def test_wrong_passwords_are_throttled_per_address(api: Api, server: Server) -> None:
     project = api.create_ready_project(name="walls-throttle")
     eid = project["endpoints"][0]["id"]
