@@ -61,9 +61,9 @@ async def engine(
             await task
 
 
-async def _project(store: SqliteStore) -> str:
+async def _project(store: SqliteStore, email: str = "e@example.com") -> str:
     async with store.write() as tx:
-        account = await accounts.ensure(tx, email="e@example.com")
+        account = await accounts.ensure(tx, email=email)
         created = await projects.create(
             tx,
             account_id=account.id,
@@ -253,7 +253,7 @@ async def test_long_actions_run_one_per_project_and_never_hold_up_short_ones(
 ) -> None:
     """Two copy slots: project A's first copy and B's take them; A's second copy waits for
     A's first (though its branches differ), and B's short work runs meanwhile."""
-    a, b = await _project(store), await _project(store)
+    a, b = await _project(store), await _project(store, "b@example.com")
     events: list[str] = []
     gate = asyncio.Event()
 
@@ -280,6 +280,43 @@ async def test_long_actions_run_one_per_project_and_never_hold_up_short_ones(
         await _settled(store, a)
         await _settled(store, b)
     assert events.index("start a2") > events.index("end a1")
+
+
+async def test_an_account_never_holds_every_slot_of_a_kind(store: SqliteStore) -> None:
+    """Four slots of each kind: an account whose work hangs (builds its own SQL makes slow,
+    suspends of postmasters it stopped) holds two long slots and three short ones at most; the
+    other account's copy and wake run at once beside them."""
+    mine = [await _project(store) for _ in range(4)]
+    other = await _project(store, "other@example.com")
+    for pid in [*mine, other]:
+        await _settled_with(store, pid)
+    events: list[str] = []
+    gate = asyncio.Event()
+
+    async def handler(ctx: Context, op: Operation) -> OnFinish | None:
+        events.append(f"start {op.branch_id}")
+        if op.project_id != other:
+            await gate.wait()
+        events.append(f"end {op.branch_id}")
+        return None
+
+    for i, pid in enumerate(mine):
+        await _start(store, pid, operations.Start(Action.CREATE_BRANCH, branch_id=f"copy{i}"))
+        await _start(store, pid, operations.Start(Action.SUSPEND_COMPUTE, branch_id=f"stop{i}"))
+    async with engine(store, dict.fromkeys(Action, handler), workers=4):
+        while sum(e.startswith("start copy") for e in events) < 2:
+            await asyncio.sleep(0.01)
+        while sum(e.startswith("start stop") for e in events) < 3:
+            await asyncio.sleep(0.01)
+        await _start(store, other, operations.Start(Action.CREATE_BRANCH, branch_id="theirs"))
+        await _start(store, other, operations.Start(Action.START_COMPUTE, branch_id="wake"))
+        await _settled(store, other)  # beside the hung ones
+        assert sum(e.startswith("start copy") for e in events) == 2
+        assert sum(e.startswith("start stop") for e in events) == 3
+        gate.set()
+        for pid in mine:
+            await _settled(store, pid)
+    assert {"end theirs", "end wake"} <= set(events)
 
 
 async def _settled_with(store: SqliteStore, pid: str) -> None:

@@ -3,7 +3,9 @@
 One dispatcher per process runs up to ``settings.workers`` attempts at once, and as many of the
 long actions (copies, replays, packing: ``LONG_ACTIONS``) beside them, one per project at a time,
 so that a project's copies can neither delay other projects' short work (a wake waiting behind
-an hour of another tenant's replay) nor take every copy slot. Claims are
+an hour of another tenant's replay) nor take every copy slot. An account's attempts hold at most
+half the long slots and all but one of the others, so that no account's work, however slow it
+makes itself, queues another account's. Claims are
 compare-and-set in the store, so several processes (or replicas of the control plane later) can
 run dispatchers against one store without running an attempt twice; with several nodes, each
 claims only the operations of the projects placed on it. A worker that dies leaves a
@@ -15,6 +17,7 @@ returning) is cancelled after ``attempt_timeout_seconds`` and counted as a failu
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import socket
@@ -47,6 +50,7 @@ log = logging.getLogger(__name__)
 
 _US = 1_000_000
 _RECORD_PAUSE_CAP = 2.0  # seconds between tries to record an outcome while the store is down
+_ACCOUNTS_KEPT = 100_000  # projects whose account is remembered (a map cleared past it)
 
 
 def _took_ms(op: Operation, started: int, now: int) -> int:
@@ -96,6 +100,12 @@ class Engine:
         self._slots = asyncio.Semaphore(settings.workers)
         self._long_slots = asyncio.Semaphore(settings.workers)
         self._long_projects: set[str] = set()  # projects with a long attempt running here
+        # What each account's attempts hold here, and at most: one account's work (a flood of
+        # stopped postmasters' suspends, slow builds its own SQL makes slow) never takes every
+        # slot of a kind, so another account's wake or copy always has one.
+        self._held: collections.Counter[tuple[str, bool]] = collections.Counter()
+        self._caps = {False: max(1, settings.workers - 1), True: max(1, settings.workers // 2)}
+        self._accounts: dict[str, str] = {}  # project id -> its account's (they never change)
         # Operation id -> (event set when it settles here, number of waiters).
         self._watched: dict[str, tuple[asyncio.Event, int]] = {}
 
@@ -171,6 +181,9 @@ class Engine:
             slots = self._long_slots if long else self._slots
             if slots.locked():
                 continue  # the other kind may still have room
+            account = await self._account_of(op.project_id)
+            if self._held[account, long] >= self._caps[long]:
+                continue  # the account's share is taken: others' work goes first
             async with self._store.write() as tx:
                 claimed = await tx.claim_operation(
                     seen=op,
@@ -184,14 +197,29 @@ class Engine:
             if claimed is None:
                 continue
             await slots.acquire()
+            self._held[account, long] += 1
             if long:
                 self._long_projects.add(claimed.project_id)
             task = asyncio.create_task(
-                self._attempt(claimed, slots, long), name=f"operation {claimed.id}"
+                self._attempt(claimed, slots, (account, long)), name=f"operation {claimed.id}"
             )
             self._running[claimed.id] = task
 
-    async def _attempt(self, op: Operation, slots: asyncio.Semaphore, long: bool) -> None:
+    async def _account_of(self, project_id: str) -> str:
+        found = self._accounts.get(project_id)
+        if found is None:
+            async with self._store.read() as tx:
+                project = await tx.get_project_by_id(project_id)
+            found = "" if project is None else project.account_id  # gone: a share of its own
+            if len(self._accounts) > _ACCOUNTS_KEPT:
+                self._accounts.clear()
+            self._accounts[project_id] = found
+        return found
+
+    async def _attempt(
+        self, op: Operation, slots: asyncio.Semaphore, share: tuple[str, bool]
+    ) -> None:
+        long = share[1]
         # The attempt's own task: its log lines name the operation, and no other task's do.
         logs.in_operation(
             op.id, project=op.project_id, branch=op.branch_id, endpoint=op.endpoint_id
@@ -204,6 +232,7 @@ class Engine:
             self._running.pop(op.id, None)
             if long:
                 self._long_projects.discard(op.project_id)
+            self._held[share] -= 1
             slots.release()
             self._wake.set()  # what waited behind this operation may run now
 
