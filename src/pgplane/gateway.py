@@ -93,7 +93,13 @@ class ComputeWaker:
                 # The platform's own roles (cloud_admin, pgplane_monitor) log in only over the
                 # compute's private socket; through the proxy they are refused as unknown roles
                 # are.
-                return Route(secret=None, target=target, allowed=allowed, client=client)
+                return Route(
+                    secret=None,
+                    target=target,
+                    allowed=allowed,
+                    client=client,
+                    account=project.account_id,
+                )
             found = await tx.get_role(branch_id=endpoint.branch_id, name=role)
             synced = None
             if found is None:
@@ -104,7 +110,13 @@ class ComputeWaker:
             secret: Secret | None = None
             if found.login and found.password:
                 secret = Password(found.password)
-            return Route(secret=secret, target=target, allowed=allowed, client=client)
+            return Route(
+                secret=secret,
+                target=target,
+                allowed=allowed,
+                client=client,
+                account=project.account_id,
+            )
         if running:
             # Made with SQL, on a compute that runs: its word now, not the last sync's, so a
             # password changed (or a role dropped) with SQL holds from the next login on (asked
@@ -114,8 +126,20 @@ class ComputeWaker:
             else:
                 answered, verifier = await self._ask_compute(project, endpoint, role)
             if answered:
-                return Route(secret=_known(verifier), target=target, allowed=allowed, client=client)
-        return Route(secret=_known(synced), target=target, allowed=allowed, client=client)
+                return Route(
+                    secret=_known(verifier),
+                    target=target,
+                    allowed=allowed,
+                    client=client,
+                    account=project.account_id,
+                )
+        return Route(
+            secret=_known(synced),
+            target=target,
+            allowed=allowed,
+            client=client,
+            account=project.account_id,
+        )
 
     async def _elsewhere(self, tx: Tx, endpoint: Endpoint) -> Target | None:
         """The endpoint's compute as reached through its project's node, when that is another

@@ -201,3 +201,24 @@ async def test_only_connections_idle_long_enough_are_reset_where_they_lie() -> N
     assert (older_side.resets, newer_side.resets) == (1, 1)
     assert not older.dirty and not newer.dirty and pool.counts(A) == (2, 2)
     pool.close()
+
+
+async def test_an_account_holds_its_share_and_another_account_is_served_beside_it() -> None:
+    """One account's requests over many keys hold its share of the pool at most (here 4 of
+    8): the rest is another account's at once, and past its share the first account's next
+    request waits for one of its own, or closes an idle one of its own for it."""
+    pool, _ = _pool(per_key=2, total=8, per_account=4)
+    keys: list[Key] = [(f"ep-{i}", "r", "d", ()) for i in range(5)]
+    greedy = []
+    for key in keys[:2]:
+        for _ in range(2):
+            assert await pool.acquire(key, wait=0, account="greedy") is None
+            greedy.append(pool.adopt(key, FakeSide(), TARGET, None))  # type: ignore[arg-type]
+    with pytest.raises(SqlFailed, match="too many SQL over HTTP requests"):
+        await pool.acquire(keys[2], wait=0.01, account="greedy")
+    for key in keys[3:]:  # another account: the rest of the pool, at once
+        for _ in range(2):
+            assert await pool.acquire(key, wait=0, account="other") is None
+    pool.release(greedy[0], reusable=True)  # greedy's idle one makes room for its other key
+    assert await pool.acquire(keys[2], wait=0, account="greedy") is None
+    assert pool.counts(keys[0]) == (1, 0)

@@ -61,6 +61,7 @@ class Route:
     # the client's address is on it. Kept for what the client does later (a cancel request).
     allowed: AllowList = ALLOW_ALL
     client: str = ""  # the address the route was given for (the client's, whatever door)
+    account: str = ""  # whose the endpoint is: what shares of the proxy's pools are counted by
 
 
 class RouteError(Exception):

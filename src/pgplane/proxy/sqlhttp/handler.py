@@ -195,7 +195,9 @@ class SqlOverHttp:
         self, request: SqlRequest, key: Key, route: Route, *, fresh: bool
     ) -> Conn:
         fresh = fresh or not request.pooled
-        conn = await self._pool.acquire(key, wait=self._limits.seconds, fresh=fresh)
+        conn = await self._pool.acquire(
+            key, wait=self._limits.seconds, fresh=fresh, account=route.account
+        )
         if conn is not None:
             return conn
         login = request.login

@@ -16,8 +16,10 @@ kept connection is no reason to keep a compute awake: it is no proxy session
 (:mod:`pgplane.proxy.activity` never hears of it) and Postgres shows it idle since its last
 request, which is what idle suspend asks.
 
-Bounds: so many connections per key (busy, being reset or idle), so many in all; a request past
-them waits for one to be given back, up to a deadline, then is refused. An idle connection of
+Bounds: so many connections per key (busy, being reset or idle), so many per account (a quarter
+of all by default: one account's slow queries over many keys never hold every connection, and
+another account's request is served beside them), so many in all; a request past them waits
+for one to be given back, up to a deadline, then is refused. An idle connection of
 another key is closed to make room, and one idle past ``idle_seconds`` is closed when next seen.
 """
 
@@ -60,12 +62,16 @@ class Pool:
         *,
         per_key: int = 10,
         total: int = 200,
+        per_account: int | None = None,
         idle_seconds: float = 300.0,
         settle_seconds: float = SETTLE_SECONDS,
         reset: Reset = discard_all,
     ) -> None:
         self._per_key = per_key
         self._max_total = total
+        self._per_account = per_account or max(per_key, total // 4)
+        self._accounts: dict[Key, str] = {}  # each key with a slot open: its account's
+        self._per_account_open: dict[str, int] = {}
         self._idle_seconds = idle_seconds
         self._settle_seconds = settle_seconds
         self._reset = reset
@@ -83,10 +89,12 @@ class Pool:
         """Connections open for ``key`` and of those idle (for tests and logs)."""
         return self._open.get(key, 0), len(self._idle.get(key, ()))
 
-    async def acquire(self, key: Key, *, wait: float, fresh: bool = False) -> Conn | None:
+    async def acquire(
+        self, key: Key, *, wait: float, fresh: bool = False, account: str = ""
+    ) -> Conn | None:
         """An idle connection for ``key`` (never with ``fresh``); None: a slot is reserved,
         open one and :meth:`adopt` it (or :meth:`forfeit` the slot). Waits up to ``wait``
-        seconds for a connection to be given back."""
+        seconds for a connection to be given back. ``account``: whose the key's endpoint is."""
         deadline = time.monotonic() + wait
         while True:
             now = time.monotonic()
@@ -103,11 +111,18 @@ class Pool:
                 finally:
                     self._count(self._claims, key, -1)
                 continue
-            if self._open.get(key, 0) < self._per_key:
+            if self._per_account_open.get(account, 0) >= self._per_account:
+                self._evict_one(account)  # its own idle one, for its key that has none
+            if (
+                self._open.get(key, 0) < self._per_key
+                and self._per_account_open.get(account, 0) < self._per_account
+            ):
                 if self._total >= self._max_total:
                     self._evict_one()
                 if self._total < self._max_total:
                     self._open[key] = self._open.get(key, 0) + 1
+                    self._accounts[key] = account
+                    self._per_account_open[account] = self._per_account_open.get(account, 0) + 1
                     self._total += 1
                     return None
             if left <= 0:
@@ -284,6 +299,14 @@ class Pool:
         self._release_slot(conn.key)
 
     def _release_slot(self, key: Key) -> None:
+        account = self._accounts[key]
+        left = self._per_account_open[account] - 1
+        if left > 0:
+            self._per_account_open[account] = left
+        else:
+            del self._per_account_open[account]
+        if self._open.get(key, 0) <= 1:
+            del self._accounts[key]
         self._count(self._open, key, -1)
         self._total -= 1
         self._wake()
@@ -298,9 +321,14 @@ class Pool:
         for conn in old:
             self._forget(conn)
 
-    def _evict_one(self) -> None:
+    def _evict_one(self, account: str | None = None) -> None:
+        """The oldest idle connection closed (of ``account``'s keys, when given)."""
         oldest = min(
-            (conns[0] for conns in self._idle.values() if conns),
+            (
+                conns[0]
+                for key, conns in self._idle.items()
+                if conns and (account is None or self._accounts.get(key) == account)
+            ),
             key=lambda c: c.idle_since,
             default=None,
         )
