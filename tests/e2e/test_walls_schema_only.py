@@ -13,6 +13,7 @@ platform's roles are not copied, and another project's objects never appear.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,9 +22,10 @@ from typing import Any
 import psycopg
 import pytest
 
+from pgplane.compute.local.copies.timeline import temporary_pgdata
 from pgplane.compute.local.layout import Layout
 from pgplane.compute.local.postgres.records import Records
-from tests.support import Api, Server, running_server
+from tests.support import Api, Server, running_server, wait_for
 
 PWNED = Path("/tmp/pgplane-schema-only-pwned")
 HOSTILE = """
@@ -141,3 +143,37 @@ def test_an_event_trigger_is_refused_with_its_reason(server: Server, api: Api) -
     assert create["action"] == "create_branch" and create["status"] == "failed", ops
     assert "event trigger" in create["error"] and "permission denied" in create["error"], create
     assert create["failures_count"] == 1  # a schema that cannot be restored is not retried
+
+
+def test_a_schema_s_functions_run_inside_a_cgroup(server: Server, api: Api) -> None:
+    """The restore runs the schema's functions (a fold of an immutable one, here one that
+    sleeps): its postmaster is in a cgroup of the smallest compute's size, as the tenant's
+    code always is, never with the platform's whole machine (it reached 3.3 GB there)."""
+    if os.geteuid() != 0:
+        pytest.skip("cgroups need root")
+    created = api.create_ready_project(name="schema-in-a-cgroup")
+    pid = created["project"]["id"]
+    with psycopg.connect(created["connection_uris"][0]["connection_uri"], autocommit=True) as conn:
+        conn.execute(
+            "CREATE FUNCTION public.slow(int) RETURNS int LANGUAGE sql IMMUTABLE"
+            " AS 'SELECT $1 + (SELECT 0 FROM pg_sleep(6))'"
+        )
+        conn.execute("CREATE TABLE t (a int)")
+        conn.execute("CREATE INDEX t_slow ON t ((a + public.slow(1)))")
+    r = api.http.post(f"/projects/{pid}/branches", json={"branch": {"init_source": "schema-only"}})
+    assert r.status_code == 201, r.text
+    body = r.json()
+    data_dir = server.data_dir.resolve()
+    building = temporary_pgdata(Layout(data_dir).pgdata(pid, body["branch"]["id"]))
+
+    def placed() -> tuple[str, int] | None:
+        running = Records(data_dir / "postmasters").get(building)  # read anew: it caches
+        return None if running is None or not running.leader else (running.cgroup, running.leader)
+
+    found = wait_for("the build's postmaster", placed, 60)
+    cgroup, leader = found
+    assert cgroup, "the build's postmaster runs in no cgroup"
+    # Placed as it starts (before its first client): by the time the restore runs, in it.
+    wait_for("it in its cgroup", lambda: cgroup in Path(f"/proc/{leader}/cgroup").read_text(), 10)
+    ops = api.wait_operations(pid, [o["id"] for o in body["operations"]], timeout=120)
+    assert [o["status"] for o in ops] == ["finished"] * len(ops), ops

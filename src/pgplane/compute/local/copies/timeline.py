@@ -22,6 +22,7 @@ from pgplane.compute.local.postgres.cluster import create_roles_and_databases
 from pgplane.compute.local.postgres.command import postmaster_argv
 from pgplane.compute.local.postgres.postmaster import Postmasters
 from pgplane.compute.local.tenants import untrusted
+from pgplane.compute.local.tenants.cgroups import Limits
 from pgplane.compute.local.tenants.ownership import hand_over
 from pgplane.compute.local.tenants.user import RunAs
 
@@ -54,10 +55,12 @@ async def build_timeline(
     databases: Sequence[DatabaseSpec],
     settings: Mapping[str, str] | None = None,
     populate: Populate | None = None,
+    limits: Limits | None = None,
 ) -> None:
     """Create ``pgdata`` as a copy of ``template`` holding ``roles`` and ``databases`` (or
     what ``populate`` puts in it); ``settings``: more for the postmaster that creates them
-    (archiving, say)."""
+    (archiving, say); ``limits``: the cgroup it runs in, where what ``populate`` runs is the
+    tenant's code (a schema's functions)."""
     tmp = temporary_pgdata(pgdata)
     await postmasters.stop(tmp)
     await asyncio.to_thread(shutil.rmtree, tmp, True)
@@ -81,7 +84,13 @@ async def build_timeline(
     )
     log_path = pgdata.parent / "create_timeline.log"
     await postmasters.start(
-        argv, pgdata=tmp, port=INIT_PORT, socket_dir=socket_dir, run_as=run_as, log_path=log_path
+        argv,
+        pgdata=tmp,
+        port=INIT_PORT,
+        socket_dir=socket_dir,
+        run_as=run_as,
+        log_path=log_path,
+        limits=limits,
     )
     try:
         if populate is None:
