@@ -186,8 +186,23 @@ def postmaster_pids(data_dir: Path) -> dict[Path, int]:
 
 
 def postmasters(data_dir: Path) -> Counter[Path]:
-    """Postmaster processes by data directory, for the data directories under ``data_dir``."""
-    return Counter(pgdata for pgdata, _ in _postmaster_processes(data_dir))
+    """Postmaster processes by data directory, for the data directories under ``data_dir``.
+    A backend forked a moment ago still shows its postmaster's command line until it retitles
+    itself: a process whose parent is a postmaster of the same data is not counted."""
+    found = list(_postmaster_processes(data_dir))
+    pids = {pid: pgdata for pgdata, pid in found}
+    return Counter(pgdata for pgdata, pid in found if pids.get(_parent(pid)) != pgdata)
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None  # exited meanwhile
+    for line in status.splitlines():
+        if line.startswith("PPid:"):
+            return int(line.split()[1])
+    return None
 
 
 def _postmaster_processes(data_dir: Path) -> Iterator[tuple[Path, int]]:

@@ -22,10 +22,10 @@ def test_objects_round_trip_with_their_checksums(tmp_path: Path) -> None:
     got = store.read("history/p-1/b-1/wal/seg", sink, max_bytes=5000)
     assert (got.size, got.sha256) == (sent.size, sent.sha256) == (5000, sent.sha256)
     assert sink.getvalue() == b"x" * 5000
-    assert store.keys("history/p-1") == ["history/p-1/b-1/wal/seg"]
+    assert list(store.sizes("history/p-1")) == ["history/p-1/b-1/wal/seg"]
     assert (tmp_path / "shared").stat().st_mode & 0o777 == 0o700
     store.delete("history/p-1")
-    assert store.keys("history") == []
+    assert list(store.sizes("history")) == []
     assert store.identity == DirectoryStore(tmp_path / "shared").identity
 
 
@@ -37,7 +37,7 @@ def test_a_read_is_bounded_and_a_write_too(tmp_path: Path) -> None:
     with pytest.raises(ComputeError, match="more than 10"):
         store.write("a/other", io.BytesIO(b"z" * 11), max_bytes=10)
     assert not store.exists("a/other")  # nothing half written is seen
-    assert store.keys("a") == ["a/big"]
+    assert list(store.sizes("a")) == ["a/big"]
 
 
 @pytest.mark.parametrize("key", ["../x", "a/../b", ".hidden", "a//b", "a/b/", "/abs"])
@@ -62,7 +62,7 @@ def test_links_and_fifos_on_shared_storage_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ComputeError, match="not a regular file"):
         store.read_bytes("p/fifo", max_bytes=100)  # refused at once, never waited on
     assert not store.exists("p/link")
-    assert store.keys("p") == ["p/real"]
+    assert list(store.sizes("p")) == ["p/real"]
 
 
 def test_a_stored_archive_comes_back_checked(tmp_path: Path) -> None:

@@ -1,9 +1,12 @@
-"""Wrong passwords, throttled per endpoint and client address.
+"""Wrong passwords, throttled per endpoint and client address, and per address.
 
 A guesser gets a minute's allowance of failures for one endpoint from one address, then is
 refused before any SCRAM exchange until the allowance refills; other addresses and other
-endpoints are untouched, so one client's guessing never locks out another. Only failures count:
-a good login neither spends nor repays the allowance (as the API's failure limit).
+endpoints are untouched, so one client's guessing never locks out another. An address also
+has an allowance across every endpoint (ten endpoints' worth): a stranger naming a new made-up
+endpoint id at each try, each a fresh per-endpoint allowance and a password hash's work, is
+refused once it is spent. Only failures count: a good login neither spends nor repays the
+allowance (as the API's failure limit).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pgplane.telemetry.metrics import NO_METRICS, Metrics
 
 _SECOND = 1_000_000_000
 FAILURES_PER_MINUTE = 30
+_ENDPOINTS_PER_ADDRESS = 10  # an address's allowance across endpoints, in endpoints' worth
 
 
 class LoginThrottle:
@@ -30,12 +34,20 @@ class LoginThrottle:
             if failures_per_minute > 0
             else None
         )
+        every = failures_per_minute * _ENDPOINTS_PER_ADDRESS
+        self._per_address = (
+            Limit(per_second=every / 60, burst=every) if failures_per_minute > 0 else None
+        )
 
     def wait(self, endpoint_id: str, host: str) -> int:
         """Whole seconds until this address may try this endpoint again; 0 if it may now."""
-        if self._limit is None:
+        if self._limit is None or self._per_address is None:
             return 0
-        wait = self._limit.wait((endpoint_id, address_key(host)), time.monotonic_ns())
+        now, address = time.monotonic_ns(), address_key(host)
+        wait = max(
+            self._limit.wait((endpoint_id, address), now),
+            self._per_address.wait(address, now),
+        )
         return 0 if wait == 0 else max(1, -(-wait // _SECOND))
 
     def check(self, endpoint_id: str, host: str) -> None:
@@ -49,5 +61,7 @@ class LoginThrottle:
 
     def failed(self, endpoint_id: str, host: str) -> None:
         self._metrics.proxy_auth_failed()
-        if self._limit is not None:
-            self._limit.take((endpoint_id, address_key(host)), time.monotonic_ns())
+        if self._limit is not None and self._per_address is not None:
+            now, address = time.monotonic_ns(), address_key(host)
+            self._limit.take((endpoint_id, address), now)
+            self._per_address.take(address, now)
