@@ -9,7 +9,10 @@ account's objects or a CSRF token, and neither a shared cache nor the back butto
 should show them again.
 
 An app-wide ``before_send`` hook rather than the console router's ``after_request``: that hook
-would miss what exception handlers and Litestar's own 404 and 405 answer.
+would miss what exception handlers and Litestar's own 404 and 405 answer. A coroutine function,
+though it never awaits: Litestar runs a plain function given as a hook in a thread, for every
+message of every response (two per request, the API's too), and those hops to the thread pool
+and back cost the API more than half its throughput.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ _CSP = "Content-Security-Policy"
 _STATIC = f"{PREFIX}/static/"
 
 
-def console_headers(message: Message, scope: Scope) -> None:
+async def console_headers(message: Message, scope: Scope) -> None:
     """Add the console's framing and caching headers to a response under ``/console`` (and the
     bare ``/``, which redirects there)."""
     if message["type"] != "http.response.start" or scope["type"] != ScopeType.HTTP:
