@@ -26,6 +26,7 @@ from pgplane.compute.driver import ComputeError
 from pgplane.compute.local import LocalComputeDriver
 from pgplane.compute.local.tenants.volumes import MIN_BYTES as MIN_SHARE_BYTES
 from pgplane.config import Settings
+from pgplane.core import scrub
 from pgplane.engine import Engine
 from pgplane.engine.history_handlers import keep_history, ship_history
 from pgplane.engine.node import NodeLease
@@ -158,6 +159,7 @@ def _check_limits(settings: Settings) -> None:
 
 async def serve(settings: Settings) -> None:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    scrub.hide(settings.data_dir)  # from what operations and the API tell tenants
     lock = ServerLock(settings.data_dir)
     try:
         lock.acquire()  # before anything touches the store or a compute

@@ -13,6 +13,7 @@ from litestar.exceptions import HTTPException, ValidationException
 
 from pgplane.api.schemas import ErrorBody
 from pgplane.core import keys
+from pgplane.core.scrub import scrub
 from pgplane.errors import BadRequest, PgplaneError
 from pgplane.telemetry import logs
 
@@ -63,7 +64,7 @@ def _render(
 
 
 def on_platform_error(request: AnyRequest, exc: PgplaneError) -> Response[ErrorBody]:
-    return _render(request, exc.status, exc.code, exc.message, exc.headers)
+    return _render(request, exc.status, exc.code, scrub(exc.message), exc.headers)
 
 
 def _validation_message(exc: ValidationException) -> str:

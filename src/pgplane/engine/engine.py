@@ -39,6 +39,7 @@ from pgplane.core.operations import (
     check_transition,
     claimable,
 )
+from pgplane.core.scrub import scrub
 from pgplane.engine.context import Context, Handler, PermanentError
 from pgplane.engine.handlers import GIVEN_UP, HANDLERS
 from pgplane.errors import PgplaneError, Unavailable
@@ -312,7 +313,7 @@ class Engine:
             op,
             status=Status.FAILED if final else Status.SCHEDULING,
             failures_count=failures,
-            error=reason,
+            error=scrub(reason),  # the tenant's to read: no machine path
             retry_at=retry_at,
             updated_at=now,
             total_duration_ms=_took_ms(op, started, now),
