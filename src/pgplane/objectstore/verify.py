@@ -37,7 +37,7 @@ from pgplane.compute.local.layout import Layout, ensure_dir
 from pgplane.compute.local.shared import shipping
 from pgplane.compute.local.shared.objects import ObjectStore
 from pgplane.config import Settings
-from pgplane.core import clock
+from pgplane.core import clock, scrub
 from pgplane.core.models import BackupCheck, Project
 from pgplane.objectstore.bucket import ReadOnly, open_bucket
 from pgplane.store import Store
@@ -60,6 +60,7 @@ async def verify(
     except ValueError as exc:
         raise ComputeError(str(exc)) from None
     sealed = ReadOnly(opened.sealed)
+    scrub.hide(settings.data_dir)  # the errors kept are shown in the tenant's console
     async with store.read() as tx:
         if project_ids is None:
             project_ids = set()
@@ -122,7 +123,7 @@ async def _one(
         end = None if head is None or not head.wal_end_at else head.wal_end_at
         error = None
     except ComputeError as exc:
-        end, error = None, str(exc)
+        end, error = None, scrub.scrub(str(exc))
     check = BackupCheck(
         project_id=project.id,
         branch_id=branch_id,
