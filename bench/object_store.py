@@ -227,12 +227,15 @@ def measure_baseline(data_dir: Path, pgdata: Path) -> float:
     scratch = Path(tempfile.mkdtemp(prefix="pgplane-bench-basebackup-"))
     os.chown(scratch, owner.st_uid, owner.st_gid)
     copy, log = scratch / "pgdata", scratch / "postgres.log"
-    pg_ctl = pg_binary("pg_ctl", 18)
+    # The compute's own installation: run as its user, who may not enter the venv's (a clone
+    # under /root), the platform runs a copy it can (compute/local/postgres/relocate.py).
+    bin_dir = Path(running.argv[0]).parent
+    pg_ctl = str(bin_dir / "pg_ctl")
     try:
         began = time.monotonic()
         _as_owner(
             [
-                pg_binary("pg_basebackup", 18),
+                str(bin_dir / "pg_basebackup"),
                 f"--dbname=host={running.socket_dir} port={running.port} user={ADMIN_USER}"
                 " sslmode=disable",
                 f"--pgdata={copy}",
