@@ -20,6 +20,7 @@ process entry point, so neither the engine nor the proxy imports the other.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from pathlib import Path
@@ -89,17 +90,15 @@ class ComputeWaker:
             running = target is not None
             elsewhere = await self._elsewhere(tx, endpoint)
             target = elsewhere or target
+            # Every answer below is of this endpoint, for this client: only its secret differs.
+            routed = functools.partial(
+                Route, target=target, allowed=allowed, client=client, account=project.account_id
+            )
             if names.is_reserved_role(role):
                 # The platform's own roles (cloud_admin, pgplane_monitor) log in only over the
                 # compute's private socket; through the proxy they are refused as unknown roles
                 # are.
-                return Route(
-                    secret=None,
-                    target=target,
-                    allowed=allowed,
-                    client=client,
-                    account=project.account_id,
-                )
+                return routed(secret=None)
             found = await tx.get_role(branch_id=endpoint.branch_id, name=role)
             synced = None
             if found is None:
@@ -110,13 +109,7 @@ class ComputeWaker:
             secret: Secret | None = None
             if found.login and found.password:
                 secret = Password(found.password)
-            return Route(
-                secret=secret,
-                target=target,
-                allowed=allowed,
-                client=client,
-                account=project.account_id,
-            )
+            return routed(secret=secret)
         if running:
             # Made with SQL, on a compute that runs: its word now, not the last sync's, so a
             # password changed (or a role dropped) with SQL holds from the next login on (asked
@@ -126,20 +119,8 @@ class ComputeWaker:
             else:
                 answered, verifier = await self._ask_compute(project, endpoint, role)
             if answered:
-                return Route(
-                    secret=_known(verifier),
-                    target=target,
-                    allowed=allowed,
-                    client=client,
-                    account=project.account_id,
-                )
-        return Route(
-            secret=_known(synced),
-            target=target,
-            allowed=allowed,
-            client=client,
-            account=project.account_id,
-        )
+                return routed(secret=_known(verifier))
+        return routed(secret=_known(synced))
 
     async def _elsewhere(self, tx: Tx, endpoint: Endpoint) -> Target | None:
         """The endpoint's compute as reached through its project's node, when that is another
