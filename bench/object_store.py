@@ -70,7 +70,7 @@ from bench.common import (
 from pgplane.compute.local.layout import Layout
 from pgplane.compute.local.postgres.records import Records, is_alive
 from pgplane.compute.local.postgres.sessions import ADMIN_USER
-from pgplane.compute.local.shared import shipping
+from pgplane.compute.local.shared import shipping, streaming
 from pgplane.compute.local.shared.s3 import S3Store, parse_url
 from pgplane.compute.local.shared.sealed import SealedStore
 from pgplane.compute.local.tenants.user import postgres_env
@@ -94,24 +94,27 @@ def _tps(out: str) -> float:
     return float(match.group(1))
 
 
-class HeadWatch:
-    """When each WAL file was first named in a branch's shipped head, polled from the bucket."""
+class StoreWatch:
+    """Where the branch's WAL in the bucket ends (its shipped segments, then what was streamed
+    past them), polled every 50 ms: when each position was first there."""
 
     def __init__(self, seaweed: SeaweedFS, url: str, key: bytes, prefix: str) -> None:
         self._client = seaweed.client(attempts=3)
         self._store = SealedStore(S3Store(*parse_url(url), self._client), key)
         self._prefix = prefix
-        self.seen: dict[str, float] = {}
+        self.ends: list[tuple[float, int]] = []  # (when, the LSN the bucket's copy ends at)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.wait(0.05):
-            head = shipping.read_head(self._store, self._prefix)
-            now = time.monotonic()
-            for name in head.wal if head is not None else ():
-                self.seen.setdefault(name, now)
+            shipped = shipping.shipped_wal(self._store, self._prefix)
+            end = streaming.stored_end(self._store, self._prefix, shipped, 16 << 20)
+            self.ends.append((time.monotonic(), end))
+
+    def there_at(self, lsn: int) -> float:
+        return next((at for at, end in self.ends if end >= lsn), float("inf"))
 
     def close(self) -> None:
         self._stop.set()
@@ -119,22 +122,26 @@ class HeadWatch:
         self._client.close()
 
 
-def _markers(uri: str, watch: HeadWatch, count: int) -> list[float]:
-    """Seconds from each marker's commit until its segment was named in the head."""
-    commits: list[tuple[float, str]] = []
+def _markers(uri: str, watch: StoreWatch, count: int) -> list[float]:
+    """Seconds from each marker's commit until the bucket held its commit record."""
+    commits: list[tuple[float, int]] = []
     with psycopg.connect(plaintext(uri), autocommit=True) as conn:
         conn.execute("CREATE TABLE IF NOT EXISTS marker (at timestamptz)")
         for _ in range(count):
             conn.execute("INSERT INTO marker VALUES (now())")
             at = time.monotonic()
-            row = conn.execute("SELECT pg_walfile_name(pg_current_wal_lsn())").fetchone()
+            row = conn.execute(
+                "SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8"
+            ).fetchone()  # at least the end of the marker's commit record
             assert row is not None
-            commits.append((at, str(row[0])))
+            commits.append((at, int(row[0])))
             time.sleep(0.5)
     deadline = time.monotonic() + 60
-    while any(name not in watch.seen for _, name in commits) and time.monotonic() < deadline:
+    while watch.there_at(max(lsn for _, lsn in commits)) == float("inf"):
+        if time.monotonic() > deadline:
+            break
         time.sleep(0.1)
-    return [watch.seen.get(name, float("inf")) - at for at, name in commits]
+    return [watch.there_at(lsn) - at for at, lsn in commits]
 
 
 def _lose(server: Server) -> None:
@@ -144,23 +151,43 @@ def _lose(server: Server) -> None:
     unmount_volumes(server.data_dir)
 
 
-def measure_cost(uri: str, off_uri: str, args: argparse.Namespace) -> float:
-    for u in (uri, off_uri):
+def _latency(out: str) -> float:
+    match = re.search(r"latency average = ([\d.]+) ms", out)
+    assert match is not None, out
+    return float(match.group(1))
+
+
+def measure_cost(uris: dict[str, str], args: argparse.Namespace) -> float:
+    """pgbench on each side's project, rounds interleaved: four clients (tps), then one (its
+    commits' latency). The object store's cost: "on" over "off"; "sync" is the synchronous
+    mode's platform."""
+    for u in uris.values():
         _pgbench(u, "-i", "-s", str(args.scale), "-q")
-    tps: dict[str, list[float]] = {"on": [], "off": []}
+    tps: dict[str, list[float]] = {side: [] for side in uris}
+    latency: dict[str, list[float]] = {side: [] for side in uris}
     for _ in range(args.rounds):
-        for side, u in (("on", uri), ("off", off_uri)):
+        for side, u in uris.items():
             tps[side].append(
                 _tps(_pgbench(u, "-c", "4", "-j", "2", "-T", str(args.seconds)).stdout)
             )
+            latency[side].append(_latency(_pgbench(u, "-c", "1", "-T", str(args.seconds)).stdout))
+    for side in uris:
+        print(
+            f"pgbench, object store {side:>4}: {median(tps[side]):6.0f} tps with 4 clients"
+            f" {tps[side]}, {median(latency[side]):.2f} ms a transaction with 1 {latency[side]}"
+        )
     ratio = median(tps["on"]) / median(tps["off"])
-    print(f"pgbench tps, object store on:  {median(tps['on']):8.0f}  {tps['on']}")
-    print(f"pgbench tps, object store off: {median(tps['off']):8.0f}  {tps['off']}")
     print(f"shipping's cost: {ratio:.2f}x the tps without (target >= 0.9x)")
+    if "sync" in uris:
+        print(
+            f"synchronous mode: {median(tps['sync']) / median(tps['on']):.2f}x the tps of the"
+            f" asynchronous, {median(latency['sync']) / median(latency['on']):.2f}x its latency"
+            f" (+{median(latency['sync']) - median(latency['on']):.2f} ms a transaction)"
+        )
     return ratio
 
 
-def measure_rpo(uri: str, watch: HeadWatch, samples: int) -> float:
+def measure_rpo(uri: str, watch: StoreWatch, samples: int) -> float:
     seconds = str(samples // 2 + 5)  # the markers' time, and a little more
     load = subprocess.Popen(
         [pg_binary("pgbench", 18), "-c", "4", "-j", "2", "-T", seconds, plaintext(uri)],
@@ -317,22 +344,29 @@ def run(args: argparse.Namespace) -> int:
     url = seaweed.url("bench")
     env = {**seaweed.env(), "PGPLANE_OBJECT_STORE": url, "PGPLANE_ARCHIVE_KEY_FILE": str(key_file)}
     try:
-        with running_server(**env) as on, running_server() as off:
+        sync_env = {**env, "PGPLANE_OBJECT_STORE": seaweed.url("bench-sync")}
+        with (
+            running_server(**env) as on,
+            running_server() as off,
+            running_server(**sync_env, PGPLANE_ARCHIVE_SYNC="on") as sync,
+        ):
             api_on = Api(on, on.create_key("bench@example.com")[1])
-            api_off = Api(off, off.create_key("bench@example.com")[1])
             body = api_on.create_ready_project(name="object-store-on")
             uri = body["connection_uris"][0]["connection_uri"]
-            off_body = api_off.create_ready_project(name="object-store-off")
-            ratio = measure_cost(uri, off_body["connection_uris"][0]["connection_uri"], args)
+            uris = {"on": uri}
+            for side, server in (("off", off), ("sync", sync)):
+                with Api(server, server.create_key("bench@example.com")[1]) as api:
+                    other = api.create_ready_project(name=f"object-store-{side}")
+                uris[side] = other["connection_uris"][0]["connection_uri"]
+            ratio = measure_cost(uris, args)
             prefix = shipping.prefix_of(body["project"]["id"], body["branch"]["id"])
-            watch = HeadWatch(seaweed, url, key_file.read_bytes(), prefix)
+            watch = StoreWatch(seaweed, url, key_file.read_bytes(), prefix)
             p99 = measure_rpo(uri, watch, args.samples)
             pgdata = Layout(on.data_dir.resolve()).pgdata(
                 body["project"]["id"], body["branch"]["id"]
             )
             recover = measure_recover(on, uri, seaweed, url, pgdata)
             api_on.http.close()
-            api_off.http.close()
     finally:
         seaweed.stop()
         shutil.rmtree(seaweed.directory, ignore_errors=True)

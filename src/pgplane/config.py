@@ -92,6 +92,11 @@ class Settings:
     archive_key_file: Path | None = None
     object_ship_seconds: float = 1.0
     object_archive_timeout_seconds: int = 2
+    # Every running compute's WAL is also streamed there as it is written
+    # (compute/local/shared/streaming.py). archive_sync: a commit is acknowledged to its client
+    # only once its WAL is there (nothing acknowledged is lost with the machine; commits wait
+    # while the store does not answer).
+    archive_sync: bool = False
     # How often a changed SQLite store is copied there (accounts, keys, projects, operations).
     store_copy_seconds: float = 1.0
     # How often each branch's backups in the object store are proven to restore (weekly, as
@@ -312,21 +317,17 @@ def settings_from_env(**overrides: object) -> Settings:
     if ports:  # "low-high": two platforms on one machine need ranges of their own
         low, _, high = ports.partition("-")
         env["compute_ports"] = (int(low), int(high))
-    walls = os.environ.get("PGPLANE_WALLS")
-    if walls:
-        if walls not in ("on", "off"):
-            raise ValueError(f"PGPLANE_WALLS={walls!r}: expected on or off")
-        env["walls"] = walls == "on"
-    stop = os.environ.get("PGPLANE_STOP_COMPUTES")
-    if stop:
-        if stop not in ("on", "off"):
-            raise ValueError(f"PGPLANE_STOP_COMPUTES={stop!r}: expected on or off")
-        env["stop_computes"] = stop == "on"
-    metrics = os.environ.get("PGPLANE_METRICS")
-    if metrics:
-        if metrics not in ("on", "off"):
-            raise ValueError(f"PGPLANE_METRICS={metrics!r}: expected on or off")
-        env["metrics"] = metrics == "on"
+    for name, variable in (
+        ("walls", "PGPLANE_WALLS"),
+        ("stop_computes", "PGPLANE_STOP_COMPUTES"),
+        ("archive_sync", "PGPLANE_ARCHIVE_SYNC"),
+        ("metrics", "PGPLANE_METRICS"),
+    ):
+        value = os.environ.get(variable)
+        if value:
+            if value not in ("on", "off"):
+                raise ValueError(f"{variable}={value!r}: expected on or off")
+            env[name] = value == "on"
     log_format = os.environ.get("PGPLANE_LOG_FORMAT")
     if log_format:
         if log_format not in ("text", "json"):
@@ -371,6 +372,8 @@ def _check_object_store(settings: Settings) -> None:
     if url is None:
         if settings.archive_key_file is not None:
             raise ValueError("--archive-key-file goes with --object-store")
+        if settings.archive_sync:
+            raise ValueError("--archive-sync (PGPLANE_ARCHIVE_SYNC) goes with --object-store")
         return
     if not url.startswith("s3://"):
         raise ValueError("PGPLANE_OBJECT_STORE/--object-store: expected s3://BUCKET/PREFIX")

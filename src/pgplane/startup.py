@@ -172,6 +172,7 @@ def local_driver(settings: Settings, objects: ObjectStore | None = None) -> Loca
             shared_dir=settings.shared_dir,
             archive_timeout_seconds=settings.segment_timeout_seconds,
             object_store=objects,
+            archive_sync=settings.archive_sync,
         )
     )
 

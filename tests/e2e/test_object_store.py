@@ -33,7 +33,7 @@ import httpx
 import psycopg
 import pytest
 
-from pgplane.compute.local.shared import shipping
+from pgplane.compute.local.shared import shipping, streaming
 from pgplane.compute.local.shared.s3 import S3Store, parse_url
 from pgplane.compute.local.shared.sealed import SealedStore
 from pgplane.compute.local.tenants.users import remove_project_users
@@ -296,6 +296,47 @@ def test_a_lost_machine_s_platform_comes_back_from_the_bucket_alone(
         api.http.close()
 
 
+def test_in_synchronous_mode_no_acknowledged_commit_is_lost_with_the_machine(
+    seaweed: SeaweedFS, key_file: Path, tmp_path: Path
+) -> None:
+    """With --archive-sync, a commit is acknowledged only once its WAL is in the bucket: rows
+    committed one after another until the very moment the server and the compute are killed
+    are all back after `recover`, the last one included (asynchronous mode may lose the last
+    half second)."""
+    env = {**_env(seaweed, "synchronous", key_file), "PGPLANE_ARCHIVE_SYNC": "on"}
+    with _machine(env, tmp_path) as first:
+        first.start()
+        _, key = first.create_key("sync@example.com")
+        with Api(first, key) as api:
+            body = api.create_ready_project(name="synchronous")
+            pid, main = body["project"]["id"], body["branch"]["id"]
+            uri = _uri(api, pid)
+        with psycopg.connect(uri, autocommit=True) as conn:
+            setting = conn.execute("SHOW synchronous_standby_names").fetchone()
+            assert setting == (streaming.STANDBY_NAME,), setting
+            conn.execute("CREATE TABLE t (v int PRIMARY KEY, pad text)")
+            acknowledged = 0
+            deadline = time.monotonic() + 3
+            while time.monotonic() < deadline:
+                conn.execute("INSERT INTO t VALUES (%s, 'x')", (acknowledged + 1,))
+                acknowledged += 1
+            first.stop(signal.SIGKILL)
+            _lose(first.data_dir)
+        proxy_port = first.proxy_port
+
+    with _machine(env, tmp_path, proxy_port=proxy_port) as second:
+        done = run_cli("recover", data_dir=second.data_dir, env=second.env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        second.start()
+        with Api(second, key) as api:
+            attach = [o for o in api.operations(pid) if o["action"] == "tenant_attach"]
+            api.wait_operations(pid, [o["id"] for o in attach])
+            assert _uri(api, pid) == uri
+        assert acknowledged > 10
+        assert _rows(uri) == (acknowledged, acknowledged)
+        assert main
+
+
 def test_a_prefix_is_one_platform_s_and_its_key_is_checked(
     seaweed: SeaweedFS, key_file: Path, tmp_path: Path
 ) -> None:
@@ -392,7 +433,10 @@ def test_a_kill_inside_an_upload_converges(
                 named = {f"{prefix}/{shipping.HEAD}", *(f"{prefix}/wal/{n}" for n in head.wal)}
                 for base in head.bases:
                     named |= {f"{prefix}/base/{base}/{n}" for n in ("data.tar.gz", "manifest.json")}
-                return here <= set(head.wal) and set(raw.sizes(prefix)) == named
+                # Besides, the WAL streamed past the newest segment shipped whole.
+                end = max((n[8:] for n in head.wal if not n.endswith(".history")), default="")
+                stored = {k for k in raw.sizes(prefix) if not streaming.live(k, prefix, end)}
+                return here <= set(head.wal) and stored == named
 
             wait_for("the branch's history shipped whole, and nothing else", converged, 60)
         finally:

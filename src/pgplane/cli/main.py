@@ -146,6 +146,16 @@ def serve(
         bool | None,
         typer.Option("--metrics/--no-metrics", help="GET /metrics on the API's port [on]"),
     ] = None,
+    archive_sync: Annotated[
+        bool | None,
+        typer.Option(
+            "--archive-sync",
+            help="With --object-store: a commit is acknowledged only once its WAL is in the"
+            " object store (nothing acknowledged is lost with the machine; commits wait while"
+            " the store does not answer); default: $PGPLANE_ARCHIVE_SYNC, else off",
+            show_default=False,
+        ),
+    ] = None,
     log_format: Annotated[
         str | None,
         typer.Option(help="text, or json: one object a line with the ids in context [text]"),
@@ -229,6 +239,7 @@ def serve(
             shared_dir=shared_dir,
             object_store=object_store,
             archive_key_file=archive_key_file,
+            archive_sync=archive_sync,
         )
         if settings.node_name is not None:
             check_name(settings.node_name)

@@ -43,5 +43,8 @@ class LocalDriverConfig:
     # Or an object store (S3), built and checked by the caller; sealed: what goes there is
     # encrypted (compute/local/shared/sealed.py).
     object_store: ObjectStore | None = None
+    # With it, each running compute's WAL is streamed there too; archive_sync: a commit waits
+    # until its WAL is there (shared/streaming.py).
+    archive_sync: bool = False
     # Only the bundled wheel's binaries (tests prove the bundled Postgres works on its own).
     bundled_only: bool = False

@@ -28,6 +28,8 @@ from pgplane.compute.local.replicas.replicas import Replicas
 from pgplane.compute.local.schemaonly.branches import SchemaOnly
 from pgplane.compute.local.shared.history import SharedHistory
 from pgplane.compute.local.shared.objects import DirectoryStore, ObjectStore
+from pgplane.compute.local.shared.shipping import prefix_of, shipped_wal
+from pgplane.compute.local.shared.streaming import Streams
 from pgplane.compute.local.skeleton import Skeleton
 from pgplane.compute.local.snapshots.snapshots import Snapshots
 from pgplane.compute.local.tenants.projects import Tenants
@@ -65,6 +67,18 @@ class LocalParts:
         self._tenants = Tenants(
             self.layout, self.users, self._postmasters, self._locks, self.volumes, self.shared
         )
+        # With an object store, each running compute's WAL is streamed there as it is written.
+        objects = config.object_store
+        self._streams = (
+            None
+            if objects is None
+            else Streams(
+                objects,
+                synchronous=config.archive_sync,
+                prefix_of=prefix_of,
+                shipped=lambda prefix: shipped_wal(objects, prefix),
+            )
+        )
         self._size_limit = SizeLimit(
             self.layout,
             config.branch_size_limit_mib,
@@ -79,6 +93,7 @@ class LocalParts:
             install=self._install,
             size_limit=self._size_limit,
             archive_timeout_seconds=config.archive_timeout_seconds if self.shared else 0,
+            streams=self._streams,
         )
         self._replicas = Replicas(
             layout=self.layout,
@@ -143,6 +158,7 @@ class LocalParts:
                 locks=self._locks,
                 install=self._install,
                 archive_timeout_seconds=config.archive_timeout_seconds,
+                streams=self._streams,
             )
         )
         self._snapshots = Snapshots(
@@ -188,6 +204,8 @@ class LocalParts:
 
     async def close(self) -> None:
         # The postmasters keep running: they outlive the platform process by design.
+        if self._streams is not None:
+            await asyncio.to_thread(self._streams.stop_all)
         await self._histories.close()
         if self._postmasters.walls.autoscaler is not None:
             await self._postmasters.walls.autoscaler.close()

@@ -38,7 +38,9 @@ from pgplane.compute.local.postgres.limits.size_limit import SizeLimit, config_f
 from pgplane.compute.local.postgres.postmaster import Postmasters
 from pgplane.compute.local.postgres.readiness import wait_ready
 from pgplane.compute.local.postgres.records import Running, is_alive
+from pgplane.compute.local.postgres.sessions import admin_conninfo
 from pgplane.compute.local.postgres.sizing import compute_settings
+from pgplane.compute.local.shared.streaming import STANDBY_NAME, Streams
 from pgplane.compute.local.tenants.cgroups import Limits
 from pgplane.compute.local.tenants.projects import Tenants, ids
 from pgplane.compute.local.tenants.sockets import make_socket_dir
@@ -65,8 +67,11 @@ class Computes:
         install: InstallFor,
         size_limit: SizeLimit | None = None,
         archive_timeout_seconds: int = 0,
+        streams: Streams | None = None,
     ) -> None:
         self.layout = layout
+        # With an object store: each compute's WAL streamed there (shared/streaming.py).
+        self._streams = streams
         self._size_limit = size_limit
         # With shared storage: a written segment completed (so archived, then shipped) at the
         # latest this long after its first record, bounding what a dead node's computes lose.
@@ -156,7 +161,11 @@ class Computes:
             )
         check_data_version(pgdata, spec.pg_version)
         install, run_as = await self._install(spec.project_id, spec.pg_version)
-        settings |= await self.history_settings(spec.project_id, spec.branch_id, run_as)
+        history = await self.history_settings(spec.project_id, spec.branch_id, run_as)
+        settings |= history
+        if history and self._streams is not None and self._streams.synchronous:
+            # A commit waits for the platform's receiver to have stored its WAL.
+            settings["synchronous_standby_names"] = STANDBY_NAME
         if self._size_limit is not None:
             library = await self._size_limit.library(spec.pg_version)
             if library is not None:
@@ -220,6 +229,7 @@ class Computes:
                     alive=lambda: is_alive(current) and current.postmaster() is not None,
                     log_path=log_path,
                 )
+                await self.stream(spec.project_id, spec.branch_id, current)
                 return
             log.info("restarting the postmaster of %s: its command line changed", pgdata)
             await self._postmasters.stop(pgdata, signalled="restart_compute:signalled")
@@ -247,6 +257,21 @@ class Computes:
             limits=limits_for(spec, argv),
             writable=[wal_sockets],
         )
+        started = self._postmasters.running(pgdata)
+        if started is not None:
+            await self.stream(spec.project_id, spec.branch_id, started)
+
+    async def stream(self, project_id: str, branch_id: str, running: Running) -> None:
+        """With an object store, the endpoint's WAL streamed there from now on (unless its
+        project keeps no history); in synchronous mode its commits wait for this."""
+        if self._streams is None or running.endpoint_id is None:
+            return
+        retention = await asyncio.to_thread(read_retention, self.layout.storage_config(project_id))
+        if retention <= 0:
+            return
+        pgdata = self.layout.pgdata(project_id, branch_id)
+        info = admin_conninfo(running.socket_dir, running.port)
+        self._streams.ensure(pgdata, project_id, branch_id, info)
 
     def reload_configuration(self) -> int:
         """SIGHUP to each running endpoint postmaster that reads a configuration file of the

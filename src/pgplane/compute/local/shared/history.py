@@ -33,6 +33,7 @@ from pgplane.compute.local.postgres.records import Running
 from pgplane.compute.local.postgres.sessions import ADMIN_USER, connect, conninfo
 from pgplane.compute.local.shared import shipping
 from pgplane.compute.local.shared.objects import ObjectStore, off_loop
+from pgplane.compute.local.shared.streaming import Streams
 from pgplane.compute.local.tenants.projects import ids
 from pgplane.compute.local.tenants.user import RunAs
 
@@ -65,8 +66,10 @@ class SharedHistory:
         locks: defaultdict[tuple[object, ...], asyncio.Lock],
         install: InstallFor,
         archive_timeout_seconds: int = 0,
+        streams: Streams | None = None,
     ) -> None:
         self.store = store
+        self._streams = streams
         # Postgres 18's own archive_timeout was seen never to switch here: the rounds do it.
         self._archive_timeout = archive_timeout_seconds
         self._switched: dict[Path, float] = {}
@@ -136,6 +139,11 @@ class SharedHistory:
         running = self._postmasters.running(dirs.pgdata)
         if running is not None and self._archive_timeout > 0:
             await self._complete_segment(dirs.pgdata, running)
+        if running is not None and running.endpoint_id is not None and self._streams is not None:
+            # Adopted after a restart, or its receiver ended: streamed again (a round's start
+            # of a receiver is quick; its connecting happens on its own thread).
+            info = conninfo(running.socket_dir, running.port, user=ADMIN_USER)
+            self._streams.ensure(dirs.pgdata, project_id, branch_id, info)
         async with self._locks["tenant", project_id]:
             if not (dirs.pgdata / TIMELINE_MARKER).is_file():
                 return 0  # not built yet, or moving

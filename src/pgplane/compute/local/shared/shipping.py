@@ -46,7 +46,7 @@ from pgplane.compute.driver import ComputeError
 from pgplane.compute.local.cold import archive
 from pgplane.compute.local.files import fsync_dir, write_atomic
 from pgplane.compute.local.history.archiving import WAL_SUMS, HistoryDirs, list_bases
-from pgplane.compute.local.shared import cold, holes
+from pgplane.compute.local.shared import cold, holes, streaming
 from pgplane.compute.local.shared.objects import ObjectStore
 from pgplane.compute.local.tenants import untrusted
 
@@ -110,6 +110,12 @@ def read_head(store: ObjectStore, prefix: str) -> Head | None:
     if head.format != _FORMAT:
         raise ComputeError(f"{prefix}/{HEAD}: format {head.format}, this version reads {_FORMAT}")
     return head
+
+
+def shipped_wal(store: ObjectStore, prefix: str) -> list[str]:
+    """The WAL segments the branch's head names there (blocking)."""
+    head = read_head(store, prefix)
+    return [] if head is None else [n for n in head.wal if _SEGMENT.fullmatch(n)]
 
 
 # -- shipping -----------------------------------------------------------------------------------
@@ -230,9 +236,11 @@ def _free(store: ObjectStore, prefix: str, head: Head) -> int:
     kept |= {f"{prefix}/wal/{name}" for name in head.wal}
     for name in head.bases:
         kept |= {f"{prefix}/base/{name}/data.tar.gz", f"{prefix}/base/{name}/manifest.json"}
+    # The WAL streamed past the newest segment shipped whole is kept: it is all there is of it.
+    shipped_end = max((n[8:] for n in head.wal if _SEGMENT.fullmatch(n)), default="")
     stored = 0
     for key, size in store.sizes(prefix).items():
-        if key not in kept:
+        if key not in kept and not streaming.live(key, prefix, shipped_end):
             store.delete(key)
         else:
             stored += size
@@ -283,6 +291,21 @@ def fetch(
         ]
         for done in fetches:
             done.result()  # the first failure raised (the others finish: their files are whole)
+    # Then what was streamed past the newest segment shipped whole (partial, as a compute's
+    # current segment is): the replay reads on to its last record.
+    shipped_end = max((n[8:] for n in wanted if _SEGMENT.fullmatch(n)), default="")
+    if not shipped_end:
+        per_id = 0x1_0000_0000 // base.segment_size
+        before = first - 1
+        shipped_end = f"{before // per_id:08X}{before % per_id:08X}"
+    wanted |= streaming.assemble(
+        store,
+        prefix,
+        after=shipped_end,
+        segment_size=base.segment_size,
+        dest=dirs.wal,
+        owner=owner,
+    )
     fsync_dir(dirs.wal)
     # The catalog a replay checks each segment against: the checksums shipped with them.
     write_atomic(dirs.bases / WAL_SUMS, msgspec.json.encode(dict(sorted(wanted.items()))))
