@@ -321,6 +321,9 @@ def measure_recover(on: Server, uri: str, seaweed: SeaweedFS, url: str, pgdata: 
         if done.returncode != 0:
             raise RuntimeError(f"recover failed:\n{done.stdout}\n{done.stderr}")
         branches = json.loads(done.stdout)["branches"]
+        for line in done.stderr.splitlines():  # where its time went
+            if "rebuilt from base state" in line or "history fetched" in line:
+                print(f"  recover: {line.split(': ', 1)[-1]}")
         print(
             f"recover: {took:.1f} s for {len(branches)} branch(es), the database"
             f" {size / 1e6:.0f} MB ({size / 1e6 / took:.0f} MB/s)"

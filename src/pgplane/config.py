@@ -85,17 +85,17 @@ class Settings:
     # variables and files. Everything the platform keeps goes there, sealed with keys derived
     # from the operator's archive key (objectstore/): each branch's WAL and base states, the
     # snapshots, the cold archive, and a SQLite store's copy, so that `pgplane recover` brings
-    # the platform back from the bucket alone. Shipping runs every object_ship_seconds and a
-    # compute completes a written WAL segment within object_archive_timeout_seconds: together
-    # they bound what the loss of the machine loses (under 5 s by default).
+    # the platform back from the bucket alone. Every running compute's WAL is streamed there as
+    # it is written (compute/local/shared/streaming.py: what the loss of the machine loses is
+    # under a second of commits); whole segments are shipped every object_ship_seconds, a
+    # written one completed within object_archive_timeout_seconds (fewer, fuller segments than
+    # the 2 s that bounded the loss before the stream). archive_sync: a commit is acknowledged
+    # to its client only once its WAL is there (nothing acknowledged is lost; commits wait while
+    # the store does not answer).
     object_store: str | None = None
     archive_key_file: Path | None = None
     object_ship_seconds: float = 1.0
-    object_archive_timeout_seconds: int = 2
-    # Every running compute's WAL is also streamed there as it is written
-    # (compute/local/shared/streaming.py). archive_sync: a commit is acknowledged to its client
-    # only once its WAL is there (nothing acknowledged is lost with the machine; commits wait
-    # while the store does not answer).
+    object_archive_timeout_seconds: int = 60
     archive_sync: bool = False
     # How often a changed SQLite store is copied there (accounts, keys, projects, operations).
     store_copy_seconds: float = 1.0

@@ -62,6 +62,7 @@ class Storage:
                 "PGPLANE_OBJECT_STORE": seaweed.url("nodes"),
                 "PGPLANE_ARCHIVE_KEY_FILE": str(key),
                 "PGPLANE_OBJECT_SHIP_SECONDS": ENV["PGPLANE_SHIP_SECONDS"],
+                "PGPLANE_OBJECT_ARCHIVE_TIMEOUT_SECONDS": ENV["PGPLANE_ARCHIVE_TIMEOUT_SECONDS"],
             }
 
     def shipped(self, project_id: str, branch_id: str) -> dict[str, str]:

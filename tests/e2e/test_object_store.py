@@ -58,6 +58,8 @@ from tests.support import (
 # The shipping and store copies as often as the defaults with an object store (1 s), the
 # scheduler and retries quick for the test's sake.
 ENV = {"PGPLANE_SCHEDULER_SECONDS": "0.5", "PGPLANE_RETRY_BASE_SECONDS": "0.2"}
+# For the tests of what happens to whole segments: one completed every 2 s.
+_QUICK_SEGMENTS = {"PGPLANE_OBJECT_ARCHIVE_TIMEOUT_SECONDS": "2"}
 # What the platform promises of a lost machine: commits older than this are in the bucket.
 RPO_SECONDS = 5.0
 # How long the object store stops answering (frozen, its connections open) while writes go on:
@@ -405,7 +407,8 @@ def test_a_kill_inside_an_upload_converges(
     the restart the head names the branch's whole history here, and the bucket holds nothing
     under the branch that the head does not name."""
     url = seaweed.url("killed-" + failpoint.partition(":")[2].replace("_", "-"))
-    env = _env(seaweed, url.rpartition("/")[2], key_file)
+    # Segments completed every 2 s (the stream makes 60 the default): one is shipped soon.
+    env = {**_env(seaweed, url.rpartition("/")[2], key_file), **_QUICK_SEGMENTS}
     with _machine({**env, "PGPLANE_FAILPOINTS": f"{failpoint}=1*wait"}, tmp_path) as server:
         server.start()
         _, key = server.create_key("killed-upload@example.com")
@@ -451,7 +454,7 @@ def test_a_tenants_forged_archive_uploads_nothing_and_stalls_nothing(
     is uploaded (nor read: the huge one is refused by its size), the rounds go on shipping the
     real segments, and nothing lands under the prefix but the platform's own objects."""
     url = seaweed.url("forged")
-    with _machine(_env(seaweed, "forged", key_file), tmp_path) as server:
+    with _machine({**_env(seaweed, "forged", key_file), **_QUICK_SEGMENTS}, tmp_path) as server:
         server.start()
         _, key = server.create_key("forged@example.com")
         with Api(server, key) as api:

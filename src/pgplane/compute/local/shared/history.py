@@ -163,8 +163,16 @@ class SharedHistory:
         prefix = shipping.prefix_of(project_id, branch_id)
         head = self._heads.get(prefix)
         oldest, waiting = self._waiting.get(prefix, (None, 0))
+        at = head.wal_end_at or None if head else None
+        streamed = (
+            None
+            if self._streams is None
+            else self._streams.stored(self._layout.pgdata(project_id, branch_id))
+        )
+        if streamed is not None:  # what its compute wrote since, stored as it came
+            at = max(at or 0, int(streamed[1] * 1e6))
         return Archived(
-            at=head.wal_end_at or None if head else None,
+            at=at,
             stored=self._stored.get(prefix),
             waiting=waiting if head else None,
             waiting_since=None if oldest is None else int(oldest * 1e6),
@@ -226,8 +234,15 @@ class SharedHistory:
             await self._postmasters.stop(tmp)
             await asyncio.to_thread(shutil.rmtree, tmp, True)
             async with self._locks["history", dirs.branch_dir]:
+                began = time.perf_counter()
                 await asyncio.to_thread(
                     shipping.fetch, self.store, dirs, prefix, self._staging, owner
+                )
+                log.info(
+                    "branch %s/%s: its history fetched in %.0f ms",
+                    project_id,
+                    branch_id,
+                    (time.perf_counter() - began) * 1000,
                 )
                 base = (await asyncio.to_thread(list_bases, dirs))[-1]
                 try:
