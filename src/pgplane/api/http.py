@@ -73,6 +73,7 @@ class HttpProtocol(HttpToolsProtocol):
         self._deadline: asyncio.TimerHandle | None = None
         self._in_body = False  # a request's headers are complete, its body is not
         self._request_begun = False  # bytes of a request (not only blank lines) have come
+        self._completed = False  # a request was completed by the read being parsed
 
     # connection -------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -108,30 +109,35 @@ class HttpProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return  # closing; nothing of it is read
-        if not self._in_body and self._deadline is None:
-            # The first byte after the previous request (a blank line counts: uvicorn's keep-alive
-            # timer stops at any byte, so bytes that never begin a request would hold the
-            # connection for ever).
-            self._arm(self._limits.header_seconds, self._header_expired)
+        self._completed = False
         super().data_received(data)
+        # The deadline for what this read left unfinished, armed once the parser has seen it: a
+        # request that comes whole in one read (nearly every one) arms and cancels no timer.
+        if self._deadline is not None or self.transport.is_closing():
+            return
+        if self._in_body:  # its headers are complete, its body is not
+            self._arm(self._limits.body_seconds, self._body_expired)
+        elif self._request_begun or not self._completed:
+            # Part of a request's headers, or bytes that began none (a blank line counts:
+            # uvicorn's keep-alive timer stops at any byte, so bytes that never begin a request
+            # would hold the connection for ever).
+            self._arm(self._limits.header_seconds, self._header_expired)
 
     # parser callbacks ---------------------------------------------------------------------
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._request_begun = True
-        if self._deadline is None:  # a pipelined request, begun in the same read as the last
-            self._arm(self._limits.header_seconds, self._header_expired)
 
     def on_headers_complete(self) -> None:
-        self._disarm()
+        self._disarm()  # the headers' deadline, when an earlier read left them unfinished
         self._in_body = True
-        self._arm(self._limits.body_seconds, self._body_expired)
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
-        self._disarm()
+        self._disarm()  # the body's deadline, when an earlier read left it unfinished
         self._in_body = False
         self._request_begun = False
+        self._completed = True
         super().on_message_complete()
 
     # deadlines ----------------------------------------------------------------------------
