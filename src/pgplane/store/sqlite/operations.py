@@ -38,14 +38,9 @@ _ACTIONS = {a.value: a for a in Action}
 _STATUSES = {s.value: s for s in Status}
 
 
-_NO_LEASE = (None, None, None, None, None, None, None, None, None)
-
-
 def operation_from_row(r: Sequence[Any]) -> Operation:
-    """A row of ``OP_COLUMNS``, or of ``_OP_PAGE_COLUMNS`` (without the lease)."""
-    lease_owner, lease_expires_at, attempt_started_at, source_branch_id, *point = (
-        r[12:] if len(r) > 12 else _NO_LEASE
-    )
+    """A row of ``OP_COLUMNS``."""
+    lease_owner, lease_expires_at, attempt_started_at, source_branch_id, *point = r[12:]
     return Operation(
         id=r[0],
         project_id=r[1],
@@ -68,6 +63,25 @@ def operation_from_row(r: Sequence[Any]) -> Operation:
         preserve_branch_id=point[2],
         snapshot_id=point[3],
         started_at=point[4],
+    )
+
+
+def _page_operation(r: Sequence[Any]) -> Operation:
+    """A row of ``_OP_PAGE_COLUMNS``. The fields a page leaves out are left to their defaults,
+    not passed: msgspec builds the struct five times faster so (0.2 against 1 us a row)."""
+    return Operation(
+        id=r[0],
+        project_id=r[1],
+        branch_id=r[2],
+        endpoint_id=r[3],
+        action=_ACTIONS[r[4]],
+        status=_STATUSES[r[5]],
+        failures_count=r[6],
+        error=r[7],
+        retry_at=r[8],
+        created_at=r[9],
+        updated_at=r[10],
+        total_duration_ms=r[11],
     )
 
 
@@ -166,7 +180,7 @@ class OperationsMixin(Statements):
             rows = await self._c.all(_LIST_OPS, (project_id, cursor, limit))
         else:
             rows = await self._c.all(_LIST_ACCOUNT_OPS, (project_id, cursor, limit, account_id))
-        return [operation_from_row(r) for r in rows]
+        return [_page_operation(r) for r in rows]
 
     async def list_unsettled_operations(
         self, project_id: str | None = None, *, node: str | None = None
