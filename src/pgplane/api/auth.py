@@ -70,6 +70,8 @@ def _authorization(scope: dict[str, Any]) -> str:
     return ""
 
 
+_MADE_MAX = 4096  # keys' Authorized kept; past it, all are made again
+
 # Where the hook leaves its result: a key of our own in the ASGI scope (Litestar's
 # ``request.state`` builds a wrapper object on every access).
 _AUTHORIZED = "pgplane.authorized"
@@ -84,6 +86,10 @@ def key_hook(platform: Platform) -> Callable[[AnyRequest], Awaitable[None]]:
         platform.key_uses,
         platform.limiter,
     )
+
+    # Each key's Authorized, made once: it holds nothing a request changes, and a frozen
+    # dataclass of eight fields is slow to build (each field set through object.__setattr__).
+    made: dict[int, Authorized] = {}
 
     async def require_key(request: AnyRequest) -> None:
         """The caller behind the request's Bearer key; anything else is the same 401."""
@@ -104,16 +110,21 @@ def key_hook(platform: Platform) -> Callable[[AnyRequest], Awaitable[None]]:
         # Before the use is recorded: a refused request changes nothing, not even last_used_at.
         limiter.admit(key.account_id, scope["route_handler"])
         key_uses.record(key.id, address)
-        scope[_AUTHORIZED] = Authorized(
-            account_id=key.account_id,
-            key_id=key.id,
-            store=store,
-            settings=settings,
-            notify=notify,
-            check_settings=platform.check_settings,
-            history=platform.history,
-            schema=platform.schema,
-        )
+        ctx = made.get(key.id)
+        if ctx is None or ctx.account_id != key.account_id:
+            if len(made) >= _MADE_MAX:
+                made.clear()
+            ctx = made[key.id] = Authorized(
+                account_id=key.account_id,
+                key_id=key.id,
+                store=store,
+                settings=settings,
+                notify=notify,
+                check_settings=platform.check_settings,
+                history=platform.history,
+                schema=platform.schema,
+            )
+        scope[_AUTHORIZED] = ctx
 
     return require_key
 
