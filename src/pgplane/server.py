@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import gc
 import logging
-from collections.abc import Iterator
 
 import uvicorn
 
@@ -21,6 +20,7 @@ from pgplane import startup
 from pgplane.api import create_app
 from pgplane.api.health import Readiness
 from pgplane.api.http import HttpLimits, protocol_with
+from pgplane.api.listener import ApiServer
 from pgplane.api.logcontext import with_request_ids
 from pgplane.compute.driver import ComputeError
 from pgplane.compute.local import LocalComputeDriver
@@ -62,25 +62,6 @@ log = logging.getLogger("pgplane")
 # How long --stop-computes waits for the suspends (a checkpoint each); the rest are left to the
 # next start, which adopts what still runs and finishes the operations.
 _STOP_COMPUTES_SECONDS = 60.0
-
-
-class _Server(uvicorn.Server):
-    """uvicorn's server, minus its last act on a signal.
-
-    After SIGTERM or SIGINT, uvicorn's ``serve()`` raises the signal again once it has stopped
-    serving, so that its default action ends the process. That ended the process before
-    ``serve()`` below could stop the proxy, the engine (whose handlers clean up when cancelled),
-    the driver and the store: a graceful stop was a kill. Here the process ends when ``serve()``
-    returns, with status 0.
-    """
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        with super().capture_signals():
-            try:
-                yield
-            finally:
-                self._captured_signals.clear()
 
 
 async def _announce(server: uvicorn.Server, settings: Settings, store: Store) -> None:
@@ -271,7 +252,7 @@ async def _serve(settings: Settings) -> None:
         readiness=readiness,
         metrics=metrics,
     )
-    server = _Server(
+    server = ApiServer(
         uvicorn.Config(
             with_request_ids(app),
             host=settings.host,
