@@ -144,6 +144,9 @@ class ApiServer(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         """uvicorn's start (the lifespan, then the listeners), on listeners of our own."""
+        if self.config.ssl is not None:  # TLS is uvicorn's own servers' to terminate
+            await super().startup(sockets)
+            return
         await self.lifespan.startup()
         if self.lifespan.should_exit:
             sys.exit(_STARTUP_FAILURE)
