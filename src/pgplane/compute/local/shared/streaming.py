@@ -158,6 +158,7 @@ def assemble(
     for name, used, _ in _following(store, prefix, after, segment_size):
         data = bytearray(segment_size)
         for start, stop, key in used:
+            # safe: sealed under its name (a forged or moved one fails to open), bounded
             body = store.read_bytes(key, max_bytes=stop - start)
             if len(body) != stop - start:
                 raise ComputeError(f"streamed WAL {key.rsplit('/', 2)[-2]} is cut short")

