@@ -83,6 +83,10 @@ def test_overlapping_pieces_of_two_receivers_and_a_newer_timeline(
         owner=(os.getuid(), os.getgid()),
     )
     assert list(made) == [_name(3, timeline=2)]
+    # A receiver on timeline 1 or 2 counts only its own timeline's WAL as stored.
+    assert streaming.stored_end(store, PREFIX, [_name(2)], SEGMENT, 1) == 3 * SEGMENT + 3000
+    assert streaming.stored_end(store, PREFIX, [_name(2)], SEGMENT, 2) == 3 * SEGMENT + 10
+    assert streaming.stored_end(store, PREFIX, [_name(2)], SEGMENT, 3) == 0
     store.delete(streaming.piece_key(PREFIX, _name(3, timeline=2), 0, 10))
     made = streaming.assemble(
         store,

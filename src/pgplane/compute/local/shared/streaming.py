@@ -110,15 +110,18 @@ def live(key: str, prefix: str, shipped_end: str) -> bool:
 
 
 def _following(
-    store: ObjectStore, prefix: str, after: str, segment_size: int
+    store: ObjectStore, prefix: str, after: str, segment_size: int, timeline: str = ""
 ) -> list[tuple[str, list[tuple[int, int, str]], int]]:
     """The streamed segments past ``after`` (a segment name past its timeline; "": any), in
     order, each with the pieces that reach contiguously from its start and how far they
-    reach: one after another, the first gap or partial segment the last."""
+    reach: one after another, the first gap or partial segment the last. ``timeline`` (its
+    8 hex digits): of that timeline only."""
     by_segment = pieces(store, prefix)
     # Of each segment number, the newest timeline's (a promotion's switch is in its history).
     newest: dict[str, str] = {}
     for name in by_segment:
+        if not name.startswith(timeline):
+            continue
         if name[8:] > after and name > newest.get(name[8:], ""):
             newest[name[8:]] = name
     found = []
@@ -183,12 +186,17 @@ def _write_segment(path: Path, data: bytes, owner: tuple[int, int]) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def stored_end(store: ObjectStore, prefix: str, shipped: list[str], segment_size: int) -> int:
+def stored_end(
+    store: ObjectStore, prefix: str, shipped: list[str], segment_size: int, timeline: int = 0
+) -> int:
     """Where the object store's copy of the branch's WAL ends (an LSN; 0 when it holds
-    none): the newest shipped segment's end, then the pieces streamed after it."""
-    after = max((n[8:] for n in shipped), default="")
+    none): the newest shipped segment's end, then the pieces streamed after it. ``timeline``:
+    on that timeline only (after a restore or a promotion the WAL past the switch is another
+    timeline's: a receiver never counts it as stored)."""
+    named = f"{timeline:08X}" if timeline else ""
+    after = max((n[8:] for n in shipped if n.startswith(named)), default="")
     end = 0 if not after else (_segno(after, segment_size) + 1) * segment_size
-    for name, _, reach in _following(store, prefix, after, segment_size):
+    for name, _, reach in _following(store, prefix, after, segment_size, named):
         end = _segno(name[8:], segment_size) * segment_size + reach
     return end
 
@@ -290,7 +298,9 @@ class Receiver(threading.Thread):
             self._segment_size = _segment_bytes(size[0][0])
         except (IndexError, ValueError) as exc:
             raise StreamError(f"an answer Postgres does not give: {exc}") from None
-        start = stored_end(self.store, self.prefix, self._shipped(), self._segment_size)
+        start = stored_end(
+            self.store, self.prefix, self._shipped(), self._segment_size, self._timeline
+        )
         if not 0 < start <= position:
             start = position - position % self._segment_size
         conn.send_query(
