@@ -24,7 +24,7 @@ import psycopg
 from pgplane.compute.driver import ComputeError, ShippingRound
 from pgplane.compute.local.copies.timeline import temporary_pgdata
 from pgplane.compute.local.files import fsync_dir, write_atomic
-from pgplane.compute.local.history.archiving import HistoryDirs, list_bases
+from pgplane.compute.local.history.archiving import HistoryDirs, list_bases, read_retention
 from pgplane.compute.local.history.pitr import rebuild
 from pgplane.compute.local.layout import TIMELINE_MARKER, Layout
 from pgplane.compute.local.postgres.binaries import PgInstall
@@ -139,11 +139,8 @@ class SharedHistory:
         running = self._postmasters.running(dirs.pgdata)
         if running is not None and self._archive_timeout > 0:
             await self._complete_segment(dirs.pgdata, running)
-        if running is not None and running.endpoint_id is not None and self._streams is not None:
-            # Adopted after a restart, or its receiver ended: streamed again (a round's start
-            # of a receiver is quick; its connecting happens on its own thread).
-            info = conninfo(running.socket_dir, running.port, user=ADMIN_USER)
-            self._streams.ensure(dirs.pgdata, project_id, branch_id, info)
+        if running is not None and running.endpoint_id is not None:
+            await self._stream(project_id, branch_id, running)
         async with self._locks["tenant", project_id]:
             if not (dirs.pgdata / TIMELINE_MARKER).is_file():
                 return 0  # not built yet, or moving
@@ -157,6 +154,20 @@ class SharedHistory:
             if done.stored is not None:
                 self._stored[prefix] = done.stored
             return done.copied
+
+    async def _stream(self, project_id: str, branch_id: str, running: Running) -> None:
+        """A compute adopted after a restart, or whose receiver ended, streamed again (unless
+        its project keeps no history: its WAL is never shipped, so pieces would never be
+        freed). Starting a receiver is quick: it connects on its own thread."""
+        if self._streams is None:
+            return
+        config = self._layout.storage_config(project_id)
+        if await asyncio.to_thread(read_retention, config) <= 0:
+            return
+        info = conninfo(running.socket_dir, running.port, user=ADMIN_USER)
+        self._streams.ensure(
+            self._layout.pgdata(project_id, branch_id), project_id, branch_id, info
+        )
 
     def archived(self, project_id: str, branch_id: str) -> Archived:
         """The branch's archive as this node's last rounds found it."""
