@@ -33,7 +33,7 @@ import httpx
 import psycopg
 import pytest
 
-from pgplane.compute.local.shared import shipping, streaming
+from pgplane.compute.local.shared import receiver, shipping, streaming
 from pgplane.compute.local.shared.s3 import S3Store, parse_url
 from pgplane.compute.local.shared.sealed import SealedStore
 from pgplane.compute.local.tenants.users import remove_project_users
@@ -315,7 +315,7 @@ def test_in_synchronous_mode_no_acknowledged_commit_is_lost_with_the_machine(
             uri = _uri(api, pid)
         with psycopg.connect(uri, autocommit=True) as conn:
             setting = conn.execute("SHOW synchronous_standby_names").fetchone()
-            assert setting == (streaming.STANDBY_NAME,), setting
+            assert setting == (receiver.STANDBY_NAME,), setting
             conn.execute("CREATE TABLE t (v int PRIMARY KEY, pad text)")
             acknowledged = 0
             deadline = time.monotonic() + 3

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pgplane.compute.local.shared import streaming
+from pgplane.compute.local.shared import receiver, streaming
 from pgplane.compute.local.shared.objects import DirectoryStore
 
 SEGMENT = 1 << 16  # small segments keep the files small; the names work the same
@@ -100,15 +100,15 @@ def test_overlapping_pieces_of_two_receivers_and_a_newer_timeline(
 
 
 def test_status_updates_say_flushed_only_in_synchronous_mode() -> None:
-    sync = streaming.status_message(0x100, 0x200, synchronous=True)
+    sync = receiver.status_message(0x100, 0x200, synchronous=True)
     assert sync[:1] == b"r" and struct.unpack_from("!QQQ", sync, 1) == (0x100, 0x100, 0x100)
-    later = streaming.status_message(0x100, 0x200, synchronous=False)
+    later = receiver.status_message(0x100, 0x200, synchronous=False)
     # Received, never flushed: Postgres waits for nothing (its shutdown for the receipt).
     assert struct.unpack_from("!QQQ", later, 1) == (0x200, 0, 0)
 
 
 def test_a_stream_that_does_not_continue_is_refused(store: DirectoryStore) -> None:
-    receiver = streaming.Receiver(
+    stream = receiver.Receiver(
         store=store,
         prefix=PREFIX,
         conninfo="host=/nonexistent",
@@ -116,9 +116,9 @@ def test_a_stream_that_does_not_continue_is_refused(store: DirectoryStore) -> No
         shipped=list,
     )
     header = struct.pack("!QQq", 0, 0, 0)
-    assert receiver._message(b"w" + header + b"wal") is False
-    with pytest.raises(streaming.StreamError, match="expected"):
-        receiver._message(b"w" + struct.pack("!QQq", 100, 0, 0) + b"elsewhere")
-    with pytest.raises(streaming.StreamError, match="does not send"):
-        receiver._message(b"Z" * 40)
-    assert receiver._message(b"k" + struct.pack("!QqB", 0, 0, 1)) is True
+    assert stream._message(b"w" + header + b"wal") is False
+    with pytest.raises(receiver.StreamError, match="expected"):
+        stream._message(b"w" + struct.pack("!QQq", 100, 0, 0) + b"elsewhere")
+    with pytest.raises(receiver.StreamError, match="does not send"):
+        stream._message(b"Z" * 40)
+    assert stream._message(b"k" + struct.pack("!QqB", 0, 0, 1)) is True

@@ -28,8 +28,8 @@ from pgplane.compute.local.replicas.replicas import Replicas
 from pgplane.compute.local.schemaonly.branches import SchemaOnly
 from pgplane.compute.local.shared.history import SharedHistory
 from pgplane.compute.local.shared.objects import DirectoryStore, ObjectStore
+from pgplane.compute.local.shared.receiver import Streams
 from pgplane.compute.local.shared.shipping import prefix_of, shipped_wal
-from pgplane.compute.local.shared.streaming import Streams
 from pgplane.compute.local.skeleton import Skeleton
 from pgplane.compute.local.snapshots.snapshots import Snapshots
 from pgplane.compute.local.tenants.projects import Tenants

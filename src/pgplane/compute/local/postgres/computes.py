@@ -40,7 +40,7 @@ from pgplane.compute.local.postgres.readiness import wait_ready
 from pgplane.compute.local.postgres.records import Running, is_alive
 from pgplane.compute.local.postgres.sessions import admin_conninfo
 from pgplane.compute.local.postgres.sizing import compute_settings
-from pgplane.compute.local.shared.streaming import STANDBY_NAME, Streams
+from pgplane.compute.local.shared.receiver import STANDBY_NAME, Streams
 from pgplane.compute.local.tenants.cgroups import Limits
 from pgplane.compute.local.tenants.projects import Tenants, ids
 from pgplane.compute.local.tenants.sockets import make_socket_dir

@@ -33,7 +33,7 @@ from pgplane.compute.local.postgres.records import Running
 from pgplane.compute.local.postgres.sessions import ADMIN_USER, connect, conninfo
 from pgplane.compute.local.shared import shipping
 from pgplane.compute.local.shared.objects import ObjectStore, off_loop
-from pgplane.compute.local.shared.streaming import Streams
+from pgplane.compute.local.shared.receiver import Streams
 from pgplane.compute.local.tenants.projects import ids
 from pgplane.compute.local.tenants.user import RunAs
 
