@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from pgplane.compute.local.history import wal
 from pgplane.compute.local.shared import receiver, streaming
 from pgplane.compute.local.shared.objects import DirectoryStore
 
@@ -22,7 +23,7 @@ def _put(store: DirectoryStore, segment: str, start: int, data: bytes) -> None:
 
 
 def _name(segno: int, timeline: int = 1) -> str:
-    return streaming.segment_name(timeline, segno, SEGMENT)
+    return wal.segment_name(timeline, segno, SEGMENT)
 
 
 @pytest.fixture

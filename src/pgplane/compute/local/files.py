@@ -15,6 +15,7 @@ import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from pgplane.compute.driver import ComputeError
 from pgplane.compute.local.tenants.user import RunAs
@@ -124,6 +125,24 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
         os.close(fd)
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def write_owned(path: Path, fill: Callable[[BinaryIO], object], owner: tuple[int, int]) -> None:
+    """``path`` made whole by ``fill``, ``owner``'s, durable, then renamed into place (in a
+    directory a tenant may write: the temporary is made anew, O_EXCL, never through a link,
+    and the rename replaces whatever stood at ``path`` without following it)."""
+    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        with open(os.open(tmp, flags, 0o600), "wb") as out:  # root's: made here, O_EXCL
+            fill(out)
+            os.fchown(out.fileno(), *owner)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 async def copy_tree(src: Path, dst: Path) -> None:

@@ -33,6 +33,19 @@ def parse_lsn(text: str) -> int:
     return (int(high, 16) << 32) | int(low, 16)
 
 
+def segment_bytes(setting: str) -> int:
+    """``wal_segment_size`` as SHOW prints it (``16MB``); ValueError unless a power of two up
+    to 1 GiB (what Postgres allows)."""
+    units = {"kB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
+    value = next(
+        (int(setting[: -len(u)]) * f for u, f in units.items() if setting.endswith(u)), None
+    )
+    value = int(setting) if value is None else value
+    if value <= 0 or value > 1 << 30 or value & (value - 1):
+        raise ValueError(f"wal_segment_size {setting!r}")
+    return value
+
+
 def segment_name(timeline: int, segno: int, segment_size: int) -> str:
     per_xlogid = _XLOGID // segment_size
     return f"{timeline:08X}{segno // per_xlogid:08X}{segno % per_xlogid:08X}"

@@ -26,6 +26,7 @@ from pgplane.compute.local.copies.timeline import temporary_pgdata
 from pgplane.compute.local.files import fsync_dir, write_atomic
 from pgplane.compute.local.history.archiving import HistoryDirs, list_bases, read_retention
 from pgplane.compute.local.history.pitr import rebuild
+from pgplane.compute.local.history.wal import segment_bytes
 from pgplane.compute.local.layout import TIMELINE_MARKER, Layout
 from pgplane.compute.local.postgres.binaries import PgInstall
 from pgplane.compute.local.postgres.postmaster import Postmasters
@@ -210,7 +211,7 @@ class SharedHistory:
                     row = await cur.fetchone()
                     if row is None or row[0]:
                         return
-                    segment = _bytes(str(row[2]))
+                    segment = segment_bytes(str(row[2]))
                     if int(row[1]) % segment > _SEGMENT_HEADER:
                         await conn.execute("SELECT pg_catalog.pg_switch_wal()")
         except (psycopg.Error, TimeoutError, OSError, ValueError) as exc:
@@ -281,12 +282,3 @@ class SharedHistory:
     async def _discard(self, tmp: Path) -> None:
         await self._postmasters.stop(tmp)
         await asyncio.to_thread(shutil.rmtree, tmp, True)
-
-
-def _bytes(setting: str) -> int:
-    """``wal_segment_size`` as SHOW prints it (``16MB``)."""
-    units = {"kB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
-    for unit, factor in units.items():
-        if setting.endswith(unit):
-            return int(setting[: -len(unit)]) * factor
-    return int(setting)

@@ -22,8 +22,10 @@ from psycopg import pq
 from psycopg.conninfo import make_conninfo
 from psycopg.pq.abc import PGconn
 
+from pgplane.compute.local.history.replay import format_lsn
+from pgplane.compute.local.history.wal import parse_lsn, segment_bytes, segment_name
 from pgplane.compute.local.shared.objects import ObjectStore
-from pgplane.compute.local.shared.streaming import piece_key, segment_name, stored_end
+from pgplane.compute.local.shared.streaming import piece_key, stored_end
 
 log = logging.getLogger(__name__)
 
@@ -40,20 +42,10 @@ _CONNECT_SECONDS = 5
 # A receiver that ended is not started again for this long (a store or compute in trouble).
 _RETRY_SECONDS = 1.0
 _EPOCH_2000 = 946_684_800
-_MAX_SEGMENT = 1 << 30
 
 
 class StreamError(Exception):
     """The stream cannot go on (the compute ended it, or said something Postgres does not)."""
-
-
-def _lsn(text: str) -> int:
-    high, _, low = text.partition("/")
-    return (int(high, 16) << 32) | int(low, 16)
-
-
-def _lsn_text(lsn: int) -> str:
-    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
 
 
 def status_message(flushed: int, received: int, *, synchronous: bool) -> bytes:
@@ -133,8 +125,8 @@ class Receiver(threading.Thread):
         size = self._command(conn, "SHOW wal_segment_size")
         try:
             self._timeline = int(identity[0][1])
-            position = _lsn(identity[0][2])
-            self._segment_size = _segment_bytes(size[0][0])
+            position = parse_lsn(identity[0][2])
+            self._segment_size = segment_bytes(size[0][0])
         except (IndexError, ValueError) as exc:
             raise StreamError(f"an answer Postgres does not give: {exc}") from None
         start = stored_end(
@@ -143,13 +135,13 @@ class Receiver(threading.Thread):
         if not 0 < start <= position:
             start = position - position % self._segment_size
         conn.send_query(
-            f"START_REPLICATION PHYSICAL {_lsn_text(start)} TIMELINE {self._timeline}".encode()
+            f"START_REPLICATION PHYSICAL {format_lsn(start)} TIMELINE {self._timeline}".encode()
         )
         result = conn.get_result()
         if result is None or result.status != pq.ExecStatus.COPY_BOTH:
             raise StreamError(f"the stream did not start: {conn.get_error_message()}")
         self._pending_at = self.stored = start
-        log.info("streaming the WAL of %s from %s", self.prefix, _lsn_text(start))
+        log.info("streaming the WAL of %s from %s", self.prefix, format_lsn(start))
         conn.nonblocking = 1
         last_status = 0.0
         while not self.stopping.is_set():
@@ -198,7 +190,7 @@ class Receiver(threading.Thread):
             start, _, _ = struct.unpack_from("!QQq", data, 1)
             if start != self._received:
                 raise StreamError(
-                    f"WAL at {_lsn_text(start)}, {_lsn_text(self._received)} expected"
+                    f"WAL at {format_lsn(start)}, {format_lsn(self._received)} expected"
                 )
             if not self._pending:
                 self._first_pending = time.monotonic()
@@ -232,19 +224,6 @@ class Receiver(threading.Thread):
             if time.monotonic() > deadline:
                 raise StreamError("the compute takes no status")
             select.select([], [conn.socket], [], 0.1)
-
-
-def _segment_bytes(setting: str) -> int:
-    units = {"kB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
-    for unit, factor in units.items():
-        if setting.endswith(unit):
-            value = int(setting[: -len(unit)]) * factor
-            break
-    else:
-        value = int(setting)
-    if value <= 0 or value > _MAX_SEGMENT or value & (value - 1):
-        raise ValueError(f"wal_segment_size {setting!r}")
-    return value
 
 
 class Streams:

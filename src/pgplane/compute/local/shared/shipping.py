@@ -44,8 +44,9 @@ import msgspec
 from pgplane import failpoints
 from pgplane.compute.driver import ComputeError
 from pgplane.compute.local.cold import archive
-from pgplane.compute.local.files import fsync_dir, write_atomic
+from pgplane.compute.local.files import fsync_dir, write_atomic, write_owned
 from pgplane.compute.local.history.archiving import WAL_SUMS, HistoryDirs, list_bases
+from pgplane.compute.local.history.wal import segment_name
 from pgplane.compute.local.shared import cold, holes, streaming
 from pgplane.compute.local.shared.objects import ObjectStore
 from pgplane.compute.local.tenants import untrusted
@@ -294,10 +295,8 @@ def fetch(
     # Then what was streamed past the newest segment shipped whole (partial, as a compute's
     # current segment is): the replay reads on to its last record.
     shipped_end = max((n[8:] for n in wanted if _SEGMENT.fullmatch(n)), default="")
-    if not shipped_end:
-        per_id = 0x1_0000_0000 // base.segment_size
-        before = first - 1
-        shipped_end = f"{before // per_id:08X}{before % per_id:08X}"
+    if not shipped_end:  # none shipped: from the base state's first segment
+        shipped_end = segment_name(1, first - 1, base.segment_size)[8:]
     wanted |= streaming.assemble(
         store,
         prefix,
@@ -320,18 +319,7 @@ def _fetch_wal(store: ObjectStore, key: str, dest: Path, sha: str, owner: tuple[
     if dest.exists():  # fetched by an earlier attempt (its checksum is checked by the replay)
         return
     limit = _MAX_SEGMENT if _SEGMENT.fullmatch(dest.name) else _MAX_HISTORY_FILE
-    tmp = dest.with_name(f".{dest.name}.tmp-{secrets.token_hex(4)}")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        with open(os.open(tmp, flags, 0o600), "wb") as out:  # root's: made here, O_EXCL
-            _read_checked(store, key, out, sha, limit)
-            os.fchown(out.fileno(), *owner)
-            out.flush()
-            os.fsync(out.fileno())
-        os.rename(tmp, dest)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_owned(dest, lambda out: _read_checked(store, key, out, sha, limit), owner)
 
 
 def _read_checked(store: ObjectStore, key: str, out: BinaryIO, sha: str, limit: int) -> None:

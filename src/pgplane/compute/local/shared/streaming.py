@@ -36,12 +36,11 @@ continue the stream, and what is stored goes under the branch's own prefix only.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
-import secrets
 from pathlib import Path
 
 from pgplane.compute.driver import ComputeError
+from pgplane.compute.local.files import write_owned
 from pgplane.compute.local.shared.objects import ObjectStore
 
 _STREAM = "stream"
@@ -50,11 +49,6 @@ _PIECE = re.compile(r"([0-9A-F]{24})/([0-9A-F]{8})-([0-9A-F]{8})")
 
 def piece_key(prefix: str, segment: str, start: int, end: int) -> str:
     return f"{prefix}/{_STREAM}/{segment}/{start:08X}-{end:08X}"
-
-
-def segment_name(timeline: int, segno: int, segment_size: int) -> str:
-    per_id = 0x1_0000_0000 // segment_size
-    return f"{timeline:08X}{segno // per_id:08X}{segno % per_id:08X}"
 
 
 def _segno(number: str, segment_size: int) -> int:
@@ -144,18 +138,7 @@ def assemble(
 
 
 def _write_segment(path: Path, data: bytes, owner: tuple[int, int]) -> str:
-    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        with open(os.open(tmp, flags, 0o600), "wb") as out:  # root's: made here, O_EXCL
-            out.write(data)
-            os.fchown(out.fileno(), *owner)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_owned(path, lambda out: out.write(data), owner)
     return hashlib.sha256(data).hexdigest()
 
 
