@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[2] / "src" / "pgplane" / "compute" / "lo
 MODULES = {
     "tenants/untrusted.py": "the safe reader itself",
     "cold/manifest.py": "the cold archive's files: archive/ is root's, 0700",
-    "cold/archive.py": "unpacks root's archive into a new root-made tree (O_NOFOLLOW, O_EXCL)",
+    "cold/archive.py": "packs and unpacks root's archives (archive/ is root's, 0700)",
+    "cold/extract.py": "unpacks root's archive into a new root-made tree (O_NOFOLLOW, O_EXCL)",
     "cold/tree.py": "reads a detached project's tree with O_NOFOLLOW from directory fds",
     "copies/datacopy.py": "copies a tenant's data from directory fds, O_NOFOLLOW, regular files",
     "copies/spares.py": "spare/ is root's, 0700",

@@ -30,20 +30,17 @@ hazards, in :mod:`.tree`.
 from __future__ import annotations
 
 import contextlib
-import gzip
-import hashlib
 import os
-import posixpath
 import secrets
 import shutil
 import tarfile
 import zlib
 from pathlib import Path
-from typing import IO
 
 import msgspec
 
 from pgplane.compute.driver import ComputeError
+from pgplane.compute.local.cold.extract import extract
 from pgplane.compute.local.cold.manifest import (
     ARCHIVE_NAME,
     FORMAT,
@@ -55,11 +52,10 @@ from pgplane.compute.local.cold.manifest import (
     Mode,
     Sha256,
     Size,
-    _is_safe_path,
     verify,
 )
-from pgplane.compute.local.cold.tree import _CHUNK, _write_archive, tree_checksums
-from pgplane.compute.local.files import fsync_dir, start_writeback, sync_tree, write_atomic
+from pgplane.compute.local.cold.tree import _write_archive, tree_checksums
+from pgplane.compute.local.files import fsync_dir, sync_tree, write_atomic
 
 __all__ = [
     "ARCHIVE_NAME",
@@ -77,11 +73,6 @@ __all__ = [
     "unpack",
     "verify",
 ]
-
-# Smaller files are left to the final sync (as in datacopy).
-_WRITEBACK_FROM = 1 << 20
-_TAR_BUFFER = 64 << 10
-
 
 # -- pack ---------------------------------------------------------------------------------------
 
@@ -132,7 +123,7 @@ def unpack(src: Path, dest: Path, *, owner: tuple[int, int] | None = None) -> Ma
     tmp = _temporary(dest)
     try:
         os.mkdir(tmp, 0o700)
-        _Restore(src, tmp, manifest, owner).run()
+        extract(src, src / ARCHIVE_NAME, tmp, manifest, owner)
         sync_tree(tmp)
         _rename_new(tmp, dest)
     except (OSError, EOFError, zlib.error, tarfile.TarError) as exc:
@@ -144,126 +135,12 @@ def unpack(src: Path, dest: Path, *, owner: tuple[int, int] | None = None) -> Ma
     return manifest
 
 
-class _Restore:
-    """One extraction into ``root``: what the manifest lists, as it lists it, or an error."""
-
-    def __init__(
-        self, src: Path, root: Path, manifest: Manifest, owner: tuple[int, int] | None
-    ) -> None:
-        self.src = src
-        self.root = root
-        self.owner = owner
-        self.dirs = {entry.path: entry for entry in manifest.dirs}
-        self.files = {entry.path: entry for entry in manifest.files}
-        self.links = {entry.path: entry for entry in manifest.symlinks}
-        self.seen: set[str] = set()
-        self.made_dirs: dict[str, int] = {}  # path: mtime, in archive order (parents first)
-        self.made_links: dict[str, int] = {}
-
-    def run(self) -> None:
-        # gzip's own reader under an uncompressed tar stream: tarfile's "r|gz" keeps all it
-        # decompressed of one read in a buffer it slices at every header, quadratic in what a
-        # run of zeros (an archived WAL segment) inflates to; measured 17 s of 22 on 460 MB.
-        with (
-            (self.src / ARCHIVE_NAME).open("rb") as raw,
-            gzip.GzipFile(fileobj=raw, mode="rb") as unzipped,
-            tarfile.open(fileobj=unzipped, mode="r|", bufsize=_TAR_BUFFER) as tar,
-        ):
-            for member in tar:
-                self._place(tar, member)
-        missing = sorted((self.dirs.keys() | self.files.keys() | self.links.keys()) - self.seen)
-        if missing:
-            raise ComputeError(
-                f"archive {self.src} lacks {len(missing)} entries of its manifest, "
-                f"such as {missing[0]!r}"
-            )
-        # Links last: until then no path can lead through one.
-        for name, mtime in self.made_links.items():
-            path = self.root / name
-            os.symlink(self.links[name].target, path)
-            if self.owner is not None:
-                os.lchown(path, *self.owner)
-            os.utime(path, (mtime, mtime), follow_symlinks=False)
-        # Children before their parents: a directory's mode may forbid writing into it.
-        for name, mtime in reversed(self.made_dirs.items()):
-            path = self.root / name
-            if self.owner is not None:
-                os.chown(path, *self.owner)
-            os.chmod(path, self.dirs[name].mode)
-            os.utime(path, (mtime, mtime))
-
-    def _place(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> None:
-        name = member.name
-        if name != "." and not _is_safe_path(name):
-            raise self._refuse(member, "has an unsafe path")
-        if name in self.seen:
-            raise self._refuse(member, "appears twice")
-        self.seen.add(name)
-        # Each parent is a directory made here, so nothing is written through a link.
-        if name != "." and (posixpath.dirname(name) or ".") not in self.made_dirs:
-            raise self._refuse(member, "comes before its directory")
-        if member.isdir():
-            entry = self.dirs.get(name)
-            if entry is None or member.mode != entry.mode:
-                raise self._refuse(member, "does not match the manifest")
-            if name != ".":
-                os.mkdir(self.root / name, 0o700)
-            self.made_dirs[name] = int(member.mtime)
-        elif member.type in (tarfile.REGTYPE, tarfile.AREGTYPE):
-            file = self.files.get(name)
-            if file is None or (member.size, member.mode) != (file.size, file.mode):
-                raise self._refuse(member, "does not match the manifest")
-            _extract_file(tar, member, self.root / name, file, self.owner)
-        elif member.issym():
-            link = self.links.get(name)
-            if link is None or member.linkname != link.target:
-                raise self._refuse(member, "does not match the manifest")
-            self.made_links[name] = int(member.mtime)
-        else:
-            raise self._refuse(member, "is not a regular file, directory or symlink")
-
-    def _refuse(self, member: tarfile.TarInfo, why: str) -> ComputeError:
-        return ComputeError(f"archive {self.src}: member {member.name!r} {why}")
-
-
 def _rename_new(tmp: Path, dest: Path) -> None:
     # rename(2) would replace an empty directory that appeared at dest since the first check.
     if os.path.lexists(dest):
         raise ComputeError(f"cannot restore to {dest}: it appeared meanwhile")
     os.rename(tmp, dest)
     fsync_dir(dest.parent)
-
-
-def _extract_file(
-    tar: tarfile.TarFile,
-    member: tarfile.TarInfo,
-    path: Path,
-    entry: FileEntry,
-    owner: tuple[int, int] | None,
-) -> None:
-    source: IO[bytes] | None = tar.extractfile(member)
-    if source is None:
-        raise ComputeError(f"archive member {member.name!r} has no data")
-    digest = hashlib.sha256()
-    size = 0
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    with source, open(os.open(path, flags, 0o600), "wb") as out:
-        while chunk := source.read(_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-            out.write(chunk)
-        if size != entry.size or digest.hexdigest() != entry.sha256:
-            raise ComputeError(
-                f"archive file {entry.path!r} is corrupt: {size} bytes with sha256 "
-                f"{digest.hexdigest()}, its manifest says {entry.size} with {entry.sha256}"
-            )
-        out.flush()
-        if owner is not None:
-            os.fchown(out.fileno(), *owner)
-        os.fchmod(out.fileno(), entry.mode)  # after the chown, which may clear mode bits
-        if size >= _WRITEBACK_FROM:
-            start_writeback(out.fileno())
-    os.utime(path, (member.mtime, member.mtime))
 
 
 def _temporary(dest: Path) -> Path:
