@@ -69,7 +69,7 @@ class Settings:
     # History: how often base states due are taken and what left each window is freed, and how
     # much WAL a branch archives before its next base state (or its data's size, if more).
     history_seconds: float = 60.0
-    history_base_bytes: int = 1 << 30
+    history_base_bytes: int = 256 << 20
     # Shared storage every node reaches (NFS in real life): where the cold archive lives and
     # where each branch's history is shipped to, so that projects can move between nodes and a
     # dead node's be brought back (compute/local/shared/). None: each node's own disk only.

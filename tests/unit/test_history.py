@@ -140,6 +140,27 @@ def test_a_window_keeps_the_base_before_it_and_what_follows(tmp_path: Path) -> N
     assert list(dirs.wal.iterdir()) == []
 
 
+def test_base_states_taken_close_together_are_thinned_but_the_newest_is_kept(
+    tmp_path: Path,
+) -> None:
+    """Taken often (a recovery replays from the newest), kept sparsely (each is a copy)."""
+    dirs = HistoryDirs(tmp_path)
+    dirs.wal.mkdir()
+    now = 10_000 * _US
+    for segment in (1, 2, 3, 5, 9, 10, 11):
+        _base(dirs, segment, now - (100 - segment) * _US)
+    apart = 4 * SEGMENT  # a kept base is followed by four segments' WAL before the next kept
+    prune(dirs, 3600, now, lambda base: apart)
+    kept = [b.start_lsn // SEGMENT for b in list_bases(dirs)]
+    # 1 kept (the oldest); 2, 3 too close to it; 5 four past it; 9 four past 5; 10 too
+    # close to 9; 11 the newest.
+    assert kept == [1, 5, 9, 11]
+    prune(dirs, 3600, now, lambda base: apart)  # converges
+    assert [b.start_lsn // SEGMENT for b in list_bases(dirs)] == kept
+    prune(dirs, 3600, now)  # without a spacing, every one in the window stays
+    assert [b.start_lsn // SEGMENT for b in list_bases(dirs)] == kept
+
+
 def test_stopped_data_is_dated_no_earlier_than_its_last_write(tmp_path: Path) -> None:
     """A state dated early would be taken to hold only what was committed by then."""
     control = tmp_path / "global" / "pg_control"

@@ -27,7 +27,7 @@ class LocalDriverConfig:
     disk_reserve_bytes: int | None = None
     # A branch's next base state is taken once this much WAL (or its data's size, if more)
     # was archived since its last one.
-    history_base_bytes: int = 1 << 30
+    history_base_bytes: int = 256 << 20
     # As root: computes sandboxed and in cgroups, where the machine allows (tenants/walls.py).
     walls: bool = True
     # As root with the walls on: each project's files on a filesystem of its own this big (its

@@ -34,6 +34,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -262,6 +263,16 @@ def _prune_wal(dirs: HistoryDirs, keep: list[Base]) -> None:
             (dirs.wal / name).unlink(missing_ok=True)
 
 
+def _thinned(bases: list[Base], spacing: Callable[[Base], int] | None) -> list[Base]:
+    if spacing is None or len(bases) < 3:
+        return bases
+    kept = [bases[0]]
+    for base in bases[1:-1]:
+        if base.end_lsn - kept[-1].end_lsn >= spacing(kept[-1]):
+            kept.append(base)
+    return [*kept, bases[-1]]
+
+
 def verify_wal(dirs: HistoryDirs, names: list[str]) -> None:
     """The archived segments ``names`` as they were first seen (the catalog taken first)."""
     sums = catalog_wal(dirs)
@@ -277,12 +288,19 @@ def verify_wal(dirs: HistoryDirs, names: list[str]) -> None:
             raise ComputeError(f"archived WAL segment {name} does not match its checksum")
 
 
-def prune(dirs: HistoryDirs, retention_seconds: int, now_us: int) -> int:
+def prune(
+    dirs: HistoryDirs,
+    retention_seconds: int,
+    now_us: int,
+    spacing: Callable[[Base], int] | None = None,
+) -> int:
     """Free what the window no longer needs; the bytes freed.
 
-    Kept: every base state that ended inside the window, the newest one that ended before it
+    Kept: the base states that ended inside the window, the newest one that ended before it
     (points early in the window replay from it), and the WAL from the oldest kept base on.
-    A window of 0 keeps nothing.
+    ``spacing``: the WAL (as LSNs) a kept base state is to be followed by before the next one
+    kept; one closer is freed once a newer one is taken (the newest is always kept: a
+    recovery's replay starts there). A window of 0 keeps nothing.
     """
     before = history_bytes(dirs)
     bases = list_bases(dirs)
@@ -292,7 +310,7 @@ def prune(dirs: HistoryDirs, retention_seconds: int, now_us: int) -> int:
     else:
         inside = [b for b in bases if b.end_time > window_start]
         anchor = [b for b in bases if b.end_time <= window_start][-1:]
-        keep = anchor + inside
+        keep = _thinned(anchor + inside, spacing)
     kept = {b.path for b in keep}
     for b in bases:
         if b.path not in kept:

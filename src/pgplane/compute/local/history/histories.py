@@ -31,6 +31,7 @@ from pgplane.compute.local.copies.spares import SparePool
 from pgplane.compute.local.copies.timeline import temporary_pgdata
 from pgplane.compute.local.files import fsync_dir, to_trash, write_atomic
 from pgplane.compute.local.history.archiving import (
+    Base,
     HistoryDirs,
     archived_bytes_since,
     catalog_wal,
@@ -61,6 +62,10 @@ from pgplane.compute.local.tenants.user import RunAs
 from pgplane.core import clock
 
 log = logging.getLogger(__name__)
+
+# Base states are taken often, for a short replay to the end, and kept four times as sparsely
+# (the old spacing of 1 GiB by default), for what they cost on disk and in the object store.
+_KEEP_SPACING = 4
 
 InstallFor = Callable[..., Awaitable[tuple[PgInstall, RunAs]]]
 RESTORED_MARKER = "restored"
@@ -318,7 +323,7 @@ class Histories:
                     bases = await asyncio.to_thread(list_bases, dirs)
                     if not bases or await asyncio.to_thread(
                         archived_bytes_since, dirs, bases[-1]
-                    ) >= max(self._base_bytes, bases[-1].bytes):
+                    ) >= self._due_after(bases[-1]):
                         due = install, run_as
             if due is not None:
                 await self._take_base(*due, dirs)
@@ -345,10 +350,26 @@ class Histories:
                 _, run_as = await self._install(project_id, install.major)
                 await take_offline_base(install, run_as, dirs)
 
+    def _due_after(self, base: Base) -> int:
+        """The WAL after ``base`` at which the next base state is taken: a rebuild to the end
+        of the history (a recovery, a branch at its head) replays at most about this much, so
+        half the data's size: replaying a byte of WAL took twice what restoring a byte of base
+        state did (``bench.object_store``)."""
+        return max(self._base_bytes, base.bytes // 2)
+
+    def _kept_apart(self, base: Base) -> int:
+        """The WAL after a kept base state before the next one kept: those taken closer are
+        freed once a newer one is taken. The window then holds as many base states as if one
+        were taken only every ``_KEEP_SPACING`` times as much WAL (or the data's size), and
+        the newest: a rebuild at a past point replays up to that much."""
+        return max(_KEEP_SPACING * self._base_bytes, base.bytes)
+
     async def prune(self, dirs: HistoryDirs, retention: int) -> None:
         """Free what the window of ``retention`` seconds no longer needs."""
         async with self._locks["history", dirs.branch_dir]:
-            freed = await asyncio.to_thread(prune, dirs, retention, clock.now_us())
+            freed = await asyncio.to_thread(
+                prune, dirs, retention, clock.now_us(), self._kept_apart
+            )
         if freed:
             log.info("history of %s: %d bytes freed", dirs.branch_dir.name, freed)
 
