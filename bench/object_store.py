@@ -322,7 +322,10 @@ def measure_recover(on: Server, uri: str, seaweed: SeaweedFS, url: str, pgdata: 
             raise RuntimeError(f"recover failed:\n{done.stdout}\n{done.stderr}")
         branches = json.loads(done.stdout)["branches"]
         for line in done.stderr.splitlines():  # where its time went
-            if "rebuilt from base state" in line or "history fetched" in line:
+            if any(
+                what in line
+                for what in ("rebuilt from base state", "history fetched", "base state ", "WAL of")
+            ):
                 print(f"  recover: {line.split(': ', 1)[-1]}")
         print(
             f"recover: {took:.1f} s for {len(branches)} branch(es), the database"

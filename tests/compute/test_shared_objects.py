@@ -11,7 +11,9 @@ import pytest
 
 from pgplane.compute.driver import ComputeError
 from pgplane.compute.local.cold import archive
-from pgplane.compute.local.shared import cold
+from pgplane.compute.local.history.archiving import Base, HistoryDirs
+from pgplane.compute.local.history.bases import fresh_tmp, publish_base
+from pgplane.compute.local.shared import cold, fetching, shipping
 from pgplane.compute.local.shared.objects import DirectoryStore
 
 
@@ -88,3 +90,35 @@ def test_a_stored_archive_comes_back_checked(tmp_path: Path) -> None:
     with pytest.raises(ComputeError, match="corrupt"):
         cold.download(store, "archive/p-1", tmp_path / "again")
     assert not (tmp_path / "again").exists()
+
+
+def _taken_base(dirs: HistoryDirs) -> Base:
+    tmp = fresh_tmp(dirs)
+    (tmp / "pgdata" / "base").mkdir(parents=True)
+    (tmp / "pgdata" / "PG_VERSION").write_bytes(b"18\n")
+    (tmp / "pgdata" / "base" / "1").write_bytes(os.urandom(8192))
+    return publish_base(
+        dirs, tmp, start_lsn=0x1000028, end_lsn=0x1000100, end_time=1, segment_size=16 << 20
+    )
+
+
+def test_a_base_state_ships_only_as_it_was_taken_and_comes_back_checked(tmp_path: Path) -> None:
+    store = DirectoryStore(tmp_path / "shared")
+    staging = tmp_path / "staging"
+    owner = (os.geteuid(), os.getegid())
+    # Intact: shipped, and fetched elsewhere checked file by file as it is unpacked (so the
+    # rebuild does not read it all again); found already unpacked, it is to be checked again.
+    intact = HistoryDirs(tmp_path / "intact")
+    base = _taken_base(intact)
+    shipping.ship(store, intact, "history/p-1/b-1", staging)
+    elsewhere = HistoryDirs(tmp_path / "elsewhere")
+    assert fetching.fetch(store, elsewhere, "history/p-1/b-1", staging, owner) is True
+    fetched = elsewhere.bases / base.path.name / "pgdata" / "base" / "1"
+    assert fetched.read_bytes() == (base.pgdata / "base" / "1").read_bytes()
+    assert fetching.fetch(store, elsewhere, "history/p-1/b-1", staging, owner) is False
+    # Damaged here after it was taken (its base.json's checksum no longer holds): never shipped.
+    damaged = HistoryDirs(tmp_path / "damaged")
+    (_taken_base(damaged).pgdata / "base" / "1").write_bytes(os.urandom(8192))
+    with pytest.raises(ComputeError, match="pgdata/base/1 no longer matches its checksum"):
+        shipping.ship(store, damaged, "history/p-1/b-2", staging)
+    assert not [key for key in store.sizes("history/p-1/b-2") if "/base/" in key]

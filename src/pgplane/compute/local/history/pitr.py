@@ -125,6 +125,10 @@ async def flush_archive(running: Running, dirs: HistoryDirs) -> None:
         await asyncio.sleep(POLL)
 
 
+def _no_check(base: Base) -> None:
+    pass
+
+
 async def rebuild(
     *,
     install: PgInstall,
@@ -138,6 +142,7 @@ async def rebuild(
     point: Point | None,
     tail: Path | None = None,
     spares: SparePool | None = None,
+    base_checked: bool = False,
 ) -> int:
     """Build ``tmp`` as the source's data at ``point`` (None: all of its history); the LSN its
     new timeline starts at.
@@ -145,6 +150,8 @@ async def rebuild(
     ``tail``: WAL files of a stopped source that its archive lacks, put in the copy's pg_wal,
     where a replay looks for a segment its restore_command does not find. ``spares``: files
     made ahead (creating ~1,300 of them is most of the copy of a small cluster).
+    ``base_checked``: the base state's files were checked against its checksums just now (a
+    base state fetched from shared storage): not read again.
     """
     segments = [
         name
@@ -159,7 +166,7 @@ async def rebuild(
     # segments up to the point are checked meanwhile, any other the replay read after it.
     checks: asyncio.Future[tuple[None, None]] = asyncio.ensure_future(
         asyncio.gather(
-            asyncio.to_thread(verify_base, base),
+            asyncio.to_thread(_no_check if base_checked else verify_base, base),
             asyncio.to_thread(verify_wal, source, likely),
         )
     )

@@ -32,7 +32,7 @@ from pgplane.compute.local.postgres.binaries import PgInstall
 from pgplane.compute.local.postgres.postmaster import Postmasters
 from pgplane.compute.local.postgres.records import Running
 from pgplane.compute.local.postgres.sessions import ADMIN_USER, connect, conninfo
-from pgplane.compute.local.shared import shipping
+from pgplane.compute.local.shared import fetching, shipping
 from pgplane.compute.local.shared.objects import ObjectStore, off_loop
 from pgplane.compute.local.shared.receiver import Streams
 from pgplane.compute.local.tenants.projects import ids
@@ -66,6 +66,7 @@ class SharedHistory:
         postmasters: Postmasters,
         locks: defaultdict[tuple[object, ...], asyncio.Lock],
         install: InstallFor,
+        project_dir: Callable[[str], Awaitable[RunAs]],
         archive_timeout_seconds: int = 0,
         streams: Streams | None = None,
     ) -> None:
@@ -85,6 +86,7 @@ class SharedHistory:
         self._postmasters = postmasters
         self._locks = locks
         self._install = install
+        self._project_dir = project_dir
         # Root's, on this node's disk: base states packed on their way out, and back in.
         self._staging = layout.data_dir / "shipping"
 
@@ -232,7 +234,24 @@ class SharedHistory:
             raise ComputeError("not rebuilt from shared storage: " + "; ".join(lost))
 
     async def _rebuild(self, project_id: str, branch_id: str, pg_version: int) -> None:
-        install, run_as = await self._install(project_id, pg_version, make_dir=True)
+        # The installation (its template built on a node's first use: half a second) is made
+        # ready while the history is fetched, which needs only the project's directory.
+        run_as = await self._project_dir(project_id)
+        installing = asyncio.ensure_future(self._install(project_id, pg_version, make_dir=True))
+        try:
+            await self._rebuild_with(project_id, branch_id, run_as, installing)
+        finally:
+            if not installing.done():
+                installing.cancel()
+            await asyncio.gather(installing, return_exceptions=True)
+
+    async def _rebuild_with(
+        self,
+        project_id: str,
+        branch_id: str,
+        run_as: RunAs,
+        installing: asyncio.Future[tuple[PgInstall, RunAs]],
+    ) -> None:
         dirs = HistoryDirs(self._layout.branch_dir(project_id, branch_id))
         pgdata = dirs.pgdata
         async with self._locks["timeline", pgdata]:
@@ -247,8 +266,8 @@ class SharedHistory:
             await asyncio.to_thread(shutil.rmtree, tmp, True)
             async with self._locks["history", dirs.branch_dir]:
                 began = time.perf_counter()
-                await asyncio.to_thread(
-                    shipping.fetch, self.store, dirs, prefix, self._staging, owner
+                checked = await asyncio.to_thread(
+                    fetching.fetch, self.store, dirs, prefix, self._staging, owner
                 )
                 log.info(
                     "branch %s/%s: its history fetched in %.0f ms",
@@ -257,6 +276,7 @@ class SharedHistory:
                     (time.perf_counter() - began) * 1000,
                 )
                 base = (await asyncio.to_thread(list_bases, dirs))[-1]
+                install, run_as = await installing
                 try:
                     await rebuild(
                         install=install,
@@ -268,6 +288,7 @@ class SharedHistory:
                         socket_dir=self._layout.init_socket_dir(project_id, branch_id),
                         hba_file=self._layout.hba_file,
                         point=None,
+                        base_checked=checked,
                     )
                 except BaseException:
                     await asyncio.shield(self._discard(tmp))

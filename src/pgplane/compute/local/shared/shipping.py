@@ -1,4 +1,5 @@
-"""Each branch's history shipped to shared storage, and fetched back on another node.
+"""Each branch's history shipped to shared storage (fetched back on another node by
+:mod:`.fetching`).
 
 A branch's history stays beside its data (``history/archiving.py``: WAL archived by hard link,
 at no I/O cost to the compute), and the platform, as root, copies it to shared storage, where no
@@ -20,8 +21,8 @@ The WAL a round copies is the tenant's (its postmasters write the archive): it i
 through the safe reader (no link followed, no FIFO opened for long, bounded), and what is
 shipped is what was read, with its checksum. A base state is root's own copy.
 
-A node rebuilds the branch from its newest base state and every segment after it (``fetch``
-here, then a replay to the end, ``histories.py``): every transaction whose commit was in a
+A node rebuilds the branch from its newest base state and every segment after it (``fetching``,
+then a replay to the end, ``history.py``): every transaction whose commit was in a
 shipped segment is there. What the dead node had not shipped is lost: the segment its compute
 was writing (Postgres completes one at ``archive_timeout``, set on computes when there is
 shared storage) and what was archived since the last round (``ship_seconds``).
@@ -29,24 +30,20 @@ shared storage) and what was archived since the last round (``ship_seconds``).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
 import secrets
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Annotated, BinaryIO, NamedTuple
+from typing import Annotated, NamedTuple
 
 import msgspec
 
 from pgplane import failpoints
 from pgplane.compute.driver import ComputeError
 from pgplane.compute.local.cold import archive
-from pgplane.compute.local.files import fsync_dir, write_atomic, write_owned
-from pgplane.compute.local.history.archiving import WAL_SUMS, HistoryDirs, list_bases
-from pgplane.compute.local.history.wal import segment_name
+from pgplane.compute.local.history.archiving import Base, HistoryDirs, list_bases
 from pgplane.compute.local.shared import cold, holes, streaming
 from pgplane.compute.local.shared.objects import ObjectStore
 from pgplane.compute.local.tenants import untrusted
@@ -55,17 +52,15 @@ log = logging.getLogger(__name__)
 
 HEAD = "head.json"
 _FORMAT = 1
-_SEGMENT = re.compile(r"[0-9A-F]{24}")
-_HISTORY = re.compile(r"[0-9A-F]{8}\.history")
+SEGMENT = re.compile(r"[0-9A-F]{24}")
+HISTORY = re.compile(r"[0-9A-F]{8}\.history")
 _BASE = re.compile(r"[0-9A-F]{16}")
 # Postgres' segments are 1 MiB to 1 GiB (16 MiB by default); a timeline history is lines of
 # text, one per switch.
-_MAX_SEGMENT = 1 << 30
-_MAX_HISTORY_FILE = 1 << 20
+MAX_SEGMENT = 1 << 30
+MAX_HISTORY_FILE = 1 << 20
 _MAX_HEAD = 64 << 20
 _CHUNK = 1 << 20
-# WAL files fetched at once by a rebuild (botocore pools ten connections per client).
-_FETCHERS = 8
 # The tenants' archived files already said to be refused (bounded: forgotten all at once).
 _said: set[tuple[str, str]] = set()
 _MAX_SAID = 10_000
@@ -116,7 +111,7 @@ def read_head(store: ObjectStore, prefix: str) -> Head | None:
 def shipped_wal(store: ObjectStore, prefix: str) -> list[str]:
     """The WAL segments the branch's head names there (blocking)."""
     head = read_head(store, prefix)
-    return [] if head is None else [n for n in head.wal if _SEGMENT.fullmatch(n)]
+    return [] if head is None else [n for n in head.wal if SEGMENT.fullmatch(n)]
 
 
 # -- shipping -----------------------------------------------------------------------------------
@@ -137,7 +132,7 @@ def ship(
         if _BASE.fullmatch(name) is None:
             continue
         if name not in head.bases:
-            _ship_base(store, base.path, f"{prefix}/base/{name}", staging)
+            _ship_base(store, base, f"{prefix}/base/{name}", staging)
             failpoints.reached_in_thread("ship:base_stored")
             copied += 1
         bases.append(name)
@@ -169,7 +164,7 @@ def local_wal(wal: Path) -> list[str]:
         names = os.listdir(wal)
     except FileNotFoundError:
         return []
-    return sorted(n for n in names if _SEGMENT.fullmatch(n) or _HISTORY.fullmatch(n))
+    return sorted(n for n in names if SEGMENT.fullmatch(n) or HISTORY.fullmatch(n))
 
 
 def _written_at(dirs: HistoryDirs, name: str) -> int:
@@ -183,7 +178,7 @@ def _written_at(dirs: HistoryDirs, name: str) -> int:
 
 def _ship_wal(store: ObjectStore, dirs: HistoryDirs, name: str, key: str) -> str | None:
     """The archived file copied, as read (the tenant's: safely); None when it cannot be."""
-    limit = _MAX_SEGMENT if _SEGMENT.fullmatch(name) else _MAX_HISTORY_FILE
+    limit = MAX_SEGMENT if SEGMENT.fullmatch(name) else MAX_HISTORY_FILE
     try:
         fd = untrusted.open_regular(untrusted.under(dirs.wal, name))
     except FileNotFoundError:
@@ -200,7 +195,7 @@ def _ship_wal(store: ObjectStore, dirs: HistoryDirs, name: str, key: str) -> str
         except ComputeError as exc:
             log.warning("archived WAL %s of %s not shipped: %s", name, dirs.wal, exc)
             return None
-    if _SEGMENT.fullmatch(name):
+    if SEGMENT.fullmatch(name):
         try:
             holes.free_zero_tail(untrusted.under(dirs.wal, name))
         except OSError as exc:  # gone meanwhile, or not a plain file any more: kept as it is
@@ -219,15 +214,30 @@ def _refused(dirs: HistoryDirs, name: str, why: str) -> None:
     log.warning("archived WAL %s of %s %s: never shipped", name, dirs.wal, why)
 
 
-def _ship_base(store: ObjectStore, base: Path, prefix: str, staging: Path) -> None:
+def _ship_base(store: ObjectStore, base: Base, prefix: str, staging: Path) -> None:
     """A base state packed (a cold archive of its directory) and stored."""
     staging.mkdir(mode=0o700, parents=True, exist_ok=True)
     local = staging / f"base-{secrets.token_hex(4)}"
     try:
-        archive.pack(base, local)
+        manifest = archive.pack(base.path, local)
+        _check_packed(base, manifest)
         cold.upload(store, prefix, local)
     finally:
         shutil.rmtree(local, ignore_errors=True)
+
+
+def _check_packed(base: Base, manifest: archive.Manifest) -> None:
+    """The files packed are the base state as it was taken (its ``base.json``'s checksums,
+    against those the packing computed as it read them): a base state damaged here is never
+    shipped, and one unpacked whole elsewhere (each file checked against the manifest) needs
+    no second reading of a GB to be trusted (``fetch``)."""
+    packed = {entry.path: entry.sha256 for entry in manifest.files}
+    for rel, sha in base.files.items():
+        if packed.get(f"pgdata/{rel}") != sha:
+            raise ComputeError(
+                f"base state {base.path.name} of {base.path.parent.parent}: pgdata/{rel} no"
+                " longer matches its checksum; not shipped"
+            )
 
 
 def _free(store: ObjectStore, prefix: str, head: Head) -> int:
@@ -238,7 +248,7 @@ def _free(store: ObjectStore, prefix: str, head: Head) -> int:
     for name in head.bases:
         kept |= {f"{prefix}/base/{name}/data.tar.gz", f"{prefix}/base/{name}/manifest.json"}
     # The WAL streamed past the newest segment shipped whole is kept: it is all there is of it.
-    shipped_end = max((n[8:] for n in head.wal if _SEGMENT.fullmatch(n)), default="")
+    shipped_end = max((n[8:] for n in head.wal if SEGMENT.fullmatch(n)), default="")
     stored = 0
     for key, size in store.sizes(prefix).items():
         if key not in kept and not streaming.live(key, prefix, shipped_end):
@@ -246,87 +256,3 @@ def _free(store: ObjectStore, prefix: str, head: Head) -> int:
         else:
             stored += size
     return stored
-
-
-# -- fetching -----------------------------------------------------------------------------------
-
-
-def fetch(
-    store: ObjectStore, dirs: HistoryDirs, prefix: str, staging: Path, owner: tuple[int, int]
-) -> None:
-    """The branch's newest shipped base state and every WAL file from its start on, put in
-    its (empty or half-fetched) history here, each checked by its checksum; the WAL files
-    ``owner``'s (the compute user's: its postmasters archive there, and a replay reads them).
-    Raises ComputeError naming what is missing or damaged."""
-    head = read_head(store, prefix)
-    if head is None or not head.bases:
-        raise ComputeError(f"branch {dirs.branch_dir.name} has no history on shared storage")
-    newest = max(head.bases)
-    base_dir = dirs.bases / newest
-    dirs.bases.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if not (base_dir / "base.json").is_file():
-        shutil.rmtree(base_dir, ignore_errors=True)  # half unpacked: unpack renames it whole
-        staging.mkdir(mode=0o700, parents=True, exist_ok=True)
-        local = staging / f"fetch-{secrets.token_hex(4)}"
-        try:
-            cold.download(store, f"{prefix}/base/{newest}", local)
-            archive.unpack(local, base_dir)
-        finally:
-            shutil.rmtree(local, ignore_errors=True)
-    base = next(b for b in list_bases(dirs) if b.path.name == newest)
-    first = base.start_lsn // base.segment_size
-    wanted = {
-        name: sha
-        for name, sha in head.wal.items()
-        if _HISTORY.fullmatch(name) or _segno(name, base.segment_size) >= first
-    }
-    with contextlib.suppress(FileExistsError):
-        dirs.wal.mkdir(mode=0o700)
-    os.chown(dirs.wal, *owner, follow_symlinks=False)
-    # Several at once: each is a request's round trip, an unsealing and an fsync, and a
-    # recovery waits for them all (a GB of WAL one by one took most of its time).
-    with ThreadPoolExecutor(_FETCHERS, thread_name_prefix="pgplane-fetch") as pool:
-        fetches = [
-            pool.submit(_fetch_wal, store, f"{prefix}/wal/{name}", dirs.wal / name, sha, owner)
-            for name, sha in sorted(wanted.items())
-        ]
-        for done in fetches:
-            done.result()  # the first failure raised (the others finish: their files are whole)
-    # Then what was streamed past the newest segment shipped whole (partial, as a compute's
-    # current segment is): the replay reads on to its last record.
-    shipped_end = max((n[8:] for n in wanted if _SEGMENT.fullmatch(n)), default="")
-    if not shipped_end:  # none shipped: from the base state's first segment
-        shipped_end = segment_name(1, first - 1, base.segment_size)[8:]
-    wanted |= streaming.assemble(
-        store,
-        prefix,
-        after=shipped_end,
-        segment_size=base.segment_size,
-        dest=dirs.wal,
-        owner=owner,
-    )
-    fsync_dir(dirs.wal)
-    # The catalog a replay checks each segment against: the checksums shipped with them.
-    write_atomic(dirs.bases / WAL_SUMS, msgspec.json.encode(dict(sorted(wanted.items()))))
-
-
-def _segno(name: str, segment_size: int) -> int:
-    per_xlogid = 0x1_0000_0000 // segment_size
-    return int(name[8:16], 16) * per_xlogid + int(name[16:], 16)
-
-
-def _fetch_wal(store: ObjectStore, key: str, dest: Path, sha: str, owner: tuple[int, int]) -> None:
-    if dest.exists():  # fetched by an earlier attempt (its checksum is checked by the replay)
-        return
-    limit = _MAX_SEGMENT if _SEGMENT.fullmatch(dest.name) else _MAX_HISTORY_FILE
-    write_owned(dest, lambda out: _read_checked(store, key, out, sha, limit), owner)
-
-
-def _read_checked(store: ObjectStore, key: str, out: BinaryIO, sha: str, limit: int) -> None:
-    name = key.rsplit("/", 1)[-1]
-    try:
-        got = store.read(key, out, max_bytes=limit)
-    except FileNotFoundError:
-        raise ComputeError(f"WAL file {name} is missing from shared storage") from None
-    if got.sha256 != sha:
-        raise ComputeError(f"WAL file {name} on shared storage does not match its checksum")

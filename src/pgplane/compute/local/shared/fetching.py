@@ -1,0 +1,200 @@
+"""A branch's shipped history fetched back onto a node, for a rebuild there (``recover``,
+``nodes recover``, ``backups verify``): the other half of :mod:`.shipping`.
+
+Its newest base state and every WAL file from that base state's start on, each checked by its
+checksum, then what was streamed past the newest segment shipped whole. The WAL is fetched
+while the base state unpacks (each takes seconds for a GB, and neither fills both cores): the
+base state's start, which says where the WAL it needs begins, is read from the archive's first
+member first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import logging
+import os
+import secrets
+import shutil
+import tarfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import BinaryIO, NamedTuple
+
+import msgspec
+
+from pgplane.compute.driver import ComputeError
+from pgplane.compute.local.cold import archive
+from pgplane.compute.local.cold.manifest import ARCHIVE_NAME
+from pgplane.compute.local.files import fsync_dir, write_atomic, write_owned
+from pgplane.compute.local.history.archiving import BASE_STATE, WAL_SUMS, HistoryDirs, list_bases
+from pgplane.compute.local.history.wal import segment_name
+from pgplane.compute.local.shared import cold, streaming
+from pgplane.compute.local.shared.objects import ObjectStore
+from pgplane.compute.local.shared.shipping import (
+    HISTORY,
+    MAX_HISTORY_FILE,
+    MAX_SEGMENT,
+    SEGMENT,
+    Head,
+    read_head,
+)
+
+log = logging.getLogger(__name__)
+
+# WAL files fetched at once by a rebuild (botocore pools ten connections per client).
+_FETCHERS = 8
+# A base state's base.json: a checksum per file of the data (~1,300 in a new cluster).
+_MAX_BASE_STATE = 64 << 20
+
+
+class _Start(NamedTuple):
+    """Where a base state's replay starts: the WAL it needs is from this LSN's segment on."""
+
+    lsn: int
+    segment_size: int
+
+
+def fetch(
+    store: ObjectStore, dirs: HistoryDirs, prefix: str, staging: Path, owner: tuple[int, int]
+) -> bool:
+    """The branch's newest shipped base state and every WAL file from its start on, put in
+    its (empty or half-fetched) history here, each checked by its checksum; the WAL files
+    ``owner``'s (the compute user's: its postmasters archive there, and a replay reads them).
+    Whether the base state was unpacked now (each of its files checked as it was written:
+    one an earlier attempt left is to be checked again). Raises ComputeError naming what is
+    missing or damaged."""
+    head = read_head(store, prefix)
+    if head is None or not head.bases:
+        raise ComputeError(f"branch {dirs.branch_dir.name} has no history on shared storage")
+    newest = max(head.bases)
+    base_dir = dirs.bases / newest
+    dirs.bases.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        dirs.wal.mkdir(mode=0o700)
+    os.chown(dirs.wal, *owner, follow_symlinks=False)
+    if (base_dir / BASE_STATE).is_file():  # unpacked whole by an earlier attempt
+        base = next(b for b in list_bases(dirs) if b.path.name == newest)
+        _fetch_wal(store, dirs, prefix, head, _Start(base.start_lsn, base.segment_size), owner)
+        return False
+    shutil.rmtree(base_dir, ignore_errors=True)  # half unpacked: unpack renames it whole
+    staging.mkdir(mode=0o700, parents=True, exist_ok=True)
+    local = staging / f"fetch-{secrets.token_hex(4)}"
+    try:
+        began = time.perf_counter()
+        cold.download(store, f"{prefix}/base/{newest}", local)
+        downloaded = time.perf_counter()
+        start = _start_of(local)
+        with ThreadPoolExecutor(1, thread_name_prefix="pgplane-fetch-wal") as beside:
+            wal = beside.submit(_fetch_wal, store, dirs, prefix, head, start, owner)
+            try:
+                archive.unpack(local, base_dir)
+            finally:
+                unpacked_at = time.perf_counter()
+                wal.result()  # its failure, else the unpack's (both finish first)
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
+    log.info(
+        "base state %s of %s: downloaded in %.0f ms, unpacked in %.0f ms",
+        newest,
+        prefix,
+        (downloaded - began) * 1000,
+        (unpacked_at - downloaded) * 1000,
+    )
+    return True
+
+
+def _start_of(local: Path) -> _Start:
+    """The base state's start, from the downloaded archive's ``base.json`` (its first file:
+    a base state's directory holds it beside ``pgdata/``, and the archive lists names in
+    order). The archive was checked whole as it was downloaded."""
+    try:
+        with (
+            (local / ARCHIVE_NAME).open("rb") as raw,  # root's: made by the download
+            gzip.GzipFile(fileobj=raw, mode="rb") as unzipped,
+            tarfile.open(fileobj=unzipped, mode="r|") as tar,  # root's: the same file
+        ):
+            for member in tar:
+                if member.name == BASE_STATE and member.isfile():
+                    source = tar.extractfile(member)
+                    if source is not None and member.size <= _MAX_BASE_STATE:
+                        state = json.loads(source.read(member.size))
+                        return _Start(int(state["start_lsn"]), int(state["segment_size"]))
+                if member.name not in (".", BASE_STATE):
+                    break
+    except (OSError, EOFError, tarfile.TarError, ValueError, KeyError, TypeError) as exc:
+        raise ComputeError(f"the base state archive {local.name} is unreadable: {exc}") from None
+    raise ComputeError(f"the base state archive {local.name} has no {BASE_STATE} first")
+
+
+def _fetch_wal(
+    store: ObjectStore,
+    dirs: HistoryDirs,
+    prefix: str,
+    head: Head,
+    start: _Start,
+    owner: tuple[int, int],
+) -> None:
+    """Every WAL file the base state's replay needs, then the catalog of their checksums."""
+    began = time.perf_counter()
+    first = start.lsn // start.segment_size
+    wanted = {
+        name: sha
+        for name, sha in head.wal.items()
+        if HISTORY.fullmatch(name) or _segno(name, start.segment_size) >= first
+    }
+    # Several at once: each is a request's round trip, an unsealing and an fsync, and a
+    # recovery waits for them all (a GB of WAL one by one took most of its time).
+    with ThreadPoolExecutor(_FETCHERS, thread_name_prefix="pgplane-fetch") as pool:
+        fetches = [
+            pool.submit(_fetch_file, store, f"{prefix}/wal/{name}", dirs.wal / name, sha, owner)
+            for name, sha in sorted(wanted.items())
+        ]
+        for done in fetches:
+            done.result()  # the first failure raised (the others finish: their files are whole)
+    # Then what was streamed past the newest segment shipped whole (partial, as a compute's
+    # current segment is): the replay reads on to its last record.
+    shipped_end = max((n[8:] for n in wanted if SEGMENT.fullmatch(n)), default="")
+    if not shipped_end:  # none shipped: from the base state's first segment
+        shipped_end = segment_name(1, first - 1, start.segment_size)[8:]
+    wanted |= streaming.assemble(
+        store,
+        prefix,
+        after=shipped_end,
+        segment_size=start.segment_size,
+        dest=dirs.wal,
+        owner=owner,
+    )
+    fsync_dir(dirs.wal)
+    log.info(
+        "WAL of %s: %d files fetched in %.0f ms",
+        prefix,
+        len(wanted),
+        (time.perf_counter() - began) * 1000,
+    )
+    # The catalog a replay checks each segment against: the checksums shipped with them.
+    write_atomic(dirs.bases / WAL_SUMS, msgspec.json.encode(dict(sorted(wanted.items()))))
+
+
+def _segno(name: str, segment_size: int) -> int:
+    per_xlogid = 0x1_0000_0000 // segment_size
+    return int(name[8:16], 16) * per_xlogid + int(name[16:], 16)
+
+
+def _fetch_file(store: ObjectStore, key: str, dest: Path, sha: str, owner: tuple[int, int]) -> None:
+    if dest.exists():  # fetched by an earlier attempt (its checksum is checked by the replay)
+        return
+    limit = MAX_SEGMENT if SEGMENT.fullmatch(dest.name) else MAX_HISTORY_FILE
+    write_owned(dest, lambda out: _read_checked(store, key, out, sha, limit), owner)
+
+
+def _read_checked(store: ObjectStore, key: str, out: BinaryIO, sha: str, limit: int) -> None:
+    name = key.rsplit("/", 1)[-1]
+    try:
+        got = store.read(key, out, max_bytes=limit)
+    except FileNotFoundError:
+        raise ComputeError(f"WAL file {name} is missing from shared storage") from None
+    if got.sha256 != sha:
+        raise ComputeError(f"WAL file {name} on shared storage does not match its checksum")
