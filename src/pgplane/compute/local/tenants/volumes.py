@@ -40,7 +40,7 @@ _SUFFIX = ".img"
 _TEMPORARY = ".tmp-"
 # mkfs.xfs refuses filesystems under 300 MB.
 MIN_BYTES = 512 << 20
-_OPTIONS = "loop,nodev,nosuid,noatime"
+_OPTIONS = "nodev,nosuid,noatime"
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +105,7 @@ class Volumes:
         if _has_files(project_dir):
             # Files under the mount point would vanish behind the mount: never ours to hide.
             raise ComputeError(f"cannot mount {image.name}: {project_dir} is not empty")
-        # Its type found by mount: an image made before xfsprogs was installed is ext4.
-        _run(["mount", "-o", _OPTIONS, str(image), str(project_dir)])
+        _mount(image, project_dir)
 
     def mount_all(self, projects: Path) -> None:
         """At start-up: every project's filesystem on its directory; half-made images removed."""
@@ -179,6 +178,32 @@ class Volumes:
             fsync_dir(self.images)
         finally:
             tmp.unlink(missing_ok=True)
+
+
+def _mount(image: Path, project_dir: Path) -> None:
+    """The image's filesystem mounted on ``project_dir``, through a loop device doing direct
+    I/O on the image: without it every page the project reads or writes is cached twice, in
+    its filesystem and in the image file (a GB unpacked there took 5 s, against 2.6 s with it).
+    Where the image's filesystem cannot (tmpfs), the device caches as before."""
+    found = subprocess.run(
+        ["losetup", "--direct-io=on", "--find", "--show", str(image)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    device = found.stdout.strip()
+    if found.returncode != 0 or not device.startswith("/dev/loop"):
+        said = found.stderr.strip().splitlines()
+        raise ComputeError(f"losetup failed: {said[-1] if said else found.returncode}")
+    if found.stderr.strip():  # direct I/O refused (it says why): the device works without
+        log.info("%s: %s", image.name, found.stderr.strip().splitlines()[-1])
+    try:
+        # Its type found by mount: an image made before xfsprogs was installed is ext4.
+        _run(["mount", "-o", _OPTIONS, device, str(project_dir)])
+    finally:
+        # Detached now: while mounted the kernel only marks it to be freed at the unmount
+        # (autoclear, as mount's own -o loop does); unmounted (a failed mount), it is freed.
+        _run(["losetup", "--detach", device])
 
 
 def _has_files(directory: Path) -> bool:
