@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import os
@@ -13,15 +14,18 @@ from pathlib import Path
 
 import msgspec
 import pytest
+import zstandard
 
 from pgplane.compute.driver import ComputeError
 from pgplane.compute.local.cold.archive import (
     ARCHIVE_NAME,
+    FORMAT,
     MANIFEST_NAME,
     DirEntry,
     FileEntry,
     LinkEntry,
     Manifest,
+    archive_name,
     pack,
     tree_checksums,
     unpack,
@@ -308,17 +312,22 @@ def forge(
     dirs: tuple[DirEntry, ...] = (),
     files: tuple[FileEntry, ...] = (),
     symlinks: tuple[LinkEntry, ...] = (),
+    format_: int = FORMAT,
 ) -> None:
-    """An archive written by hand, with a manifest whose archive checksum matches it."""
+    """An archive written by hand, with a manifest whose archive checksum matches it: of this
+    version's format (zstandard), or of format 1 (gzip), which earlier versions wrote."""
     buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for info, data in [member(".", tarfile.DIRTYPE), *members]:
             tar.addfile(info, io.BytesIO(data) if info.isreg() else None)
-    data = buffer.getvalue()
+    if format_ == 1:
+        data = gzip.compress(buffer.getvalue())
+    else:
+        data = zstandard.ZstdCompressor().compress(buffer.getvalue())
     archive.mkdir()
-    (archive / ARCHIVE_NAME).write_bytes(data)
+    (archive / archive_name(format_)).write_bytes(data)
     manifest = Manifest(
-        format=1,
+        format=format_,
         archive_size=len(data),
         archive_sha256=hashlib.sha256(data).hexdigest(),
         dirs=(DirEntry(path=".", mode=0o700), *dirs),
@@ -332,8 +341,10 @@ def file_entry(path: str, data: bytes) -> FileEntry:
     return FileEntry(path=path, size=len(data), mode=0o600, sha256=hashlib.sha256(data).hexdigest())
 
 
-def test_a_forged_archive_that_is_well_formed_restores(tmp_path: Path) -> None:
+@pytest.mark.parametrize("format_", [1, FORMAT])
+def test_a_forged_archive_that_is_well_formed_restores(tmp_path: Path, format_: int) -> None:
     # The control for the tests below: what they refuse is their hostile member, not the forgery.
+    # Format 1 (gzip) is what earlier versions wrote: their archives restore as they were.
     forge(
         tmp_path / "archive",
         [
@@ -344,6 +355,7 @@ def test_a_forged_archive_that_is_well_formed_restores(tmp_path: Path) -> None:
         dirs=(DirEntry(path="d", mode=0o750),),
         files=(file_entry("d/f", b"x"),),
         symlinks=(LinkEntry(path="d/l", target="f"),),
+        format_=format_,
     )
     unpack(tmp_path / "archive", tmp_path / "restored")
     assert entries(tmp_path / "restored") == {

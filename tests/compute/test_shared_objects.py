@@ -83,7 +83,7 @@ def test_a_stored_archive_comes_back_checked(tmp_path: Path) -> None:
         tree / "branches" / "f"
     ).read_bytes()
     # A byte changed on shared storage: refused before anything is unpacked.
-    data = tmp_path / "shared" / "archive" / "p-1" / "data.tar.gz"
+    data = tmp_path / "shared" / "archive" / "p-1" / archive.ARCHIVE_NAME
     damaged = bytearray(data.read_bytes())
     damaged[len(damaged) // 2] ^= 1
     data.write_bytes(bytes(damaged))

@@ -33,6 +33,7 @@ import httpx
 import psycopg
 import pytest
 
+from pgplane.compute.local.cold.manifest import ARCHIVE_NAME, MANIFEST_NAME
 from pgplane.compute.local.shared import receiver, shipping, streaming
 from pgplane.compute.local.shared.s3 import S3Store, parse_url
 from pgplane.compute.local.shared.sealed import SealedStore
@@ -435,7 +436,7 @@ def test_a_kill_inside_an_upload_converges(
                 here = {n for n in os.listdir(wal) if not n.startswith(".")}
                 named = {f"{prefix}/{shipping.HEAD}", *(f"{prefix}/wal/{n}" for n in head.wal)}
                 for base in head.bases:
-                    named |= {f"{prefix}/base/{base}/{n}" for n in ("data.tar.gz", "manifest.json")}
+                    named |= {f"{prefix}/base/{base}/{n}" for n in (ARCHIVE_NAME, MANIFEST_NAME)}
                 # Besides, the WAL streamed past the newest segment shipped whole.
                 end = max((n[8:] for n in head.wal if not n.endswith(".history")), default="")
                 stored = {k for k in raw.sizes(prefix) if not streaming.live(k, prefix, end)}

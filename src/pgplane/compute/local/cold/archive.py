@@ -10,7 +10,8 @@ missing from the archive at its end.
 
 On disk, ``<dest>/`` holds::
 
-    data.tar.gz     pax tar of the tree (member "." is its root), gzip level 1
+    data.tar.zst    pax tar of the tree (member "." is its root), zstandard level 1
+                    (data.tar.gz, gzip, in archives of format 1, still read)
     manifest.json   the Manifest as JSON; an archive without it is incomplete
 
 Both directions build in a temporary sibling (``.<name>.tmp-<hex>``), make it durable and rename
@@ -38,6 +39,7 @@ import zlib
 from pathlib import Path
 
 import msgspec
+import zstandard
 
 from pgplane.compute.driver import ComputeError
 from pgplane.compute.local.cold.extract import extract
@@ -52,6 +54,7 @@ from pgplane.compute.local.cold.manifest import (
     Mode,
     Sha256,
     Size,
+    archive_name,
     verify,
 )
 from pgplane.compute.local.cold.tree import _write_archive, tree_checksums
@@ -68,6 +71,7 @@ __all__ = [
     "Mode",
     "Sha256",
     "Size",
+    "archive_name",
     "pack",
     "tree_checksums",
     "unpack",
@@ -123,10 +127,10 @@ def unpack(src: Path, dest: Path, *, owner: tuple[int, int] | None = None) -> Ma
     tmp = _temporary(dest)
     try:
         os.mkdir(tmp, 0o700)
-        extract(src, src / ARCHIVE_NAME, tmp, manifest, owner)
+        extract(src, src / archive_name(manifest.format), tmp, manifest, owner)
         sync_tree(tmp)
         _rename_new(tmp, dest)
-    except (OSError, EOFError, zlib.error, tarfile.TarError) as exc:
+    except (OSError, EOFError, zlib.error, zstandard.ZstdError, tarfile.TarError) as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise ComputeError(f"restoring archive {src} to {dest}: {exc}") from exc
     except BaseException:

@@ -24,6 +24,8 @@ import zlib
 from pathlib import Path
 from typing import BinaryIO
 
+import zstandard
+
 from pgplane.compute.driver import ComputeError
 from pgplane.compute.local.cold.manifest import FileEntry, Manifest, _is_safe_path
 from pgplane.compute.local.files import start_writeback
@@ -46,9 +48,19 @@ def extract(
 ) -> None:
     """Extract ``archive`` (of the archive directory ``src``, named in errors) into the empty
     directory ``root``: what ``manifest`` lists, as it lists it, or ComputeError. The files are
-    ``owner``'s when given. OSError, EOFError, zlib.error and tarfile.TarError propagate."""
+    ``owner``'s when given. OSError, EOFError, zlib.error, zstandard.ZstdError and
+    tarfile.TarError propagate."""
     with archive.open("rb") as raw:  # root's: the archive directory is made by root
-        _Restore(src, root, manifest, owner).run(raw)
+        _Restore(src, root, manifest, owner).run(tar_stream(raw, manifest.format))
+
+
+def tar_stream(raw: BinaryIO, format_: int) -> BinaryIO:
+    """The tar an archive of this format compresses, read back a bounded amount at a time
+    (never one inflate of all a run of zeros holds)."""
+    if format_ == 1:
+        return io.BufferedReader(_Inflater(raw), _TAR_BUFFER)
+    reader = zstandard.ZstdDecompressor().stream_reader(raw, read_size=_READ, closefd=False)
+    return io.BufferedReader(reader, _TAR_BUFFER)
 
 
 class _Restore:
@@ -67,11 +79,7 @@ class _Restore:
         self.made_dirs: dict[str, int] = {}  # path: mtime, in archive order (parents first)
         self.made_links: dict[str, int] = {}
 
-    def run(self, raw: BinaryIO) -> None:
-        # Our own inflater under tarfile's stream mode: gzip's reader (and tarfile's "r|gz")
-        # return unbounded chunks, and a run of zeros (an archived WAL segment) inflates to one
-        # regrown buffer after another.
-        stream = io.BufferedReader(_Inflater(raw), _TAR_BUFFER)
+    def run(self, stream: BinaryIO) -> None:
         writer = _Writer(self.owner)
         try:
             with tarfile.open(fileobj=stream, mode="r|", bufsize=_TAR_BUFFER) as tar:
@@ -146,9 +154,11 @@ class _Restore:
 
 
 class _Inflater(io.RawIOBase):
-    """The gzip archive's data (one member or several, as gzip allows), at most ``len(b)``
-    bytes a read. Each member's CRC and length are checked by zlib; a truncated archive is
-    an EOFError, damage a zlib.error."""
+    """A gzip archive's data (format 1; one member or several, as gzip allows), at most
+    ``len(b)`` bytes a read: gzip's reader (and tarfile's "r|gz") return unbounded chunks, and
+    a run of zeros (an archived WAL segment) inflates to one regrown buffer after another.
+    Each member's CRC and length are checked by zlib; a truncated archive is an EOFError,
+    damage a zlib.error."""
 
     def __init__(self, raw: BinaryIO) -> None:
         self._raw = raw

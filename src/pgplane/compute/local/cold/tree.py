@@ -8,7 +8,6 @@ directory or link inside the tree is refused.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import os
 import stat
@@ -16,6 +15,8 @@ import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
+
+import zstandard
 
 from pgplane.compute.driver import ComputeError
 from pgplane.compute.local.cold.manifest import (
@@ -28,8 +29,10 @@ from pgplane.compute.local.cold.manifest import (
     _link_stays_inside,
 )
 
-# Speed over size: an archive is written at every detach, and Postgres pages (zero-filled
-# free space, repeated tuple headers) compress well even at the fastest level.
+# Speed over size: an archive is written at every detach and for every base state shipped,
+# and Postgres pages (zero-filled free space, repeated tuple headers) compress well even at
+# zstandard's fastest level (a GB of pgbench's tables to 45 MB in 0.8 s; gzip's fastest made
+# 60 MB in 2.8 s).
 _COMPRESS_LEVEL = 1
 _CHUNK = 1 << 20
 
@@ -40,11 +43,12 @@ def _write_archive(src: Path, archive: Path) -> Manifest:
     links: list[LinkEntry] = []
     with archive.open("xb") as raw:
         sink = _HashingWriter(raw)
-        # mtime=0: the gzip header then depends on the content only.
+        # One thread: its output then depends on the content only.
+        compressor = zstandard.ZstdCompressor(level=_COMPRESS_LEVEL)
         with (
-            gzip.GzipFile(mode="wb", fileobj=sink, compresslevel=_COMPRESS_LEVEL, mtime=0) as gz,
+            compressor.stream_writer(sink, closefd=False) as zstd,  # type: ignore[arg-type]
             tarfile.TarFile(
-                fileobj=gz, mode="w", format=tarfile.PAX_FORMAT, copybufsize=_CHUNK
+                fileobj=zstd, mode="w", format=tarfile.PAX_FORMAT, copybufsize=_CHUNK
             ) as tar,
         ):
             for rel, st in _walk(src):

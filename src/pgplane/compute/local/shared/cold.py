@@ -1,7 +1,8 @@
 """The cold archive on shared storage: a node's archive directory (``cold.archive``) as two
 objects, so that another node can restore it.
 
-``<prefix>/data.tar.gz`` goes first, then ``<prefix>/manifest.json``: an archive without its
+``<prefix>/data.tar.zst`` (``data.tar.gz`` in an archive of format 1) goes first, then
+``<prefix>/manifest.json``: an archive without its
 manifest is incomplete, as on disk. Nothing read back is believed before it is checked: the
 manifest is bounded and validated as one read from disk is, and the archive's size and sha256
 must be the manifest's, checked as it is copied (and again, file by file, as it is unpacked).
@@ -17,7 +18,7 @@ from typing import BinaryIO
 
 from pgplane.compute.driver import ComputeError
 from pgplane.compute.local.cold import archive
-from pgplane.compute.local.cold.manifest import ARCHIVE_NAME, MANIFEST_NAME, Manifest
+from pgplane.compute.local.cold.manifest import MANIFEST_NAME, Manifest, archive_name
 from pgplane.compute.local.cold.manifest import parse_manifest as parse
 from pgplane.compute.local.files import fsync_dir
 from pgplane.compute.local.shared.objects import ObjectStore
@@ -33,8 +34,9 @@ def prefix_of(project_id: str) -> str:
 def upload(store: ObjectStore, prefix: str, local: Path) -> Manifest:
     """The verified archive directory ``local`` as the objects under ``prefix``."""
     manifest = archive.verify(local)
-    with (local / ARCHIVE_NAME).open("rb") as f:  # root's: archive/
-        sent = store.write(f"{prefix}/{ARCHIVE_NAME}", f, max_bytes=manifest.archive_size)
+    name = archive_name(manifest.format)
+    with (local / name).open("rb") as f:  # root's: archive/
+        sent = store.write(f"{prefix}/{name}", f, max_bytes=manifest.archive_size)
     if (sent.size, sent.sha256) != (manifest.archive_size, manifest.archive_sha256):
         raise ComputeError(f"archive {local} changed while it was stored")
     store.write_bytes(f"{prefix}/{MANIFEST_NAME}", (local / MANIFEST_NAME).read_bytes())  # root's
@@ -69,7 +71,8 @@ def download(store: ObjectStore, prefix: str, local: Path) -> Manifest:
     try:
         os.mkdir(tmp, 0o700)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        with open(os.open(tmp / ARCHIVE_NAME, flags, 0o600), "wb") as out:  # root's: made here
+        name = archive_name(manifest.format)
+        with open(os.open(tmp / name, flags, 0o600), "wb") as out:  # root's: made here
             _check(store, prefix, manifest, out)
             out.flush()
             os.fsync(out.fileno())
@@ -94,10 +97,11 @@ def _same_manifest(store: ObjectStore, prefix: str, manifest: Manifest) -> bytes
 
 
 def _check(store: ObjectStore, prefix: str, manifest: Manifest, sink: BinaryIO) -> None:
+    name = archive_name(manifest.format)
     try:
-        got = store.read(f"{prefix}/{ARCHIVE_NAME}", sink, max_bytes=manifest.archive_size)
+        got = store.read(f"{prefix}/{name}", sink, max_bytes=manifest.archive_size)
     except FileNotFoundError:
-        raise ComputeError(f"archive {prefix} on shared storage has no {ARCHIVE_NAME}") from None
+        raise ComputeError(f"archive {prefix} on shared storage has no {name}") from None
     if (got.size, got.sha256) != (manifest.archive_size, manifest.archive_sha256):
         raise ComputeError(
             f"archive {prefix} on shared storage is corrupt: {got.size} bytes with sha256"

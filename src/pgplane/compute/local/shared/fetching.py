@@ -11,7 +11,6 @@ member first.
 from __future__ import annotations
 
 import contextlib
-import gzip
 import json
 import logging
 import os
@@ -19,15 +18,18 @@ import secrets
 import shutil
 import tarfile
 import time
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
 import msgspec
+from zstandard import ZstdError
 
 from pgplane.compute.driver import ComputeError
 from pgplane.compute.local.cold import archive
-from pgplane.compute.local.cold.manifest import ARCHIVE_NAME
+from pgplane.compute.local.cold.extract import tar_stream
+from pgplane.compute.local.cold.manifest import archive_name
 from pgplane.compute.local.files import fsync_dir, write_atomic, write_owned
 from pgplane.compute.local.history.archiving import BASE_STATE, WAL_SUMS, HistoryDirs, list_bases
 from pgplane.compute.local.history.wal import segment_name
@@ -84,9 +86,9 @@ def fetch(
     local = staging / f"fetch-{secrets.token_hex(4)}"
     try:
         began = time.perf_counter()
-        cold.download(store, f"{prefix}/base/{newest}", local)
+        manifest = cold.download(store, f"{prefix}/base/{newest}", local)
         downloaded = time.perf_counter()
-        start = _start_of(local)
+        start = _start_of(local, manifest.format)
         with ThreadPoolExecutor(1, thread_name_prefix="pgplane-fetch-wal") as beside:
             wal = beside.submit(_fetch_wal, store, dirs, prefix, head, start, owner)
             try:
@@ -106,15 +108,14 @@ def fetch(
     return True
 
 
-def _start_of(local: Path) -> _Start:
+def _start_of(local: Path, format_: int) -> _Start:
     """The base state's start, from the downloaded archive's ``base.json`` (its first file:
     a base state's directory holds it beside ``pgdata/``, and the archive lists names in
     order). The archive was checked whole as it was downloaded."""
     try:
         with (
-            (local / ARCHIVE_NAME).open("rb") as raw,  # root's: made by the download
-            gzip.GzipFile(fileobj=raw, mode="rb") as unzipped,
-            tarfile.open(fileobj=unzipped, mode="r|") as tar,  # root's: the same file
+            (local / archive_name(format_)).open("rb") as raw,  # root's: made by the download
+            tarfile.open(fileobj=tar_stream(raw, format_), mode="r|") as tar,  # root's: it
         ):
             for member in tar:
                 if member.name == BASE_STATE and member.isfile():
@@ -124,7 +125,16 @@ def _start_of(local: Path) -> _Start:
                         return _Start(int(state["start_lsn"]), int(state["segment_size"]))
                 if member.name not in (".", BASE_STATE):
                     break
-    except (OSError, EOFError, tarfile.TarError, ValueError, KeyError, TypeError) as exc:
+    except (
+        OSError,
+        EOFError,
+        zlib.error,
+        ZstdError,
+        tarfile.TarError,
+        ValueError,
+        KeyError,
+        TypeError,
+    ) as exc:
         raise ComputeError(f"the base state archive {local.name} is unreadable: {exc}") from None
     raise ComputeError(f"the base state archive {local.name} has no {BASE_STATE} first")
 

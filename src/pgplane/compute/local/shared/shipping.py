@@ -8,7 +8,7 @@ compute reaches::
     history/<project_id>/<branch_id>/wal/<segment>          a completed WAL segment, or a
                                                               timeline's history file
     history/<project_id>/<branch_id>/base/<end lsn>/...      a base state, as a cold archive
-                                                              (data.tar.gz and manifest.json)
+                                                              (data.tar.zst and manifest.json)
     history/<project_id>/<branch_id>/head.json               what the above holds that forms
                                                               the history: written last
 
@@ -43,6 +43,7 @@ import msgspec
 from pgplane import failpoints
 from pgplane.compute.driver import ComputeError
 from pgplane.compute.local.cold import archive
+from pgplane.compute.local.cold.manifest import ARCHIVE_NAMES, MANIFEST_NAME
 from pgplane.compute.local.history.archiving import Base, HistoryDirs, list_bases
 from pgplane.compute.local.shared import cold, holes, streaming
 from pgplane.compute.local.shared.objects import ObjectStore
@@ -246,7 +247,7 @@ def _free(store: ObjectStore, prefix: str, head: Head) -> int:
     kept = {f"{prefix}/{HEAD}"}
     kept |= {f"{prefix}/wal/{name}" for name in head.wal}
     for name in head.bases:
-        kept |= {f"{prefix}/base/{name}/data.tar.gz", f"{prefix}/base/{name}/manifest.json"}
+        kept |= {f"{prefix}/base/{name}/{file}" for file in (*ARCHIVE_NAMES, MANIFEST_NAME)}
     # The WAL streamed past the newest segment shipped whole is kept: it is all there is of it.
     shipped_end = max((n[8:] for n in head.wal if SEGMENT.fullmatch(n)), default="")
     stored = 0

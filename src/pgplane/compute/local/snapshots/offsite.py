@@ -1,7 +1,7 @@
 """A sealed snapshot kept on shared or object storage too, so it outlives this machine.
 
 ``snapshots/<project_id>/<snapshot_id>/`` there holds the snapshot's directory (its data and
-its record) as a cold archive (``data.tar.gz``, then ``manifest.json``: one without its
+its record) as a cold archive (``data.tar.zst``, then ``manifest.json``: one without its
 manifest is incomplete). It goes up once the snapshot is sealed, when the tenant can no longer
 reach it, and comes back (``fetch``) into a project rebuilt elsewhere, checked file by file
 against the manifest, and sealed again.
