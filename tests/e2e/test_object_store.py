@@ -34,7 +34,11 @@ import psycopg
 import pytest
 
 from pgplane.compute.local.cold.manifest import ARCHIVE_NAME, MANIFEST_NAME
+from pgplane.compute.local.layout import Layout
+from pgplane.compute.local.postgres.records import Records
+from pgplane.compute.local.postgres.sessions import ADMIN_USER, conninfo
 from pgplane.compute.local.shared import receiver, shipping, streaming
+from pgplane.compute.local.shared.objects import DirectoryStore
 from pgplane.compute.local.shared.s3 import S3Store, parse_url
 from pgplane.compute.local.shared.sealed import SealedStore
 from pgplane.compute.local.tenants.users import remove_project_users
@@ -338,6 +342,43 @@ def test_in_synchronous_mode_no_acknowledged_commit_is_lost_with_the_machine(
         assert acknowledged > 10
         assert _rows(uri) == (acknowledged, acknowledged)
         assert main
+
+
+def test_a_stream_whose_wal_the_compute_removed_ends_and_says_why(
+    seaweed: SeaweedFS, key_file: Path, tmp_path: Path
+) -> None:
+    """A receiver that falls behind a bulk load (its WAL recycled by a checkpoint meanwhile)
+    starts again where the bucket's copy ends, which the compute may no longer hold: that
+    receiver ends at once, saying why (the next round starts another past it, once the
+    segments are shipped whole). It waited for ever on the compute's error, which libpq held
+    already, and every synchronous commit with it."""
+    with _machine(_env(seaweed, "removed", key_file), tmp_path) as server:
+        server.start()
+        with Api(server, server.create_key("removed@example.com")[1]) as api:
+            body = api.create_ready_project(name="removed")
+        layout = Layout(server.data_dir.resolve())
+        pgdata = layout.pgdata(body["project"]["id"], body["branch"]["id"])
+        running = Records(layout.postmaster_records).get(pgdata)
+        assert running is not None
+        info = conninfo(running.socket_dir, running.port, user=ADMIN_USER)
+        with psycopg.connect(info, autocommit=True) as conn:  # the first segments recycled
+            conn.execute("CREATE TABLE public.filler (v int)")
+            for _ in range(4):
+                conn.execute("INSERT INTO public.filler VALUES (1)")
+                conn.execute("SELECT pg_catalog.pg_switch_wal()")
+                conn.execute("CHECKPOINT")
+        stream = receiver.Receiver(
+            store=DirectoryStore(tmp_path / "bucket"),
+            prefix="history/p/b",
+            conninfo=info,
+            synchronous=True,
+            shipped=lambda: ["000000010000000000000001"],  # the bucket's copy ends at 0/2000000
+        )
+        stream.start()
+        stream.join(timeout=30)
+        assert not stream.is_alive(), "the stream waits for WAL the compute removed"
+        assert stream.error is not None
+        assert "has already been removed" in stream.error, stream.error
 
 
 def test_a_prefix_is_one_platform_s_and_its_key_is_checked(

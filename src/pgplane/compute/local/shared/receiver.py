@@ -165,21 +165,30 @@ class Receiver(threading.Thread):
         return self._pending_at + len(self._pending)
 
     def _read(self, conn: PGconn) -> bool:
-        """What arrived taken in (waiting a moment for it); whether a reply was asked for."""
-        wait = _ASYNC_SECONDS / 5 if self._pending else 1.0
-        readable, _, _ = select.select([conn.socket], [], [], wait)
-        if not readable:
-            return False
-        conn.consume_input()
+        """What arrived taken in (waiting a moment for it); whether a reply was asked for.
+
+        What libpq holds already is taken first: the socket says nothing of it. (The error
+        of a stream that cannot start, its WAL removed from the compute, arrives with the
+        answer to START_REPLICATION: a wait on the socket first waited for ever, the compute's
+        synchronous commits with it.)"""
         reply = False
+        waited = False
         while True:
             got, data = conn.get_copy_data(1)
             if got == 0:
-                return reply
+                if waited:
+                    return reply
+                wait = _ASYNC_SECONDS / 5 if self._pending else 1.0
+                readable, _, _ = select.select([conn.socket], [], [], wait)
+                if not readable:
+                    return reply
+                conn.consume_input()
+                waited = True
+                continue
             if got < 0:
                 if self._pending:
                     self._store()
-                raise StreamError(conn.get_error_message() or "the compute ended the stream")
+                raise StreamError(_why_ended(conn))
             if got > _MAX_MESSAGE + 64:
                 raise StreamError(f"a message of {got} bytes")
             reply = self._message(bytes(data)) or reply
@@ -224,6 +233,14 @@ class Receiver(threading.Thread):
             if time.monotonic() > deadline:
                 raise StreamError("the compute takes no status")
             select.select([], [conn.socket], [], 0.1)
+
+
+def _why_ended(conn: PGconn) -> str:
+    """The compute's error that ended the stream (its result, which libpq holds by now: the
+    connection's own message is empty until it is taken)."""
+    result = conn.get_result()
+    said = result.error_message.decode(errors="replace").strip() if result is not None else ""
+    return said or conn.get_error_message() or "the compute ended the stream"
 
 
 class Streams:
