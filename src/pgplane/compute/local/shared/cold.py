@@ -2,9 +2,10 @@
 objects, so that another node can restore it.
 
 ``<prefix>/data.tar.zst`` (``data.tar.gz`` in an archive of format 1) goes first, then
-``<prefix>/manifest.json``: an archive without its manifest is incomplete, as on disk. Nothing read back is believed before it is checked: the
-manifest is bounded and validated as one read from disk is, and the archive's size and sha256
-must be the manifest's, checked as it is copied (and again, file by file, as it is unpacked).
+``<prefix>/manifest.json``: an archive without its manifest is incomplete, as on disk. Nothing
+read back is believed before it is checked: the manifest is bounded and validated as one read
+from disk is, and the archive's size and sha256 must be the manifest's, checked as it is copied
+(and again, file by file, as it is unpacked).
 """
 
 from __future__ import annotations

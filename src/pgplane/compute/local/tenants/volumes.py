@@ -200,10 +200,13 @@ def _mount(image: Path, project_dir: Path) -> None:
     try:
         # Its type found by mount: an image made before xfsprogs was installed is ext4.
         _run(["mount", "-o", _OPTIONS, device, str(project_dir)])
-    finally:
-        # Detached now: while mounted the kernel only marks it to be freed at the unmount
-        # (autoclear, as mount's own -o loop does); unmounted (a failed mount), it is freed.
-        _run(["losetup", "--detach", device])
+    except ComputeError:
+        with contextlib.suppress(ComputeError):  # the mount's error is the one to say
+            _run(["losetup", "--detach", device])
+        raise
+    # Detached now: while it is mounted the kernel only marks it to be freed at the unmount
+    # (autoclear, as mount's own -o loop does).
+    _run(["losetup", "--detach", device])
 
 
 def _has_files(directory: Path) -> bool:
