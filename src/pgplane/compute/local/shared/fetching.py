@@ -32,7 +32,7 @@ from pgplane.compute.local.cold.extract import tar_stream
 from pgplane.compute.local.cold.manifest import archive_name
 from pgplane.compute.local.files import fsync_dir, write_atomic, write_owned
 from pgplane.compute.local.history.archiving import BASE_STATE, WAL_SUMS, HistoryDirs, list_bases
-from pgplane.compute.local.history.wal import segment_name
+from pgplane.compute.local.history.wal import parse_segment, segment_name
 from pgplane.compute.local.shared import cold, streaming
 from pgplane.compute.local.shared.objects import ObjectStore
 from pgplane.compute.local.shared.shipping import (
@@ -81,7 +81,8 @@ def fetch(
         base = next(b for b in list_bases(dirs) if b.path.name == newest)
         _fetch_wal(store, dirs, prefix, head, _Start(base.start_lsn, base.segment_size), owner)
         return False
-    shutil.rmtree(base_dir, ignore_errors=True)  # half unpacked: unpack renames it whole
+    # Half unpacked (unpack renames it whole); root's: base/ is 0700.
+    shutil.rmtree(base_dir, ignore_errors=True)
     staging.mkdir(mode=0o700, parents=True, exist_ok=True)
     local = staging / f"fetch-{secrets.token_hex(4)}"
     try:
@@ -97,7 +98,7 @@ def fetch(
                 unpacked_at = time.perf_counter()
                 wal.result()  # its failure, else the unpack's (both finish first)
     finally:
-        shutil.rmtree(local, ignore_errors=True)
+        shutil.rmtree(local, ignore_errors=True)  # root's: the node's staging directory
     log.info(
         "base state %s of %s: downloaded in %.0f ms, unpacked in %.0f ms",
         newest,
@@ -153,7 +154,7 @@ def _fetch_wal(
     wanted = {
         name: sha
         for name, sha in head.wal.items()
-        if HISTORY.fullmatch(name) or _segno(name, start.segment_size) >= first
+        if HISTORY.fullmatch(name) or parse_segment(name, start.segment_size)[1] >= first
     }
     # Several at once: each is a request's round trip, an unsealing and an fsync, and a
     # recovery waits for them all (a GB of WAL one by one took most of its time).
@@ -186,11 +187,6 @@ def _fetch_wal(
     )
     # The catalog a replay checks each segment against: the checksums shipped with them.
     write_atomic(dirs.bases / WAL_SUMS, msgspec.json.encode(dict(sorted(wanted.items()))))
-
-
-def _segno(name: str, segment_size: int) -> int:
-    per_xlogid = 0x1_0000_0000 // segment_size
-    return int(name[8:16], 16) * per_xlogid + int(name[16:], 16)
 
 
 def _fetch_file(store: ObjectStore, key: str, dest: Path, sha: str, owner: tuple[int, int]) -> None:

@@ -237,7 +237,7 @@ class SharedHistory:
         # The installation (its template built on a node's first use: half a second) is made
         # ready while the history is fetched, which needs only the project's directory.
         run_as = await self._project_dir(project_id)
-        installing = asyncio.ensure_future(self._install(project_id, pg_version, make_dir=True))
+        installing = asyncio.ensure_future(self._install(project_id, pg_version))
         try:
             await self._rebuild_with(project_id, branch_id, run_as, installing)
         finally:
