@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -179,6 +180,10 @@ class Server:
     proxy_port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
     keys: list[str] = field(default_factory=list)
+    # Every Api's client still alive, closed when the server is done with: a test that fails
+    # midway leaves its client's socket to the collector, whose warning would fail whichever
+    # test runs next.
+    clients: weakref.WeakSet[httpx.Client] = field(default_factory=weakref.WeakSet)
 
     @property
     def base_url(self) -> str:
@@ -245,6 +250,10 @@ class Server:
             self.process.kill()
             self.process.wait()
         self.process = None
+
+    def close_clients(self) -> None:
+        for client in list(self.clients):
+            client.close()
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -349,6 +358,7 @@ def running_server(
         assert_no_key_values_kept(server)
     finally:
         server.stop()
+        server.close_clients()
         stop_postmasters(data_dir)
         remove_project_users(data_dir)  # as root, each project had an OS user of its own
         unmount_volumes(data_dir)  # and a filesystem of its own, which outlives the server
@@ -429,6 +439,7 @@ class Api:
         self.http = httpx.Client(
             base_url=server.base_url, headers={"Authorization": f"Bearer {key}"}, timeout=30
         )
+        server.clients.add(self.http)
 
     def __enter__(self) -> Api:
         return self

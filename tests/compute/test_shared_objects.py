@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from pgplane.compute.driver import ComputeError
 from pgplane.compute.local.cold import archive
+from pgplane.compute.local.history import wal
 from pgplane.compute.local.history.archiving import Base, HistoryDirs
 from pgplane.compute.local.history.bases import fresh_tmp, publish_base
-from pgplane.compute.local.shared import cold, fetching, shipping
+from pgplane.compute.local.shared import cold, fetching, shipping, streaming
 from pgplane.compute.local.shared.objects import DirectoryStore
 
 
@@ -122,3 +124,44 @@ def test_a_base_state_ships_only_as_it_was_taken_and_comes_back_checked(tmp_path
     with pytest.raises(ComputeError, match="pgdata/base/1 no longer matches its checksum"):
         shipping.ship(store, damaged, "history/p-1/b-2", staging)
     assert not [key for key in store.sizes("history/p-1/b-2") if "/base/" in key]
+
+
+class _ShippedWhileRead(DirectoryStore):
+    """A store whose first read of a streamed piece finds its segment shipped whole and the
+    piece freed meanwhile, as the platform running beside a ``backups verify`` does."""
+
+    def __init__(self, root: Path, ships: Callable[[], None]) -> None:
+        super().__init__(root)
+        self._ships: Callable[[], None] | None = ships
+
+    def read_bytes(self, key: str, *, max_bytes: int) -> bytes:
+        if "/stream/" in key and self._ships is not None:
+            ships, self._ships = self._ships, None
+            ships()
+        return super().read_bytes(key, max_bytes=max_bytes)
+
+
+def test_streamed_wal_shipped_whole_while_a_rebuild_reads_it_is_fetched_shipped(
+    tmp_path: Path,
+) -> None:
+    prefix, staging = "history/p-1/b-1", tmp_path / "staging"
+    owner = (os.geteuid(), os.getegid())
+    here = HistoryDirs(tmp_path / "here")
+    _taken_base(here)
+    segment = wal.segment_name(1, 1, 16 << 20)  # the base state's first
+    whole = os.urandom(1 << 20) + bytes((16 << 20) - (1 << 20))
+
+    def ships() -> None:
+        (here.wal / segment).write_bytes(whole)
+        shipping.ship(store, here, prefix, staging)
+
+    store = _ShippedWhileRead(tmp_path / "shared", ships)
+    here.wal.mkdir(parents=True, exist_ok=True)
+    shipping.ship(store, here, prefix, staging)
+    # Streamed so far: its first 100 KiB, in two pieces.
+    for start, end in ((0, 50 << 10), (50 << 10, 100 << 10)):
+        store.write_bytes(streaming.piece_key(prefix, segment, start, end), whole[start:end])
+    elsewhere = HistoryDirs(tmp_path / "elsewhere")
+    assert fetching.fetch(store, elsewhere, prefix, staging, owner) is True
+    assert (elsewhere.wal / segment).read_bytes() == whole
+    assert not [key for key in store.sizes(prefix) if "/stream/" in key]  # freed, as it was

@@ -117,6 +117,7 @@ def _machine(env: dict[str, str], logs: Path, proxy_port: int | None = None) -> 
         yield server
     finally:
         server.stop()
+        server.close_clients()
         _lose(data_dir)
 
 

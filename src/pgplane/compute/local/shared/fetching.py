@@ -50,6 +50,9 @@ log = logging.getLogger(__name__)
 _FETCHERS = 8
 # A base state's base.json: a checksum per file of the data (~1,300 in a new cluster).
 _MAX_BASE_STATE = 64 << 20
+# Reads of the streamed WAL that a segment's shipping beside may cut short (each time, one
+# more segment was shipped whole: the next read starts past it).
+_RACES = 8
 
 
 class _Start(NamedTuple):
@@ -150,34 +153,31 @@ def _fetch_wal(
 ) -> None:
     """Every WAL file the base state's replay needs, then the catalog of their checksums."""
     began = time.perf_counter()
-    first = start.lsn // start.segment_size
-    wanted = {
-        name: sha
-        for name, sha in head.wal.items()
-        if HISTORY.fullmatch(name) or parse_segment(name, start.segment_size)[1] >= first
-    }
-    # Several at once: each is a request's round trip, an unsealing and an fsync, and a
-    # recovery waits for them all (a GB of WAL one by one took most of its time).
-    with ThreadPoolExecutor(_FETCHERS, thread_name_prefix="pgplane-fetch") as pool:
-        fetches = [
-            pool.submit(_fetch_file, store, f"{prefix}/wal/{name}", dirs.wal / name, sha, owner)
-            for name, sha in sorted(wanted.items())
-        ]
-        for done in fetches:
-            done.result()  # the first failure raised (the others finish: their files are whole)
+    wanted = _needed(head, start)
+    _fetch_files(store, dirs, prefix, wanted, owner)
     # Then what was streamed past the newest segment shipped whole (partial, as a compute's
     # current segment is): the replay reads on to its last record.
-    shipped_end = max((n[8:] for n in wanted if SEGMENT.fullmatch(n)), default="")
-    if not shipped_end:  # none shipped: from the base state's first segment
-        shipped_end = segment_name(1, first - 1, start.segment_size)[8:]
-    wanted |= streaming.assemble(
-        store,
-        prefix,
-        after=shipped_end,
-        segment_size=start.segment_size,
-        dest=dirs.wal,
-        owner=owner,
-    )
+    for _ in range(_RACES):
+        try:
+            wanted |= streaming.assemble(
+                store,
+                prefix,
+                after=_shipped_end(wanted, start),
+                segment_size=start.segment_size,
+                dest=dirs.wal,
+                owner=owner,
+            )
+            break
+        except streaming.Freed:
+            # Shipped whole meanwhile by the platform running beside: the head names it now.
+            # Its file (and any after it) may have been rebuilt from pieces already: replaced.
+            now = read_head(store, prefix)
+            shipped = {} if now is None else _needed(now, start)
+            newly = {name: sha for name, sha in shipped.items() if name not in wanted}
+            _fetch_files(store, dirs, prefix, newly, owner, replace=True)
+            wanted |= newly
+    else:
+        raise ComputeError(f"the WAL streamed for {prefix} kept going while it was read")
     fsync_dir(dirs.wal)
     log.info(
         "WAL of %s: %d files fetched in %.0f ms",
@@ -189,8 +189,51 @@ def _fetch_wal(
     write_atomic(dirs.bases / WAL_SUMS, msgspec.json.encode(dict(sorted(wanted.items()))))
 
 
-def _fetch_file(store: ObjectStore, key: str, dest: Path, sha: str, owner: tuple[int, int]) -> None:
-    if dest.exists():  # fetched by an earlier attempt (its checksum is checked by the replay)
+def _needed(head: Head, start: _Start) -> dict[str, str]:
+    """The shipped WAL files a replay from ``start`` reads (and every timeline history)."""
+    first = start.lsn // start.segment_size
+    return {
+        name: sha
+        for name, sha in head.wal.items()
+        if HISTORY.fullmatch(name) or parse_segment(name, start.segment_size)[1] >= first
+    }
+
+
+def _shipped_end(wanted: dict[str, str], start: _Start) -> str:
+    """The newest segment shipped whole, past its timeline (``name[8:]``); none shipped:
+    the one before the base state's first."""
+    shipped_end = max((n[8:] for n in wanted if SEGMENT.fullmatch(n)), default="")
+    if shipped_end:
+        return shipped_end
+    return segment_name(1, start.lsn // start.segment_size - 1, start.segment_size)[8:]
+
+
+def _fetch_files(
+    store: ObjectStore,
+    dirs: HistoryDirs,
+    prefix: str,
+    names: dict[str, str],
+    owner: tuple[int, int],
+    *,
+    replace: bool = False,
+) -> None:
+    # Several at once: each is a request's round trip, an unsealing and an fsync, and a
+    # recovery waits for them all (a GB of WAL one by one took most of its time).
+    with ThreadPoolExecutor(_FETCHERS, thread_name_prefix="pgplane-fetch") as pool:
+        fetches = [
+            pool.submit(
+                _fetch_file, store, f"{prefix}/wal/{name}", dirs.wal / name, sha, owner, replace
+            )
+            for name, sha in sorted(names.items())
+        ]
+        for done in fetches:
+            done.result()  # the first failure raised (the others finish: their files are whole)
+
+
+def _fetch_file(
+    store: ObjectStore, key: str, dest: Path, sha: str, owner: tuple[int, int], replace: bool
+) -> None:
+    if dest.exists() and not replace:  # an earlier attempt's (the replay checks its checksum)
         return
     limit = MAX_SEGMENT if SEGMENT.fullmatch(dest.name) else MAX_HISTORY_FILE
     write_owned(dest, lambda out: _read_checked(store, key, out, sha, limit), owner)

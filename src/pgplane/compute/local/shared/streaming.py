@@ -47,6 +47,12 @@ _STREAM = "stream"
 _PIECE = re.compile(r"([0-9A-F]{24})/([0-9A-F]{8})-([0-9A-F]{8})")
 
 
+class Freed(Exception):
+    """A piece listed was gone when read: its segment was shipped whole meanwhile, and the
+    round that listed the branch next freed it (a rebuild beside the running platform, as
+    ``backups verify`` is, reads the pieces while they may go)."""
+
+
 def piece_key(prefix: str, segment: str, start: int, end: int) -> str:
     return f"{prefix}/{_STREAM}/{segment}/{start:08X}-{end:08X}"
 
@@ -123,13 +129,16 @@ def assemble(
 ) -> dict[str, str]:
     """The segments streamed past ``after`` rebuilt from their pieces into ``dest`` (each
     zero-filled to its size, as ``pg_receivewal`` leaves a partial one): by name, their
-    sha256."""
+    sha256. Raises Freed when a piece went while they were read (ask the head again)."""
     made: dict[str, str] = {}
     for name, used, _ in _following(store, prefix, after, segment_size):
         data = bytearray(segment_size)
         for start, stop, key in used:
-            # safe: sealed under its name (a forged or moved one fails to open), bounded
-            body = store.read_bytes(key, max_bytes=stop - start)
+            try:
+                # safe: sealed under its name (a forged or moved one fails to open), bounded
+                body = store.read_bytes(key, max_bytes=stop - start)
+            except FileNotFoundError:
+                raise Freed(key) from None
             if len(body) != stop - start:
                 raise ComputeError(f"streamed WAL {key.rsplit('/', 2)[-2]} is cut short")
             data[start:stop] = body
