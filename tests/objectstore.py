@@ -154,6 +154,37 @@ class SeaweedFS:
         finally:
             client.close()  # its pooled connections, which a test's warnings would catch
 
+    def shell(self, commands: str) -> str:
+        """``weed shell``'s output for ``commands`` (its admin commands, a line each), run
+        against this server (its gRPC ports given beside the HTTP ones, as ``host:port.grpc``)."""
+        at = "127.0.0.1:{}.{}"
+        master = at.format(self.ports["master.port"], self.ports["master.port.grpc"])
+        filer = at.format(self.ports["filer.port"], self.ports["filer.port.grpc"])
+        done = subprocess.run(
+            [str(WEED), "shell", f"-master={master}", f"-filer={filer}"],
+            input=commands,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        return done.stdout
+
+    def over_quota(self, bucket: str, *, size_mb: int, timeout: float = 60.0) -> None:
+        """``bucket`` given a quota of ``size_mb`` and, once its usage (which the volume
+        servers report every few seconds) is past it, made read-only as SeaweedFS enforces a
+        quota: every write there then fails."""
+        self.shell(f"s3.bucket.quota -name={bucket} -op=set -sizeMB={size_mb}\n")
+        deadline = time.monotonic() + timeout
+        while "to read only" not in self.shell("s3.bucket.quota.enforce -apply\n"):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"bucket {bucket} was not past its quota in {timeout:.0f} s")
+            time.sleep(0.5)
+
+    def quota_lifted(self, bucket: str) -> None:
+        """``bucket``'s quota removed, and with it its read-only state."""
+        self.shell(f"s3.bucket.quota -name={bucket} -op=remove\n")
+
     def pause(self) -> None:
         """Freeze it (SIGSTOP): a store that stops answering without closing anything."""
         assert self.proc is not None

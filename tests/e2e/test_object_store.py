@@ -442,6 +442,62 @@ def test_a_restart_while_the_store_is_down_serves_and_ships_once_it_is_back(
         )
 
 
+def test_a_bucket_past_its_quota_refuses_and_shipping_resumes_once_it_is_lifted(
+    seaweed: SeaweedFS, key_file: Path, tmp_path: Path
+) -> None:
+    """SeaweedFS enforces a bucket's quota by making the bucket read-only (its writes then fail
+    with an InternalError). The compute serves throughout, the failures are counted and logged
+    in the store's own words, and shipping resumes by itself once the quota is lifted."""
+    bucket = "pgplane-quota"
+    client = seaweed.client()
+    try:
+        client.create_bucket(Bucket=bucket)
+    finally:
+        client.close()
+    env = {**_env(seaweed, "", key_file), "PGPLANE_OBJECT_STORE": f"s3://{bucket}/quota"}
+    with _machine(env, tmp_path) as server:
+        server.start()
+        _, key = server.create_key("quota@example.com")
+        with Api(server, key) as api:
+            pid = api.create_ready_project(name="over-quota")["project"]["id"]
+            uri = _uri(api, pid)
+        with psycopg.connect(uri, autocommit=True) as conn:
+            conn.execute("CREATE TABLE t (v int PRIMARY KEY, pad text)")
+        wait_for(
+            "the first shipping", lambda: _metric(server, "pgplane_archive_unshipped_bytes") == 0
+        )
+        seaweed.over_quota(bucket, size_mb=1)  # the first base state alone is past it
+        try:
+            failed = _metric(server, "pgplane_archive_ship_failures_total")
+            with psycopg.connect(uri, autocommit=True) as conn:
+                # Past a segment of WAL: a whole one archived here waits for the store.
+                rows = 100_000
+                conn.execute(
+                    "INSERT INTO t SELECT g, repeat(md5(g::text), 4) FROM generate_series(1, %s) g",
+                    (rows,),
+                )
+                wait_for(
+                    "a refused upload counted, a segment waiting here",
+                    lambda: (
+                        _metric(server, "pgplane_archive_ship_failures_total") > failed
+                        and _metric(server, "pgplane_archive_unshipped_bytes") > 0
+                    ),
+                    60,
+                )
+                # In the store's own words, naming the WAL file it refused.
+                refused = rf"history of {pid}/\S+ not shipped: s3 put \S+/wal/0\S+: InternalError"
+                assert re.search(refused, server.log()), server.log()[-3000:]
+                conn.execute("INSERT INTO t VALUES (%s, 'served while refused')", (rows + 1,))
+                assert conn.execute("SELECT count(*) FROM t").fetchone() == (rows + 1,)
+        finally:
+            seaweed.quota_lifted(bucket)
+        wait_for(
+            "what waited shipped",
+            lambda: _metric(server, "pgplane_archive_unshipped_bytes") == 0,
+            120,
+        )
+
+
 @pytest.mark.parametrize("failpoint", ["ship:base_stored", "ship:wal_stored"])
 def test_a_kill_inside_an_upload_converges(
     seaweed: SeaweedFS, key_file: Path, tmp_path: Path, failpoint: str

@@ -156,7 +156,9 @@ class SharedHistory:
             self._heads[prefix] = done.head
             if done.stored is not None:
                 self._stored[prefix] = done.stored
-            return done.copied
+        if done.refused is not None:  # what did ship is in the head; the round counts a failure
+            raise done.refused
+        return done.copied
 
     async def _stream(self, project_id: str, branch_id: str, running: Running) -> None:
         """A compute adopted after a restart, or whose receiver ended, streamed again (unless

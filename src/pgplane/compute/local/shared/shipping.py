@@ -83,12 +83,14 @@ class Head(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
 
 
 class Shipped(NamedTuple):
-    """One round's outcome for a branch: files copied, the head as it is there now, and the
-    bytes its objects take there (None when this round did not list them: nothing changed)."""
+    """One round's outcome for a branch: files copied, the head as it is there now, the bytes
+    its objects take there (None when this round did not list them: nothing changed), and the
+    store's first refusal of a WAL file, if any."""
 
     copied: int
     head: Head
     stored: int | None
+    refused: ComputeError | None = None  # a WAL file's upload (the others went on)
 
 
 def prefix_of(project_id: str, branch_id: str) -> str:
@@ -139,12 +141,17 @@ def ship(
         bases.append(name)
     wal: dict[str, str] = {}
     end_at = head.wal_end_at
+    refused: ComputeError | None = None
     for name in local_wal(dirs.wal):
         if name in head.wal:
             wal[name] = head.wal[name]
             continue
         written_at = _written_at(dirs, name)
-        sha = _ship_wal(store, dirs, name, f"{prefix}/wal/{name}")
+        try:
+            sha = _ship_wal(store, dirs, name, f"{prefix}/wal/{name}")
+        except ComputeError as exc:  # the next round tries it again
+            refused = refused or exc
+            continue
         if sha is not None:
             failpoints.reached_in_thread("ship:wal_stored")
             wal[name] = sha
@@ -156,7 +163,7 @@ def ship(
     stored = None
     if new != head or known is None:
         stored = _free(store, prefix, new)
-    return Shipped(copied, new, stored)
+    return Shipped(copied, new, stored, refused)
 
 
 def local_wal(wal: Path) -> list[str]:
@@ -193,9 +200,11 @@ def _ship_wal(store: ObjectStore, dirs: HistoryDirs, name: str, key: str) -> str
             return None
         try:
             sent = store.write(key, f, max_bytes=limit)
-        except ComputeError as exc:
-            log.warning("archived WAL %s of %s not shipped: %s", name, dirs.wal, exc)
-            return None
+        except ComputeError:
+            if os.fstat(f.fileno()).st_size > limit:  # grown as it was read: the tenant's
+                _refused(dirs, name, f"is larger than {limit} bytes")
+                return None
+            raise  # the store's: the round goes on and then says it
     if SEGMENT.fullmatch(name):
         try:
             holes.free_zero_tail(untrusted.under(dirs.wal, name))
