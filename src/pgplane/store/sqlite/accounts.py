@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from pgplane.core.models import Account, ApiKey
 from pgplane.errors import AlreadyExists, Conflict
@@ -13,6 +13,9 @@ _KEY_COLUMNS = (
     "id, account_id, name, digest, created_at, created_by, last_used_at, last_used_from_addr,"
     " revoked_at"
 )
+
+
+_KEY_BY_DIGEST = f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE digest = ?"
 
 
 def _api_key(r: Sequence[Any]) -> ApiKey:
@@ -86,8 +89,16 @@ class ApiKeysMixin(Statements):
         )
 
     async def get_api_key_by_digest(self, digest: str) -> ApiKey | None:
-        r = await self._c.one(f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE digest = ?", (digest,))
-        return _api_key(r) if r else None
+        answers = None if self._memo is None else self._memo.current()
+        if answers is not None and (kept := answers.get(("api_key", digest))) is not None:
+            return cast("ApiKey", kept)
+        r = await self._c.one(_KEY_BY_DIGEST, (digest,))
+        if r is None:
+            return None
+        key = _api_key(r)
+        if answers is not None:
+            answers["api_key", digest] = key
+        return key
 
     async def list_api_keys(self, account_id: str) -> list[ApiKey]:
         rows = await self._c.all(

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import msgspec
 
 from pgplane.errors import AlreadyExists, Conflict
+from pgplane.store.sqlite.memo import ReadMemo
 
 _json_encode = msgspec.json.encode
 _json_decode = msgspec.json.decode
@@ -125,6 +126,8 @@ def _taken(kind: str, name: str) -> AlreadyExists:
 
 
 class Statements:
-    """The connection every mixin of :class:`~pgplane.store.sqlite.tx.SqliteTx` runs on."""
+    """The connection every mixin of :class:`~pgplane.store.sqlite.tx.SqliteTx` runs on, and,
+    on SQLite's reader alone, the answers kept of its hottest reads (``memo.py``)."""
 
     _c: Conn
+    _memo: ReadMemo | None = None

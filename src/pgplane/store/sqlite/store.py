@@ -32,6 +32,7 @@ from pgplane.core.models import Operation
 from pgplane.errors import Unavailable
 from pgplane.store.base import Store, Tx
 from pgplane.store.sqlite.common import SqliteConn
+from pgplane.store.sqlite.memo import ReadMemo
 from pgplane.store.sqlite.migrate import migrate
 from pgplane.store.sqlite.tx import SqliteTx
 from pgplane.telemetry import logs
@@ -147,7 +148,11 @@ class SqliteStore(Store):
         # Past migrations, the writer never waits inside SQLite: write() waits without blocking.
         self._writer.execute("PRAGMA busy_timeout = 0")
         self._reader = _connect(path, _READER_BUSY_MS)
-        self._read = _Reading(SqliteTx(SqliteConn(self._reader)), metrics)
+        # Never a write through the reader: the memo's counter moves only for other connections'.
+        self._reader.execute("PRAGMA query_only = ON")
+        reading = SqliteTx(SqliteConn(self._reader))
+        reading._memo = self._memo = ReadMemo(self._reader)
+        self._read = _Reading(reading, metrics)
         self._write_lock = asyncio.Lock()
 
     def read(self) -> AbstractAsyncContextManager[Tx]:
@@ -166,7 +171,9 @@ class SqliteStore(Store):
                 # The commit waits for fsync (synchronous=FULL), which can take long on a busy
                 # disk; off the event loop, readers keep being served meanwhile.
                 await asyncio.to_thread(self._writer.execute, "COMMIT")
+                self._memo.forget()  # this turn's reads must see the commit too
             except BaseException as exc:
+                self._memo.forget()  # a failed COMMIT may have committed all the same
                 if self._writer.in_transaction:
                     self._writer.execute("ROLLBACK")
                 if store_fault(exc):  # a full disk, say
