@@ -20,6 +20,7 @@ from pgplane.services import accounts, api_keys, projects
 from pgplane.services.api_keys import CreatedKey
 from pgplane.store import Store
 from pgplane.store.sqlite import SqliteStore
+from pgplane.store.sqlite.memo import MAX_ROWS
 from tests.stores import raw_sql
 from tests.support import finished_operation, no_pg_settings
 
@@ -142,5 +143,20 @@ async def test_sqlite_reader_never_writes(tmp_path: Path) -> None:
                 await tx.record_endpoint_activity([("ep-x", 1)])
         with sqlite3.connect(store.path) as db:  # the file itself is writable, by others
             db.execute("INSERT INTO health (id, checked_at) VALUES (1, 1)")
+    finally:
+        await store.close()
+
+
+async def test_what_is_kept_is_bounded_in_rows(tmp_path: Path) -> None:
+    """A page may hold a thousand operations: what is kept is counted in rows, not answers."""
+    store = SqliteStore(tmp_path / "s.db")
+    try:
+        memo = store._memo
+        memo.current()
+        for n in range(MAX_ROWS // 1000):
+            memo.keep(("page", n), (), 1000)
+        assert len(memo.current()) == MAX_ROWS // 1000
+        memo.keep(("page", "one more"), (), 1000)
+        assert list(memo.current()) == [("page", "one more")]
     finally:
         await store.close()

@@ -89,15 +89,16 @@ class ApiKeysMixin(Statements):
         )
 
     async def get_api_key_by_digest(self, digest: str) -> ApiKey | None:
-        answers = None if self._memo is None else self._memo.current()
-        if answers is not None and (kept := answers.get(("api_key", digest))) is not None:
+        memo = self._memo
+        asked = ("api_key", digest)
+        if memo is not None and (kept := memo.current().get(asked)) is not None:
             return cast("ApiKey", kept)
         r = await self._c.one(_KEY_BY_DIGEST, (digest,))
         if r is None:
             return None
         key = _api_key(r)
-        if answers is not None:
-            answers["api_key", digest] = key
+        if memo is not None:
+            memo.keep(asked, key)
         return key
 
     async def list_api_keys(self, account_id: str) -> list[ApiKey]:

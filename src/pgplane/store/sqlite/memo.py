@@ -29,15 +29,16 @@ import sqlite3
 from collections.abc import Hashable
 from typing import Any
 
-# More than a node's live keys and polled pages; past it everything is dropped, and the next
-# requests fill it again.
-_MAX_ANSWERS = 4096
+# What may be kept, in rows (a key is one, a page of operations one a row: a page can hold a
+# thousand): more than a node's live keys and polled pages, a few MB at most. Past it everything
+# is dropped, and the next requests fill it again.
+MAX_ROWS = 20_000
 
 
 class ReadMemo:
     """Answers of the reader connection ``conn``, valid while the store is unchanged."""
 
-    __slots__ = ("_answers", "_checked", "_conn", "_version")
+    __slots__ = ("_answers", "_checked", "_conn", "_rows", "_version")
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
@@ -45,15 +46,17 @@ class ReadMemo:
         # The loop whose current turn has checked (a store outliving its loop checks in the next).
         self._checked: asyncio.AbstractEventLoop | None = None
         self._answers: dict[Hashable, Any] = {}
+        self._rows = 0
 
     def current(self) -> dict[Hashable, Any]:
-        """The answers that still hold: none once the store has changed since they were read."""
+        """The answers that still hold: none once the store has changed since they were read.
+        Read from it; add to it with :meth:`keep`."""
         loop = asyncio.get_running_loop()
         if self._checked is not loop:
             version = self._conn.execute("PRAGMA data_version").fetchone()[0]
-            if version != self._version or len(self._answers) >= _MAX_ANSWERS:
+            if version != self._version:
                 self._version = version
-                self._answers.clear()
+                self.forget()
             self._checked = loop
             # Run at the start of the next turn, before the tasks of the requests read meanwhile.
             loop.call_soon(self._next_turn)
@@ -62,6 +65,14 @@ class ReadMemo:
     def _next_turn(self) -> None:
         self._checked = None
 
+    def keep(self, asked: Hashable, answer: Any, rows: int = 1) -> None:
+        """Keep ``answer`` (read after :meth:`current`, in the same turn) to what was ``asked``."""
+        if self._rows + rows > MAX_ROWS:
+            self.forget()
+        self._answers[asked] = answer
+        self._rows += rows
+
     def forget(self) -> None:
         """This process's writer committed: nothing kept may be answered again."""
         self._answers.clear()
+        self._rows = 0

@@ -176,17 +176,17 @@ class OperationsMixin(Statements):
         self, *, project_id: str, before: int | None, limit: int, account_id: str | None = None
     ) -> list[Operation]:
         cursor = _NEVER if before is None else before
-        answers = None if self._memo is None else self._memo.current()
+        memo = self._memo
         asked = ("operations", project_id, cursor, limit, account_id)
-        if answers is not None and (kept := answers.get(asked)) is not None:
+        if memo is not None and (kept := memo.current().get(asked)) is not None:
             return list(kept)  # a copy: what is kept is never handed out
         if account_id is None:
             rows = await self._c.all(_LIST_OPS, (project_id, cursor, limit))
         else:
             rows = await self._c.all(_LIST_ACCOUNT_OPS, (project_id, cursor, limit, account_id))
         page = [_page_operation(r) for r in rows]
-        if answers is not None and page:
-            answers[asked] = tuple(page)
+        if memo is not None and page:
+            memo.keep(asked, tuple(page), len(page))
         return page
 
     async def list_unsettled_operations(
