@@ -25,6 +25,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,11 +35,12 @@ import psycopg
 import pytest
 
 from pgplane.compute.local.cold.manifest import ARCHIVE_NAME, MANIFEST_NAME
+from pgplane.compute.local.history import wal
 from pgplane.compute.local.layout import Layout
 from pgplane.compute.local.postgres.records import Records
 from pgplane.compute.local.postgres.sessions import ADMIN_USER, conninfo
 from pgplane.compute.local.shared import receiver, shipping, streaming
-from pgplane.compute.local.shared.objects import DirectoryStore
+from pgplane.compute.local.shared.objects import DirectoryStore, Written
 from pgplane.compute.local.shared.s3 import S3Store, parse_url
 from pgplane.compute.local.shared.sealed import SealedStore
 from pgplane.compute.local.tenants.users import remove_project_users
@@ -174,6 +176,11 @@ def _write_until_the_loss(uri: str, seaweed: SeaweedFS, outage: float) -> int:
         finally:
             seaweed.resume()
     return promised
+
+
+def _one(conn: psycopg.Connection, query: str) -> object:
+    row = conn.execute(query).fetchone()
+    return None if row is None else row[0]
 
 
 def _metric(server: Server, name: str) -> float:
@@ -367,7 +374,13 @@ def test_a_stream_whose_wal_the_compute_removed_ends_and_says_why(
             for _ in range(4):
                 conn.execute("INSERT INTO public.filler VALUES (1)")
                 conn.execute("SELECT pg_catalog.pg_switch_wal()")
-                conn.execute("CHECKPOINT")
+            # Once the platform's own receiver has taken them (its slot holds them till then).
+            taken = (
+                "SELECT bool_and(restart_lsn >= pg_catalog.pg_current_wal_lsn())"
+                " FROM pg_catalog.pg_replication_slots"
+            )
+            wait_for("the platform's receiver past the switches", lambda: _one(conn, taken))
+            conn.execute("CHECKPOINT")
         stream = receiver.Receiver(
             store=DirectoryStore(tmp_path / "bucket"),
             prefix="history/p/b",
@@ -380,6 +393,75 @@ def test_a_stream_whose_wal_the_compute_removed_ends_and_says_why(
         assert not stream.is_alive(), "the stream waits for WAL the compute removed"
         assert stream.error is not None
         assert "has already been removed" in stream.error, stream.error
+
+
+class _Stalled(DirectoryStore):
+    """A store whose writes wait until it is let go, as a slow one's do."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.asked = threading.Event()
+        self.going = threading.Event()
+
+    def write_bytes(self, key: str, data: bytes, *, replace: bool = True) -> Written:
+        self.asked.set()
+        self.going.wait(60)
+        return super().write_bytes(key, data, replace=replace)
+
+
+def test_a_receiver_behind_a_bulk_load_keeps_its_place_with_its_slot(
+    seaweed: SeaweedFS, key_file: Path, tmp_path: Path
+) -> None:
+    """A receiver whose store is slow falls behind; the checkpoints meanwhile would recycle
+    the WAL it has not taken yet. Its temporary slot keeps that WAL on the compute, so once the
+    store takes writes again it goes on from where it was, nothing skipped."""
+    with _machine(_env(seaweed, "behind", key_file), tmp_path) as server:
+        server.start()
+        with Api(server, server.create_key("behind@example.com")[1]) as api:
+            body = api.create_ready_project(name="behind")
+        layout = Layout(server.data_dir.resolve())
+        pgdata = layout.pgdata(body["project"]["id"], body["branch"]["id"])
+        running = Records(layout.postmaster_records).get(pgdata)
+        assert running is not None
+        info = conninfo(running.socket_dir, running.port, user=ADMIN_USER)
+        store = _Stalled(tmp_path / "bucket")
+        stream = receiver.Receiver(
+            store=store, prefix="history/p/b", conninfo=info, synchronous=False, shipped=list
+        )
+        stream.start()
+        try:
+            with psycopg.connect(info, autocommit=True) as conn:
+                assert conn.execute("SHOW max_slot_wal_keep_size").fetchone() == ("1GB",)
+                conn.execute("CREATE TABLE public.filler (v int)")
+                conn.execute("INSERT INTO public.filler VALUES (1)")
+                assert store.asked.wait(30), "the receiver stored nothing"
+                slots = "SELECT slot_type, temporary, active FROM pg_catalog.pg_replication_slots"
+                # The platform's own receiver's, and this one's.
+                assert conn.execute(slots).fetchall() == [("physical", True, True)] * 2
+                for _ in range(4):  # segments the stalled receiver has not taken
+                    conn.execute(
+                        "INSERT INTO public.filler SELECT g FROM generate_series(1, 50000) g"
+                    )
+                    conn.execute("SELECT pg_catalog.pg_switch_wal()")
+                (end,) = conn.execute("SELECT pg_catalog.pg_current_wal_lsn()::text").fetchone()
+                # Recycled but for this receiver's slot, once the platform's own has them.
+                taken = (
+                    "SELECT max(restart_lsn) >= pg_catalog.pg_current_wal_lsn()"
+                    " FROM pg_catalog.pg_replication_slots"
+                )
+                wait_for("the platform's receiver past the switches", lambda: _one(conn, taken))
+                conn.execute("CHECKPOINT")
+            store.going.set()
+            wait_for(
+                "the receiver past the bulk load",
+                lambda: not stream.is_alive() or stream.stored >= wal.parse_lsn(end),
+                60,
+            )
+            assert stream.is_alive(), stream.error
+        finally:
+            store.going.set()
+            stream.stopping.set()
+            stream.join(timeout=10)
 
 
 def test_a_prefix_is_one_platform_s_and_its_key_is_checked(

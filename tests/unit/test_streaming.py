@@ -100,12 +100,13 @@ def test_overlapping_pieces_of_two_receivers_and_a_newer_timeline(
     assert (dest / _name(3)).read_bytes()[:3000] == data
 
 
-def test_status_updates_say_flushed_only_in_synchronous_mode() -> None:
+def test_status_updates_say_stored_only_in_synchronous_mode() -> None:
     sync = receiver.status_message(0x100, 0x200, synchronous=True)
     assert sync[:1] == b"r" and struct.unpack_from("!QQQ", sync, 1) == (0x100, 0x100, 0x100)
     later = receiver.status_message(0x100, 0x200, synchronous=False)
-    # Received, never flushed: Postgres waits for nothing (its shutdown for the receipt).
-    assert struct.unpack_from("!QQQ", later, 1) == (0x200, 0, 0)
+    # What was received, as written and flushed: the slot moves on with it, no commit waits,
+    # and a shutdown waits for the receipt alone.
+    assert struct.unpack_from("!QQQ", later, 1) == (0x200, 0x200, 0)
 
 
 def test_a_stream_that_does_not_continue_is_refused(store: DirectoryStore) -> None:

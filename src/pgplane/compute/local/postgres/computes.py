@@ -40,7 +40,7 @@ from pgplane.compute.local.postgres.readiness import wait_ready
 from pgplane.compute.local.postgres.records import Running, is_alive
 from pgplane.compute.local.postgres.sessions import admin_conninfo
 from pgplane.compute.local.postgres.sizing import compute_settings
-from pgplane.compute.local.shared.receiver import STANDBY_NAME, Streams
+from pgplane.compute.local.shared.receiver import SLOT_KEEP, STANDBY_NAME, Streams
 from pgplane.compute.local.tenants.cgroups import Limits
 from pgplane.compute.local.tenants.projects import Tenants, ids
 from pgplane.compute.local.tenants.sockets import make_socket_dir
@@ -163,9 +163,13 @@ class Computes:
         install, run_as = await self._install(spec.project_id, spec.pg_version)
         history = await self.history_settings(spec.project_id, spec.branch_id, run_as)
         settings |= history
-        if history and self._streams is not None and self._streams.synchronous:
-            # A commit waits for the platform's receiver to have stored its WAL.
-            settings["synchronous_standby_names"] = STANDBY_NAME
+        if history and self._streams is not None:
+            # The receiver's slot holds WAL it has not taken yet; a stalled one, this much
+            # at most (past it the slot is dropped, and the WAL goes as without one).
+            settings["max_slot_wal_keep_size"] = SLOT_KEEP
+            if self._streams.synchronous:
+                # A commit waits for the platform's receiver to have stored its WAL.
+                settings["synchronous_standby_names"] = STANDBY_NAME
         if self._size_limit is not None:
             library = await self._size_limit.library(spec.pg_version)
             if library is not None:

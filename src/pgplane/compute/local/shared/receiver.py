@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 import select
 import struct
 import threading
@@ -31,6 +32,9 @@ log = logging.getLogger(__name__)
 
 # The name a compute waits for in synchronous mode (synchronous_standby_names).
 STANDBY_NAME = "pgplane_archive"
+# The most WAL a receiver's slot holds on its compute (max_slot_wal_keep_size): as much as a
+# checkpoint cycle writes by default (max_wal_size), so a receiver behind by more is as rare.
+SLOT_KEEP = "1GB"
 # When the receiver stores what it received in asynchronous mode.
 _ASYNC_SECONDS = 0.5
 _ASYNC_BYTES = 4 << 20
@@ -50,11 +54,13 @@ class StreamError(Exception):
 
 def status_message(flushed: int, received: int, *, synchronous: bool) -> bytes:
     """A standby status update: in synchronous mode every position is what is stored; else
-    what was received is written and nothing is flushed (Postgres waits for nothing)."""
+    what was received is written and flushed (no commit waits for an asynchronous standby,
+    and a shutdown waits for the receipt, as with ``pg_receivewal``). The flush position is
+    what moves the stream's slot on: the compute keeps the WAL after it."""
     now = int((time.time() - _EPOCH_2000) * 1e6)
     if synchronous:
         return b"r" + struct.pack("!QQQqB", flushed, flushed, flushed, now, 0)
-    return b"r" + struct.pack("!QQQqB", received, 0, 0, now, 0)
+    return b"r" + struct.pack("!QQQqB", received, received, 0, now, 0)
 
 
 class Receiver(threading.Thread):
@@ -134,9 +140,9 @@ class Receiver(threading.Thread):
         )
         if not 0 < start <= position:
             start = position - position % self._segment_size
-        conn.send_query(
-            f"START_REPLICATION PHYSICAL {format_lsn(start)} TIMELINE {self._timeline}".encode()
-        )
+        slot = self._slot(conn)
+        where = f"{format_lsn(start)} TIMELINE {self._timeline}"
+        conn.send_query(f"START_REPLICATION {slot}PHYSICAL {where}".encode())
         result = conn.get_result()
         if result is None or result.status != pq.ExecStatus.COPY_BOTH:
             raise StreamError(f"the stream did not start: {conn.get_error_message()}")
@@ -153,12 +159,28 @@ class Receiver(threading.Thread):
                 or now - self._first_pending >= _ASYNC_SECONDS
             ):
                 self._store()
-                reply = self.synchronous or reply
+                reply = True  # the commits waiting, or the slot, move on now
             if reply or now - last_status >= _STATUS_SECONDS:
                 self._send(
                     conn, status_message(self.stored, self._received, synchronous=self.synchronous)
                 )
                 last_status = now
+
+    def _slot(self, conn: PGconn) -> str:
+        """A temporary slot for this stream ("SLOT name " to start it with), so that a
+        checkpoint keeps the WAL the receiver has not taken yet: one that falls behind a bulk
+        load would otherwise find it recycled, and wait for whole segments. Temporary: it
+        ends with the connection, and a copy of the data directory never carries it (nor the
+        WAL it would hold). How much it may hold is bounded by the compute's
+        ``max_slot_wal_keep_size``. Without a free slot (the tenant's may take them all) the
+        stream goes on without one, as before."""
+        name = f"{STANDBY_NAME}_{secrets.token_hex(4)}"
+        try:
+            self._command(conn, f"CREATE_REPLICATION_SLOT {name} TEMPORARY PHYSICAL RESERVE_WAL")
+        except StreamError as exc:
+            log.info("the WAL stream of %s has no slot: %s", self.prefix, exc)
+            return ""
+        return f"SLOT {name} "
 
     @property
     def _received(self) -> int:

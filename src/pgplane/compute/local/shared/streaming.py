@@ -17,8 +17,8 @@ the segment is shipped whole, the next round that lists the branch frees its pie
 The receivers that write them are in :mod:`.receiver`. Two modes:
 
 - asynchronous (the default): what arrived is stored at least every half second (sooner past
-  4 MiB); the receiver reports nothing as flushed, so Postgres never waits for it (a shutdown
-  waits for what was sent to be received, as with ``pg_receivewal``);
+  4 MiB); the receiver reports what it received as flushed, so no commit waits for it (a
+  shutdown waits for what was sent to be received, as with ``pg_receivewal``);
 - synchronous (``--archive-sync``): the compute names the receiver in
   ``synchronous_standby_names``, and the receiver reports a position flushed only once the WAL
   up to it is in the object store. A commit is acknowledged to its client only then: what the
@@ -28,7 +28,9 @@ The receivers that write them are in :mod:`.receiver`. Two modes:
 
 A receiver starts where the object store's copy of the branch's WAL ends (the newest shipped
 segment's end, then the pieces streamed after it): nothing is acknowledged that is not there,
-even after the platform's restart. What a receiver reads is the tenant's (it may hold the
+even after the platform's restart. Each holds a temporary replication slot, so the compute
+keeps the WAL it has not taken yet (up to ``max_slot_wal_keep_size``): one behind a bulk load
+goes on from where it was instead of waiting for whole segments. What a receiver reads is the tenant's (it may hold the
 compute's OS user and answer in Postgres' place): every message is bounded and checked to
 continue the stream, and what is stored goes under the branch's own prefix only.
 """
