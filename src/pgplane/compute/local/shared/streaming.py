@@ -30,9 +30,10 @@ A receiver starts where the object store's copy of the branch's WAL ends (the ne
 segment's end, then the pieces streamed after it): nothing is acknowledged that is not there,
 even after the platform's restart. Each holds a temporary replication slot, so the compute
 keeps the WAL it has not taken yet (up to ``max_slot_wal_keep_size``): one behind a bulk load
-goes on from where it was instead of waiting for whole segments. What a receiver reads is the tenant's (it may hold the
-compute's OS user and answer in Postgres' place): every message is bounded and checked to
-continue the stream, and what is stored goes under the branch's own prefix only.
+goes on from where it was instead of waiting for whole segments. What a receiver reads is the
+tenant's (it may hold the compute's OS user and answer in Postgres' place): every message is
+bounded and checked to continue the stream, and what is stored goes under the branch's own
+prefix only.
 """
 
 from __future__ import annotations
