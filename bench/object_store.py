@@ -157,24 +157,39 @@ def _latency(out: str) -> float:
     return float(match.group(1))
 
 
-def measure_cost(uris: dict[str, str], args: argparse.Namespace) -> float:
+def _cpu_seconds(server: Server) -> float:
+    """The platform process's CPU time so far, all its threads (not its computes')."""
+    assert server.process is not None
+    fields = Path(f"/proc/{server.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure_cost(
+    uris: dict[str, str], servers: dict[str, Server], args: argparse.Namespace
+) -> float:
     """pgbench on each side's project, rounds interleaved: four clients (tps), then one (its
     commits' latency). The object store's cost: "on" over "off"; "sync" is the synchronous
-    mode's platform."""
+    mode's platform. Beside it, the platform's own CPU a transaction with four clients (the
+    proxy, and with an object store the receiver and the shipping): on two cores, what it
+    takes is the computes' and pgbench's."""
     for u in uris.values():
         _pgbench(u, "-i", "-s", str(args.scale), "-q")
     tps: dict[str, list[float]] = {side: [] for side in uris}
     latency: dict[str, list[float]] = {side: [] for side in uris}
+    cpu: dict[str, list[float]] = {side: [] for side in uris}
     for _ in range(args.rounds):
         for side, u in uris.items():
-            tps[side].append(
-                _tps(_pgbench(u, "-c", "4", "-j", "2", "-T", str(args.seconds)).stdout)
-            )
+            before = _cpu_seconds(servers[side])
+            out = _pgbench(u, "-c", "4", "-j", "2", "-T", str(args.seconds)).stdout
+            used = _cpu_seconds(servers[side]) - before
+            tps[side].append(_tps(out))
+            cpu[side].append(used * 1e6 / (_tps(out) * args.seconds))
             latency[side].append(_latency(_pgbench(u, "-c", "1", "-T", str(args.seconds)).stdout))
     for side in uris:
         print(
             f"pgbench, object store {side:>4}: {median(tps[side]):6.0f} tps with 4 clients"
-            f" {tps[side]}, {median(latency[side]):.2f} ms a transaction with 1 {latency[side]}"
+            f" {tps[side]}, {median(latency[side]):.2f} ms a transaction with 1 {latency[side]};"
+            f" the platform's CPU {median(cpu[side]):.0f} us a transaction"
         )
     ratio = median(tps["on"]) / median(tps["off"])
     print(f"shipping's cost: {ratio:.2f}x the tps without (target >= 0.9x)")
@@ -360,11 +375,12 @@ def run(args: argparse.Namespace) -> int:
             body = api_on.create_ready_project(name="object-store-on")
             uri = body["connection_uris"][0]["connection_uri"]
             uris = {"on": uri}
+            servers = {"on": on, "off": off, "sync": sync}
             for side, server in (("off", off), ("sync", sync)):
                 with Api(server, server.create_key("bench@example.com")[1]) as api:
                     other = api.create_ready_project(name=f"object-store-{side}")
                 uris[side] = other["connection_uris"][0]["connection_uri"]
-            ratio = measure_cost(uris, args)
+            ratio = measure_cost(uris, servers, args)
             prefix = shipping.prefix_of(body["project"]["id"], body["branch"]["id"])
             watch = StoreWatch(seaweed, url, key_file.read_bytes(), prefix)
             p99 = measure_rpo(uri, watch, args.samples)

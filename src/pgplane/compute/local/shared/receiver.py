@@ -38,6 +38,10 @@ SLOT_KEEP = "1GB"
 # When the receiver stores what it received in asynchronous mode.
 _ASYNC_SECONDS = 0.5
 _ASYNC_BYTES = 4 << 20
+# How long an asynchronous receiver lets WAL gather before it reads again, and how long a
+# read drains the socket at most.
+_COALESCE_SECONDS = 0.05
+_DRAIN_SECONDS = 0.1
 # Postgres sends at most 128 KiB of WAL a message; anything much larger is not Postgres.
 _MAX_MESSAGE = 1 << 20
 # How often the receiver tells the compute it is there (wal_sender_timeout is 60 s).
@@ -165,6 +169,10 @@ class Receiver(threading.Thread):
                     conn, status_message(self.stored, self._received, synchronous=self.synchronous)
                 )
                 last_status = now
+            elif self._pending and not self.synchronous:
+                # Nothing waits for it: what comes meanwhile is taken at once, not a wakeup
+                # per commit (one at every flush of the compute's WAL, hundreds a second).
+                self.stopping.wait(_COALESCE_SECONDS)
 
     def _slot(self, conn: PGconn) -> str:
         """A temporary slot for this stream ("SLOT name " to start it with), so that a
@@ -195,12 +203,18 @@ class Receiver(threading.Thread):
         synchronous commits with it.)"""
         reply = False
         waited = False
+        until = time.monotonic() + _DRAIN_SECONDS
         while True:
             got, data = conn.get_copy_data(1)
             if got == 0:
-                if waited:
+                # Once something came, what is there already: the socket drained (libpq reads
+                # a buffer at a time, a message of 128 KiB takes several), within bounds (a
+                # sender that never pauses must not keep the receiver from storing).
+                if waited and (
+                    reply or len(self._pending) >= _ASYNC_BYTES or time.monotonic() > until
+                ):
                     return reply
-                wait = _ASYNC_SECONDS / 5 if self._pending else 1.0
+                wait = 0.0 if waited else _ASYNC_SECONDS / 5 if self._pending else 1.0
                 readable, _, _ = select.select([conn.socket], [], [], wait)
                 if not readable:
                     return reply
