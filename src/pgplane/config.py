@@ -66,9 +66,10 @@ class Settings:
     # How often running computes' usage (CPU, time, storage) is read and recorded: a compute
     # that crashes loses at most this much of its figures (a suspend records them whole).
     usage_seconds: float = 60.0
-    # History: how often base states due are taken and what left each window is freed, and how
+    # History: how often base states due are taken and what left each window is freed (a base
+    # state due waits for it: at 60 s a recovery under load replayed twice the WAL), and how
     # much WAL a branch archives before its next base state (or its data's size, if more).
-    history_seconds: float = 60.0
+    history_seconds: float = 10.0
     history_base_bytes: int = 256 << 20
     # Shared storage every node reaches (NFS in real life): where the cold archive lives and
     # where each branch's history is shipped to, so that projects can move between nodes and a

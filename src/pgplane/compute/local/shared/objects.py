@@ -26,6 +26,7 @@ import re
 import secrets
 import shutil
 import stat
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO, Protocol, TypeVar
@@ -44,7 +45,22 @@ _ID_NAME = "pgplane-storage.id"
 # Threads of their own for storage calls: a store that hangs (an object store that stopped
 # answering, NFS gone) holds these, never the event loop's default executor, on which every
 # file operation of the platform runs (it has only cores + 4 threads).
-_IO = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="shared-storage")
+#
+# They run niced: what they do is background work (packing, sealing and uploading base states
+# and segments, the store's copy), and on a node the computes' own work comes first. Linux
+# keeps a nice value per thread, and the platform's threads compete with the computes'
+# cgroups each by its own weight, so a packing thread takes a core from no compute's query.
+_NICE = 10
+
+
+def _background() -> None:
+    with contextlib.suppress(OSError, AttributeError):  # not where threads have no nice value
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _NICE)
+
+
+_IO = concurrent.futures.ThreadPoolExecutor(
+    max_workers=8, thread_name_prefix="shared-storage", initializer=_background
+)
 
 
 async def off_loop(fn: Callable[..., T], /, *args: object) -> T:
