@@ -7,6 +7,7 @@ import io
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 
@@ -16,7 +17,7 @@ from pgplane.compute.local.history import wal
 from pgplane.compute.local.history.archiving import Base, HistoryDirs
 from pgplane.compute.local.history.bases import fresh_tmp, publish_base
 from pgplane.compute.local.shared import cold, fetching, shipping, streaming
-from pgplane.compute.local.shared.objects import DirectoryStore
+from pgplane.compute.local.shared.objects import DirectoryStore, Written
 
 
 def test_objects_round_trip_with_their_checksums(tmp_path: Path) -> None:
@@ -165,3 +166,34 @@ def test_streamed_wal_shipped_whole_while_a_rebuild_reads_it_is_fetched_shipped(
     assert fetching.fetch(store, elsewhere, prefix, staging, owner) is True
     assert (elsewhere.wal / segment).read_bytes() == whole
     assert not [key for key in store.sizes(prefix) if "/stream/" in key]  # freed, as it was
+
+
+class _Refusing(DirectoryStore):
+    """A store that refuses the writes of one key, as one over its quota refuses them all."""
+
+    def __init__(self, root: Path, refused: str) -> None:
+        super().__init__(root)
+        self.refused: str | None = refused
+
+    def write(self, key: str, source: BinaryIO, *, max_bytes: int) -> Written:
+        if self.refused is not None and key.endswith(self.refused):
+            raise ComputeError(f"s3 put {key}: QuotaExceeded")
+        return super().write(key, source, max_bytes=max_bytes)
+
+
+def test_a_refused_wal_file_fails_the_round_and_no_later_one_is_named(tmp_path: Path) -> None:
+    prefix, staging = "history/p-1/b-1", tmp_path / "staging"
+    here = HistoryDirs(tmp_path / "here")
+    _taken_base(here)
+    here.wal.mkdir(parents=True, exist_ok=True)
+    names = [wal.segment_name(1, segno, 16 << 20) for segno in (1, 2, 3)]
+    for name in names:
+        (here.wal / name).write_bytes(os.urandom(4096))
+    store = _Refusing(tmp_path / "shared", names[1])
+    done = shipping.ship(store, here, prefix, staging)
+    assert done.refused is not None and "QuotaExceeded" in str(done.refused)
+    assert list(done.head.wal) == names[:1]  # never one past the gap
+    store.refused = None
+    again = shipping.ship(store, here, prefix, staging, done.head)
+    assert again.refused is None
+    assert list(again.head.wal) == names

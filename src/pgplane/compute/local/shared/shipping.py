@@ -85,12 +85,12 @@ class Head(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
 class Shipped(NamedTuple):
     """One round's outcome for a branch: files copied, the head as it is there now, the bytes
     its objects take there (None when this round did not list them: nothing changed), and the
-    store's first refusal of a WAL file, if any."""
+    store's refusal of a WAL file, if any (the round shipped none after it)."""
 
     copied: int
     head: Head
     stored: int | None
-    refused: ComputeError | None = None  # a WAL file's upload (the others went on)
+    refused: ComputeError | None = None  # a WAL file's upload (what came before it went on)
 
 
 def prefix_of(project_id: str, branch_id: str) -> str:
@@ -146,11 +146,13 @@ def ship(
         if name in head.wal:
             wal[name] = head.wal[name]
             continue
+        if refused is not None:  # none shipped past one the store refused (no gap named)
+            continue
         written_at = _written_at(dirs, name)
         try:
             sha = _ship_wal(store, dirs, name, f"{prefix}/wal/{name}")
-        except ComputeError as exc:  # the next round tries it again
-            refused = refused or exc
+        except ComputeError as exc:  # the next round tries it again, and those after it
+            refused = exc
             continue
         if sha is not None:
             failpoints.reached_in_thread("ship:wal_stored")
