@@ -66,10 +66,9 @@ class Settings:
     # How often running computes' usage (CPU, time, storage) is read and recorded: a compute
     # that crashes loses at most this much of its figures (a suspend records them whole).
     usage_seconds: float = 60.0
-    # History: how often base states due are taken and what left each window is freed (a base
-    # state due waits for it: at 60 s a recovery under load replayed twice the WAL), and how
+    # History: how often base states due are taken and what left each window is freed, and how
     # much WAL a branch archives before its next base state (or its data's size, if more).
-    history_seconds: float = 10.0
+    history_seconds: float = 60.0
     history_base_bytes: int = 256 << 20
     # Shared storage every node reaches (NFS in real life): where the cold archive lives and
     # where each branch's history is shipped to, so that projects can move between nodes and a
@@ -97,6 +96,9 @@ class Settings:
     archive_key_file: Path | None = None
     object_ship_seconds: float = 1.0
     object_archive_timeout_seconds: int = 60
+    # With an object store, base states due are taken sooner: a recovery replays the WAL past
+    # the newest, and at history_seconds' 60 s it replayed twice as much under load.
+    object_history_seconds: float = 10.0
     archive_sync: bool = False
     # How often a changed SQLite store is copied there (accounts, keys, projects, operations).
     store_copy_seconds: float = 1.0
@@ -214,6 +216,14 @@ class Settings:
         return self.object_ship_seconds if self.object_store else self.ship_seconds
 
     @property
+    def keep_history_seconds(self) -> float:
+        """How often base states due are taken and old history freed: sooner with an object
+        store, whose recovery replays the WAL after the newest base state."""
+        if self.object_store:
+            return min(self.history_seconds, self.object_history_seconds)
+        return self.history_seconds
+
+    @property
     def segment_timeout_seconds(self) -> int:
         """How long a compute may keep a written WAL segment open (0: until it is full)."""
         if self.object_store:
@@ -264,6 +274,7 @@ def settings_from_env(**overrides: object) -> Settings:
         ("object_store", str),
         ("object_ship_seconds", float),
         ("object_archive_timeout_seconds", int),
+        ("object_history_seconds", float),
         ("store_copy_seconds", float),
         ("backup_verify_seconds", float),
         ("schema_max_bytes", int),
@@ -387,5 +398,7 @@ def _check_object_store(settings: Settings) -> None:
         raise ValueError("--object-store and --shared-dir: choose one")
     if settings.object_ship_seconds <= 0 or settings.store_copy_seconds <= 0:
         raise ValueError("PGPLANE_OBJECT_SHIP_SECONDS and PGPLANE_STORE_COPY_SECONDS: above 0")
+    if settings.object_history_seconds <= 0:
+        raise ValueError("PGPLANE_OBJECT_HISTORY_SECONDS: above 0")
     if settings.backup_verify_seconds < 0:
         raise ValueError("PGPLANE_BACKUP_VERIFY_SECONDS: 0 (never) or above")

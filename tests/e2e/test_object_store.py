@@ -718,12 +718,16 @@ def test_users_and_operators_see_the_archive_and_its_weekly_check(
             pid = body["project"]["id"]
             with psycopg.connect(_uri(api, pid), autocommit=True) as conn:
                 conn.execute("CREATE TABLE t AS SELECT g FROM generate_series(1, 10000) g")
+            # A check that passed: one run the moment the project was made may find its
+            # first base state not shipped yet (the next, 3 s later, finds it).
             wait_for(
-                "the platform's own check of the branch's backup",
-                lambda: _metric(server, "pgplane_backup_verify_last_run_timestamp_seconds") > 0,
+                "the platform's own check of the branch's backup, passed",
+                lambda: (
+                    _metric(server, "pgplane_backup_verify_last_run_timestamp_seconds") > 0
+                    and _metric(server, "pgplane_backup_verify_failed_branches") == 0
+                ),
                 120,
             )
-            assert _metric(server, "pgplane_backup_verify_failed_branches") == 0
 
             def backups() -> str:
                 page = browser.get(f"/console/projects/{pid}")

@@ -93,7 +93,8 @@ async def restore_given_up(tx: Tx, op: Operation) -> None:
 
 
 async def keep_history(driver: ComputeDriver, settings: Settings) -> None:
-    """Every ``history_seconds``: base states due are taken, what left the window is freed."""
+    """Every ``keep_history_seconds``: base states due are taken, what left the window is
+    freed."""
     while True:
         try:
             await driver.keep_history()
@@ -101,7 +102,7 @@ async def keep_history(driver: ComputeDriver, settings: Settings) -> None:
             raise
         except Exception:
             log.exception("keeping history failed; continuing")
-        await asyncio.sleep(settings.history_seconds)
+        await asyncio.sleep(settings.keep_history_seconds)
 
 
 async def ship_history(
