@@ -436,8 +436,10 @@ def test_a_receiver_behind_a_bulk_load_keeps_its_place_with_its_slot(
                 conn.execute("INSERT INTO public.filler VALUES (1)")
                 assert store.asked.wait(30), "the receiver stored nothing"
                 slots = "SELECT slot_type, temporary, active FROM pg_catalog.pg_replication_slots"
-                # The platform's own receiver's, and this one's.
-                assert conn.execute(slots).fetchall() == [("physical", True, True)] * 2
+                wait_for(  # the platform's own receiver's, and this one's
+                    "a temporary slot for each receiver",
+                    lambda: conn.execute(slots).fetchall() == [("physical", True, True)] * 2,
+                )
                 for _ in range(4):  # segments the stalled receiver has not taken
                     conn.execute(
                         "INSERT INTO public.filler SELECT g FROM generate_series(1, 50000) g"
