@@ -178,6 +178,18 @@ def _write_until_the_loss(uri: str, seaweed: SeaweedFS, outage: float) -> int:
     return promised
 
 
+def _admin_conninfo(server: Server, name: str) -> str:
+    """A new project's running compute, reached on its own socket as the platform's
+    superuser (a replication client, as the platform's receivers are)."""
+    with Api(server, server.create_key(f"{name}@example.com")[1]) as api:
+        body = api.create_ready_project(name=name)
+    layout = Layout(server.data_dir.resolve())
+    pgdata = layout.pgdata(body["project"]["id"], body["branch"]["id"])
+    running = Records(layout.postmaster_records).get(pgdata)
+    assert running is not None
+    return conninfo(running.socket_dir, running.port, user=ADMIN_USER)
+
+
 def _one(conn: psycopg.Connection, query: str) -> object:
     row = conn.execute(query).fetchone()
     return None if row is None else row[0]
@@ -362,13 +374,7 @@ def test_a_stream_whose_wal_the_compute_removed_ends_and_says_why(
     already, and every synchronous commit with it."""
     with _machine(_env(seaweed, "removed", key_file), tmp_path) as server:
         server.start()
-        with Api(server, server.create_key("removed@example.com")[1]) as api:
-            body = api.create_ready_project(name="removed")
-        layout = Layout(server.data_dir.resolve())
-        pgdata = layout.pgdata(body["project"]["id"], body["branch"]["id"])
-        running = Records(layout.postmaster_records).get(pgdata)
-        assert running is not None
-        info = conninfo(running.socket_dir, running.port, user=ADMIN_USER)
+        info = _admin_conninfo(server, "removed")
         with psycopg.connect(info, autocommit=True) as conn:  # the first segments recycled
             conn.execute("CREATE TABLE public.filler (v int)")
             for _ in range(4):
@@ -417,13 +423,7 @@ def test_a_receiver_behind_a_bulk_load_keeps_its_place_with_its_slot(
     store takes writes again it goes on from where it was, nothing skipped."""
     with _machine(_env(seaweed, "behind", key_file), tmp_path) as server:
         server.start()
-        with Api(server, server.create_key("behind@example.com")[1]) as api:
-            body = api.create_ready_project(name="behind")
-        layout = Layout(server.data_dir.resolve())
-        pgdata = layout.pgdata(body["project"]["id"], body["branch"]["id"])
-        running = Records(layout.postmaster_records).get(pgdata)
-        assert running is not None
-        info = conninfo(running.socket_dir, running.port, user=ADMIN_USER)
+        info = _admin_conninfo(server, "behind")
         store = _Stalled(tmp_path / "bucket")
         stream = receiver.Receiver(
             store=store, prefix="history/p/b", conninfo=info, synchronous=False, shipped=list
