@@ -133,7 +133,9 @@ class ComputeWaker:
         now = clock.now_us()
         down = None if node.up(now) else f"{nodes.down(node, now)}; retry later"
         return Target(
-            endpoint_id=endpoint.id, via=Door(node=node.name, address=node.node_address), down=down
+            endpoint_id=endpoint.id,
+            via=Door(node=node.name, address=node.node_address, certs=node.door_certs),
+            down=down,
         )
 
     async def _ask_node(self, elsewhere: Target, role: str) -> tuple[bool, str | None]:

@@ -13,8 +13,10 @@ import logging
 
 from pgplane.config import Settings
 from pgplane.connlimits import ConnectionGate
+from pgplane.core.nodes import Node
 from pgplane.engine.node import NodeLease
 from pgplane.engine.project_data import NodeAnswers, ProjectData
+from pgplane.errors import Unavailable
 from pgplane.gateway import ComputeWaker
 from pgplane.nodelink.authority import NodeTls
 from pgplane.nodelink.client import NodeLink
@@ -65,8 +67,14 @@ class NodeChannel:
                 " address other nodes dial it at with --node-advertise"
             )
         answers = NodeAnswers(data, waker.role_verifier)
+
+        async def registry(name: str) -> Node | None:
+            async with store.read() as tx:
+                return await tx.get_node(name)
+
         door = NodeDoor(
             tls=self.tls,
+            nodes=registry,
             computes=waker,
             sessions=sessions,
             answers=answers,
@@ -83,9 +91,9 @@ class NodeChannel:
         self._door = door
         port = bound[0][1]
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        await node.update_address(settings.proxy_port, address)
+        await node.update_address(settings.proxy_port, address, [self.tls.certificate.fingerprint])
         log.info("pgplane node door listening on %s:%d (node certificates only)", listen, port)
-        self._renewal = asyncio.create_task(self._renew(self.tls), name="node certificate")
+        self._renewal = asyncio.create_task(self._renew(self.tls, node), name="node certificate")
 
     async def close(self) -> None:
         if self._renewal is not None:
@@ -95,14 +103,29 @@ class NodeChannel:
         if self._door is not None:
             await self._door.close()
 
-    async def _renew(self, tls: NodeTls) -> None:
+    async def _renew(self, tls: NodeTls, node: NodeLease) -> None:
         while True:
             await asyncio.sleep(_RENEW_SECONDS)
             try:
-                if tls.renew():
-                    log.info("node %s: its node certificate was renewed", tls.node)
-            except (OSError, ValueError, TypeError) as exc:
+                await renew(tls, node)
+            except Unavailable as exc:
+                log.warning("node %s: its node certificate not renewed: %s", tls.node, exc.message)
+            except (OSError, ValueError, TypeError, nodes.NameTaken) as exc:
                 log.warning("node %s: its node certificate not renewed: %s", tls.node, exc)
+
+
+async def renew(tls: NodeTls, node: NodeLease) -> None:
+    """Issue the node's certificate again near its end: registered first, then shown (a door
+    that read the store before would refuse it otherwise), the one before still registered
+    until the next look, for dials already in their handshake; then only the current one."""
+    current = tls.certificate.fingerprint
+    fresh = tls.successor()
+    if fresh is not None:
+        await node.register_certs([fresh.fingerprint, current])
+        tls.use(fresh)
+        log.info("node %s: its node certificate was renewed", tls.node)
+    elif node.door_certs != (current,):
+        await node.register_certs([current])
 
 
 async def open_channel(store: Store, settings: Settings, name: str) -> NodeChannel:

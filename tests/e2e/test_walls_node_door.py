@@ -4,7 +4,10 @@ node would try them, on two real nodes sharing one PostgreSQL store.
 The door takes only a certificate of the platform's node authority: a connection in the clear,
 one with no client certificate, one with a certificate of the tenant-facing authority (the one
 clients trust, which a client can hold a certificate of) or of another platform's node authority
-is cut in the handshake, before a byte of its request is read; nothing wakes. A node of the
+is cut in the handshake, before a byte of its request is read; nothing wakes. Nor does the
+authority's signature suffice: the authority's key is in the store, so a certificate opens the
+door only if a node that is up registered it there, and a node down or removed loses its door
+at once. A node of the
 platform is trusted with no more than "this login was authenticated": the door routes from its
 own reads of the store (the allow-list against the client's address, the role's secret, the
 platform's own roles refused) and relays to nothing but its own computes. And the proxy is no
@@ -13,8 +16,10 @@ relay to an address a client names: it routes by endpoint, through the store, on
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import ssl
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -75,12 +80,32 @@ def _door_port(server: Server, node: str) -> int:
 
 
 def _platform_node(server: Server, name: str) -> NodeTls:
-    """A node certificate of this platform's authority, as a node issues itself one (the test
-    reads the authority from the store, as only the platform may)."""
+    """A node certificate of this platform's authority, as whoever reads the store could mint
+    one (the test reads the authority's key from the store)."""
     with _store(server) as conn:
         row = conn.execute("SELECT cert, key FROM node_authority").fetchone()
     assert row is not None
     return NodeTls(NodeAuthority.from_pem(row[0], row[1]), name)
+
+
+@contextlib.contextmanager
+def _registered(server: Server, name: str = "node-x") -> Iterator[NodeTls]:
+    """A node of the platform: ``name`` registered in the store, up, with the certificate it
+    shows (as a node does at start; cordoned, so no project is placed on it), gone after."""
+    tls = _platform_node(server, name)
+    now = int(time.time() * 1e6)
+    with _store(server) as conn:
+        conn.execute(
+            "INSERT INTO nodes (name, instance, api_url, proxy_address, compute_host, capacity,"
+            " state, started_at, heartbeat_at, expires_at, door_certs)"
+            " VALUES (%s, 'x', '', '', '127.0.0.1', 1, 'cordoned', %s, %s, %s, %s)",
+            (name, now, now, now + 3600 * 10**6, tls.certificate.fingerprint),
+        )
+    try:
+        yield tls
+    finally:
+        with _store(server) as conn:
+            conn.execute("DELETE FROM nodes WHERE name = %s", (name,))
 
 
 def _starts(api: Api, pid: str) -> int:
@@ -199,14 +224,34 @@ def test_only_a_node_certificate_of_the_platform_opens_the_door(
     assert _starts(api, pid) == starts
     assert api.endpoint(pid, eid)["current_state"] == "idle"
 
+    # A certificate of the platform's own authority, naming a node that is up, minted with
+    # the key the store keeps: not one its node registered, so cut likewise.
+    for name in ("node-a", "node-x"):
+        assert _refused(port, _platform_node(a, name).client, request), name
+    assert _starts(api, pid) == starts
+
     # A node of the platform, asking the same: served, the compute woken by its own node.
-    answer = _answer(port, _platform_node(a, "node-a"), request)
-    assert isinstance(answer, messages.Connected), answer
+    with _registered(a, "node-x") as node:
+        answer = _answer(port, node, request)
+        assert isinstance(answer, messages.Connected), answer
+        assert _starts(api, pid) == starts + 1
+        # Its lease lapsed (the node is down): no door for it, at once.
+        with _store(a) as conn:
+            conn.execute("UPDATE nodes SET expires_at = 0 WHERE name = 'node-x'")
+        assert _refused(port, node.client, request)
+    # Removed from the store: likewise.
+    assert _refused(port, node.client, request)
     assert _starts(api, pid) == starts + 1
 
 
+@pytest.fixture
+def node_x(servers: tuple[Server, Server]) -> Iterator[NodeTls]:
+    with _registered(servers[0]) as tls:
+        yield tls
+
+
 def test_a_node_is_trusted_with_a_login_and_no_more(
-    servers: tuple[Server, Server], api: Api
+    servers: tuple[Server, Server], api: Api, node_x: NodeTls
 ) -> None:
     a, b = servers
     on_b = _on(servers, api, b, "door-trust")
@@ -218,7 +263,7 @@ def test_a_node_is_trusted_with_a_login_and_no_more(
     )
     assert r.status_code == 200, r.text
     port = _door_port(a, "node-b")
-    node = _platform_node(a, "node-a")
+    node = node_x
     starts, starts_a = _starts(api, pid), _starts(api, on_a["project"]["id"])
 
     # The platform's own roles log in only over the compute's socket, forwarded or not.

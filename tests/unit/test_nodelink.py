@@ -5,6 +5,8 @@ certificates (over real sockets), and the messages' frames."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import datetime
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,9 +17,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from pgplane.config import Settings
-from pgplane.node_channel import open_channel
+from pgplane.node_channel import open_channel, renew
+from pgplane.nodelink import authority as node_authority
 from pgplane.nodelink import messages
-from pgplane.nodelink.authority import NodeAuthority, NodeTls, peer_node
+from pgplane.nodelink.authority import NodeAuthority, NodeTls, peer_of
 from pgplane.nodelink.client import Door, NodeLink, Unreachable
 from pgplane.services import nodes
 from pgplane.store import Store
@@ -66,9 +69,21 @@ class _Echo(asyncio.Protocol):
         self.transport.write(messages.frame(messages.Verifier(answered=True, verifier="v")))  # type: ignore[attr-defined]
 
 
-@pytest.fixture
-async def door() -> AsyncIterator[tuple[NodeAuthority, int, list[str]]]:
+@dataclasses.dataclass
+class _Door:
     """A TLS server with node-b's certificate of an authority, recording who connected."""
+
+    authority: NodeAuthority
+    port: int
+    peers: list[str]
+    cert: str  # the fingerprint node-b registered
+
+    def at(self, node: str = "node-b") -> Door:
+        return Door(node, f"127.0.0.1:{self.port}", (self.cert,))
+
+
+@pytest.fixture
+async def door() -> AsyncIterator[_Door]:
     authority = NodeAuthority.create()
     tls = NodeTls(authority, "node-b")
     peers: list[str] = []
@@ -76,47 +91,55 @@ async def door() -> AsyncIterator[tuple[NodeAuthority, int, list[str]]]:
     class Recording(_Echo):
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             super().connection_made(transport)
-            peers.append(peer_node(transport.get_extra_info("ssl_object")) or "")
+            found = peer_of(transport.get_extra_info("ssl_object"))
+            peers.append("" if found is None else found.node)
 
     server = await asyncio.get_running_loop().create_server(
         Recording, "127.0.0.1", 0, ssl=tls.server
     )
     port = server.sockets[0].getsockname()[1]
     try:
-        yield authority, port, peers
+        yield _Door(authority, port, peers, tls.certificate.fingerprint)
     finally:
         server.close()
 
 
-async def test_a_node_of_the_authority_is_answered_and_knows_who_asked(
-    door: tuple[NodeAuthority, int, list[str]],
-) -> None:
-    authority, port, peers = door
-    link = NodeLink(NodeTls(authority, "node-a"))
-    answer = await link.call(
-        Door("node-b", f"127.0.0.1:{port}"), messages.RoleVerifier("ep-x", "r"), seconds=10
-    )
+async def test_a_node_of_the_authority_is_answered_and_knows_who_asked(door: _Door) -> None:
+    link = NodeLink(NodeTls(door.authority, "node-a"))
+    answer = await link.call(door.at(), messages.RoleVerifier("ep-x", "r"), seconds=10)
     assert answer == messages.Verifier(answered=True, verifier="v")
-    assert peers == ["node-a"]
+    assert door.peers == ["node-a"]
 
 
-async def test_a_node_that_is_not_the_one_named_is_not_asked(
-    door: tuple[NodeAuthority, int, list[str]],
-) -> None:
-    authority, port, _ = door
-    link = NodeLink(NodeTls(authority, "node-a"))
+async def test_a_node_that_is_not_the_one_named_is_not_asked(door: _Door) -> None:
+    link = NodeLink(NodeTls(door.authority, "node-a"))
     with pytest.raises(Unreachable, match="is node-b's, not node-c's"):
-        await link.call(Door("node-c", f"127.0.0.1:{port}"), messages.RoleVerifier("e", "r"))
+        await link.call(door.at("node-c"), messages.RoleVerifier("e", "r"))
+
+
+async def test_a_door_showing_a_certificate_its_node_did_not_register_is_not_asked(
+    door: _Door,
+) -> None:
+    """A door signed by the authority and named right, but not with the certificate node-b
+    registered: one minted with the authority's key by whoever read the store."""
+    link = NodeLink(NodeTls(door.authority, "node-a"))
+    minted = door.authority.issue("node-b").fingerprint
+    with pytest.raises(Unreachable, match="did not register"):
+        await link.call(
+            dataclasses.replace(door.at(), certs=(minted,)), messages.RoleVerifier("e", "r")
+        )
+    with pytest.raises(Unreachable, match="did not register"):
+        await link.call(dataclasses.replace(door.at(), certs=()), messages.RoleVerifier("e", "r"))
 
 
 async def test_another_platforms_node_and_a_tenant_certificate_fail_the_handshake(
-    door: tuple[NodeAuthority, int, list[str]], tmp_path: Path
+    door: _Door, tmp_path: Path
 ) -> None:
-    _, port, peers = door
+    port, peers = door.port, door.peers
     # A node of another platform's authority, whatever its name.
     stranger = NodeLink(NodeTls(NodeAuthority.create(), "node-a"))
     with pytest.raises(Unreachable):
-        await stranger.call(Door("node-b", f"127.0.0.1:{port}"), messages.RoleVerifier("e", "r"))
+        await stranger.call(door.at(), messages.RoleVerifier("e", "r"))
     # The tenant-facing authority's certificate (the one clients trust), as a client's.
     tenant_ca = ensure_authority(tmp_path, "localhost")
     key = ec.generate_private_key(ec.SECP256R1())
@@ -156,11 +179,43 @@ def _no_certificate() -> ssl.SSLContext:
     return context
 
 
-def test_a_certificate_is_renewed_only_near_its_end() -> None:
+class _Lease:
+    """What renewal asks of the node's lease: the certificates registered, in order."""
+
+    def __init__(self, certs: tuple[str, ...]) -> None:
+        self.door_certs = certs
+        self.registered: list[list[str]] = []
+        self.shown_when_registered: list[str] = []
+        self.tls: NodeTls | None = None
+
+    async def register_certs(self, certs: list[str]) -> None:
+        assert self.tls is not None
+        self.registered.append(certs)
+        self.shown_when_registered.append(self.tls.certificate.fingerprint)
+        self.door_certs = tuple(certs)
+
+
+async def test_a_certificate_lasts_a_day_and_its_successor_is_registered_before_it_is_shown() -> (
+    None
+):
     tls = NodeTls(NodeAuthority.create(), "node-a")
     first = tls.certificate
-    assert not tls.renew()
-    assert tls.certificate is first
+    assert first.not_after - datetime.datetime.now(datetime.UTC) <= datetime.timedelta(days=1)
+    lease = _Lease((first.fingerprint,))
+    lease.tls = tls
+    await renew(tls, lease)  # type: ignore[arg-type]
+    assert tls.certificate is first and lease.registered == []  # not near its end
+    tls.certificate = dataclasses.replace(
+        first, not_after=datetime.datetime.now(datetime.UTC) + node_authority.RENEW_BEFORE / 2
+    )
+    await renew(tls, lease)  # type: ignore[arg-type]
+    fresh = tls.certificate.fingerprint
+    assert fresh != first.fingerprint
+    # The new one registered while the old one was still shown, the old one kept beside it.
+    assert lease.registered == [[fresh, first.fingerprint]]
+    assert lease.shown_when_registered == [first.fingerprint]
+    await renew(tls, lease)  # type: ignore[arg-type]
+    assert lease.registered[-1] == [fresh]  # at the next look, only the one shown
 
 
 def test_frames_round_trip_and_are_bounded() -> None:

@@ -13,6 +13,7 @@ import psycopg
 import pytest
 
 from pgplane.connlimits import ConnectionGate
+from pgplane.core.nodes import Node
 from pgplane.nodelink import messages
 from pgplane.nodelink.authority import NodeAuthority, NodeTls
 from pgplane.nodelink.client import Door, NodeLink
@@ -62,15 +63,28 @@ async def two_nodes(
         server_tls=None,
         cert_hash=None,
     )
+    a_tls, c_tls = NodeTls(authority, "node-a"), NodeTls(authority, "node-c")
+
+    async def registry(name: str) -> Node | None:
+        """Node A, up, with the certificate it shows registered (the only node C knows)."""
+        if name != "node-a":
+            return None
+        return Node(
+            name="node-a", instance="i", api_url="", proxy_address="", compute_host="",
+            capacity=1, state="active", started_at=0, heartbeat_at=0, expires_at=1 << 62,
+            door_certs=(a_tls.certificate.fingerprint,),
+        )  # fmt: skip
+
     door = NodeDoor(
-        tls=NodeTls(authority, "node-c"),
+        tls=c_tls,
+        nodes=registry,
         computes=c_routes,
         sessions=c_proxy.sessions,
         answers=_unasked,
         gate=ConnectionGate(per_address=8, total=64),
     )
     [(_, door_port)] = await door.start("127.0.0.1", 0)
-    via = Door("node-c", f"127.0.0.1:{door_port}")
+    via = Door("node-c", f"127.0.0.1:{door_port}", (c_tls.certificate.fingerprint,))
     a_routes = Routes([Target(ENDPOINT, via=via) if t.via else t for t in a_targets])
     a_proxy = Proxy(
         computes=a_routes,
@@ -79,7 +93,7 @@ async def two_nodes(
         server_tls=None,
         cert_hash=None,
         throttle=LoginThrottle(),
-        forwarder=Forwarder(NodeLink(NodeTls(authority, "node-a"))),
+        forwarder=Forwarder(NodeLink(a_tls)),
     )
     [(_, port)] = await a_proxy.start("127.0.0.1", 0)
     try:
@@ -99,8 +113,8 @@ async def compute() -> AsyncIterator[Target]:
         server.close()
 
 
-ELSEWHERE = Target(ENDPOINT, via=Door("node-c", "placeholder:0"))
-ON_B = Target(ENDPOINT, via=Door("node-b", "127.0.0.1:1"))
+ELSEWHERE = Target(ENDPOINT, via=Door("node-c", "placeholder:0", ()))
+ON_B = Target(ENDPOINT, via=Door("node-b", "127.0.0.1:1", ()))
 
 
 async def test_a_session_through_node_a_is_served_by_node_c() -> None:

@@ -39,6 +39,10 @@ class Node(msgspec.Struct, frozen=True, kw_only=True):
     # The id of the shared storage it keeps the cold archive and history on (None: its own
     # disk only): projects move only between nodes that share one.
     shared_storage: str | None = None
+    # The SHA-256 fingerprints (hex) of the certificates that open its door, newest first: those
+    # it issued itself, the one before its latest renewal kept until its next look (a dial begun
+    # with it may still be in its handshake). Empty while it has no door.
+    door_certs: tuple[str, ...] = ()
 
     def up(self, now: int) -> bool:
         return self.expires_at >= now

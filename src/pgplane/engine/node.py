@@ -13,6 +13,7 @@ import logging
 import os
 import secrets
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 from pgplane.config import Settings
@@ -71,6 +72,7 @@ class NodeLease:
         low, high = settings.compute_ports
         self.capacity = settings.node_capacity or (high - low + 1)
         self.node_address = ""  # its node door's, once it listens
+        self.door_certs: tuple[str, ...] = ()  # what opens it (Node.door_certs)
 
     def _node(self, proxy_port: int, now: int) -> Node:
         s = self._settings
@@ -87,6 +89,7 @@ class NodeLease:
             expires_at=now + int(s.node_lease_seconds * _US),
             node_address=self.node_address,
             shared_storage=self._shared,
+            door_certs=self.door_certs,
         )
 
     async def register(self, proxy_port: int) -> None:
@@ -100,17 +103,32 @@ class NodeLease:
         if adopted:
             log.info("node %s adopted %d project(s) placed on no node", self.name, adopted)
 
-    async def update_address(self, proxy_port: int, node_address: str | None = None) -> None:
+    async def update_address(
+        self, proxy_port: int, node_address: str | None = None, door_certs: Sequence[str] = ()
+    ) -> None:
         """The proxy's port, once bound (0 asked the system for one), and the node door's
-        address once it listens."""
+        address once it listens, with the certificates that open it."""
         if node_address is not None:
             self.node_address = node_address
+            self.door_certs = tuple(door_certs)
         now = clock.now_us()
         async with self._store.write() as tx:
             current = await tx.get_node(self.name)
             if current is not None and current.instance == self.instance:
                 node = self._node(proxy_port, now)
                 await tx.put_node(node)
+
+    async def register_certs(self, door_certs: Sequence[str]) -> None:
+        """The certificates that open the node's door from now on (a renewal's new one first).
+        Raises Unavailable when the store cannot say so, and NameTaken when another process
+        holds the name now: either way the new certificate must not be used."""
+        async with self._store.write() as tx:
+            held = await tx.set_node_door_certs(
+                name=self.name, instance=self.instance, certs=list(door_certs)
+            )
+        if not held:
+            raise nodes.NameTaken(f"node {self.name} is held by another process now")
+        self.door_certs = tuple(door_certs)
 
     async def release(self) -> None:
         """A graceful stop: the lease ends now, so other nodes see this one down at once."""

@@ -148,7 +148,7 @@ class ProjectData:
             return None
         if self._link is None:  # cannot be with a PostgreSQL store: each node has a door
             raise Unavailable(f"the project's data is on node {node.name}, not on this one")
-        return Door(node=node.name, address=node.node_address)
+        return Door(node=node.name, address=node.node_address, certs=node.door_certs)
 
     async def _here(self, project_id: str) -> None:
         async with self._store.read() as tx:

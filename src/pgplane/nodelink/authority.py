@@ -9,6 +9,13 @@ The authority is a CA of its own (its name says "node", a random word tells two 
 apart), never the tenant-facing one of :mod:`pgplane.tls`: a client certificate from that one, or
 from another platform's node authority, fails the handshake. A node's certificate names the node
 (its common name); both ends check the other's is the node they expect.
+
+The authority's signature is not enough on its own: whoever reads the store could sign with its
+key. So both ends also check the other's certificate is one its node registered in the store
+(``Node.door_certs``, by fingerprint), which only the node holding the key can have done, and a
+door admits only nodes that are up. A node's certificate lasts a day and is issued again at
+half-life, the new one registered before it is used; a node removed, or whose name another
+process took, loses its door at the next connection.
 """
 
 from __future__ import annotations
@@ -26,9 +33,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 AUTHORITY_VALID = datetime.timedelta(days=3650)
-NODE_VALID = datetime.timedelta(days=90)
+NODE_VALID = datetime.timedelta(days=1)
 # A node's certificate this close to its end is issued again (and loaded) while the node runs.
-RENEW_BEFORE = datetime.timedelta(days=30)
+RENEW_BEFORE = datetime.timedelta(hours=12)
 
 _Key = ec.EllipticCurvePrivateKey
 
@@ -54,6 +61,15 @@ class NodeCertificate:
 
     def due(self) -> bool:
         return self.not_after - _now() < RENEW_BEFORE
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint(x509.load_pem_x509_certificate(self.cert_pem))
+
+
+def fingerprint(cert: x509.Certificate) -> str:
+    """What the store registers of a node's certificate: its SHA-256, in hex."""
+    return cert.fingerprint(hashes.SHA256()).hex()
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,13 +169,15 @@ class NodeTls:
         self.certificate = authority.issue(node)
         self._load()
 
-    def renew(self) -> bool:
-        """Issue the node's certificate again if it nears its end; whether it did."""
-        if not self.certificate.due():
-            return False
-        self.certificate = self._authority.issue(self.node)
+    def successor(self) -> NodeCertificate | None:
+        """A new certificate for the node if its own nears its end (to register, then
+        :meth:`use`); None while it has long to run."""
+        return self._authority.issue(self.node) if self.certificate.due() else None
+
+    def use(self, certificate: NodeCertificate) -> None:
+        """Show ``certificate`` from now on, on new connections of both ends."""
+        self.certificate = certificate
         self._load()
-        return True
 
     def _load(self) -> None:
         # OpenSSL reads a key from a file only: one in a private directory, gone once read.
@@ -175,17 +193,30 @@ def _context(protocol: int, authority: NodeAuthority) -> ssl.SSLContext:
     context = ssl.SSLContext(protocol)
     context.minimum_version = ssl.TLSVersion.TLSv1_3  # both ends are ours
     context.verify_mode = ssl.CERT_REQUIRED
-    # The node's name is checked on the certificate itself (peer_node), not as a host name:
+    # The node's name is checked on the certificate itself (peer_of), not as a host name:
     # nodes are dialled by address, and a node's name need not be one.
     context.check_hostname = False
     context.load_verify_locations(cadata=authority.cert_pem())
     return context
 
 
-def peer_node(ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> str | None:
-    """The node a verified peer's certificate names (its common name); None without one."""
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """The other end of a verified connection: the node its certificate names (its common
+    name) and the certificate's fingerprint."""
+
+    node: str
+    fingerprint: str
+
+    def registered(self, certs: tuple[str, ...]) -> bool:
+        return self.fingerprint in certs
+
+
+def peer_of(ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> Peer | None:
+    """The verified peer's node and certificate; None without a certificate naming one."""
     der = None if ssl_object is None else ssl_object.getpeercert(binary_form=True)
     if not der:
         return None
-    names = x509.load_der_x509_certificate(der).subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-    return str(names[0].value) if names else None
+    cert = x509.load_der_x509_certificate(der)
+    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return Peer(str(names[0].value), fingerprint(cert)) if names else None

@@ -1,5 +1,6 @@
 """Dialling another node's door: TLS with this node's certificate, the other end checked to be
-the node the store names, then one request and its answer."""
+the node the store names, showing a certificate that node registered there, then one request
+and its answer."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from pgplane.nodelink import messages
-from pgplane.nodelink.authority import NodeTls, peer_node
+from pgplane.nodelink.authority import NodeTls, Peer, peer_of
 
 P = TypeVar("P", bound=asyncio.BaseProtocol)
 
@@ -23,10 +24,12 @@ class Unreachable(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Door:
-    """Where a node's door listens, as the node registered it (``host:port``)."""
+    """Where a node's door listens, as the node registered it (``host:port``), and the
+    fingerprints of the certificates it registered with it."""
 
     node: str
     address: str
+    certs: tuple[str, ...]
 
     def host_port(self) -> tuple[str, int]:
         host, sep, port = self.address.rpartition(":")
@@ -56,7 +59,7 @@ class NodeLink:
                 )
         except (OSError, TimeoutError, ssl.SSLError) as exc:
             raise Unreachable(f"node {door.node} cannot be reached: {_why(exc)}") from None
-        _check(door, peer_node(transport.get_extra_info("ssl_object")), transport.close)
+        _check(door, peer_of(transport.get_extra_info("ssl_object")), transport.close)
         return protocol
 
     async def call(
@@ -75,7 +78,7 @@ class NodeLink:
         except (OSError, TimeoutError, ssl.SSLError) as exc:
             raise Unreachable(f"node {door.node} cannot be reached: {_why(exc)}") from None
         try:
-            _check(door, peer_node(writer.get_extra_info("ssl_object")), writer.close)
+            _check(door, peer_of(writer.get_extra_info("ssl_object")), writer.close)
             writer.write(messages.frame(request))
             async with asyncio.timeout(seconds):
                 size = messages.length(await reader.readexactly(messages.HEADER), limit=limit)
@@ -88,12 +91,21 @@ class NodeLink:
             writer.close()
 
 
-def _check(door: Door, found: str | None, close: Callable[[], None]) -> None:
-    if found != door.node:
+def _check(door: Door, found: Peer | None, close: Callable[[], None]) -> None:
+    if found is None or found.node != door.node:
         close()
         # A stale address, now another node's (or another platform's: its certificate would
         # not have passed): nothing is asked of it.
-        raise Unreachable(f"the node door at {door.address} is {found}'s, not {door.node}'s")
+        name = None if found is None else found.node
+        raise Unreachable(f"the node door at {door.address} is {name}'s, not {door.node}'s")
+    if not found.registered(door.certs):
+        close()
+        # Signed by the authority but not registered by the node: minted by whoever read the
+        # authority's key, or the node renewed its own since the store was read.
+        raise Unreachable(
+            f"the node door at {door.address} showed a certificate node {door.node} did not"
+            " register; retry shortly"
+        )
 
 
 def _why(exc: BaseException) -> str:

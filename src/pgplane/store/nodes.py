@@ -28,6 +28,11 @@ class NodesTx(abc.ABC):
         """Move the node's heartbeat and lease forward if ``instance`` still holds the name."""
 
     @abc.abstractmethod
+    async def set_node_door_certs(self, *, name: str, instance: str, certs: list[str]) -> bool:
+        """The certificates that open the node's door (:attr:`Node.door_certs`), if
+        ``instance`` still holds the name."""
+
+    @abc.abstractmethod
     async def set_node_state(self, *, name: str, state: str) -> bool:
         """An operator's state (active, cordoned, draining); False if no such node."""
 

@@ -3,7 +3,10 @@
 A listener of its own, apart from the proxy's doors, that speaks TLS 1.3 only and takes a
 connection only from a client showing a certificate of the platform's node authority (checked in
 the handshake: without one, or with one of the tenant-facing authority or of another platform,
-the connection ends before a byte of it is read). Unauthenticated connections are capped per
+the connection ends before a byte of it is read). The certificate must also be one a node that
+is up registered in the store (its own, by fingerprint): one minted with the authority's key by
+whoever read the store, or a node's after it was removed or its name taken by another process,
+is cut there too. Unauthenticated connections are capped per
 address and in all (as the proxy's connections are), and the handshake and the request have
 one deadline; a node's connections are capped in all only (a node forwards many sessions from
 one address).
@@ -22,11 +25,15 @@ import asyncio
 import logging
 import socket
 import ssl
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from pgplane.connlimits import ConnectionGate
+from pgplane.core import clock
+from pgplane.core.nodes import Node
+from pgplane.errors import Unavailable
 from pgplane.nodelink import messages
-from pgplane.nodelink.authority import NodeTls, peer_node
+from pgplane.nodelink.authority import NodeTls, Peer, peer_of
 from pgplane.proxy import scram, wire
 from pgplane.proxy.listener import Listener
 from pgplane.proxy.pipe import Closed, Side
@@ -47,11 +54,16 @@ class Answers(Protocol):
     async def __call__(self, request: Ask) -> messages.Answer: ...
 
 
+# A node as the store has it now (None: no such node).
+Nodes = Callable[[str], Awaitable[Node | None]]
+
+
 class NodeDoor:
     def __init__(
         self,
         *,
         tls: NodeTls,
+        nodes: Nodes,
         computes: Computes,
         sessions: Sessions,
         answers: Answers,
@@ -59,6 +71,7 @@ class NodeDoor:
         handshake_seconds: float = _HANDSHAKE_SECONDS,
     ) -> None:
         self._tls = tls
+        self._nodes_now = nodes
         self._computes = computes
         self._sessions = sessions
         self._answers = answers
@@ -122,7 +135,11 @@ class NodeDoor:
             sock.close()
             raise
         client = made[0]
-        peer = peer_node(client.transport.get_extra_info("ssl_object")) or "?"
+        found = peer_of(client.transport.get_extra_info("ssl_object"))
+        peer = "?" if found is None else found.node
+        if found is None or not await self._registered(found):
+            client.close()
+            return None, peer, None
         try:
             async with asyncio.timeout(self._handshake_seconds):
                 header = await client.read_exactly(messages.HEADER)
@@ -133,6 +150,24 @@ class NodeDoor:
             client.close()
             return None, peer, None
         return client, peer, request
+
+    async def _registered(self, peer: Peer) -> bool:
+        """Whether ``peer`` shows a certificate its node registered, and that node is up."""
+        try:
+            node = await self._nodes_now(peer.node)
+        except Unavailable as exc:
+            log.warning("node door: node %s not checked (%s): refused", peer.node, exc.message)
+            return False
+        if node is None:
+            why = "no such node"
+        elif not node.up(clock.now_us()):
+            why = "the node is down"
+        elif not peer.registered(node.door_certs):
+            why = "a certificate the node did not register"
+        else:
+            return True
+        log.warning("node door: a certificate naming node %s refused: %s", peer.node, why)
+        return False
 
     async def _dispatch(self, side: Side, peer: str, request: messages.Request) -> None:
         if isinstance(request, messages.Connect):

@@ -10,7 +10,8 @@ from pgplane.store.sqlite.common import Statements
 
 _COLUMNS = (
     "n.name, n.instance, n.api_url, n.proxy_address, n.compute_host, n.capacity, n.state,"
-    " n.started_at, n.heartbeat_at, n.expires_at, n.node_address, n.shared_storage"
+    " n.started_at, n.heartbeat_at, n.expires_at, n.node_address, n.shared_storage,"
+    " n.door_certs"
 )
 # A compute counts while it runs or is due to (as the account quota counts them).
 _LOADS = (
@@ -37,6 +38,7 @@ def _node(r: Sequence[Any]) -> Node:
         expires_at=r[9],
         node_address=r[10],
         shared_storage=r[11],
+        door_certs=tuple(r[12].split()),
     )
 
 
@@ -51,12 +53,12 @@ class NodesMixin(Statements):
         n = node
         await self._c.execute(
             "INSERT INTO nodes (name, instance, api_url, proxy_address, compute_host, capacity,"
-            " state, started_at, heartbeat_at, expires_at, node_address, shared_storage)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " state, started_at, heartbeat_at, expires_at, node_address, shared_storage,"
+            " door_certs) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (name) DO UPDATE SET instance = excluded.instance,"
             " shared_storage = excluded.shared_storage,"
             " api_url = excluded.api_url, proxy_address = excluded.proxy_address,"
-            " node_address = excluded.node_address,"
+            " node_address = excluded.node_address, door_certs = excluded.door_certs,"
             " compute_host = excluded.compute_host, capacity = excluded.capacity,"
             " started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at,"
             " expires_at = excluded.expires_at",
@@ -73,6 +75,7 @@ class NodesMixin(Statements):
                 n.expires_at,
                 n.node_address,
                 n.shared_storage,
+                " ".join(n.door_certs),
             ),
         )
 
@@ -83,13 +86,20 @@ class NodesMixin(Statements):
         )
         return cur.rowcount == 1
 
+    async def set_node_door_certs(self, *, name: str, instance: str, certs: list[str]) -> bool:
+        cur = await self._c.execute(
+            "UPDATE nodes SET door_certs = ? WHERE name = ? AND instance = ?",
+            (" ".join(certs), name, instance),
+        )
+        return cur.rowcount == 1
+
     async def set_node_state(self, *, name: str, state: str) -> bool:
         cur = await self._c.execute("UPDATE nodes SET state = ? WHERE name = ?", (state, name))
         return cur.rowcount == 1
 
     async def node_loads(self) -> list[NodeLoad]:
         rows = await self._c.all(_LOADS)
-        return [NodeLoad(node=_node(r), projects=r[12], computes=r[13]) for r in rows]
+        return [NodeLoad(node=_node(r), projects=r[13], computes=r[14]) for r in rows]
 
     async def adopt_projects(self, node: str) -> int:
         cur = await self._c.execute("UPDATE projects SET node = ? WHERE node IS NULL", (node,))
