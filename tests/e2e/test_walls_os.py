@@ -253,6 +253,29 @@ def test_deleting_a_project_deletes_its_user_as_root(api: Api, server: Server) -
     assert not project.dir.exists()
 
 
+def test_a_stopped_postmaster_is_killed_at_once_when_suspended_as_root(
+    api: Api, server: Server
+) -> None:
+    """Issue 33, item 6: a tenant's shell may SIGSTOP its own postmaster (it runs as the
+    tenant's user). A stopped process acts on no signal but SIGKILL, so a suspend that sent
+    the gentler ones first, after asking it for its roles, its size and a WAL switch, waited
+    out each (35 s) holding an operation slot another account's wake needed. It is killed at
+    once now, asked nothing, and the compute comes back whole."""
+    project = Project(server, api.create_ready_project(name="stopped"))
+    project.query("CREATE TABLE kept AS SELECT 1 AS one")
+    pid, _ = project.postmaster()
+    os.kill(pid, signal.SIGSTOP)  # as its tenant may: the postmaster runs as the tenant's user
+    logged = len(server.log())
+    api.suspend(project.id, project.endpoint_id)
+    said = server.log()[logged:]
+    assert "its compute was stopped by its tenant: killed" in said, said
+    assert "a process of it is stopped: killed" in said, said
+    # Asked nothing first (its roles, its size, a WAL switch: each waited out a timeout), and
+    # never signalled gently.
+    assert "timeout" not in said and "still running after" not in said, said
+    assert project.query("SELECT one FROM kept") == [(1,)]
+
+
 def test_a_data_directory_of_the_shared_user_is_handed_to_the_project_as_root() -> None:
     # A data directory as an earlier version left it: every compute the shared user's, the
     # project directory open to all. Restarted on it, the platform gives each project's data

@@ -187,6 +187,11 @@ class ComputeDriver(SnapshotDriver, Protocol):
         """Whether a live postmaster serves the endpoint, read from the data directory."""
         ...
 
+    async def compute_halted(self, *, project_id: str, branch_id: str, endpoint_id: str) -> bool:
+        """Whether the endpoint's running compute has a process stopped (its tenant sent it
+        SIGSTOP): it answers nothing until continued, so a stop asks it nothing first."""
+        ...
+
     async def check_availability(
         self, *, project_id: str, branch_id: str, pg_version: int, compute: ComputeSpec | None
     ) -> None:

@@ -138,19 +138,27 @@ async def suspend_compute(ctx: Context, op: Operation) -> OnFinish | None:
     project = await project_of(ctx, op)
     async with ctx.store.read() as tx:
         endpoint = await tx.get_endpoint(project_id=project.id, endpoint_id=endpoint_id)
+    # A compute its tenant stopped (SIGSTOP) answers nothing: asked nothing, it is killed at
+    # once, so the operation's slot is not held through each question's timeout.
+    halted = await ctx.driver.compute_halted(
+        project_id=op.project_id, branch_id=branch_id, endpoint_id=endpoint_id
+    )
+    if halted:
+        log.warning("endpoint %s: its compute was stopped by its tenant: killed", endpoint_id)
     # Its roles, read while it still runs: once suspended, only the store can tell the proxy.
     # (A read-only compute's are its primary's, maybe older: not read.) The compute stopped is
     # the one on the operation's branch: a finalized restore stops it on the data it left.
     synced = (
         None
-        if endpoint is None or endpoint.type != "read_write"
+        if endpoint is None or endpoint.type != "read_write" or halted
         else await rolesync.read(
             ctx.driver,
             compute_spec(project, msgspec.structs.replace(endpoint, branch_id=branch_id)),
         )
     )
     await failpoints.reached("suspend_compute:roles_read")
-    sizes = await _last_sizes(ctx, op.project_id, branch_id) if endpoint is not None else None
+    asked = endpoint is not None and not halted
+    sizes = await _last_sizes(ctx, op.project_id, branch_id) if asked else None
     await ctx.driver.stop_compute(
         project_id=op.project_id, branch_id=branch_id, endpoint_id=endpoint_id
     )

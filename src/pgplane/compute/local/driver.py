@@ -114,6 +114,12 @@ class LocalComputeDriver(BranchData):
             return True
         return self._replicas.running(project_id, branch_id, endpoint_id) is not None
 
+    async def compute_halted(self, *, project_id: str, branch_id: str, endpoint_id: str) -> bool:
+        current = self._postmasters.running(self.layout.pgdata(project_id, branch_id))
+        if current is None or current.endpoint_id != endpoint_id:
+            return False  # not running, or a replica's (whose stop asks it nothing first)
+        return await self._postmasters.halted(current)
+
     async def running_computes(self) -> Sequence[RunningCompute]:
         found = list(await self._computes.adopt_running())
         return found + await self._replicas.adopt_running()

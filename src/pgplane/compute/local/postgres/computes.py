@@ -208,7 +208,9 @@ class Computes:
         """Stop the postmaster on ``pgdata`` with nothing left unarchived: its current segment
         is completed first, and Postgres archives every completed one before it exits."""
         current = self._postmasters.running(pgdata)
-        if current is not None:
+        # Not asked of a compute its tenant stopped (it would time out): it is killed, and
+        # the segment it was writing is archived when it next runs.
+        if current is not None and not await self._postmasters.halted(current):
             await switch_wal(current)
         await self._postmasters.stop(pgdata, signalled=signalled)
 

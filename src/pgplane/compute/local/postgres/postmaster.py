@@ -33,6 +33,7 @@ from pgplane.compute.local.postgres.records import (
     Records,
     Running,
     children_of,
+    halted,
     is_alive,
     start_time,
 )
@@ -233,7 +234,15 @@ class Postmasters:
             return False
         # Without a cgroup, what a run used is read from its processes: before they go.
         before = await self.usage(record)
+        # A process of it stopped (SIGSTOP, by its tenant) acts on nothing but SIGKILL.
+        stopped = await self.halted(record)
+        if stopped:
+            log.warning(
+                "postmaster %d on %s: a process of it is stopped: killed", record.leader, pgdata
+            )
         for sig, time_limit in _STOP_STEPS:
+            if stopped and sig != signal.SIGKILL:
+                continue
             postmaster = record.postmaster()
             if postmaster is not None:
                 _signal(postmaster, sig)
@@ -249,8 +258,13 @@ class Postmasters:
                     await self.walls.end_cgroup(record.cgroup)
                 await asyncio.to_thread(self._records.drop, pgdata)
                 return True
+            stopped = stopped or await self.halted(record)
             log.warning(
-                "postmaster %d on %s still running after %s", record.leader, pgdata, sig.name
+                "postmaster %d on %s still running after %s%s",
+                record.leader,
+                pgdata,
+                sig.name,
+                ": a process of it is stopped, so it is killed" if stopped else "",
             )
         raise ComputeError(f"postmaster {record.leader} on {pgdata} survived SIGKILL")
 
@@ -278,15 +292,32 @@ class Postmasters:
             await asyncio.sleep(_POLL)
 
     async def _wait_gone(self, pgdata: Path, record: Running, time_limit: float) -> bool:
+        """Whether it went within ``time_limit``; False at once when one of its processes is
+        stopped (its tenant sent it SIGSTOP): a gentler signal would wait out the whole step,
+        with the operation's slot held, for a process that acts on nothing but SIGKILL."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + time_limit
         ours = pgdata in self._children and self._children[pgdata].pid == record.leader
         while True:
             if self._reap(pgdata) if ours else not is_alive(record):
                 return True
-            if loop.time() >= deadline:
+            if loop.time() >= deadline or await self.halted(record):
                 return False
             await asyncio.sleep(_POLL)
+
+    async def halted(self, record: Running) -> bool:
+        """Whether the postmaster, or any process of its compute, is stopped."""
+        return await asyncio.to_thread(self._halted, record)
+
+    def _halted(self, record: Running) -> bool:
+        postmaster = record.postmaster()
+        if postmaster is None:
+            return False
+        cgroups = self.walls.cgroups
+        pids = {postmaster, *children_of(postmaster)}
+        if cgroups is not None and record.cgroup is not None:
+            pids |= cgroups.pids(record.cgroup)
+        return any(halted(pid) for pid in pids)
 
     async def usage(self, record: Running) -> ComputeUsage | None:
         """What an endpoint's run used so far (None for the platform's own postmasters)."""

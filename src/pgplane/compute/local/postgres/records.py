@@ -70,6 +70,17 @@ def start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
+def halted(pid: int) -> bool:
+    """Whether ``pid`` is stopped (SIGSTOP, or held by a tracer): it acts on no signal but
+    SIGKILL until it is continued, which its tenant may never do."""
+    try:
+        # The kernel's file; the state is the first field after the command name's last ")".
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]  # root's
+    except (OSError, IndexError):
+        return False
+    return state in ("T", "t")
+
+
 def is_alive(running: Running) -> bool:
     return start_time(running.leader) == running.started
 
