@@ -4,11 +4,14 @@ the console's Backups section says of them, WAL waiting past a minute told."""
 
 from __future__ import annotations
 
+import msgspec
+
 from pgplane.config import Settings
 from pgplane.console.usage_view import backups_view
-from pgplane.core import clock
-from pgplane.core.models import BackupCheck
+from pgplane.core import clock, ids
+from pgplane.core.models import BackupCheck, Branch
 from pgplane.core.usage import BranchSizes
+from pgplane.objectstore import verify
 from pgplane.services import accounts, projects
 from pgplane.services.projects import CreatedProject
 from pgplane.store import Store
@@ -79,3 +82,31 @@ def sizes_waiting_since(sizes: BranchSizes, since: int) -> BranchSizes:
         sizes.sampled_us, archived_at=sizes.archived_at, archived=sizes.archived,
         unarchived=sizes.unarchived, unarchived_since=since,
     )  # fmt: skip
+
+
+async def test_serve_checks_only_the_branches_due_not_one_made_a_moment_ago(
+    any_store: Store,
+) -> None:
+    """A project is checked for its branch whose week has passed, and only that branch: one
+    made a moment before has nothing in the bucket yet, and was reported unrestorable (the
+    failed-branches gauge then said 1 for a week)."""
+    store = any_store
+    made = await _project(store)
+    pid, now = made.project.id, clock.now_us()
+    week = 7 * 86_400 * 1_000_000
+
+    def branch(name: str, created_at: int) -> Branch:
+        return msgspec.structs.replace(
+            made.branch, id=ids.new_branch_id(), parent_id=made.branch.id, name=name,
+            default=False, created_at=created_at, current_state="ready",
+        )  # fmt: skip
+
+    old, checked, young = branch("old", now - week - 1), branch("checked", 0), branch("young", now)
+    async with store.write() as tx:
+        await tx.place_project(project_id=pid, node="n1")
+        for b in (old, checked, young):
+            await tx.insert_branch(b)
+        await tx.put_backup_check(BackupCheck(project_id=pid, branch_id=checked.id, checked_at=now))
+    # The main branch is still being made ("init"): never due either.
+    assert await verify.due(store, "n1", week) == {pid: {old.id}}
+    assert await verify.due(store, "n2", week) == {}

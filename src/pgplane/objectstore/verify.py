@@ -47,10 +47,15 @@ log = logging.getLogger(__name__)
 
 
 async def verify(
-    settings: Settings, store: Store, *, project_ids: Collection[str] | None = None
+    settings: Settings,
+    store: Store,
+    *,
+    project_ids: Collection[str] | None = None,
+    branch_ids: Collection[str] | None = None,
 ) -> list[dict[str, object]]:
     """One row per branch verified (``error`` set when it could not be restored), of the
-    given projects or of every project; each recorded as the branch's backup check."""
+    given projects or of every project (only ``branch_ids`` of them, when given); each
+    recorded as the branch's backup check."""
     if settings.object_store is None or settings.archive_key_file is None:
         raise ComputeError("backups verify needs --object-store and --archive-key-file")
     try:
@@ -72,7 +77,14 @@ async def verify(
             if found is not None and found.deleted_at is None:
                 projects.append(found)
         work = [
-            (p, [b.id for b in await tx.list_branches(p.id) if b.current_state != "init"])
+            (
+                p,
+                [
+                    b.id
+                    for b in await tx.list_branches(p.id)
+                    if b.current_state != "init" and (branch_ids is None or b.id in branch_ids)
+                ],
+            )
             for p in projects
         ]
     scratch = settings.data_dir / "scratch" / f"verify-{secrets.token_hex(4)}"
@@ -82,8 +94,8 @@ async def verify(
         local = dataclasses.replace(settings, data_dir=scratch, store=None)
         driver, _ = await startup.driver(local, sealed)
         try:
-            for project, branch_ids in work:
-                for branch_id in branch_ids:
+            for project, of_project in work:
+                for branch_id in of_project:
                     check, seconds = await _one(driver, sealed, project, branch_id)
                     async with store.write() as tx:
                         await tx.put_backup_check(check)
@@ -134,13 +146,14 @@ async def _one(
     return check, time.monotonic() - began
 
 
-async def due(store: Store, node: str, every_us: int) -> set[str]:
-    """The projects placed on ``node`` with a live branch whose last check (or, before the
-    first, its creation) is ``every_us`` old."""
+async def due(store: Store, node: str, every_us: int) -> dict[str, set[str]]:
+    """The live branches, by project, of the projects placed on ``node`` whose last check
+    (or, before the first, their creation) is ``every_us`` old. Only those: a branch made a
+    moment ago has nothing in the bucket yet, and would be reported unrestorable."""
     now = clock.now_us()
     async with store.read() as tx:
         checked = {c.branch_id: c.checked_at for c in await tx.backup_checks()}
-        found = set()
+        found: dict[str, set[str]] = {}
         for pid in await tx.node_project_ids(node):
             project = await tx.get_project_by_id(pid)
             if project is None or project.deleted_at is not None:
@@ -148,8 +161,7 @@ async def due(store: Store, node: str, every_us: int) -> set[str]:
             for b in await tx.list_branches(pid):
                 since = checked.get(b.id, b.created_at)
                 if b.current_state != "init" and now - since >= every_us:
-                    found.add(pid)
-                    break
+                    found.setdefault(pid, set()).add(b.id)
     return found
 
 
@@ -163,9 +175,14 @@ async def run_checks(
         return
     while True:
         try:
-            projects = await due(store, node, int(every * 1e6))
-            if projects:
-                rows = await verify(settings, store, project_ids=projects)
+            branches = await due(store, node, int(every * 1e6))
+            if branches:
+                rows = await verify(
+                    settings,
+                    store,
+                    project_ids=set(branches),
+                    branch_ids=set().union(*branches.values()),
+                )
                 failed = [r for r in rows if r["error"]]
                 for row in failed:
                     log.error("backup of %s does not restore: %s", row["branch_id"], row["error"])
