@@ -11,6 +11,7 @@ a body past its bound is refused. Connections kept between requests keep no comp
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -267,3 +268,19 @@ def test_a_strangers_body_is_never_read(server: Server, api: Api) -> None:
     assert r.status_code == 400 and "not valid JSON" in r.json()["message"], r.text
     r = _sql(server, _uri(project), {"query": "SELECT $1::int[]", "params": [[1, 2, 3]]})
     assert r.status_code == 200 and r.json()["rows"] == [["{1,2,3}"]], r.text
+    # Not even received: the head says who sends it, and a stranger is answered from the head
+    # alone, the connection closed, while its body has not started (it waited for the body,
+    # 30 s, before: the event loop read every byte of it, for nothing).
+    stranger = _uri(project, password="not-the-password")
+    head = (
+        "POST /sql HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+        f"Neon-Connection-String: {stranger}\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", server.proxy_port), timeout=20) as sock:
+        sock.sendall(head.encode())
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    status, _, rest = answer.partition(b"\r\n")
+    assert status == b"HTTP/1.1 400 Bad Request", answer
+    assert b"Connection: close" in rest and b'"code":"28P01"' in rest.replace(b" ", b""), answer

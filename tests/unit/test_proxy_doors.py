@@ -68,8 +68,16 @@ def test_the_first_byte_picks_the_door(first: bytes, door: Door) -> None:
 
 
 class Sql:
-    def __init__(self) -> None:
+    def __init__(self, *, refuse: bool = False) -> None:
         self.seen: list[HttpRequest] = []
+        self.heads: list[HttpRequest] = []
+        self.refuse = refuse
+
+    async def check(self, request: HttpRequest) -> tuple[HttpReply | None, object]:
+        self.heads.append(request)
+        if self.refuse:
+            return HttpReply.error(400, "not you"), None
+        return None, "proven"
 
     async def handle(self, request: HttpRequest) -> HttpReply:
         self.seen.append(request)

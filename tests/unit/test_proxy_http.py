@@ -81,3 +81,22 @@ async def test_http_1_0_is_closed_after_its_reply_and_100_continue_is_sent(
         assert b"\r\nKeep-Alive: timeout=30\r\n" in head and b"Connection" not in head
         writer.close()
         assert sql.seen[-1].body == b"ok"
+        # Judged by its head before its body was asked for, and the ticket handed on.
+        assert sql.seen[-1].ticket == "proven" and sql.heads[-1].body == b""
+
+
+async def test_a_head_refused_is_answered_before_its_body_and_never_told_to_continue(
+    tmp_path: Path,
+) -> None:
+    sql = Sql(refuse=True)
+    async with proxied(tmp_path, sql=sql) as (port, _, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"POST /sql HTTP/1.1\r\nHost: x\r\nContent-Length: 9000000\r\n"
+            b"Expect: 100-continue\r\n\r\n"
+        )
+        reply = await asyncio.wait_for(reader.read(), 30)  # closed after it: no body read
+        writer.close()
+    assert reply.startswith(b"HTTP/1.1 400 Bad Request\r\n"), reply
+    assert b"100 Continue" not in reply and b"Connection: close\r\n" in reply
+    assert b"not you" in reply and sql.seen == []

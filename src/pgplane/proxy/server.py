@@ -214,6 +214,7 @@ class Proxy:
             budget=self._body_budget,
             tls=tls,
             server_name=name,
+            head_check=router.check_head,
         )
 
     async def _postgres(

@@ -9,50 +9,42 @@ requests, and every answer says for how long (``Keep-Alive: timeout=``, which no
 heed: a client that reused a connection the door had just closed would lose its request);
 every answer of this layer, an error too, is a JSON body. ``Content-Type`` is not
 looked at: Neon's driver sends ``text/plain`` bodies of JSON.
+
+A route may judge a request by its head before its body is read (:data:`HeadCheck`): one it
+refuses (a stranger's ``/sql``, say) is answered and closed with its body never read, so a
+stranger's megabytes cost the event loop nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import functools
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import httptools
 
+from pgplane.proxy.doors.httpreply import HttpReply, raw_reply, render_reply
 from pgplane.proxy.pipe import Side
+
+__all__ = [
+    "BodyBudget",
+    "Handler",
+    "HeadCheck",
+    "HttpLimits",
+    "HttpReply",
+    "HttpRequest",
+    "Upgrade",
+    "raw_reply",
+    "serve_http",
+]
 
 log = logging.getLogger(__name__)
 
 _READ = 64 * 1024
 _MAX_PIPELINED = 4  # requests read ahead of the one being answered
-_REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    408: "Request Timeout",
-    429: "Too Many Requests",
-    413: "Payload Too Large",
-    426: "Upgrade Required",
-    431: "Request Header Fields Too Large",
-    500: "Internal Server Error",
-    503: "Service Unavailable",
-}
-_CODES = {
-    400: "BAD_REQUEST",
-    404: "NOT_FOUND",
-    405: "METHOD_NOT_ALLOWED",
-    408: "REQUEST_TIMEOUT",
-    429: "TOO_MANY_REQUESTS",
-    413: "PAYLOAD_TOO_LARGE",
-    431: "REQUEST_HEADER_FIELDS_TOO_LARGE",
-    500: "INTERNAL",
-    503: "SERVICE_UNAVAILABLE",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +81,7 @@ class HttpRequest:
     peer: str  # the client's address
     tls: bool
     server_name: str | None = None  # SNI, on TLS
+    ticket: object = None  # what the route's HeadCheck established of it, if it ran
 
     @property
     def path(self) -> str:
@@ -104,30 +97,6 @@ class HttpRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class HttpReply:
-    status: int
-    body: bytes
-    headers: list[tuple[str, str]] = field(default_factory=list)  # besides the body's own
-
-    @classmethod
-    def json(
-        cls, status: int, value: Any, headers: list[tuple[str, str]] | None = None
-    ) -> HttpReply:
-        return cls(status, json.dumps(value).encode(), headers or [])
-
-    @classmethod
-    def error(
-        cls,
-        status: int,
-        message: str,
-        code: str | None = None,
-        headers: list[tuple[str, str]] | None = None,
-    ) -> HttpReply:
-        body = {"code": code or _CODES.get(status, "ERROR"), "message": message}
-        return cls.json(status, body, headers)
-
-
-@dataclass(frozen=True, slots=True)
 class Upgrade:
     """The route takes the connection over (a WebSocket): ``run`` is given what the client sent
     after its request and serves the connection to its end."""
@@ -136,6 +105,10 @@ class Upgrade:
 
 
 Handler = Callable[[HttpRequest], Awaitable[HttpReply | Upgrade]]
+# A route's look at a request whose head is read and whose body is still to come (given with
+# an empty body): a refusal, answered at once with the connection closed and the body never
+# read; or None and a ticket (a login it proved), handed on as ``HttpRequest.ticket``.
+HeadCheck = Callable[[HttpRequest], Awaitable[tuple[HttpReply | None, object]]]
 
 
 class _Refused(Exception):
@@ -152,9 +125,16 @@ async def serve_http(
     budget: BodyBudget,
     tls: bool,
     server_name: str | None,
+    head_check: HeadCheck | None = None,
 ) -> None:
     """Serve requests on ``client`` until it closes, errs or is taken over; then close it."""
-    reader = _Reader(client, limits, budget)
+
+    check = (
+        None
+        if head_check is None
+        else functools.partial(_judge, head_check, client, tls, server_name)
+    )
+    reader = _Reader(client, limits, budget, check)
     kept = int(limits.request_seconds)  # whole seconds, never past the door's own close
     keep_alive = f"timeout={kept}" if kept > 0 else None
     try:
@@ -180,6 +160,7 @@ async def serve_http(
                         peer=client.peer_address(),
                         tls=tls,
                         server_name=server_name,
+                        ticket=request.ticket,
                     ),
                 )
             finally:
@@ -189,7 +170,7 @@ async def serve_http(
                 await outcome.run(request.leftover + client.take_buffer())
                 return
             client.write(
-                _reply(
+                render_reply(
                     outcome,
                     head_only=request.method == "HEAD",
                     close=request.close,
@@ -203,6 +184,23 @@ async def serve_http(
         await client.close_after_reply()  # the client may be sending still: a body refused
     finally:
         client.close()
+
+
+async def _judge(
+    head_check: HeadCheck,
+    client: Side,
+    tls: bool,
+    server_name: str | None,
+    method: str,
+    target: str,
+    headers: list[tuple[str, str]],
+) -> object:
+    """The route's look at a head whose body is to come: its ticket, or _Refused."""
+    head = HttpRequest(method, target, headers, b"", client.peer_address(), tls, server_name)
+    refusal, ticket = await head_check(head)
+    if refusal is not None:
+        raise _Refused(refusal)
+    return ticket
 
 
 async def _handle(handler: Handler, request: HttpRequest) -> HttpReply | Upgrade:
@@ -220,6 +218,7 @@ class _Request:
     headers: list[tuple[str, str]]
     body: bytes
     close: bool  # the connection ends after the reply (Connection: close, HTTP/1.0)
+    ticket: object = None  # the head check's, when it ran
     leftover: bytes = b""  # what came after an upgrade request
 
 
@@ -230,8 +229,18 @@ class _Reader:
     :attr:`HttpLimits.max_body` and the :class:`BodyBudget`. Requests pipelined behind one are
     answered in order, a few at most (no client of this door pipelines): more is a 400."""
 
-    def __init__(self, client: Side, limits: HttpLimits, budget: BodyBudget) -> None:
+    def __init__(
+        self,
+        client: Side,
+        limits: HttpLimits,
+        budget: BodyBudget,
+        check: Callable[[str, str, list[tuple[str, str]]], Awaitable[object]] | None = None,
+    ) -> None:
         self._client = client
+        self._check = check
+        self._head_read = False  # the current request's head is whole; its body may follow
+        self._continue = False  # and its client waits for a 100 Continue to send it
+        self._ticket: object = None
         self._limits = limits
         self._budget = budget
         self._parser = httptools.HttpRequestParser(self)
@@ -251,6 +260,16 @@ class _Reader:
         while not self._ready:
             if self._eof:
                 return None
+            if self._head_read:
+                # A body is still to come: the route judges the head before any more is read,
+                # and a client that asked to be told first is told to go on only then.
+                self._head_read = False
+                if self._check is not None:
+                    method = self._parser.get_method().decode("ascii", "replace")
+                    target = self._url.decode("ascii", "replace")
+                    self._ticket = await self._check(method, target, self._headers)
+                if self._continue:
+                    self._client.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             data = await self._client.read_some(_READ)
             if not data:
                 self._eof = True
@@ -286,6 +305,7 @@ class _Reader:
         if len(self._ready) >= _MAX_PIPELINED:
             raise _Refused(HttpReply.error(400, "too many requests pipelined"))
         self.started = self._in_head = True
+        self._head_read, self._ticket = False, None
         self._fed = 0
         self._url, self._headers, self._head, self._body = bytearray(), [], 0, bytearray()
 
@@ -303,12 +323,14 @@ class _Reader:
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        self._head_read = True
         length = next((v for k, v in self._headers if k == "content-length"), None)
         if length is not None and int(length) > self._limits.max_body:  # llhttp checked it
             raise _Refused(_too_large(self._limits))
         expect = next((v for k, v in self._headers if k == "expect"), "")
-        if expect.lower() == "100-continue" and self._parser.get_http_version() == "1.1":
-            self._client.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        self._continue = (
+            expect.lower() == "100-continue" and self._parser.get_http_version() == "1.1"
+        )
 
     def on_body(self, body: bytes) -> None:
         if len(self._body) + len(body) > self._limits.max_body:
@@ -327,9 +349,10 @@ class _Reader:
                 headers=self._headers,
                 body=bytes(self._body),
                 close=not parser.should_keep_alive(),
+                ticket=self._ticket,
             )
         )
-        self.started = False
+        self.started = self._head_read = False
 
 
 def _head_too_large(limits: HttpLimits) -> HttpReply:
@@ -339,34 +362,3 @@ def _head_too_large(limits: HttpLimits) -> HttpReply:
 
 def _too_large(limits: HttpLimits) -> HttpReply:
     return HttpReply.error(413, f"the request body is larger than {limits.max_body} bytes")
-
-
-def _headers(reply: HttpReply) -> list[tuple[str, str]]:
-    return [
-        ("Content-Type", "application/json"),
-        ("Content-Length", str(len(reply.body))),
-        *reply.headers,
-    ]
-
-
-def _reply(reply: HttpReply, *, head_only: bool, close: bool, keep_alive: str | None) -> bytes:
-    """The reply in one write: status line, headers and body."""
-    headers = _headers(reply)
-    if close:
-        headers.append(("Connection", "close"))
-    elif keep_alive is not None:
-        headers.append(("Keep-Alive", keep_alive))
-    lines = [f"HTTP/1.1 {reply.status} {_REASONS.get(reply.status, '')}"]
-    for name, value in headers:
-        if "\r" in value or "\n" in value:  # never from this proxy's handlers; never sent
-            raise ValueError(f"header {name} holds a line break")
-        lines.append(f"{name}: {value}")
-    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-    return head if head_only else head + reply.body
-
-
-def raw_reply(reply: HttpReply) -> bytes:
-    """A reply written without the parser's state (it may be broken): the connection closes."""
-    lines = [f"HTTP/1.1 {reply.status} {_REASONS.get(reply.status, 'Error')}"]
-    lines += [f"{k}: {v}" for k, v in [*_headers(reply), ("Connection", "close")]]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + reply.body

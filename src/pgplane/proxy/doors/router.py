@@ -27,6 +27,11 @@ class SqlHandler(Protocol):
 
     async def handle(self, request: HttpRequest) -> HttpReply: ...
 
+    async def check(self, request: HttpRequest) -> tuple[HttpReply | None, object]:
+        """The door's :data:`~pgplane.proxy.doors.http.HeadCheck` for ``/sql``: the login
+        proven from the head, before a byte of the body is read."""
+        ...
+
 
 WebSocketDoor = Callable[[HttpRequest], Awaitable[HttpReply | Upgrade]]
 
@@ -35,6 +40,11 @@ class Router:
     def __init__(self, *, websocket: WebSocketDoor, sql: SqlHandler | None) -> None:
         self._websocket = websocket
         self._sql = sql
+
+    async def check_head(self, request: HttpRequest) -> tuple[HttpReply | None, object]:
+        if request.path == "/sql" and self._sql is not None:
+            return await self._sql.check(request)
+        return None, None
 
     async def __call__(self, request: HttpRequest) -> HttpReply | Upgrade:
         path = request.path

@@ -39,6 +39,7 @@ from pgplane.proxy.sqlhttp.request import (
     ISOLATION,
     ISOLATION_LEVELS,
     READ_ONLY,
+    Head,
     Login,
     SqlRequest,
     headers_of,
@@ -72,6 +73,14 @@ _PREFLIGHT = [
 
 
 @dataclass(frozen=True, slots=True)
+class _Proven:
+    """A login :meth:`SqlOverHttp.check` proved from a request's head, and its route."""
+
+    login: Login
+    route: Route
+
+
+@dataclass(frozen=True, slots=True)
 class Reply:
     status: int
     body: bytes
@@ -94,10 +103,27 @@ class SqlOverHttp:
     def close(self) -> None:
         self._pool.close()
 
+    async def check(self, request: HttpRequest) -> tuple[HttpReply | None, object]:
+        """A ``POST``'s login proven from its head, before its body is read: a stranger's is
+        refused with the body never read (or parsed), the throttle counting it as any wrong
+        password; a proven one is handed on to :meth:`answer` rather than proven twice."""
+        if request.method != "POST":
+            return None, None
+        try:
+            declared = request.header("content-length")
+            size = int(declared) if declared and declared.isdigit() else 0
+            head = self._head(request.headers, size)
+            route = await self._authenticated(head.login, request.peer)
+        except Exception as exc:  # answered as answer() would answer it
+            reply = _failure(exc)
+            return HttpReply(reply.status, reply.body, reply.headers), None
+        return None, _Proven(head.login, route)
+
     async def handle(self, request: HttpRequest) -> HttpReply:
         """The HTTP door's call, for any method to ``/sql``."""
         if request.method == "POST":
-            reply = await self.answer(request.headers, request.body, request.peer)
+            proven = request.ticket if isinstance(request.ticket, _Proven) else None
+            reply = await self.answer(request.headers, request.body, request.peer, proven)
         elif request.method == "OPTIONS":
             reply = Reply(200, b"", _PREFLIGHT)
         else:
@@ -105,16 +131,29 @@ class SqlOverHttp:
             reply.headers.append(("Allow", "OPTIONS, POST"))
         return HttpReply(reply.status, reply.body, reply.headers)
 
-    async def answer(self, headers: Iterable[tuple[str, str]], body: bytes, peer: str) -> Reply:
-        """Answer one ``POST /sql``; ``peer`` is the client's address (its host)."""
+    def _head(self, headers: Iterable[tuple[str, str]], size: int) -> Head:
+        return parse_head(
+            headers_of(headers),
+            size,
+            proxy_host=self._sessions.proxy_host,
+            max_body=self._limits.request_bytes,
+        )
+
+    async def answer(
+        self,
+        headers: Iterable[tuple[str, str]],
+        body: bytes,
+        peer: str,
+        proven: _Proven | None = None,
+    ) -> Reply:
+        """Answer one ``POST /sql``; ``peer`` is the client's address (its host); ``proven``:
+        its login, proven already from its head (by :meth:`check`)."""
         try:
-            head = parse_head(
-                headers_of(headers),
-                len(body),
-                proxy_host=self._sessions.proxy_host,
-                max_body=self._limits.request_bytes,
-            )
-            route = await self._authenticated(head.login, peer)
+            head = self._head(headers, len(body))
+            if proven is not None and proven.login == head.login:
+                route = proven.route
+            else:
+                route = await self._authenticated(head.login, peer)
             # The body read once its sender is known, off the loop when large: every door of
             # every account is served meanwhile.
             if len(body) > _READ_ON_LOOP:
@@ -122,13 +161,8 @@ class SqlOverHttp:
             else:
                 request = parse_body(head, body)
             answer = await self._answer(request, route)
-        except RouteError as exc:
-            return _error(SqlFailed(exc.message, {"code": exc.code, "severity": exc.severity}))
-        except PgplaneError as exc:
-            return _error(exc)
-        except Exception:
-            log.exception("SQL over HTTP request failed")
-            return _error(PgplaneError("internal proxy error"))
+        except Exception as exc:  # every failure is an answer
+            return _failure(exc)
         return Reply(200, answer.encode(), [_ANY_ORIGIN, *_batch_headers(request)])
 
     async def _authenticated(self, login: Login, peer: str) -> Route:
@@ -224,6 +258,16 @@ class SqlOverHttp:
         with contextlib.suppress(OSError, Closed, TimeoutError, Unreachable, RouteError):
             async with asyncio.timeout(_CANCEL_SECONDS):
                 await self._sessions.cancel_on(conn.target, pid, secret)
+
+
+def _failure(exc: Exception) -> Reply:
+    """A request's failure as its answer (called while ``exc`` is handled)."""
+    if isinstance(exc, RouteError):
+        return _error(SqlFailed(exc.message, {"code": exc.code, "severity": exc.severity}))
+    if isinstance(exc, PgplaneError):
+        return _error(exc)
+    log.exception("SQL over HTTP request failed")
+    return _error(PgplaneError("internal proxy error"))
 
 
 def _error(exc: PgplaneError) -> Reply:
