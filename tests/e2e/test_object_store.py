@@ -560,17 +560,22 @@ def test_a_bucket_past_its_quota_refuses_and_shipping_resumes_once_it_is_lifted(
                     "INSERT INTO t SELECT g, repeat(md5(g::text), 4) FROM generate_series(1, %s) g",
                     (rows,),
                 )
+                # Refused in the store's own words, naming the object: a WAL file, or the base
+                # state due first (one is taken every 10 s with an object store, and nothing
+                # after a refused object is shipped in its round).
+                refused = (
+                    rf"history of {pid}/\S+ not shipped: s3 put \S+/(wal|base)/0\S+: InternalError"
+                )
                 wait_for(
-                    "a refused upload counted, a segment waiting here",
+                    "a refused upload counted and logged, a segment waiting here",
                     lambda: (
                         _metric(server, "pgplane_archive_ship_failures_total") > failed
                         and _metric(server, "pgplane_archive_unshipped_bytes") > 0
+                        and re.search(refused, server.log())
                     ),
                     60,
+                    server=server,
                 )
-                # In the store's own words, naming the WAL file it refused.
-                refused = rf"history of {pid}/\S+ not shipped: s3 put \S+/wal/0\S+: InternalError"
-                assert re.search(refused, server.log()), server.log()[-3000:]
                 conn.execute("INSERT INTO t VALUES (%s, 'served while refused')", (rows + 1,))
                 assert conn.execute("SELECT count(*) FROM t").fetchone() == (rows + 1,)
         finally:
