@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 _POLL = 0.001
 # Fast shutdown (SIGINT) includes a checkpoint; give it time before the immediate one.
 _STOP_STEPS = ((signal.SIGINT, 10.0), (signal.SIGQUIT, 5.0), (signal.SIGKILL, 5.0))
+_HALTED_AFTER = 1.0  # seconds into a stop step before its processes are looked at for SIGSTOP
 
 
 class _Child(subprocess.Popen[bytes]):
@@ -292,16 +293,21 @@ class Postmasters:
             await asyncio.sleep(_POLL)
 
     async def _wait_gone(self, pgdata: Path, record: Running, time_limit: float) -> bool:
-        """Whether it went within ``time_limit``; False at once when one of its processes is
-        stopped (its tenant sent it SIGSTOP): a gentler signal would wait out the whole step,
-        with the operation's slot held, for a process that acts on nothing but SIGKILL."""
+        """Whether it went within ``time_limit``; False as soon as one of its processes is
+        found stopped (its tenant sent it SIGSTOP while it shut down): a gentler signal would
+        wait out the whole step, with the operation's slot held, for a process that acts on
+        nothing but SIGKILL. Looked for only once a normal shutdown would have ended, not on
+        every poll of every stop."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + time_limit
+        look_from = loop.time() + _HALTED_AFTER
         ours = pgdata in self._children and self._children[pgdata].pid == record.leader
         while True:
             if self._reap(pgdata) if ours else not is_alive(record):
                 return True
-            if loop.time() >= deadline or await self.halted(record):
+            if loop.time() >= deadline:
+                return False
+            if loop.time() >= look_from and await self.halted(record):
                 return False
             await asyncio.sleep(_POLL)
 

@@ -60,25 +60,28 @@ def start_time(pid: int) -> int | None:
         except PermissionError:
             return 0
         return 0
-    try:
-        # The kernel's file; the command name may hold spaces and ")", so split after the last.
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # root's
-    except (OSError, IndexError):
-        return None
-    if fields[0] in ("Z", "X"):  # a zombie is gone for our purposes
+    fields = stat_fields(pid)
+    if not fields or fields[0] in ("Z", "X"):  # a zombie is gone for our purposes
         return None
     return int(fields[19])
+
+
+def stat_fields(pid: int) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command name (the state is the first, so
+    field n of proc(5) is at n - 3); empty when there is no such process."""
+    try:
+        # The kernel's file; the command name (a tenant may set it) may hold spaces and ")",
+        # so split after the last.
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # root's
+    except (OSError, IndexError):
+        return []
 
 
 def halted(pid: int) -> bool:
     """Whether ``pid`` is stopped (SIGSTOP, or held by a tracer): it acts on no signal but
     SIGKILL until it is continued, which its tenant may never do."""
-    try:
-        # The kernel's file; the state is the first field after the command name's last ")".
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]  # root's
-    except (OSError, IndexError):
-        return False
-    return state in ("T", "t")
+    fields = stat_fields(pid)
+    return bool(fields) and fields[0] in ("T", "t")
 
 
 def is_alive(running: Running) -> bool:

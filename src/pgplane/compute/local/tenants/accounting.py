@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from pgplane.compute.driver import ComputeUsage
-from pgplane.compute.local.postgres.records import Running, children_of
+from pgplane.compute.local.postgres.records import Running, children_of, stat_fields
 from pgplane.compute.local.tenants.cgroups import Cgroups
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -57,11 +57,10 @@ def started_us(record: Running) -> int | None:
 
 def _own_ticks(pid: int) -> int:
     """A process's CPU ticks and those of its children it waited for; 0 once it is gone."""
+    fields = stat_fields(pid)
     try:
-        # The kernel's file; the command name (a tenant may set it) may hold ")": after the last.
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # root's
         return sum(int(fields[i]) for i in (_UTIME, _STIME, _CUTIME, _CSTIME))
-    except (OSError, IndexError, ValueError):
+    except (IndexError, ValueError):
         return 0
 
 
