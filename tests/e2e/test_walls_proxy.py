@@ -21,6 +21,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from pgplane.compute.local.layout import Layout
+from pgplane.proxy.throttle import HOLD_SECONDS, REFUSALS_AT_ONCE
 from tests import pgclient
 from tests.support import Api, Server, running_server, spend_refill, until_throttled, wait_for
 
@@ -297,6 +298,33 @@ def test_a_throttled_stranger_s_made_up_roles_open_nothing_on_the_compute(
     assert opened <= 3, opened  # the platform's own few at most (samples, syncs)
     with psycopg.connect(uri, connect_timeout=30) as conn:  # the owner, as ever
         assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_a_throttled_stranger_dialling_without_pause_is_answered_at_its_pace(
+    server: Server,
+) -> None:
+    """Refusals are cheap but were written as fast as a stranger dialled: eight addresses
+    dialling without pause took most of a core of the proxy's from every other account. A
+    throttled address is told so at once a minute's worth of times, then once a second, the
+    rest held before they are written."""
+    stranger = {"endpoint": "ep-made-up-00000000", "user": "nobody", "source": "127.0.0.6"}
+
+    def guess() -> str | None:
+        return pgclient.refusal(server.proxy_port, password="x", **stranger)
+
+    until_throttled(guess, lambda refusal: refusal is not None and "too many" not in refusal)
+    answered_at_once = 0
+    while answered_at_once < REFUSALS_AT_ONCE * 3:
+        start = time.monotonic()
+        refusal = guess()
+        assert refusal is not None and "too many failed logins" in refusal, refusal
+        if time.monotonic() - start >= HOLD_SECONDS * 0.9:
+            break
+        answered_at_once += 1
+    else:
+        raise AssertionError("no refusal held")
+    # Not before a minute's worth (the refusal that showed the throttle was one of them).
+    assert answered_at_once >= REFUSALS_AT_ONCE - 1, answered_at_once
 
 
 def test_wrong_passwords_are_throttled_per_address(api: Api, server: Server) -> None:

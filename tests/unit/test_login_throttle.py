@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pgplane.proxy.seam import RouteError
-from pgplane.proxy.throttle import LoginThrottle
+from pgplane.proxy.throttle import HOLD_SECONDS, REFUSALS_AT_ONCE, LoginThrottle, Throttled
 
 
 def test_an_address_is_throttled_per_endpoint_and_across_endpoints() -> None:
@@ -26,3 +26,30 @@ def test_an_address_is_throttled_per_endpoint_and_across_endpoints() -> None:
     with pytest.raises(RouteError, match="too many failed logins"):
         throttle.check("ep-never-tried", "192.0.2.1")
     throttle.check("ep-never-tried", "192.0.2.2")  # never another address's
+
+
+async def test_a_throttled_address_past_its_pace_is_refused_after_a_hold(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A throttled address is refused at once a minute's worth of times, then once a second;
+    a refusal past that is held first (a stranger dialling without pause was answered as
+    fast as it dialled, a core's worth of the proxy)."""
+    throttle = LoginThrottle(failures_per_minute=1)
+    throttle.failed("ep-a", "192.0.2.1")
+    held: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        held.append(seconds)
+
+    monkeypatch.setattr("pgplane.proxy.throttle.asyncio.sleep", sleep)
+    for _ in range(REFUSALS_AT_ONCE):
+        with pytest.raises(Throttled):
+            await throttle.admit("ep-a", "192.0.2.1")
+    assert held == []
+    with pytest.raises(Throttled, match="too many failed logins") as refused:
+        await throttle.admit("ep-a", "192.0.2.1")
+    assert refused.value.hold == HOLD_SECONDS and held == [HOLD_SECONDS]
+    throttle.failed("ep-a", "192.0.2.2")
+    with pytest.raises(Throttled) as other:  # another address keeps its own pace
+        await throttle.admit("ep-a", "192.0.2.2")
+    assert other.value.hold == 0 and held == [HOLD_SECONDS]

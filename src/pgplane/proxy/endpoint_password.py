@@ -66,7 +66,7 @@ async def authenticate(
         route: Route | None = await computes.route(endpoint_id, user, client=host)
     except UnknownEndpoint:
         route = None
-    throttle.check(endpoint_id, host)
+    await throttle.admit(endpoint_id, host)
     failed = scram.ScramError(
         f'password authentication failed for user "{user}"'
         f" (or endpoint {endpoint_id} does not exist)"

@@ -104,7 +104,7 @@ class Sessions:
                 else:
                     endpoint_id = named
                     # Throttled before the route, which may ask the compute of the role.
-                    self._throttle.check(endpoint_id, client.peer_address())
+                    await self._throttle.admit(endpoint_id, client.peer_address())
                     route = await self._route(endpoint_id, user, client.peer_address())
                     await self._authenticate(client, endpoint_id, user, route, first)
             # Not under the handshake's time limit: a wake (or a reattach before it) takes as
@@ -157,7 +157,7 @@ class Sessions:
         """The first half of :meth:`open_with_password`, for a door that checks every request
         but keeps compute connections between them (SQL over HTTP's pool): the route, the
         allow-list, the throttle and the password; nothing is woken."""
-        self._throttle.check(endpoint_id, peer)  # before the route: it may ask the compute
+        await self._throttle.admit(endpoint_id, peer)  # before the route: it may ask the compute
         route = await self._route(endpoint_id, user, peer)
         try:
             await check_cleartext(user, route.secret, password)
@@ -194,7 +194,7 @@ class Sessions:
         self, client: Side, endpoint_id: str, user: str, route: Route, first: Startup
     ) -> None:
         host = client.peer_address()
-        self._throttle.check(endpoint_id, host)
+        await self._throttle.admit(endpoint_id, host)
         try:
             if first.cleartext:
                 client.write(wire.auth_message(wire.AUTH_CLEARTEXT))

@@ -7,10 +7,20 @@ has an allowance across every endpoint (ten endpoints' worth): a stranger naming
 endpoint id at each try, each a fresh per-endpoint allowance and a password hash's work, is
 refused once it is spent. Only failures count: a good login neither spends nor repays the
 allowance (as the API's failure limit).
+
+A throttled address's refusals are cheap, but it can ask for them as fast as it dials: a few
+addresses dialling without pause took most of a core of the proxy's from every other account.
+So an address is told "too many failed logins" at once a minute's worth of times
+(``REFUSALS_AT_ONCE``), then once a second; a refusal past that pace is held for
+``HOLD_SECONDS`` before it is written, the decision taken before the hold (a refill that falls
+meanwhile opens nothing for it). A held refusal is a sleeping coroutine on a connection that
+counts against the address's connection cap, so an address is answered at most at that cap a
+second.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from pgplane.core.gcra import Limit, address_key
@@ -21,6 +31,20 @@ from pgplane.telemetry.metrics import NO_METRICS, Metrics
 _SECOND = 1_000_000_000
 FAILURES_PER_MINUTE = 30
 _ENDPOINTS_PER_ADDRESS = 10  # an address's allowance across endpoints, in endpoints' worth
+REFUSALS_AT_ONCE = 60  # a throttled address's refusals written at once, then one a second
+HOLD_SECONDS = 1.0  # how long a refusal past that pace waits before it is written
+
+
+class Throttled(RouteError):
+    """Too many failed logins from this address; ``hold``: seconds to wait before saying so."""
+
+    def __init__(self, endpoint_id: str, wait: int, *, hold: float) -> None:
+        super().__init__(
+            wire.CONNECTION_REJECTED,
+            f"too many failed logins to endpoint {endpoint_id} from your address;"
+            f" retry after {wait} s",
+        )
+        self.hold = hold
 
 
 class LoginThrottle:
@@ -38,6 +62,7 @@ class LoginThrottle:
         self._per_address = (
             Limit(per_second=every / 60, burst=every) if failures_per_minute > 0 else None
         )
+        self._refusals = Limit(per_second=1, burst=REFUSALS_AT_ONCE)  # per address
 
     def wait(self, endpoint_id: str, host: str) -> int:
         """Whole seconds until this address may try this endpoint again; 0 if it may now."""
@@ -51,13 +76,22 @@ class LoginThrottle:
         return 0 if wait == 0 else max(1, -(-wait // _SECOND))
 
     def check(self, endpoint_id: str, host: str) -> None:
-        """RouteError if this address may not try this endpoint now."""
+        """:class:`Throttled` if this address may not try this endpoint now."""
         if wait := self.wait(endpoint_id, host):
-            raise RouteError(
-                wire.CONNECTION_REJECTED,
-                f"too many failed logins to endpoint {endpoint_id} from your address;"
-                f" retry after {wait} s",
-            )
+            now, address = time.monotonic_ns(), address_key(host)
+            paced = self._refusals.wait(address, now) == 0
+            if paced:
+                self._refusals.take(address, now)
+            raise Throttled(endpoint_id, wait, hold=0.0 if paced else HOLD_SECONDS)
+
+    async def admit(self, endpoint_id: str, host: str) -> None:
+        """:meth:`check`, a refusal past the address's pace held before it is raised."""
+        try:
+            self.check(endpoint_id, host)
+        except Throttled as exc:
+            if exc.hold:
+                await asyncio.sleep(exc.hold)
+            raise
 
     def failed(self, endpoint_id: str, host: str) -> None:
         self._metrics.proxy_auth_failed()
