@@ -222,3 +222,46 @@ async def test_an_account_holds_its_share_and_another_account_is_served_beside_i
     pool.release(greedy[0], reusable=True)  # greedy's idle one makes room for its other key
     assert await pool.acquire(keys[2], wait=0, account="greedy") is None
     assert pool.counts(keys[0]) == (1, 0)
+
+
+async def test_a_connection_given_back_wakes_one_waiter_of_its_key_not_all() -> None:
+    """Requests waiting on a key at its cap are woken one per connection given back, first
+    come first: woken all at once, 54 of them ran for each of ten connections ending together,
+    a burst of the event loop's time every other account's requests waited behind."""
+    pool, _ = _pool(per_key=1, total=10)
+    conn, _ = await _open(pool, A)
+    waiting = [asyncio.create_task(pool.acquire(A, wait=30)) for _ in range(20)]
+    await asyncio.sleep(0)
+    polls = 0
+    expire = pool._expire  # each turn of a waiter's loop looks for expired idle ones first
+
+    def count(now: float) -> None:
+        nonlocal polls
+        polls += 1
+        expire(now)
+
+    pool._expire = count  # type: ignore[method-assign]
+    pool.release(conn, reusable=True)
+    await asyncio.sleep(0.01)
+    served = [t for t in waiting if t.done()]
+    assert [t.result() for t in served] == [conn]
+    assert served[0] is waiting[0]  # the first to come
+    assert polls == 1, polls  # the one woken, not twenty
+    pool.release(conn, reusable=True)
+    await asyncio.sleep(0.01)
+    assert waiting[1].done() and sum(t.done() for t in waiting) == 2
+    for task in waiting:
+        task.cancel()
+    await asyncio.gather(*waiting, return_exceptions=True)
+
+
+async def test_a_waiter_woken_that_leaves_passes_its_turn_on() -> None:
+    pool, _ = _pool(per_key=1, total=10)
+    conn, _ = await _open(pool, A)
+    first = asyncio.create_task(pool.acquire(A, wait=30))
+    second = asyncio.create_task(pool.acquire(A, wait=30))
+    await asyncio.sleep(0)
+    pool.release(conn, reusable=True)  # wakes the first...
+    first.cancel()  # ...whose client is gone before it runs
+    await asyncio.gather(first, return_exceptions=True)
+    assert await asyncio.wait_for(second, 5) is conn  # the second is served, not left waiting
