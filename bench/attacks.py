@@ -3,7 +3,10 @@
 As root (computes sandboxed, in cgroups, one OS user per project). Account A is the attacker:
 its owner role made superuser by hand (as a Postgres CVE would), its strangers dialling from
 addresses of their own (127.0.0.2 to .9). Account B is the neighbour, running a steady load
-from its own threads, each request timed:
+from its own threads, each request timed, at a pace a busy application keeps (``--rate``
+rounds of the first three a second, ``--wakes`` wakes a second; 0 runs them as fast as they
+go, which leaves the 2-core machine nothing idle, so that anything A is allowed to use, its
+compute's CPU quota say, shows in B's figures):
 
 - ``api``: ``GET /projects/{id}`` with B's key;
 - ``sql``: ``POST /sql`` ``SELECT 1`` on B's endpoint (the proxy's HTTP door, plain);
@@ -16,6 +19,8 @@ Each attack runs for ``--seconds`` beside that load, and the same load runs alon
 alone and beside, and their ratios. Target: within 1.2x for every attack.
 
 - ``cpu``: four busy loops and a memory eater in A's compute, from its shell;
+- ``machine`` (the control): the same outside the platform, in a cgroup of its own with the
+  same limits: what any neighbour using a compute's share does to B on this machine;
 - ``verifier``: wrong-password logins of an A role whose ``pg_authid`` row holds a 32 MB
   "verifier" (Postgres 15, whose catalog still takes one; item 1);
 - ``body``: ``POST /sql`` of a 9.8 MB body with a wrong password, two at a time (item 2);
@@ -36,9 +41,10 @@ import multiprocessing
 import os
 import random
 import signal
+import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +58,7 @@ from bench.neighbours import _make_superuser, _noise, _project, _uri
 from pgplane.compute.local.layout import Layout
 from pgplane.compute.local.postgres.records import Records
 from pgplane.compute.local.postgres.sessions import admin_conninfo
+from pgplane.compute.local.tenants.cgroups import Cgroups, Limits
 
 KINDS = ("api", "sql", "login", "wake")
 STRANGERS = [f"127.0.0.{n}" for n in range(2, 10)]
@@ -69,6 +76,9 @@ class Sides:
     b: dict[str, Any]
     b_sleepy: dict[str, Any]
     a15: dict[str, Any] | None  # A's Postgres 15 project, for the verifier (None: no 15 here)
+    cu: float = 0.5  # the size of every compute here
+    rate: float = 0.0  # B's api/sql/login rounds a second (0: as fast as they go)
+    wakes: float = 0.0  # B's wakes a second (0: as fast as they go)
 
 
 @dataclass
@@ -96,8 +106,23 @@ def _timed(timings: Timings, kind: str, step: Callable[[], object]) -> None:
     timings.seconds[kind].append(time.perf_counter() - started)
 
 
+def _paced(per_second: float, stop: threading.Event) -> Iterator[None]:
+    """A tick ``per_second`` times a second (as often as the loop goes round at 0) until
+    ``stop``; a late tick is not made up for (no burst after a slow request)."""
+    interval = 1 / per_second if per_second else 0.0
+    due = time.monotonic()
+    while not stop.is_set():
+        yield
+        due += interval
+        late = time.monotonic() - due
+        if late < 0:
+            stop.wait(-late)
+        else:
+            due = time.monotonic()
+
+
 def _steady(sides: Sides, timings: Timings, stop: threading.Event) -> None:
-    """B's API, /sql and login requests in a closed loop."""
+    """B's API, /sql and login requests, one after another, ``sides.rate`` rounds a second."""
     pid = sides.b["project"]["id"]
     uri = _uri(sides.b)
     port = sides.server.proxy_port
@@ -107,7 +132,7 @@ def _steady(sides: Sides, timings: Timings, stop: threading.Event) -> None:
         ) as http,
         httpx.Client(timeout=30) as proxy,
     ):
-        while not stop.is_set():
+        for _ in _paced(sides.rate, stop):
             _timed(timings, "api", lambda: http.get(f"/projects/{pid}").raise_for_status())
             _timed(timings, "sql", lambda: _sql(proxy, port, uri, "SELECT 1").raise_for_status())
             _timed(timings, "login", lambda: _login(uri))
@@ -119,11 +144,12 @@ def _login(uri: str) -> None:
 
 
 def _wakes(sides: Sides, timings: Timings, stop: threading.Event) -> None:
-    """B's second compute suspended, then woken by a connection (timed), in a loop."""
+    """B's second compute suspended, then woken by a connection (timed), ``sides.wakes``
+    times a second."""
     pid = sides.b_sleepy["project"]["id"]
     eid = sides.b_sleepy["endpoints"][0]["id"]
     uri = _uri(sides.b_sleepy)
-    while not stop.is_set():
+    for _ in _paced(sides.wakes, stop):
         try:
             sides.api_b.suspend(pid, eid)
         except AssertionError:
@@ -133,9 +159,12 @@ def _wakes(sides: Sides, timings: Timings, stop: threading.Event) -> None:
 
 
 def _attacking(attack: Callable[[threading.Event], None], stop: Any) -> None:
-    """An attack's own process, at the lowest priority: the attacker's client would run on a
-    machine of its own, so only what the platform does for it may take B's CPU here."""
-    os.nice(19)
+    """An attack's own process, run only when no other wants a core (``SCHED_IDLE``): the
+    attacker's client would run on a machine of its own, so only what the platform does for
+    it may take B's CPU here. Nice 19 was not enough: the kernel lets a running task finish
+    its slice before a waking one runs, and each of B's requests wakes several tasks (its
+    client, the proxy, its compute), so A's client alone, at nice 19, doubled B's p99."""
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     done = threading.Event()
     threading.Thread(target=lambda: (stop.wait(), done.set()), daemon=True).start()
     attack(done)
@@ -177,18 +206,51 @@ def _many(
     """An attack of ``count`` threads, each running ``each(n, stop)`` in a loop until stopped."""
 
     def run(stop: threading.Event) -> None:
+        tries = [0] * count
+        started = time.monotonic()
+
         def loop(n: int) -> None:
             while not stop.is_set():
                 with contextlib.suppress(Exception):  # the attacker shrugs and goes on
                     each(n, stop)
+                tries[n] += 1
 
         threads = [threading.Thread(target=loop, args=(n,)) for n in range(count)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+        # That the attack ran at strength, its client run only on idle cores.
+        print(f"  (A's client: {sum(tries) / (time.monotonic() - started):.0f} tries a second)")
 
     return run
+
+
+def _noise_outside(cu: float, seconds: int) -> None:
+    """:func:`_noise` outside the platform: the same shell, in a cgroup of its own with a
+    ``cu`` compute's limits, at the priority a compute runs at. B's figures beside it are what
+    the machine (2 cores, a hypervisor's) does to B when another uses what a compute may use;
+    no platform can do better, so the ``cpu`` row is judged beside this one."""
+    groups, why = Cgroups.find()
+    if groups is None:
+        raise SystemExit(f"the machine attack needs cgroups: {why}")
+    name = "pgplane-bench-machine"
+    groups.create(name, Limits.for_size(cu, 10))
+    burn = "while :; do :; done"
+    eat = "while :; do tail /dev/zero; done"
+    script = f"for i in 1 2 3 4; do timeout {seconds} sh -c '{burn}' & done; "
+    script += f"timeout {seconds} sh -c '{eat}' & wait"
+
+    def join() -> None:
+        # As a compute runs, not as the attacker's client (SCHED_IDLE).
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        for procs in groups.procs_files(name):
+            procs.write_text(str(os.getpid()))
+
+    try:
+        subprocess.run(["sh", "-c", script], preexec_fn=join, check=False)
+    finally:
+        groups.kill(name)
 
 
 def _admin(server: Server, body: dict[str, Any]) -> str:
@@ -209,6 +271,12 @@ def attacks(sides: Sides, seconds: float) -> dict[str, Callable[[threading.Event
             _noise(a_uri, int(seconds) + 2)
 
     found["cpu"] = cpu
+
+    def machine(stop: threading.Event) -> None:
+        while not stop.is_set():
+            _noise_outside(sides.cu, int(seconds) + 2)
+
+    found["machine"] = machine  # the control: what the machine does to B beside the same noise
 
     if sides.a15 is not None:
         bloated = make_conninfo(_uri(sides.a15), user="bloated", password="wrong")  # noqa: S106
@@ -256,9 +324,12 @@ def attacks(sides: Sides, seconds: float) -> dict[str, Callable[[threading.Event
 
     found["stopped"] = stopped
 
+    clients: dict[int, httpx.Client] = {}  # one a thread, kept alive (as the driver's)
+
     def pool(n: int, stop: threading.Event) -> None:
-        with httpx.Client(timeout=60) as http:
-            _sql(http, port, a_uri, "SELECT pg_sleep(1)")
+        if n not in clients:
+            clients[n] = httpx.Client(timeout=60)
+        _sql(clients[n], port, a_uri, "SELECT pg_sleep(1)")
 
     found["pool"] = _many(64, pool)
     return found
@@ -308,6 +379,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--cu", type=float, default=0.5)
+    parser.add_argument("--rate", type=float, default=40, help="B's rounds a second (0: all)")
+    parser.add_argument("--wakes", type=float, default=2, help="B's wakes a second (0: all)")
     parser.add_argument("--only", default="", help="attacks to run, comma-separated")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -320,6 +393,7 @@ def main() -> int:
         _, key_b = server.create_key("neighbour@example.com")
         with Api(server, key_a) as api_a, Api(server, key_b) as api_b:
             sides = _setup(server, key_a, api_a, api_b, args.cu)
+            sides.rate, sides.wakes, sides.cu = args.rate, args.wakes, args.cu
             chosen = attacks(sides, args.seconds)
             if args.only:
                 chosen = {k: v for k, v in chosen.items() if k in args.only.split(",")}
@@ -327,7 +401,9 @@ def main() -> int:
                 alone: list[Timings] = []
                 beside: list[Timings] = []
                 for n in range(args.rounds):
+                    print(f"{name}: round {n + 1}, alone", flush=True)
                     alone.append(_load(sides, args.seconds, None))
+                    print(f"{name}: round {n + 1}, beside the attack", flush=True)
                     beside.append(_load(sides, args.seconds, attack))
                     print(f"{name}: round {n + 1} done", flush=True)
                 for kind in KINDS:
