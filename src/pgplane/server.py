@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import gc
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 import uvicorn
 
@@ -62,6 +63,7 @@ log = logging.getLogger("pgplane")
 # How long --stop-computes waits for the suspends (a checkpoint each); the rest are left to the
 # next start, which adopts what still runs and finishes the operations.
 _STOP_COMPUTES_SECONDS = 60.0
+_PLATFORM_THREADS = 32
 
 
 async def _announce(server: uvicorn.Server, settings: Settings, store: Store) -> None:
@@ -187,6 +189,13 @@ async def _start_proxy(proxy: Proxy, settings: Settings, store: Store, node: Nod
 
 async def _serve(settings: Settings) -> None:
     _check_limits(settings)
+    # The platform's own blocking work (file reads and writes, copies of bases, the object
+    # store's calls) waits in the default pool. Python sizes it by cores (6 on 2), and long
+    # operations hold a thread each for minutes: a wake's file reads must never queue behind
+    # them. Tenants' processes are waited on elsewhere (compute.local.tenants.waits).
+    asyncio.get_running_loop().set_default_executor(
+        ThreadPoolExecutor(_PLATFORM_THREADS, thread_name_prefix="pgplane-io")
+    )
     api_gate, proxy_gate = gates(settings)
     metrics = startup.metrics(settings)
     store = await startup.store(settings, metrics)

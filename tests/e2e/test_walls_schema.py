@@ -9,11 +9,14 @@ roles out, and replays with psql as it reads.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 from psycopg import sql
@@ -21,9 +24,10 @@ from psycopg import sql
 from pgplane.compute.local.layout import Layout
 from pgplane.compute.local.postgres.binaries import wheel_bin_dir
 from pgplane.compute.local.postgres.records import Records
-from tests.support import Api, Server, running_server
+from tests.support import Api, Server, running_server, wait_for
 
 CONNINFO_NAME = "dbname=postgres user=cloud_admin port=1"
+_STALLED = 6  # the threads of Python's default pool on two cores
 HOSTILE_TABLE = 'x"; GRANT ALL ON SCHEMA public TO cloud_admin; --'
 HOSTILE_COMMENT = (
     "it';\nGRANT SELECT ON TABLE public.t TO cloud_admin;\n\\! touch /tmp/pgplane-pwned\n"
@@ -147,3 +151,73 @@ def _on_its_socket(t: dict[str, Any], dbname: str) -> str:
     assert running is not None
     role = t["created"]["databases"][0]["owner_name"]
     return f"host={running.socket_dir} port={running.port} user={role} dbname={dbname}"
+
+
+def test_one_accounts_stalled_schema_reads_stall_no_other_accounts_writes(
+    walls_server: Server,
+) -> None:
+    """A schema read waits on ``pg_dump``, which waits on the tenant's server: a table the
+    tenant keeps locked holds it up to its lock timeout. Six such reads of one account, on six
+    branches, held every thread of the platform's default pool (six on two cores), where the
+    store's commits waited too: every other account's writes waited with them. Tenants' reads
+    wait in a pool of their own now, two of a project's at once, and the store commits on a
+    thread of its own."""
+    with _api(walls_server, "stalling") as a, _api(walls_server, "writing") as b:
+        stalling = a.create_ready_project(name="stalling")
+        pid = stalling["project"]["id"]
+        db_name = stalling["databases"][0]["name"]
+        with psycopg.connect(stalling["connection_uris"][0]["connection_uri"]) as conn:
+            conn.execute("CREATE TABLE t (v int)")
+        branches = []
+        for n in range(_STALLED):
+            r = a.http.post(
+                f"/projects/{pid}/branches",
+                json={"branch": {"name": f"s{n}"}, "endpoints": [{"type": "read_write"}]},
+            )
+            branches.append(a.settled(pid, r))
+        writing = b.create_ready_project(name="writing")
+        with contextlib.ExitStack() as locks:
+            lockers = [
+                locks.enter_context(psycopg.connect(branch["connection_uris"][0]["connection_uri"]))
+                for branch in branches
+            ]
+            for locker in lockers:
+                locker.execute("LOCK TABLE t IN ACCESS EXCLUSIVE MODE")  # held: the dump waits
+            answered: list[int] = []
+
+            def read(branch_id: str) -> None:
+                with httpx.Client(
+                    base_url=a.http.base_url, headers=a.http.headers, timeout=120
+                ) as http:
+                    r = http.get(
+                        f"/projects/{pid}/branches/{branch_id}/schema",
+                        params={"db_name": db_name},
+                    )
+                    answered.append(r.status_code)
+
+            reads = [
+                threading.Thread(target=read, args=(branch["branch"]["id"],)) for branch in branches
+            ]
+            for thread in reads:
+                thread.start()
+
+            def dump_waiting(locker: psycopg.Connection[Any]) -> bool:
+                row = locker.execute(
+                    "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 't'::regclass"
+                ).fetchone()
+                return row is not None and row[0] >= 1
+
+            # The first (two, of one project) under way; the others wait their turn.
+            wait_for("a dump waiting on the tenant's lock", lambda: any(map(dump_waiting, lockers)))
+            for n in range(3):  # another account's writes, each a commit of the store
+                r = b.http.patch(
+                    f"/projects/{writing['project']['id']}",
+                    json={"project": {"name": f"still-writing-{n}"}},
+                )
+                assert r.status_code == 200, r.text
+            assert answered == [], answered  # while every read still waits on a lock
+        for thread in reads:  # the locks let go (their sessions closed): the reads go on
+            thread.join(120)
+        assert sorted(answered) == [200] * _STALLED, answered
+        r = a.http.delete(f"/projects/{pid}")
+        assert r.status_code == 200, r.text

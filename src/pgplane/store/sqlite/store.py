@@ -23,6 +23,7 @@ import sqlite3
 import stat
 import time
 from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import TypeGuard
@@ -154,6 +155,10 @@ class SqliteStore(Store):
         reading._memo = self._memo = ReadMemo(self._reader)
         self._read = _Reading(reading, metrics)
         self._write_lock = asyncio.Lock()
+        # The commit's own thread: in the default pool it waited behind whatever held every
+        # thread there (tenants' schema dumps did), with the write lock held, so every write
+        # of every account waited too.
+        self._committer = ThreadPoolExecutor(1, thread_name_prefix="pgplane-store-commit")
 
     def read(self) -> AbstractAsyncContextManager[Tx]:
         # The hot path of every request: one reusable object, not a generator per call.
@@ -170,7 +175,9 @@ class SqliteStore(Store):
                 yield tx
                 # The commit waits for fsync (synchronous=FULL), which can take long on a busy
                 # disk; off the event loop, readers keep being served meanwhile.
-                await asyncio.to_thread(self._writer.execute, "COMMIT")
+                await asyncio.get_running_loop().run_in_executor(
+                    self._committer, self._writer.execute, "COMMIT"
+                )
                 self._memo.forget()  # this turn's reads must see the commit too
             except BaseException as exc:
                 self._memo.forget()  # a failed COMMIT may have committed all the same
@@ -218,6 +225,7 @@ class SqliteStore(Store):
             )
 
     async def close(self) -> None:
+        self._committer.shutdown(wait=True)
         self._reader.close()
         self._writer.close()
 

@@ -11,9 +11,10 @@ The hazards, and what meets each:
   server running as the socket directory's owner, so a link to another project's socket leads
   nowhere.
 - **Its output is unbounded and may never end.** Read from a pipe up to ``max_bytes``, with
-  the process killed past that or past its time limit; off the event loop (a thread: uvloop
-  cannot start a child as another user). ``--lock-wait-timeout`` keeps a tenant's lock on a
-  table from holding the dump for the whole limit.
+  the process killed past that or past its time limit; off the event loop (a thread of the
+  tenants' own pool, :mod:`pgplane.compute.local.tenants.waits`: uvloop cannot start a child
+  as another user). ``--lock-wait-timeout`` keeps a tenant's lock on a table from holding the
+  dump for the whole limit.
 - **Names are the tenant's.** The database name travels inside a conninfo string built by
   libpq's own quoting, so a database named ``host=/elsewhere`` stays a name. Every other name
   or comment is quoted by pg_dump as SQL; the answer is JSON, so nothing in it is interpreted.
@@ -29,7 +30,6 @@ The hazards, and what meets each:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import os
@@ -44,6 +44,7 @@ from pgplane.compute.driver import ComputeError, DatabaseNotFound, SchemaTooLarg
 from pgplane.compute.local.postgres.binaries import PgInstall
 from pgplane.compute.local.postgres.sessions import ADMIN_USER, PLATFORM_ROLES, conninfo
 from pgplane.compute.local.tenants.user import C_LOCALE, RunAs, postgres_env
+from pgplane.compute.local.tenants.waits import wait_on
 from pgplane.compute.local.tenants.walls import Walls
 
 DUMP_TIMEOUT = 60.0  # seconds for the whole dump
@@ -109,11 +110,9 @@ async def dump_schema(
         if walls is not None
         else (argv, False)
     )
-    argv = walled
-    if switches:
-        run_as = RunAs.current()
-    # Filtering a big dump is CPU work too: off the loop with the dump.
-    return await asyncio.to_thread(_dump, argv, run_as, max_bytes, time_limit, key)
+    # Filtering a big dump is CPU work too: off the loop with the dump, in the tenants' pool.
+    who = RunAs.current() if switches else run_as
+    return await wait_on(run_as, _dump, walled, who, max_bytes, time_limit, key)
 
 
 def _dump(

@@ -13,7 +13,6 @@ with which ``pg_dump`` brackets its output, keeps meta-commands out of the repla
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import subprocess
@@ -24,6 +23,7 @@ from pgplane.compute.driver import ComputeError, RestoreFailed
 from pgplane.compute.local.postgres.binaries import PgInstall
 from pgplane.compute.local.postgres.sessions import conninfo
 from pgplane.compute.local.tenants.user import C_LOCALE, RunAs, postgres_env
+from pgplane.compute.local.tenants.waits import wait_on
 from pgplane.compute.local.tenants.walls import Walls
 
 RESTORE_TIMEOUT = 600.0  # seconds for one database's schema
@@ -55,7 +55,7 @@ async def replay(
     ]
     walled, switches = walls.wrap_client(argv, run_as=run_as, socket_dir=socket_dir)
     who = RunAs.current() if switches else run_as
-    await asyncio.to_thread(_run, walled, who, sql.encode(), time_limit, dbname)
+    await wait_on(run_as, _run, walled, who, sql.encode(), time_limit, dbname)
 
 
 def _run(argv: list[str], run_as: RunAs, sql: bytes, time_limit: float, dbname: str) -> None:
