@@ -50,8 +50,10 @@ from pgplane.proxy.seam import (
 from pgplane.services import endpoints, names, nodes, project_settings
 from pgplane.store import Store, Tx
 from pgplane.telemetry.metrics import NO_METRICS, Metrics
+from pgplane.telemetry.sparse import Sparse
 
 log = logging.getLogger(__name__)
+said = Sparse(log)  # warnings a client's login may cause
 
 # A start may first wait for a reattach of the whole project from the cold archive.
 _START_TIME_LIMIT = 600.0
@@ -149,8 +151,12 @@ class ComputeWaker:
                 seconds=_ASK_SECONDS,
             )
         except Unreachable as exc:
-            log.warning(
-                "endpoint %s: role %r not asked of its node: %s", elsewhere.endpoint_id, role, exc
+            said.warning(  # a stranger's login may cause it: once a minute per endpoint
+                elsewhere.endpoint_id,
+                "endpoint %s: role %r not asked of its node: %s",
+                elsewhere.endpoint_id,
+                role,
+                exc,
             )
             return False, None
         if isinstance(answer, messages.Verifier):
@@ -199,7 +205,9 @@ class ComputeWaker:
                     compute_spec(project, endpoint), names=[role]
                 )
         except ComputeError as exc:
-            log.warning("endpoint %s: could not read role %r: %s", endpoint.id, role, exc)
+            said.warning(  # a stranger's login may cause it: once a minute per endpoint
+                endpoint.id, "endpoint %s: could not read role %r: %s", endpoint.id, role, exc
+            )
             return False, None
         if verifiers is None:
             return False, None  # stopped meanwhile

@@ -9,7 +9,10 @@ import logging
 import socket
 from collections.abc import Callable, Coroutine
 
+from pgplane.telemetry.sparse import Sparse
+
 log = logging.getLogger(__name__)
+said = Sparse(log)  # warnings a flood of connections may cause
 
 _BACKLOG = 1024
 
@@ -76,7 +79,7 @@ class Listener:
                 if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     # Out of descriptors (the caps are sized to leave some; others use them
                     # too): the connection waits in the backlog, and is taken once one frees.
-                    log.warning("cannot accept a connection: %s", exc)
+                    said.warning("accept", "cannot accept a connection: %s", exc)
                     await asyncio.sleep(0.1)
                     continue
                 if listener.fileno() < 0:
