@@ -104,7 +104,10 @@ def stop_postmasters(data_dir: Path) -> None:
     """Stop what a server left running on ``data_dir``, found as the platform recorded it (a
     sandboxed postmaster's pid file names it as its own namespace sees it), and remove the
     cgroups of its computes (the kernel keeps an empty one until it is removed)."""
-    pgdatas = [*data_dir.glob("projects/*/branches/*/pgdata*")]
+    pgdatas = [
+        *data_dir.glob("projects/*/branches/*/pgdata*"),
+        *data_dir.glob("projects/*/branches/*/replicas/*/pgdata"),  # read replicas'
+    ]
     pids = [pid for pgdata in pgdatas if (pid := postmaster_pid(data_dir, pgdata)) is not None]
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):

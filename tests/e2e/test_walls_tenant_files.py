@@ -166,8 +166,9 @@ def test_a_socket_made_a_link_to_another_accounts_reaches_nothing(
         time.sleep(0.1)
     # The platform's own sessions (a role added on A) do not run on B. First, while nothing
     # else is queued for A (a wake the proxy's query below asks for would be). The attempt
-    # waits for a postmaster that never looks ready through the link, 30 s, and fails: it
-    # is over, not merely under way, when B is looked at.
+    # finds a link where the postmaster's socket was, and fails at once (it waited 30 s for a
+    # postmaster that never looked ready through it): it is over, not merely under way, when
+    # B is looked at.
     b_roles = _b_roles(b)
     response = api.http.post(
         f"/projects/{a.id}/branches/{a_body['branch']['id']}/roles",

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -121,7 +122,17 @@ def _says_ready(pgdata: Path, socket: Path, stale: int | None) -> bool:
         lines = os.read(fd, 4096).decode(errors="replace").splitlines()
     finally:
         os.close(fd)
-    return len(lines) > _STATUS_LINE and lines[_STATUS_LINE].strip() == "ready" and socket.exists()
+    if len(lines) <= _STATUS_LINE or lines[_STATUS_LINE].strip() != "ready":
+        return False
+    try:
+        found = os.lstat(socket)  # the tenant's directory: never through its link
+    except OSError:
+        return False
+    if not stat.S_ISSOCK(found.st_mode):
+        # Postgres makes its socket itself: anything else there is the tenant's doing (a link
+        # to another account's compute, say), and no login through it will ever be ours.
+        raise ComputeError(f"the compute's socket {socket.name} is not a socket: replaced")
+    return True
 
 
 def stale_pid_file(pgdata: Path) -> tuple[int | None, PidFile | None]:
