@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from pgplane.core import keys
+from tests.console import Browser, signup_link
 from tests.support import Api, Server, running_server
 
 PER_MINUTE, BURST, FAILURES = 30, 5, 60
@@ -215,3 +216,23 @@ def test_repeated_invalid_keys_from_one_address_are_throttled(limited: Server) -
     finally:
         attacker.close()
         bystander.http.close()
+
+
+def test_console_pages_spend_the_accounts_allowance_with_its_keys() -> None:
+    """A signed-in console's pages are an account's requests as its keys' are (each a few reads
+    of the store): they were counted by no limit, so a session could ask without bound."""
+    with (
+        running_server(
+            PGPLANE_RATE_LIMIT_PER_MINUTE=str(PER_MINUTE),
+            PGPLANE_RATE_LIMIT_BURST_PER_SECOND="1000",
+        ) as srv,
+        Browser(srv) as browser,
+    ):
+        signed_up = browser.sign_up(signup_link(srv), "pages@example.com")
+        assert signed_up.status_code in (302, 303), signed_up.text
+        key = browser.create_key("beside the pages")
+        statuses, refused, _ = until_refused(lambda _: browser.get("/console/projects"))
+        assert len(statuses) <= PER_MINUTE and set(statuses) == {200}, statuses
+        assert int(refused.headers["retry-after"]) >= 1
+        with Api(srv, key) as api:  # the same account's key: the same allowance, spent
+            assert_refused(api.http.get("/projects"))

@@ -124,6 +124,8 @@ def create_app(
         """The OpenAPI document of this API, public like Neon's."""
         return document.served(request.app.openapi_schema.to_schema(), settings)
 
+    # One allowance per account, whether its requests come with a key or a console session.
+    limiter = RateLimiter.from_settings(settings)
     authenticate = key_hook(
         Platform(
             store=store,
@@ -133,7 +135,7 @@ def create_app(
             history=history,
             schema=schema,
             key_uses=recorder,
-            limiter=RateLimiter.from_settings(settings),
+            limiter=limiter,
         )
     )
     allowed: dict[str, str] = {}  # filled once the app has built its routes
@@ -177,6 +179,7 @@ def create_app(
         notify=notify,
         check_settings=check_settings,
         history=history,
+        limiter=limiter,
     )
     app = Litestar(
         route_handlers=[

@@ -15,6 +15,7 @@ from litestar.response import Redirect
 from litestar.static_files import create_static_files_router
 from litestar.types import ControllerRouterHandler
 
+from pgplane.api.ratelimit import RateLimiter
 from pgplane.config import Settings
 from pgplane.console.account_pages import ApiKeysPage, Auth
 from pgplane.console.branch_pages import BranchObjectsPage
@@ -42,6 +43,7 @@ def console(
     notify: Callable[[], None],
     check_settings: SettingsCheck,
     history: HistoryLookup = unknown_history,
+    limiter: RateLimiter | None = None,
 ) -> tuple[Console, list[ControllerRouterHandler]]:
     """The console's state and its route handlers (pages, static files, the home redirect)."""
     state = Console(
@@ -52,6 +54,7 @@ def console(
         throttle=SignInThrottle(),
         pre_sessions=PreSessions(),
         history=history,
+        limiter=limiter,
     )
     handlers: dict[Any, Any] = {SignInRequired: sign_in_first, PgplaneError: error_page}
     pages = Router(

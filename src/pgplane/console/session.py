@@ -24,6 +24,7 @@ from typing import Any, cast
 from litestar import Request, Response
 from litestar.datastructures import Cookie, State
 
+from pgplane.api.ratelimit import RateLimiter
 from pgplane.config import Settings
 from pgplane.console.presession import PreSessions
 from pgplane.core.gcra import Limit, address_key
@@ -68,6 +69,7 @@ class Console:
     pre_sessions: PreSessions
     # What of a branch's history the data plane holds (the driver's), for forms naming a time.
     history: HistoryLookup = unknown_history
+    limiter: RateLimiter | None = None  # the API's: one allowance per account
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +132,10 @@ def session_hook(console: Console) -> Callable[[AnyRequest], Awaitable[None]]:
         public = request.url.path in _PUBLIC
         if current is None and not public:
             raise SignInRequired()
+        if current is not None and console.limiter is not None:
+            # The account's API allowance (every key's, every session's): pages are requests
+            # too, each a few reads of the store, and a refused one changes nothing.
+            console.limiter.admit(current.account_id, scope["route_handler"])
         if request.method not in _SAFE:
             sent = await _sent_token(request)
             if current is not None:
