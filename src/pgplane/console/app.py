@@ -8,14 +8,13 @@ ship in the package (no build step).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from litestar import Router, get
 from litestar.response import Redirect
 from litestar.static_files import create_static_files_router
 from litestar.types import ControllerRouterHandler
 
-from pgplane.api.ratelimit import RateLimiter
 from pgplane.config import Settings
 from pgplane.console.account_pages import ApiKeysPage, Auth
 from pgplane.console.branch_pages import BranchObjectsPage
@@ -29,6 +28,9 @@ from pgplane.errors import PgplaneError
 from pgplane.services.compute_settings import SettingsCheck
 from pgplane.services.history import HistoryLookup, unknown_history
 from pgplane.store import Store
+
+if TYPE_CHECKING:  # the api package imports the console: a type only
+    from pgplane.api.ratelimit import RateLimiter
 
 
 @get(["/", PREFIX], include_in_schema=False)

@@ -19,12 +19,11 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from litestar import Request, Response
 from litestar.datastructures import Cookie, State
 
-from pgplane.api.ratelimit import RateLimiter
 from pgplane.config import Settings
 from pgplane.console.presession import PreSessions
 from pgplane.core.gcra import Limit, address_key
@@ -34,6 +33,9 @@ from pgplane.services import signin
 from pgplane.services.compute_settings import SettingsCheck
 from pgplane.services.history import HistoryLookup, unknown_history
 from pgplane.store import Store
+
+if TYPE_CHECKING:  # the api package imports the console: a type only
+    from pgplane.api.ratelimit import RateLimiter
 
 AnyRequest = Request[Any, Any, State]
 

@@ -38,10 +38,12 @@ from pgplane.compute.local.postgres.computes import Computes
 from pgplane.compute.local.postgres.postmaster import Postmasters
 from pgplane.compute.local.postgres.schema_dump import SchemaDump
 from pgplane.compute.local.tenants.projects import ids
+from pgplane.core.turns import Turns
 
 log = logging.getLogger(__name__)
 
 PREFIX = "point-"
+AT_ONCE = 4  # point reads rebuilding at once, every project's together
 _LOCK = "in-use"
 Action = Callable[[Path, int], Awaitable[None]]
 
@@ -63,6 +65,11 @@ class PointReads:
         self._postmasters = postmasters
         self._locks = locks
         self._install = install
+        # Each a rebuild (a base copied, WAL replayed) outside the engine's slots, asked for by
+        # an API request: at most one of a project's at once, and so many in all, the rest
+        # waiting their turn, so that one account's reads never take the platform's threads.
+        self._per_project = Turns(1)
+        self._at_once = asyncio.Semaphore(AT_ONCE)
 
     async def dump_schema(
         self,
@@ -90,6 +97,12 @@ class PointReads:
         self, project_id: str, branch_id: str, pg_version: int, point: Point, action: Action
     ) -> None:
         """Run ``action`` against a postmaster on the branch's data at ``point``."""
+        async with self._per_project.turn(project_id), self._at_once:
+            await self._run(project_id, branch_id, pg_version, point, action)
+
+    async def _run(
+        self, project_id: str, branch_id: str, pg_version: int, point: Point, action: Action
+    ) -> None:
         install, run_as = await self._install(project_id, pg_version)
         branch_dir = self.layout.branch_dir(project_id, branch_id)
         work = branch_dir / f"{PREFIX}{secrets.token_hex(6)}"

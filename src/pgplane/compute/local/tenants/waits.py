@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
 from pgplane.compute.local.tenants.user import RunAs
+from pgplane.core.turns import Turns
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -29,8 +30,7 @@ THREADS = 16
 PER_TENANT = 2
 
 _pool = ThreadPoolExecutor(THREADS, thread_name_prefix="pgplane-tenant-wait")
-# Per tenant: its waits running or waiting, and its turns; forgotten when none is left.
-_turns: dict[str, tuple[int, asyncio.Semaphore]] = {}
+_turns = Turns(PER_TENANT)
 
 
 async def wait_on(run_as: RunAs, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
@@ -42,14 +42,5 @@ async def wait_on(run_as: RunAs, fn: Callable[P, T], *args: P.args, **kwargs: P.
     loop = asyncio.get_running_loop()
     if not run_as.switch:
         return await loop.run_in_executor(_pool, call)
-    users, turn = _turns.get(run_as.name) or (0, asyncio.Semaphore(PER_TENANT))
-    _turns[run_as.name] = (users + 1, turn)
-    try:
-        async with turn:
-            return await loop.run_in_executor(_pool, call)
-    finally:
-        users, _ = _turns[run_as.name]
-        if users == 1:
-            del _turns[run_as.name]
-        else:
-            _turns[run_as.name] = (users - 1, turn)
+    async with _turns.turn(run_as.name):
+        return await loop.run_in_executor(_pool, call)
