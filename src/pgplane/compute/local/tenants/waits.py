@@ -3,7 +3,7 @@
 ``pg_dump`` (a schema read) and ``psql`` (a schema-only branch's restore) run as the project's
 OS user and end when the tenant's server lets them: a lock it holds, an answer it delays, up to
 their time limits (a minute, ten). They cannot be awaited as child processes (uvloop starts no
-child as another user), so a thread waits on each. In the default pool, eight schema reads of
+child as another user), so a thread waits on each. In the default pool, six schema reads of
 one account, each waiting on a table that account kept locked, held every thread there: the
 platform's own blocking work (a wake's file reads, every account's) waited behind them.
 
