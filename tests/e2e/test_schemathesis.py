@@ -11,7 +11,8 @@ of its own.
 
 schemathesis runs as its command line (the same engine as its pytest plugin, whose fixture loader
 does not work with pytest 9.2), seeded and bounded so CI stays quick: ``PGPLANE_FUZZ_EXAMPLES``
-raises the number of cases per operation for a longer run (150 takes about seven minutes).
+raises the number of cases per operation for a longer run (150 takes about seven minutes), and
+``-m slow`` runs four times CI's.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from tests.support import Api, Server, path_parameters, running_server
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMATHESIS = str(Path(sys.executable).parent / "schemathesis")
 SEED = 20261121
+# Ten cases per operation in CI (each operation's coverage phase comes on top); the slow
+# variant below runs four times as many, before a change to the API lands.
 EXAMPLES = int(os.environ.get("PGPLANE_FUZZ_EXAMPLES", "10"))
 
 
@@ -275,6 +278,13 @@ def test_every_operation_keeps_to_the_document(
     _assert_clean(run(fuzzed, seeds, tmp_path, max_examples=EXAMPLES))
     with Api(fuzzed, seeds["key"]) as api:  # the seeded project served the whole run
         assert api.http.get(f"/projects/{seeds['parameters']['project_id']}").status_code == 200
+
+
+@pytest.mark.slow
+def test_every_operation_keeps_to_the_document_at_length(
+    fuzzed: Server, seeds: dict[str, Any], tmp_path: Path
+) -> None:
+    _assert_clean(run(fuzzed, seeds, tmp_path, max_examples=EXAMPLES * 4))
 
 
 # Two minutes of sequences: run before a change to the API lands, with -m slow (the per-operation
