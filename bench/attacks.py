@@ -57,7 +57,7 @@ from psycopg.conninfo import make_conninfo
 from tests import pgclient
 
 from bench.common import Api, Server, median, percentile, running_server, verdict
-from bench.neighbours import _make_superuser, _noise, _project, _uri
+from bench.neighbours import _make_superuser, _noise, _project, _uri, noise_script
 from pgplane.compute.local.layout import Layout
 from pgplane.compute.local.postgres.records import Records
 from pgplane.compute.local.postgres.sessions import admin_conninfo
@@ -239,10 +239,6 @@ def _noise_outside(cu: float, seconds: int) -> None:
         raise SystemExit(f"the machine attack needs cgroups: {why}")
     name = "pgplane-bench-machine"
     groups.create(name, Limits.for_size(cu, 10))
-    burn = "while :; do :; done"
-    eat = "while :; do tail /dev/zero; done"
-    script = f"for i in 1 2 3 4; do timeout {seconds} sh -c '{burn}' & done; "
-    script += f"timeout {seconds} sh -c '{eat}' & wait"
 
     def join() -> None:
         # As a compute runs, not as the attacker's client (SCHED_IDLE).
@@ -251,7 +247,7 @@ def _noise_outside(cu: float, seconds: int) -> None:
             procs.write_text(str(os.getpid()))
 
     try:
-        subprocess.run(["sh", "-c", script], preexec_fn=join, check=False)
+        subprocess.run(["sh", "-c", noise_script(seconds)], preexec_fn=join, check=False)
     finally:
         groups.kill(name)
 

@@ -59,13 +59,17 @@ def _make_superuser(data_dir: Any, body: dict[str, Any]) -> None:
         conn.commit()
 
 
-def _noise(uri: str, seconds: int) -> None:
-    """Four busy loops and a memory eater from A's shell, for ``seconds``."""
+def noise_script(seconds: int) -> str:
+    """A shell script of four busy loops and a memory eater, for ``seconds``."""
     burn = "while :; do :; done"
     eat = "while :; do tail /dev/zero; done"
     script = f"for i in 1 2 3 4; do timeout {seconds} sh -c '{burn}' & done; "
-    script += f"timeout {seconds} sh -c '{eat}' & wait"
-    program = f"sh -c {shlex.quote(script)} >/dev/null 2>&1"
+    return script + f"timeout {seconds} sh -c '{eat}' & wait"
+
+
+def _noise(uri: str, seconds: int) -> None:
+    """:func:`noise_script` from A's shell."""
+    program = f"sh -c {shlex.quote(noise_script(seconds))} >/dev/null 2>&1"
     with psycopg.connect(uri, autocommit=True) as conn:
         conn.execute("CREATE TEMP TABLE out (line text)")
         conn.execute(sql.SQL("COPY pg_temp.out FROM PROGRAM {}").format(sql.Literal(program)))

@@ -551,3 +551,18 @@ def path_parameters(
         "database_name": database,
         "snapshot_id": snapshot_id,
     }
+
+
+def bench_smoke(module: str) -> str:
+    """What ``python -m bench.<module> --smoke`` printed, once it exited 0 (its smoke run: each
+    measurement once, small, so that the benchmark cannot rot unnoticed)."""
+    done = subprocess.run(
+        [sys.executable, "-m", f"bench.{module}", "--smoke"],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout

@@ -5,13 +5,10 @@ read from a full run, on a quiet machine (docs/fair-shares.md)."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+from tests.support import bench_smoke
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="the attacks need computes walled, in cgroups: root"
@@ -19,15 +16,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def test_every_attack_runs_and_fails_none_of_the_neighbours_requests() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.attacks", "--smoke"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    printed = bench_smoke("attacks")
     for attack in ("cpu", "machine", "body", "strangers", "stopped", "pool"):
-        assert f"target {attack} wake: none of B's failed: met" in done.stdout, done.stdout
-    assert "tries a second" in done.stdout, done.stdout
+        assert f"target {attack} wake: none of B's failed: met" in printed, printed
+    assert "tries a second" in printed, printed
