@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import json
 import os
 import signal
@@ -133,6 +134,28 @@ def test_shrinking_the_retention_frees_old_history(hapi: Api, history_server: Se
         server=history_server,
     )
     assert after < before
+
+
+def test_a_new_projects_history_starts_at_the_template_it_was_copied_from(
+    hapi: Api, history_server: Server
+) -> None:
+    """Its first base state is the template, byte for byte, before its roles and database were
+    made (their WAL follows it): on a project's own filesystem too, where the template cannot
+    be linked and is copied once, the branch's data cloned from that copy."""
+    project = hapi.create_ready_project(name="first-base")
+    pid, main = project["project"]["id"], project["branch"]["id"]
+    template = history_server.data_dir / "templates" / str(project["project"]["pg_version"])
+    bases = history_server.data_dir / "projects" / pid / "branches" / main / "base"
+    first = min(p for p in bases.iterdir() if (p / "base.json").is_file())
+    files = json.loads((first / "base.json").read_text())["files"]
+    on_disk = {
+        str(path.relative_to(template / "pgdata")): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in (template / "pgdata").rglob("*")
+        if path.is_file()
+    }
+    assert files == on_disk
+    for rel, digest in files.items():
+        assert hashlib.sha256((first / "pgdata" / rel).read_bytes()).hexdigest() == digest, rel
 
 
 def _restore(api: Api, pid: str, branch_id: str, **body: object) -> dict[str, Any]:

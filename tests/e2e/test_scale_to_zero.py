@@ -362,8 +362,7 @@ def test_detach_and_reattach_keep_every_byte() -> None:
             actions = [o["action"] for o in r.json()["operations"]]
             assert actions[0] == "tenant_reattach", actions
             api.wait_operations(pid, [o["id"] for o in r.json()["operations"]])
-            # Every byte back; the new window then frees archived WAL no base state needs (on a
-            # project's own filesystem its first base is a copy of its data, not the template).
+            # Every byte back; the new window then frees archived WAL no base state needs.
             after = tree_checksums(branches)
             assert after.items() <= before.items()
             assert [name for name in before.keys() - after.keys() if "/wal/" not in name] == []

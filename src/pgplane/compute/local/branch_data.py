@@ -6,6 +6,7 @@ it, reading its schema, keeping its history and snapshots and its storage settin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -51,23 +52,29 @@ class BranchData(LocalParts):
             install, run_as = await self._install(project_id, pg_version, make_dir=True)
             await asyncio.to_thread(ensure_dir, pgdata.parent)
             template = self._installs.template(pg_version)
-            # Archived from its first write: its history starts with the template it copies.
             archiving = await self._computes.history_settings(project_id, branch_id, run_as)
-            await build_timeline(
-                install=install,
-                run_as=run_as,
-                postmasters=self._postmasters,
-                template=template,
-                pgdata=pgdata,
-                socket_dir=socket_dir,
-                hba_file=self.layout.hba_file,
-                roles=roles,
-                databases=databases,
-                settings=archiving,
-            )
-            if archiving:
-                await self._histories.take_first_base(
+            # Archived from its first write: its history starts with the template it copies,
+            # staged as its first base state.
+            staged = (
+                self._histories.first_base(
                     project_id, branch_id, install, template, await self.users.shared()
+                )
+                if archiving
+                else contextlib.nullcontext(None)
+            )
+            async with staged as copy_from:
+                await build_timeline(
+                    install=install,
+                    run_as=run_as,
+                    postmasters=self._postmasters,
+                    template=template,
+                    copy_from=copy_from,
+                    pgdata=pgdata,
+                    socket_dir=socket_dir,
+                    hba_file=self.layout.hba_file,
+                    roles=roles,
+                    databases=databases,
+                    settings=archiving,
                 )
 
     async def create_branch(

@@ -48,6 +48,7 @@ async def build_timeline(
     run_as: RunAs,
     postmasters: Postmasters,
     template: Path,
+    copy_from: Path | None = None,
     pgdata: Path,
     socket_dir: Path,
     hba_file: Path,
@@ -58,13 +59,15 @@ async def build_timeline(
     limits: Limits | None = None,
 ) -> None:
     """Create ``pgdata`` as a copy of ``template`` holding ``roles`` and ``databases`` (or
-    what ``populate`` puts in it); ``settings``: more for the postmaster that creates them
-    (archiving, say); ``limits``: the cgroup it runs in, where what ``populate`` runs is the
-    tenant's code (a schema's functions)."""
+    what ``populate`` puts in it); ``copy_from``: where the template's files are copied from,
+    if not the template (its copy staged as the first base state, which the cluster's copy then
+    clones); ``settings``: more for the postmaster that creates them (archiving, say);
+    ``limits``: the cgroup it runs in, where what ``populate`` runs is the tenant's code (a
+    schema's functions)."""
     tmp = temporary_pgdata(pgdata)
     await postmasters.stop(tmp)
     await asyncio.to_thread(shutil.rmtree, tmp, True)
-    await copy_tree(template, tmp)
+    await copy_tree(copy_from or template, tmp)
     # The template is the shared compute user's; the copy is the project user's alone.
     template_owner = (await asyncio.to_thread(template.stat)).st_uid
     await asyncio.to_thread(hand_over, tmp, {os.geteuid(), template_owner}, run_as)

@@ -19,15 +19,13 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from pgplane.compute.driver import ComputeError
 from pgplane.compute.local.copies.datacopy import copy_data_dir, copy_files
 from pgplane.compute.local.files import fsync_dir, sync_tree, write_atomic
 from pgplane.compute.local.history.archiving import BASE_STATE, Base, HistoryDirs, file_sha256
 from pgplane.compute.local.history.wal import (
-    ControlData,
     needed_segments,
     read_control_data,
     wal_files,
@@ -84,38 +82,6 @@ async def take_offline_base(
         raise
 
 
-async def link_stopped_base(dirs: HistoryDirs, source: Path, control: ControlData) -> Base:
-    """A base state of stopped data nothing writes again (a version's template, of which every
-    new cluster starts as a copy) as hard links to its files: nothing copied, the files shared.
-    OSError where they cannot be linked (another filesystem): the caller copies instead."""
-    tmp = fresh_tmp(dirs)
-    try:
-        await asyncio.to_thread(_link_tree, source, tmp / "pgdata")
-        return await asyncio.to_thread(
-            publish_base,
-            dirs,
-            tmp,
-            start_lsn=control.redo,
-            end_lsn=control.checkpoint,
-            end_time=stopped_by(source),
-            segment_size=control.segment_size,
-        )
-    except BaseException:
-        await asyncio.shield(asyncio.to_thread(shutil.rmtree, tmp, True))
-        raise
-
-
-def _link_tree(src: Path, dst: Path) -> None:
-    for dirpath, _, names in os.walk(src):
-        target = dst / os.path.relpath(dirpath, src)
-        target.mkdir(mode=0o700)
-        for name in names:
-            path = os.path.join(dirpath, name)
-            if not os.path.isfile(path) or os.path.islink(path):
-                raise ComputeError(f"{path} is not a regular file")
-            os.link(path, target / name, follow_symlinks=False)
-
-
 def stopped_by(pgdata: Path) -> int:
     """A time (epoch us) no earlier than the stopped data's last write: its control file's mtime,
     rounded up, and a microsecond more for what the cold archive's float mtimes may lose."""
@@ -150,9 +116,11 @@ def publish_base(
     end_lsn: int,
     end_time: int,
     segment_size: int,
+    files: Mapping[str, str] | None = None,
 ) -> Base:
-    """Checksum the copy in ``tmp``, make it durable and rename it into place."""
-    files = dict(_checksums(tmp / "pgdata"))
+    """Checksum the copy in ``tmp`` (unless its checksums are known: ``files``), make it
+    durable and rename it into place."""
+    files = dict(checksums(tmp / "pgdata") if files is None else files)
     size = sum(os.lstat(tmp / "pgdata" / rel).st_size for rel in files)
     data = {
         "format": _FORMAT,
@@ -176,7 +144,7 @@ def publish_base(
     return Base(final, start_lsn, end_lsn, end_time, segment_size, files, size)
 
 
-def _checksums(root: Path) -> Iterator[tuple[str, str]]:
+def checksums(root: Path) -> Iterator[tuple[str, str]]:
     for dirpath, _, names in os.walk(root):
         for name in names:
             path = os.path.join(dirpath, name)

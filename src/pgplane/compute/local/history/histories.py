@@ -18,7 +18,7 @@ import logging
 import os
 import shutil
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from functools import partial
 from pathlib import Path
 
@@ -42,13 +42,13 @@ from pgplane.compute.local.history.archiving import (
 )
 from pgplane.compute.local.history.bases import (
     copy_unarchived,
-    link_stopped_base,
     new_base_dir,
     publish_base,
     shut_down_at,
     sweep_unfinished_bases,
     take_offline_base,
 )
+from pgplane.compute.local.history.first_bases import TemplateSums, staged_first_base
 from pgplane.compute.local.history.pitr import choose_base, describe, flush_archive, rebuild
 from pgplane.compute.local.history.wal import parse_lsn, read_control_data
 from pgplane.compute.local.layout import TIMELINE_MARKER, Layout
@@ -95,6 +95,7 @@ class Histories:
         self._reserve = disk_reserve_bytes
         self._soon: set[asyncio.Task[object]] = set()
         self._swept: set[Path] = set()  # branches whose unfinished base states were removed
+        self._template_sums = TemplateSums()
 
     def dirs(self, project_id: str, branch_id: str) -> HistoryDirs:
         return HistoryDirs(self.layout.branch_dir(project_id, branch_id))
@@ -329,26 +330,25 @@ class Histories:
                 await self._take_base(*due, dirs)
         await self.prune(dirs, retention)
 
-    async def take_first_base(
+    @contextlib.asynccontextmanager
+    async def first_base(
         self,
         project_id: str,
         branch_id: str,
         install: PgInstall,
         template: Path,
         template_owner: RunAs,
-    ) -> None:
-        """A new root branch's first base state: the template its data was copied from (it was
-        built archiving, so its history goes on from there), linked, not copied (a copy doubled
-        a project's creation); where links cannot be made, a copy of the branch's data."""
+    ) -> AsyncIterator[Path]:
+        """A new cluster's first base state, the template it is built from (first_bases.py):
+        yields the directory to copy the cluster from; published when the body returns."""
         dirs = self.dirs(project_id, branch_id)
-        async with self._locks["base", dirs.branch_dir]:
-            control = await read_control_data(install, template_owner, template)
-            try:
-                await link_stopped_base(dirs, template, control)
-            except OSError as exc:
-                log.info("the template of %s cannot be linked (%s): copied", dirs.pgdata, exc)
-                _, run_as = await self._install(project_id, install.major)
-                await take_offline_base(install, run_as, dirs)
+        async with (
+            self._locks["base", dirs.branch_dir],
+            staged_first_base(
+                dirs, install, template, template_owner, self._template_sums
+            ) as source,
+        ):
+            yield source
 
     def _due_after(self, base: Base) -> int:
         """The WAL after ``base`` at which the next base state is taken: a rebuild to the end

@@ -17,6 +17,7 @@ A retry after the data was published only reads back the verifiers its login rol
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -102,26 +103,31 @@ class SchemaOnly:
             template = self._template(pg_version)
             populate = _Populate(install, run_as, self._postmasters, reader.source, config)
             archiving = await self._computes.history_settings(project_id, branch_id, run_as)
-            await build_timeline(
-                install=install,
-                run_as=run_as,
-                postmasters=self._postmasters,
-                template=template,
-                pgdata=pgdata,
-                socket_dir=self.layout.init_socket_dir(project_id, branch_id),
-                hba_file=self.layout.hba_file,
-                roles=(),
-                databases=(),
-                settings=archiving,
-                populate=populate,
-                # The schema's functions run as it is restored (an index expression, a
-                # generated column): in a cgroup of the smallest compute's size, as the
-                # tenant's code always is, never with the platform's whole machine.
-                limits=BUILD_LIMITS,
-            )
-            if archiving:
-                await self._histories.take_first_base(
+            staged = (
+                self._histories.first_base(
                     project_id, branch_id, install, template, await self._template_owner()
+                )
+                if archiving
+                else contextlib.nullcontext(None)
+            )
+            async with staged as copy_from:
+                await build_timeline(
+                    install=install,
+                    run_as=run_as,
+                    postmasters=self._postmasters,
+                    template=template,
+                    copy_from=copy_from,
+                    pgdata=pgdata,
+                    socket_dir=self.layout.init_socket_dir(project_id, branch_id),
+                    hba_file=self.layout.hba_file,
+                    roles=(),
+                    databases=(),
+                    settings=archiving,
+                    populate=populate,
+                    # The schema's functions run as it is restored (an index expression, a
+                    # generated column): in a cgroup of the smallest compute's size, as the
+                    # tenant's code always is, never with the platform's whole machine.
+                    limits=BUILD_LIMITS,
                 )
         return populate.verifiers
 
