@@ -111,6 +111,15 @@ async def wait_ready(
         await asyncio.sleep(_POLL)
 
 
+class SocketReplaced(ComputeError):
+    """Something the tenant put where its compute's socket was: no attempt of this compute's
+    work can succeed until its postmaster makes the socket again (a stop removes what is there,
+    the next start makes a new one), so the operation fails at once, saying why, rather than
+    retry for a minute while the client that woke the compute waits."""
+
+    permanent = True
+
+
 def _says_ready(pgdata: Path, socket: Path, stale: int | None) -> bool:
     try:
         fd = untrusted.open_regular(untrusted.under(pgdata, PID_FILE))
@@ -131,7 +140,7 @@ def _says_ready(pgdata: Path, socket: Path, stale: int | None) -> bool:
     if not stat.S_ISSOCK(found.st_mode):
         # Postgres makes its socket itself: anything else there is the tenant's doing (a link
         # to another account's compute, say), and no login through it will ever be ours.
-        raise ComputeError(f"the compute's socket {socket.name} is not a socket: replaced")
+        raise SocketReplaced(f"the compute's socket {socket.name} is not a socket: replaced")
     return True
 
 
