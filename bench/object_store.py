@@ -364,6 +364,8 @@ def run(args: argparse.Namespace) -> int:
     key_file.chmod(0o600)
     url = seaweed.url("bench")
     env = {**seaweed.env(), "PGPLANE_OBJECT_STORE": url, "PGPLANE_ARCHIVE_KEY_FILE": str(key_file)}
+    if args.smoke:  # the lost platform's lease lapses sooner (its wait is no figure)
+        env |= {"PGPLANE_NODE_LEASE_SECONDS": "5", "PGPLANE_NODE_HEARTBEAT_SECONDS": "1"}
     try:
         sync_env = {**env, "PGPLANE_OBJECT_STORE": seaweed.url("bench-sync")}
         with (

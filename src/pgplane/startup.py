@@ -107,7 +107,12 @@ async def object_store(settings: Settings, store: Store) -> Bucket | None:
         )
         instance = node_name(settings) if settings.store is None else None
         held = claim.Claim(
-            bucket.raw, platform=platform, fingerprint=bucket.fingerprint, instance=instance
+            bucket.raw,
+            platform=platform,
+            fingerprint=bucket.fingerprint,
+            instance=instance,
+            lease_seconds=settings.node_lease_seconds,
+            renew_seconds=settings.node_heartbeat_seconds,
         )
         bucket.sealed.claim, bucket.sealed.lease = held, held.lease
         await _claim_at_start(held, bucket, settings, served=served)

@@ -63,8 +63,14 @@ from tests.support import (
 )
 
 # The shipping and store copies as often as the defaults with an object store (1 s), the
-# scheduler and retries quick for the test's sake.
-ENV = {"PGPLANE_SCHEDULER_SECONDS": "0.5", "PGPLANE_RETRY_BASE_SECONDS": "0.2"}
+# scheduler and retries quick for the test's sake, and a lost platform's lease on its prefix
+# over in 5 s, not 20 (what a recovery waits for first).
+ENV = {
+    "PGPLANE_SCHEDULER_SECONDS": "0.5",
+    "PGPLANE_RETRY_BASE_SECONDS": "0.2",
+    "PGPLANE_NODE_LEASE_SECONDS": "5",
+    "PGPLANE_NODE_HEARTBEAT_SECONDS": "1",
+}
 # For the tests of what happens to whole segments: one completed every 2 s.
 _QUICK_SEGMENTS = {"PGPLANE_OBJECT_ARCHIVE_TIMEOUT_SECONDS": "2"}
 # What the platform promises of a lost machine: commits older than this are in the bucket.

@@ -12,9 +12,12 @@ platform started beside the one it was recovered from would fork it. So, under t
     anything is read or written.
 ``lease.json``
     with a SQLite store (one node), the live holder: its process, its host and until when it
-    holds the prefix (a PostgreSQL store's nodes hold their leases in the store). Renewed
-    every ``RENEW_SECONDS`` with ``If-Match`` on what was read, so a renewal never writes over
-    a lease someone else took meanwhile: the holder that finds its lease taken stops writing.
+    holds the prefix (a PostgreSQL store's nodes hold their leases in the store). It lasts as
+    long as a node's lease (``PGPLANE_NODE_LEASE_SECONDS``: how long a lost platform holds its
+    prefix before a recovery may take it) and is renewed at each of the node's beats
+    (``PGPLANE_NODE_HEARTBEAT_SECONDS``) with ``If-Match`` on what was read, so a renewal never
+    writes over a lease someone else took meanwhile: the holder that finds its lease taken
+    stops writing.
     A start takes a lapsed lease, or one its own data directory left on this host (the
     directory's server lock says that process is gone); any other live one is refused.
 
@@ -44,8 +47,9 @@ PLATFORM = "platform.json"
 LEASE = "lease.json"
 _FORMAT = 1
 _MAX_OBJECT = 64 << 10
-RENEW_SECONDS = 10.0
-LEASE_SECONDS = 30.0
+# The node's defaults (config.py): a lease of 20 s, renewed every 5.
+RENEW_SECONDS = 5.0
+LEASE_SECONDS = 20.0
 CLAIM_RETRY_SECONDS = 2.0
 
 
@@ -135,10 +139,20 @@ def own(store: Conditional, *, platform: str, fingerprint: str) -> Platform:
 class PrefixLease:
     """This process' lease on the prefix (see the module's docstring)."""
 
-    def __init__(self, store: Conditional, *, platform: str, instance: str) -> None:
+    def __init__(
+        self,
+        store: Conditional,
+        *,
+        platform: str,
+        instance: str,
+        seconds: float = LEASE_SECONDS,
+        renew_seconds: float = RENEW_SECONDS,
+    ) -> None:
         self._store = store
         self.platform = platform
         self.instance = instance
+        self.seconds = seconds
+        self._renew_seconds = renew_seconds
         self.host = socket.gethostname()
         self._etag: str | None = None
         self.lost = False
@@ -177,7 +191,7 @@ class PrefixLease:
                     f"a live platform holds the object store's prefix (host {current.host},"
                     f" lease for {current.expires_at - now:.0f} s more); stop it first"
                 )
-        data = self._lease(now + LEASE_SECONDS)
+        data = self._lease(now + self.seconds)
         taken = (
             self._store.put_if_absent(LEASE, data)
             if etag is None
@@ -191,7 +205,7 @@ class PrefixLease:
         """False once the lease is someone else's: nothing may be written any more."""
         if self.lost or self._etag is None:
             return False
-        if self._store.put_if_match(LEASE, self._lease(time.time() + LEASE_SECONDS), self._etag):
+        if self._store.put_if_match(LEASE, self._lease(time.time() + self.seconds), self._etag):
             _, self._etag = self._current()
             return True
         self.lost = True
@@ -214,7 +228,7 @@ class PrefixLease:
     async def run(self) -> None:
         """Renew until cancelled, or until the lease is lost."""
         while not self.lost:
-            await asyncio.sleep(RENEW_SECONDS)
+            await asyncio.sleep(self._renew_seconds)
             try:
                 await off_loop(self.renew)
             except ComputeError as exc:  # the store unreachable: the next beat tries again
@@ -235,13 +249,28 @@ class Claim:
     then nothing is written there (``bucket.Fenced`` asks :meth:`holds_off`)."""
 
     def __init__(
-        self, store: Claimable, *, platform: str, fingerprint: str, instance: str | None
+        self,
+        store: Claimable,
+        *,
+        platform: str,
+        fingerprint: str,
+        instance: str | None,
+        lease_seconds: float = LEASE_SECONDS,
+        renew_seconds: float = RENEW_SECONDS,
     ) -> None:
         self._store = store
         self.platform = platform
         self._fingerprint = fingerprint
         self.lease = (
-            None if instance is None else PrefixLease(store, platform=platform, instance=instance)
+            None
+            if instance is None
+            else PrefixLease(
+                store,
+                platform=platform,
+                instance=instance,
+                seconds=lease_seconds,
+                renew_seconds=renew_seconds,
+            )
         )
         self.claimed = False
         self.refused: str | None = None

@@ -151,7 +151,10 @@ async def _claimed(settings: Settings, *, holder: str) -> Bucket:
             raise NotRecoverable(f"{url} holds no pgplane platform")
         claim.check_key(found, bucket.fingerprint)
         lease = claim.PrefixLease(bucket.raw, platform=found.platform, instance=holder)
-        deadline = time.monotonic() + claim.LEASE_SECONDS + 5
+        # The lost platform's lease ends when it says (however long its node's leases were);
+        # one still renewed past that is a live platform's.
+        left = await asyncio.to_thread(lease.remaining)
+        deadline = time.monotonic() + left + 5
         while (left := await asyncio.to_thread(lease.remaining)) > 0:
             if time.monotonic() > deadline:
                 raise NotRecoverable(
