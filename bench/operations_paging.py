@@ -4,7 +4,9 @@ Seeds the project's operations straight into the store file (a million API calls
 hours), then times ``GET /projects/{id}/operations?limit=10`` through the running server: the
 first page, and pages whose cursor lies 900,000 operations deep. Target: deep <= 1.5x first.
 
-    .venv/bin/python bench/operations_paging.py [--operations 1000000] [--requests 300]
+    .venv/bin/python -m bench.operations_paging [--operations 1000000] [--requests 300] [--smoke]
+
+``--smoke`` seeds a thousand and times thirty requests, checking no target: CI runs it.
 """
 
 from __future__ import annotations
@@ -52,7 +54,10 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--operations", type=int, default=1_000_000)
     parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--smoke", action="store_true", help="small and short, no target checked")
     args = parser.parse_args()
+    if args.smoke:
+        args.operations, args.requests = 1000, 30
 
     with running_server() as server:
         _, key = server.create_key("paging@example.com")
@@ -80,7 +85,7 @@ def main() -> int:
         f"page 900,000 deep:    median {median(deep):6.2f} ms   p99 {percentile(deep, 0.99):6.2f} ms"
     )
     print(f"ratio deep / first:   {ratio:6.2f}")
-    return verdict({"deep / first <= 1.5": ratio <= 1.5})
+    return 0 if args.smoke else verdict({"deep / first <= 1.5": ratio <= 1.5})
 
 
 if __name__ == "__main__":
