@@ -62,6 +62,7 @@ from pgplane.compute.local.layout import Layout
 from pgplane.compute.local.postgres.records import Records
 from pgplane.compute.local.postgres.sessions import admin_conninfo
 from pgplane.compute.local.tenants.cgroups import Cgroups, Limits
+from pgplane.config import Settings
 
 KINDS = ("api", "sql", "login", "wake")
 STRANGERS = [f"127.0.0.{n}" for n in range(2, 10)]
@@ -379,7 +380,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--cu", type=float, default=0.5)
     parser.add_argument("--rate", type=float, default=40, help="B's rounds a second (0: all)")
-    parser.add_argument("--wakes", type=float, default=2, help="B's wakes a second (0: all)")
+    # One a second: within the platform's default pace of an account's starts (60 a minute
+    # past a burst of 20); at two, B's own wakes wait their turn after ten seconds.
+    parser.add_argument("--wakes", type=float, default=1, help="B's wakes a second (0: all)")
     parser.add_argument("--only", default="", help="attacks to run, comma-separated")
     parser.add_argument(
         "--smoke", action="store_true", help="once, short: every attack runs and fails none of B's"
@@ -392,7 +395,12 @@ def main() -> int:
         return 2
     lines: list[str] = []
     checks: dict[str, bool] = {}
-    with running_server() as server:
+    # The platform's own pace of compute starts (the tests' servers run without one).
+    pace = {
+        name: os.environ.get(name, str(getattr(Settings(), name.removeprefix("PGPLANE_").lower())))
+        for name in ("PGPLANE_COMPUTE_STARTS_PER_MINUTE", "PGPLANE_COMPUTE_STARTS_BURST")
+    }
+    with running_server(**pace) as server:
         _, key_a = server.create_key("attacker@example.com")
         _, key_b = server.create_key("neighbour@example.com")
         with Api(server, key_a) as api_a, Api(server, key_b) as api_b:

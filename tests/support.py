@@ -329,6 +329,8 @@ def server_env(**overrides: str) -> dict[str, str]:
         "PGPLANE_RATE_LIMIT_PER_MINUTE": "0",
         "PGPLANE_RATE_LIMIT_BURST_PER_SECOND": "0",
         "PGPLANE_AUTH_FAILURES_PER_MINUTE": "0",
+        # And so are their computes' starts (engine/pacing.py: tests/unit/test_engine.py).
+        "PGPLANE_COMPUTE_STARTS_PER_MINUTE": "0",
         # No usage sample in the background: a test that compares an object before and after
         # must not see its figures move by themselves (the usage suites set their own period).
         "PGPLANE_USAGE_SECONDS": "0",

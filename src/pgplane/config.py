@@ -169,6 +169,10 @@ class Settings:
     # may run at once. 32 CU: twice the largest compute (16 CU), so any size can still start.
     running_computes_per_account: int = 20
     compute_units_per_account: float = 32.0
+    # Compute starts per account (engine/pacing.py): a burst at once, then so many a minute; the
+    # rest wait their turn. 0 a minute: no pace.
+    compute_starts_per_minute: int = 60
+    compute_starts_burst: int = 20
     # The oldest Postgres major new projects may have (0: any available; the default, with a
     # warning for 15 and older, which hand any role with CREATEROLE the OS user of its compute).
     # Projects made before keep their major: branches and wakes work whatever this says.
@@ -305,6 +309,8 @@ def settings_from_env(**overrides: object) -> Settings:
         ("branches_per_project", int),
         ("running_computes_per_account", int),
         ("compute_units_per_account", float),
+        ("compute_starts_per_minute", int),
+        ("compute_starts_burst", int),
         ("min_pg_version", int),
         ("disk_per_project", int),
         ("branch_size_limit", int),

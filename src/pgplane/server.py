@@ -129,6 +129,11 @@ def _sql_over_http(settings: Settings, sessions: Sessions) -> SqlOverHttp:
 
 
 def _check_limits(settings: Settings) -> None:
+    if settings.compute_starts_per_minute < 0 or settings.compute_starts_burst < 1:
+        raise SystemExit(
+            "pgplane: PGPLANE_COMPUTE_STARTS_PER_MINUTE must not be negative (0: no pace) and"
+            " PGPLANE_COMPUTE_STARTS_BURST must be 1 or more"
+        )
     if settings.branch_size_limit < 0:
         raise SystemExit("pgplane: PGPLANE_BRANCH_SIZE_LIMIT must not be negative (0: no limit)")
     if settings.disk_per_project < 0 or 0 < settings.disk_per_project < MIN_SHARE_BYTES >> 20:

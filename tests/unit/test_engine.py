@@ -319,6 +319,53 @@ async def test_an_account_never_holds_every_slot_of_a_kind(store: SqliteStore) -
     assert {"end theirs", "end wake"} <= set(events)
 
 
+async def test_an_accounts_starts_past_its_burst_wait_their_turn_and_others_do_not(
+    store: SqliteStore,
+) -> None:
+    """Starts are paced per account (engine/pacing.py): past its burst of two, an account's
+    third waits (one a minute here, so it never comes in the test); another account's start
+    runs at once beside it."""
+    mine = [await _project(store) for _ in range(3)]
+    other = await _project(store, "other@example.com")
+    for pid in [*mine, other]:
+        await _settled_with(store, pid)
+    started: list[str] = []
+
+    async def handler(ctx: Context, op: Operation) -> OnFinish | None:
+        started.append(op.project_id)
+        return None
+
+    for pid in mine:
+        await _start(store, pid, operations.Start(Action.START_COMPUTE, branch_id="wake"))
+    pacing = {"compute_starts_per_minute": 1, "compute_starts_burst": 2}
+    async with engine(store, dict.fromkeys(Action, handler), **pacing):
+        while len(started) < 2:
+            await asyncio.sleep(0.01)
+        await _start(store, other, operations.Start(Action.START_COMPUTE, branch_id="wake"))
+        await _settled(store, other)
+        assert other in started
+        [waiting] = [p for p in mine if p not in started]
+        async with store.read() as tx:
+            ops = await tx.list_operations(project_id=waiting, before=None, limit=10)
+        newest = next(o for o in ops if o.action == Action.START_COMPUTE)
+        assert not newest.status.settled and newest.started_at is None  # never claimed
+
+
+async def test_a_paced_start_runs_when_its_turn_comes_without_waiting_for_a_poll(
+    store: SqliteStore,
+) -> None:
+    """One start at once, then ten a second: the second runs about 0.1 s later, looked for
+    then (the engine's poll is 30 s here)."""
+    mine = [await _project(store) for _ in range(2)]
+    for pid in mine:
+        await _settled_with(store, pid)
+        await _start(store, pid, operations.Start(Action.START_COMPUTE, branch_id="wake"))
+    pacing = {"compute_starts_per_minute": 600, "compute_starts_burst": 1, "poll_seconds": 30}
+    async with engine(store, ALL_NOOP, **pacing):
+        for pid in mine:
+            await _settled(store, pid, timeout=10)
+
+
 async def _settled_with(store: SqliteStore, pid: str) -> None:
     """Settle the project's creation operations first, so only the test's own remain."""
     async with engine(store, ALL_NOOP):

@@ -42,6 +42,7 @@ from pgplane.core.operations import (
 from pgplane.core.scrub import scrub
 from pgplane.engine.context import Context, Handler, PermanentError
 from pgplane.engine.handlers import GIVEN_UP, HANDLERS
+from pgplane.engine.pacing import StartPacing
 from pgplane.errors import PgplaneError, Unavailable
 from pgplane.store import Store, Tx
 from pgplane.telemetry import logs
@@ -107,6 +108,10 @@ class Engine:
         self._held: collections.Counter[tuple[str, bool]] = collections.Counter()
         self._caps = {False: max(1, settings.workers - 1), True: max(1, settings.workers // 2)}
         self._accounts: dict[str, str] = {}  # project id -> its account's (they never change)
+        self._starts = StartPacing(
+            per_minute=settings.compute_starts_per_minute, burst=settings.compute_starts_burst
+        )
+        self._timer: asyncio.TimerHandle | None = None  # a look when a paced start may go
         # Operation id -> (event set when it settles here, number of waiters).
         self._watched: dict[str, tuple[asyncio.Event, int]] = {}
 
@@ -165,6 +170,8 @@ class Engine:
                 self._wake.clear()
         finally:
             watcher.cancel()
+            if self._timer is not None:
+                self._timer.cancel()
             for task in list(self._running.values()):
                 task.cancel()
             await asyncio.gather(watcher, *self._running.values(), return_exceptions=True)
@@ -185,6 +192,10 @@ class Engine:
             account = await self._account_of(op.project_id)
             if self._held[account, long] >= self._caps[long]:
                 continue  # the account's share is taken: others' work goes first
+            start = op.action == Action.START_COMPUTE
+            if start and (wait := self._starts.wait(account)) > 0:
+                self._look_in(wait)
+                continue  # past the account's burst of starts: its turn comes
             async with self._store.write() as tx:
                 claimed = await tx.claim_operation(
                     seen=op,
@@ -197,6 +208,8 @@ class Engine:
                 )
             if claimed is None:
                 continue
+            if start:
+                self._starts.take(account)
             await slots.acquire()
             self._held[account, long] += 1
             if long:
@@ -205,6 +218,16 @@ class Engine:
                 self._attempt(claimed, slots, (account, long)), name=f"operation {claimed.id}"
             )
             self._running[claimed.id] = task
+
+    def _look_in(self, seconds: float) -> None:
+        """Look for work again in ``seconds`` (and at every wake and poll meanwhile)."""
+        loop = asyncio.get_running_loop()
+        now, timer = loop.time(), self._timer
+        if timer is not None and now < timer.when() <= now + seconds:
+            return  # a look no later is due anyway
+        if timer is not None:
+            timer.cancel()
+        self._timer = loop.call_at(now + seconds, self._wake.set)
 
     async def _account_of(self, project_id: str) -> str:
         found = self._accounts.get(project_id)
