@@ -6,7 +6,6 @@ it, reading its schema, keeping its history and snapshots and its storage settin
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -55,14 +54,14 @@ class BranchData(LocalParts):
             archiving = await self._computes.history_settings(project_id, branch_id, run_as)
             # Archived from its first write: its history starts with the template it copies,
             # staged as its first base state.
-            staged = (
-                self._histories.first_base(
-                    project_id, branch_id, install, template, await self.users.shared()
-                )
-                if archiving
-                else contextlib.nullcontext(None)
-            )
-            async with staged as copy_from:
+            async with self._histories.first_base(
+                project_id,
+                branch_id,
+                install,
+                template,
+                await self.users.shared(),
+                archiving=bool(archiving),
+            ) as copy_from:
                 await build_timeline(
                     install=install,
                     run_as=run_as,

@@ -50,7 +50,7 @@ class TemplateSums:
         known = self._known.get(template)
         if known is not None and known[0] == built:
             return known[1]
-        sums = dict(await asyncio.to_thread(lambda: list(checksums(template))))
+        sums = await asyncio.to_thread(lambda: dict(checksums(template)))
         self._known[template] = built, sums
         return sums
 

@@ -338,9 +338,15 @@ class Histories:
         install: PgInstall,
         template: Path,
         template_owner: RunAs,
-    ) -> AsyncIterator[Path]:
+        *,
+        archiving: bool,
+    ) -> AsyncIterator[Path | None]:
         """A new cluster's first base state, the template it is built from (first_bases.py):
-        yields the directory to copy the cluster from; published when the body returns."""
+        yields the directory to copy the cluster from; published when the body returns. A
+        cluster built without archiving keeps no history: None, the template copied as it is."""
+        if not archiving:
+            yield None
+            return
         dirs = self.dirs(project_id, branch_id)
         async with (
             self._locks["base", dirs.branch_dir],

@@ -17,7 +17,6 @@ A retry after the data was published only reads back the verifiers its login rol
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -103,14 +102,14 @@ class SchemaOnly:
             template = self._template(pg_version)
             populate = _Populate(install, run_as, self._postmasters, reader.source, config)
             archiving = await self._computes.history_settings(project_id, branch_id, run_as)
-            staged = (
-                self._histories.first_base(
-                    project_id, branch_id, install, template, await self._template_owner()
-                )
-                if archiving
-                else contextlib.nullcontext(None)
-            )
-            async with staged as copy_from:
+            async with self._histories.first_base(
+                project_id,
+                branch_id,
+                install,
+                template,
+                await self._template_owner(),
+                archiving=bool(archiving),
+            ) as copy_from:
                 await build_timeline(
                     install=install,
                     run_as=run_as,
