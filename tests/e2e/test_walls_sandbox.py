@@ -9,6 +9,7 @@ and its memory capped, and project B's queries and the API answer meanwhile.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import signal
@@ -149,6 +150,12 @@ def test_a_compute_s_cpu_moves_within_its_range_with_its_load(api: Api, server: 
 def test_a_memory_eater_is_capped_at_its_compute_units(tenant: Project, other: Project) -> None:
     tenant.query("SELECT 1")
     cgroups, name = _cgroup(tenant)
+    for pid in _processes_of(tenant.user):  # each in the compute's cgroup of every controller
+        with contextlib.suppress(FileNotFoundError):  # one that ended meanwhile
+            lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+            memory = [line for line in lines if ":memory:" in line]  # v1
+            memory = memory or [line for line in lines if line.startswith("0::")]  # v2
+            assert memory and all(line.endswith(f"/{name}") for line in memory), (pid, lines)
     # tail keeps a line in memory until its end: /dev/zero has none. Ended at 1 GiB (0.25 CU).
     rc, out = run_program(tenant, "timeout 60 tail /dev/zero")
     assert rc == 128 + 9, (rc, out)  # SIGKILL, from the kernel's OOM killer; 124 is the timeout

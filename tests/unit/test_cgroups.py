@@ -82,6 +82,31 @@ def test_v1_writes_each_hierarchy(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert (tmp_path / "pids" / "pgplane-computes" / "pg-b" / "pids.max").read_text() == "1001"
 
 
+def test_a_process_forked_between_its_parents_moves_joins_every_hierarchy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """v1 moves a process one hierarchy at a time: a child its postmaster forked after the move
+    into cpu and before the move into memory is born in the compute's cpu cgroup and outside
+    its memory cgroup. It is moved into memory too, not taken as joined (a tenant's backends,
+    forked by it, would have had no memory cap)."""
+    groups = {c: tmp_path / c / "pg-d" for c in ("cpu", "memory", "pids")}
+    for group in groups.values():
+        group.mkdir(parents=True)
+    groups["cpu"].joinpath("cgroup.procs").write_text("100\n101\n")  # 101: forked meanwhile
+    groups["memory"].joinpath("cgroup.procs").write_text("100\n")
+    groups["pids"].joinpath("cgroup.procs").write_text("100\n")
+
+    def move(procs: Path, pid: int) -> None:  # as the kernel lists a process moved in
+        procs.write_text(procs.read_text() + f"{pid}\n")
+
+    monkeypatch.setattr(module, "_tree", lambda root: {100, 101})
+    monkeypatch.setattr(module, "_move", move)
+    found = Cgroups(version=1, parents=tuple(tmp_path / c for c in ("cpu", "memory", "pids")))
+    found.join_tree("pg-d", 100)
+    for group in groups.values():
+        assert group.joinpath("cgroup.procs").read_text().split() == ["100", "101"]
+
+
 def test_killing_an_empty_cgroup_removes_it(tmp_path: Path) -> None:
     parent = tmp_path / "computes"
     (parent / "pg-c").mkdir(parents=True)

@@ -199,22 +199,28 @@ class Cgroups:
         return None
 
     def join_tree(self, name: str, root: int) -> None:
-        """Move ``root`` and all its descendants into compute ``name``'s cgroup (blocking)."""
+        """Move ``root`` and all its descendants into compute ``name``'s cgroup (blocking).
+
+        Each hierarchy is checked on its own (v1 has one per controller): a process forked
+        between its parent's moves into two of them is born in the first and outside the
+        second, and would stay there (its memory uncapped) if being in any counted as in."""
         deadline = time.monotonic() + _KILL_WAIT
-        while missing := _tree(root) - self.pids(name):
-            for pid in missing:
-                for procs in self.procs_files(name):
+        while True:
+            tree = _tree(root)
+            outside = {procs: tree - _listed(procs) for procs in self.procs_files(name)}
+            if not any(outside.values()):
+                return
+            for procs, missing in outside.items():
+                for pid in missing:
                     with contextlib.suppress(ProcessLookupError, FileNotFoundError):
-                        procs.write_text(str(pid))  # root's: the kernel's
+                        _move(procs, pid)
             if time.monotonic() > deadline:
-                raise OSError(f"processes {sorted(missing)} of compute {name} would not move")
+                missed = sorted(set[int]().union(*outside.values()))
+                raise OSError(f"processes {missed} of compute {name} would not move")
 
     def pids(self, name: str) -> set[int]:
-        found: set[int] = set()
-        for procs in self.procs_files(name):
-            with contextlib.suppress(FileNotFoundError):
-                found |= {int(p) for p in procs.read_text().split()}  # root's: the kernel's
-        return found
+        """Every process in any of the compute's hierarchies."""
+        return set[int]().union(*(_listed(procs) for procs in self.procs_files(name)))
 
     def kill(self, name: str) -> None:
         """End every process of the compute and remove its cgroup (blocking: run in a thread).
@@ -241,6 +247,19 @@ class Cgroups:
             for entry in self.parents[0].iterdir():
                 if entry.is_dir():
                     yield entry.name
+
+
+def _listed(procs: Path) -> set[int]:
+    """The pids a ``cgroup.procs`` lists (none when the cgroup is gone)."""
+    try:
+        return {int(p) for p in procs.read_text().split()}  # root's: the kernel's
+    except FileNotFoundError:
+        return set()
+
+
+def _move(procs: Path, pid: int) -> None:
+    """Into the cgroup of ``procs``: the kernel moves a process whose pid is written there."""
+    procs.write_text(str(pid))  # root's: the kernel's
 
 
 def _tree(root: int) -> set[int]:
