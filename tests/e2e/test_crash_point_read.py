@@ -10,12 +10,16 @@ reads as before.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
+from pathlib import Path
 
 import httpx
 import psycopg
 
 from pgplane.compute.local.layout import Layout
+from pgplane.compute.local.postgres.records import Records
+from pgplane.compute.local.tenants.cgroups import Cgroups
 from tests.crash import ENV as CRASH_ENV
 from tests.crash import kill_at
 from tests.support import Api, postmaster_pid, running_server, wait_for
@@ -48,7 +52,15 @@ def test_kill_while_a_schema_is_read_at_a_point() -> None:
             reader.join(30)
             branch_dir = Layout(server.data_dir.resolve()).branch_dir(pid, bid)
             (work,) = branch_dir.glob("point-*")
-            assert postmaster_pid(server.data_dir, work / "pgdata") is not None  # left running
+            serving = postmaster_pid(server.data_dir, work / "pgdata")
+            assert serving is not None  # left running
+            # The tenant's WAL replayed and read for its request, in a cgroup of the smallest
+            # compute's size, as its own work always is (cgroups need root).
+            cgroup = Records(server.data_dir.resolve() / "postmasters").get(work / "pgdata")
+            cgroup_name = None if cgroup is None else cgroup.cgroup
+            if os.geteuid() == 0:
+                assert cgroup_name, "the point read's postmaster runs in no cgroup"
+                assert f"/{cgroup_name}\n" in Path(f"/proc/{serving}/cgroup").read_text()
 
             server.env.pop("PGPLANE_FAILPOINTS")
             server.start()
@@ -58,6 +70,9 @@ def test_kill_while_a_schema_is_read_at_a_point() -> None:
                 server=server,
             )
             assert postmaster_pid(server.data_dir, work / "pgdata") is None
+            if cgroup_name:  # and its cgroup went with it
+                cgroups, _ = Cgroups.find()
+                assert cgroups is not None and cgroup_name not in set(cgroups.names())
             r = api.http.get(url, params=params)
             assert r.status_code == 200, r.text
             assert "before_the_point" in r.json()["sql"]

@@ -13,6 +13,7 @@ import pytest
 from pgplane.compute.local.history import point_reads
 from pgplane.compute.local.history.point_reads import PointReads
 from pgplane.core.turns import Turns
+from pgplane.services import schemas
 
 
 async def test_a_key_holds_at_most_its_turns_and_is_forgotten_when_done() -> None:
@@ -67,3 +68,27 @@ async def test_point_reads_rebuild_one_of_a_project_at_once_and_so_many_in_all(
     release.set()
     await asyncio.gather(*asks)
     assert most == dict.fromkeys(["p1", "p2", "p3", "p4", "p5"], 1) and in_all[1] == 3
+
+
+async def test_an_account_reads_so_many_schemas_at_once_whatever_its_projects() -> None:
+    """Each read holds a thread of the tenants' pool (``pg_dump``, up to its lock timeout) or one
+    of the node's point rebuilds: an account's reads on many projects take only its share, and
+    another account's read is not behind them."""
+    release = asyncio.Event()
+    inside: list[str] = []
+
+    async def dumper(*, project_id: str, **_: object) -> str:
+        inside.append(project_id)
+        await release.wait()
+        return f"-- {project_id}"
+
+    def found(account: str, project: str) -> schemas.Target:
+        shape: Any = SimpleNamespace(id=project, account_id=account, pg_version=16)
+        return schemas.Target(shape, SimpleNamespace(id=f"br-{project}"), "neondb")  # type: ignore[arg-type]
+
+    reads = [found("a", f"a{n}") for n in range(6)] + [found("b", "b0")]
+    tasks = [asyncio.create_task(schemas.read(dumper, target, max_bytes=1)) for target in reads]
+    await asyncio.sleep(0.01)
+    assert sorted(inside) == ["a0", "a1", "b0"]  # a's other four wait; b's is not behind them
+    release.set()
+    assert await asyncio.gather(*tasks) == [f"-- {target.project.id}" for target in reads]

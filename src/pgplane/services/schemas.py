@@ -9,6 +9,11 @@ themselves from two ``/schema`` answers (``diff``'s ``createPatch``).
 At a point of history (``lsn`` or ``timestamp``, and the base's ``base_lsn`` or
 ``base_timestamp``) the point is checked as a branch at a point is (services/history.py: the same
 400s), then the data plane rebuilds it into a temporary directory and reads it there.
+
+Each read holds something every account shares while it lasts: a thread of the tenants' pool
+waiting on ``pg_dump`` (up to its lock timeout, when the tenant keeps a table locked), and at a
+point one of the node's few rebuilds. An account reads :data:`READS_PER_ACCOUNT` schemas at
+once, however many projects it has; its further reads wait their turn (first come first).
 """
 
 from __future__ import annotations
@@ -25,9 +30,13 @@ from pgplane.compute.driver import (
     SchemaTooLarge,
 )
 from pgplane.core.models import Branch, Project
+from pgplane.core.turns import Turns
 from pgplane.errors import BadRequest, Conflict, LimitExceeded, Locked, NotFound, Unavailable
 from pgplane.services import access, history
 from pgplane.store import Tx
+
+READS_PER_ACCOUNT = 2  # of the tenants' pool's 16 threads, of the node's 4 point rebuilds
+_reads = Turns(READS_PER_ACCOUNT)
 
 
 class SchemaDumper(Protocol):
@@ -141,14 +150,15 @@ async def read(
         )
         history.check(at, project=project, branch=branch, bounds=bounds)
     try:
-        return await dumper(
-            project_id=project.id,
-            branch_id=branch.id,
-            pg_version=project.pg_version,
-            db_name=found.db_name,
-            max_bytes=max_bytes,
-            point=None if at is None else at.point,
-        )
+        async with _reads.turn(project.account_id):
+            return await dumper(
+                project_id=project.id,
+                branch_id=branch.id,
+                pg_version=project.pg_version,
+                db_name=found.db_name,
+                max_bytes=max_bytes,
+                point=None if at is None else at.point,
+            )
     except PointNotInHistory as exc:  # freed between the check and the rebuild
         raise BadRequest(f"{at.field if at is not None else 'point'}: {exc}") from None
     except DatabaseNotFound:

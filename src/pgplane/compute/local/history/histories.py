@@ -57,6 +57,7 @@ from pgplane.compute.local.postgres.computes import Computes
 from pgplane.compute.local.postgres.postmaster import Postmasters
 from pgplane.compute.local.postgres.sessions import MONITOR_USER, connect, conninfo
 from pgplane.compute.local.tenants import untrusted
+from pgplane.compute.local.tenants.cgroups import Limits
 from pgplane.compute.local.tenants.projects import ids
 from pgplane.compute.local.tenants.user import RunAs
 from pgplane.core import clock
@@ -101,10 +102,18 @@ class Histories:
         return HistoryDirs(self.layout.branch_dir(project_id, branch_id))
 
     async def build_at(
-        self, *, project_id: str, source_id: str, pgdata: Path, pg_version: int, point: Point
+        self,
+        *,
+        project_id: str,
+        source_id: str,
+        pgdata: Path,
+        pg_version: int,
+        point: Point,
+        limits: Limits | None = None,
     ) -> int:
         """Build ``pgdata`` (published complete) as the source's data at ``point``; the caller
-        holds its timeline lock. The LSN its new timeline starts at."""
+        holds its timeline lock. The LSN its new timeline starts at. ``limits``: the replay's
+        cgroup (see ``rebuild``)."""
         install, run_as = await self._install(project_id, pg_version, make_dir=True)
         source = self.dirs(project_id, source_id)
         tmp = temporary_pgdata(pgdata)
@@ -141,6 +150,7 @@ class Histories:
                     point=None if after_all else point,
                     tail=tail,
                     spares=self._spares,
+                    limits=limits,
                 )
             except BaseException:
                 await asyncio.shield(self._discard(tmp))

@@ -51,6 +51,7 @@ from pgplane.compute.local.postgres.binaries import PgInstall
 from pgplane.compute.local.postgres.postmaster import Postmasters
 from pgplane.compute.local.postgres.records import Running
 from pgplane.compute.local.postgres.sessions import ADMIN_USER, connect, conninfo
+from pgplane.compute.local.tenants.cgroups import Limits
 from pgplane.compute.local.tenants.ownership import hand_over
 from pgplane.compute.local.tenants.user import RunAs
 
@@ -143,6 +144,7 @@ async def rebuild(
     tail: Path | None = None,
     spares: SparePool | None = None,
     base_checked: bool = False,
+    limits: Limits | None = None,
 ) -> int:
     """Build ``tmp`` as the source's data at ``point`` (None: all of its history); the LSN its
     new timeline starts at.
@@ -151,7 +153,8 @@ async def rebuild(
     where a replay looks for a segment its restore_command does not find. ``spares``: files
     made ahead (creating ~1,300 of them is most of the copy of a small cluster).
     ``base_checked``: the base state's files were checked against its checksums just now (a
-    base state fetched from shared storage): not read again.
+    base state fetched from shared storage): not read again. ``limits``: the replay's cgroup
+    (None: none, for the platform's own operations, paced by the engine's slots).
     """
     segments = [
         name
@@ -178,7 +181,7 @@ async def rebuild(
         await asyncio.to_thread(hand_over, tmp, {os.geteuid()}, run_as)
         t1 = time.perf_counter()
         replay = _replay_to(
-            install, run_as, postmasters, source, tmp, socket_dir, hba_file, point, restored
+            install, run_as, postmasters, source, tmp, socket_dir, hba_file, point, restored, limits
         )
         switch, to_end = await _unless_failed(checks, replay)
         await checks
@@ -253,13 +256,23 @@ async def _replay_to(
     hba_file: Path,
     point: Point | None,
     restored: set[str],
+    limits: Limits | None,
 ) -> tuple[int, bool]:
     """Replay to ``point`` (None: to the end of the history); where the new timeline starts,
     and whether the replay went to the end of the history. ``restored`` gets the name of each
     file the replay fetched from the archive."""
     try:
         switch = await replay(
-            install, run_as, postmasters, source, tmp, socket_dir, hba_file, point, restored
+            install,
+            run_as,
+            postmasters,
+            source,
+            tmp,
+            socket_dir,
+            hba_file,
+            point,
+            restored,
+            limits=limits,
         )
     except TargetNotReached:
         if point is None:
@@ -275,7 +288,16 @@ async def _replay_to(
     # target, it goes on from its last restartpoint (a standby restarted), to the end.
     await postmasters.stop(tmp)
     switch = await replay(
-        install, run_as, postmasters, source, tmp, socket_dir, hba_file, None, restored
+        install,
+        run_as,
+        postmasters,
+        source,
+        tmp,
+        socket_dir,
+        hba_file,
+        None,
+        restored,
+        limits=limits,
     )
     return switch, True
 

@@ -37,6 +37,7 @@ from pgplane.compute.local.postgres.command import postmaster_argv
 from pgplane.compute.local.postgres.computes import Computes
 from pgplane.compute.local.postgres.postmaster import Postmasters
 from pgplane.compute.local.postgres.schema_dump import SchemaDump
+from pgplane.compute.local.tenants.cgroups import PLATFORM_WORK
 from pgplane.compute.local.tenants.projects import ids
 from pgplane.core.turns import Turns
 
@@ -117,6 +118,7 @@ class PointReads:
                     pgdata=pgdata,
                     pg_version=pg_version,
                     point=point,
+                    limits=PLATFORM_WORK,  # the tenant's WAL, replayed for its request
                 )
             socket_dir = self.layout.init_socket_dir(project_id, work.name)
             await asyncio.to_thread(fresh_socket_dir, socket_dir, run_as)
@@ -138,6 +140,7 @@ class PointReads:
                     socket_dir=socket_dir,
                     run_as=run_as,
                     log_path=work / "read.log",
+                    limits=PLATFORM_WORK,
                 )
                 await failpoints.reached("point_read:serving")
                 await action(socket_dir, INIT_PORT)

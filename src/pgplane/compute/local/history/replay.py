@@ -31,6 +31,7 @@ from pgplane.compute.local.postgres.command import postmaster_argv
 from pgplane.compute.local.postgres.postmaster import Postmasters
 from pgplane.compute.local.postgres.sessions import ADMIN_USER, connect, conninfo
 from pgplane.compute.local.tenants import untrusted
+from pgplane.compute.local.tenants.cgroups import Limits
 from pgplane.compute.local.tenants.user import RunAs
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,8 @@ async def replay(
     hba_file: Path,
     point: Point | None,
     restored: set[str],
+    *,
+    limits: Limits | None = None,
 ) -> int:
     settings = {
         "restore_command": restore_command(source.wal),
@@ -117,6 +120,7 @@ async def replay(
                 spawned="rebuild:replaying",
                 readable=[source.wal],  # its restore_command's archive (another branch's, say)
                 ready_timeout=_REPLAY_TIMEOUT,  # it answers once promoted
+                limits=limits,
             )
             await _wait_promoted(socket_dir, postmasters, tmp)
         except ComputeError as exc:

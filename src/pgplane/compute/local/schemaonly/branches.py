@@ -37,7 +37,7 @@ from pgplane.compute.local.postgres.verifiers import read_verifiers
 from pgplane.compute.local.schemaonly import target
 from pgplane.compute.local.schemaonly.restore import replay
 from pgplane.compute.local.schemaonly.source import SchemaSource, SourceReader
-from pgplane.compute.local.tenants.cgroups import Limits
+from pgplane.compute.local.tenants.cgroups import PLATFORM_WORK
 from pgplane.compute.local.tenants.user import RunAs
 
 InstallFor = Callable[..., Awaitable[tuple[PgInstall, RunAs]]]
@@ -45,7 +45,6 @@ InstallFor = Callable[..., Awaitable[tuple[PgInstall, RunAs]]]
 
 # What a schema-only build's postmaster may use: the smallest compute's (0.25 CU: a quarter of a
 # CPU, 1 GiB), with the processes a restore needs.
-BUILD_LIMITS = Limits.for_size(0.25, 20)
 
 
 class SchemaOnly:
@@ -126,7 +125,7 @@ class SchemaOnly:
                     # The schema's functions run as it is restored (an index expression, a
                     # generated column): in a cgroup of the smallest compute's size, as the
                     # tenant's code always is, never with the platform's whole machine.
-                    limits=BUILD_LIMITS,
+                    limits=PLATFORM_WORK,
                 )
         return populate.verifiers
 

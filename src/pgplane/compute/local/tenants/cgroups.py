@@ -63,6 +63,12 @@ class Limits:
         )
 
 
+# Work the platform does on a tenant's data with the tenant's code or WAL (a schema-only
+# branch's restore, a point read's replay): in a cgroup of the smallest compute's size, as a
+# tenant's own work always is, never with the whole machine.
+PLATFORM_WORK = Limits.for_size(0.25, max_connections=20)
+
+
 def _own_cgroup(controller: str) -> str:
     """Our cgroup path in ``controller``'s hierarchy ("" names v2's)."""
     with contextlib.suppress(OSError):
