@@ -13,8 +13,7 @@ from pgplane import __version__
 from pgplane.compute.driver import ComputeError
 from pgplane.compute.local import LocalComputeDriver, LocalDriverConfig
 from pgplane.compute.local.files import write_atomic
-from pgplane.compute.local.shared.objects import ObjectStore
-from pgplane.compute.local.shared.s3 import Unreachable
+from pgplane.compute.local.shared.objects import ObjectStore, Unreachable
 from pgplane.config import Settings
 from pgplane.core.operations import Action
 from pgplane.engine.node import NodeLease, node_name

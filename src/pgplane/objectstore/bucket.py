@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from pgplane.compute.driver import ComputeError
-from pgplane.compute.local.shared.objects import ObjectStore, Written
-from pgplane.compute.local.shared.s3 import S3Store, Unreachable
+from pgplane.compute.local.shared.objects import ObjectStore, Unreachable, Written
 from pgplane.compute.local.shared.sealed import SealedStore, key_fingerprint, load_archive_key
 from pgplane.objectstore.claim import Claim, PrefixLease
+
+if TYPE_CHECKING:
+    from pgplane.compute.local.shared.s3 import S3Store
 
 
 class Guarded:
@@ -115,6 +117,9 @@ class Bucket:
 def open_bucket(url: str, key_file: Path) -> Bucket:
     """The bucket at ``url``, its credentials from the standard AWS variables and files.
     ValueError for a bad URL or key file; ComputeError for a store that cannot be reached."""
+    # boto3 imported here, not with the server: a tenth of a second of every start without one.
+    from pgplane.compute.local.shared.s3 import S3Store  # noqa: PLC0415
+
     key = load_archive_key(key_file)
     raw = S3Store.from_url(url)
     return Bucket(

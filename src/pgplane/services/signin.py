@@ -15,6 +15,7 @@ same way: the first account's link is printed by ``serve``, later ones by
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import re
@@ -40,9 +41,18 @@ _US = 1_000_000
 _EMAIL = re.compile(r"^[^@\s\x00-\x1f\x7f]+@[^@\s\x00-\x1f\x7f]+\.[^@\s\x00-\x1f\x7f]+$")
 
 _hasher = PasswordHasher()
-# Verified when an email has no password, so that a wrong email costs what a wrong password
-# does (no timing tells which emails have accounts).
-_DUMMY_HASH = _hasher.hash(secrets.token_hex(16))
+
+
+@functools.cache
+def _dummy_hash() -> str:
+    """Verified when an email has no password, so that a wrong email costs what a wrong password
+    does (no timing tells which emails have accounts). Made at its first use, in a thread: made
+    at import it cost every process that imports this (the server, each CLI command) 0.12 s."""
+    return _hasher.hash(secrets.token_hex(16))
+
+
+def _verify(password_hash: str | None, password: str) -> bool:
+    return _hasher.verify(password_hash or _dummy_hash(), password)
 
 
 def email(value: str) -> str:
@@ -69,7 +79,7 @@ async def password_matches(password_hash: str | None, password: str) -> bool:
     if len(password) > MAX_PASSWORD:
         return False
     try:
-        return await asyncio.to_thread(_hasher.verify, password_hash or _DUMMY_HASH, password)
+        return await asyncio.to_thread(_verify, password_hash, password)
     except (VerificationError, InvalidHashError):
         return False
 

@@ -78,6 +78,11 @@ class Written:
         self.sha256 = sha256
 
 
+class Unreachable(ComputeError):
+    """The store did not answer as a store does (no connection, a timeout, its own 5xx): it
+    may later. Every other error is its answer (wrong credentials, no bucket, a quota)."""
+
+
 class ObjectStore(Protocol):
     """Objects under keys; every method blocks (callers run them off the event loop)."""
 

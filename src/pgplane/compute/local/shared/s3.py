@@ -31,7 +31,12 @@ import botocore.exceptions
 from boto3.s3.transfer import TransferConfig
 
 from pgplane.compute.driver import ComputeError
-from pgplane.compute.local.shared.objects import Written, check_key, read_or_make_identity
+from pgplane.compute.local.shared.objects import (
+    Unreachable,
+    Written,
+    check_key,
+    read_or_make_identity,
+)
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -51,11 +56,6 @@ _MISSING = frozenset({"NoSuchKey", "404", "NotFound"})
 # 412: the condition did not hold; 409: another conditional write of the key is under way (AWS),
 # which is as good as losing the race.
 _CONDITION_LOST = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict", "409"})
-
-
-class Unreachable(ComputeError):
-    """The store did not answer as a store does (no connection, a timeout, its own 5xx): it
-    may later. Every other error is its answer (wrong credentials, no bucket, a quota)."""
 
 
 class S3Store:
