@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -93,11 +94,37 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# The size-limit library a server builds for its computes (a compiler run, ~0.3 s of CPU each
+# server of the suite's hundreds): built once a session, then found built in each new data
+# directory. Its name is a hash of its source and of the installation's, so a stale one is
+# never taken for it.
+_LIBRARIES = Path(tempfile.gettempdir()) / f"pgplane-test-libraries-{os.getuid()}"
+
+
 def make_data_dir() -> Path:
-    """A data directory under /tmp that an unprivileged compute user can traverse."""
+    """A data directory under /tmp that an unprivileged compute user can traverse, holding the
+    libraries an earlier server of the session built."""
     path = Path(tempfile.mkdtemp(prefix="pgplane-test-"))
     path.chmod(0o711)
+    built = sorted(_LIBRARIES.glob("*.so"))
+    if built:
+        extensions = Layout(path).extensions
+        extensions.mkdir(0o755)
+        for library in built:
+            shutil.copyfile(library, extensions / library.name)
+            (extensions / library.name).chmod(0o644)
     return path
+
+
+def _keep_libraries(data_dir: Path) -> None:
+    """Keep the libraries a server built, for the next data directories (written whole, then
+    renamed: the other test process may be reading them)."""
+    for library in Layout(data_dir).extensions.glob("*.so"):
+        if not (_LIBRARIES / library.name).exists():
+            _LIBRARIES.mkdir(0o755, exist_ok=True)
+            partial = _LIBRARIES / f".{library.name}.{os.getpid()}"
+            shutil.copyfile(library, partial)
+            os.replace(partial, _LIBRARIES / library.name)
 
 
 def stop_postmasters(data_dir: Path) -> None:
@@ -364,6 +391,7 @@ def running_server(
     finally:
         server.stop()
         server.close_clients()
+        _keep_libraries(data_dir)
         stop_postmasters(data_dir)
         remove_project_users(data_dir)  # as root, each project had an OS user of its own
         unmount_volumes(data_dir)  # and a filesystem of its own, which outlives the server
