@@ -484,13 +484,15 @@ class Api:
         self, project_id: str, op_ids: list[str], timeout: float = 60, every: float = 0.05
     ) -> list[dict]:
         """Poll every ``every`` seconds until every operation settles; return them as last
-        seen."""
+        seen. One settled is not asked for again (a settled operation never changes)."""
         deadline = time.monotonic() + timeout
+        seen: dict[str, dict] = {}
         while True:
-            ops = [
-                self.http.get(f"/projects/{project_id}/operations/{op}").json()["operation"]
-                for op in op_ids
-            ]
+            for op in op_ids:
+                if seen.get(op, {}).get("status") not in ("finished", "failed"):
+                    r = self.http.get(f"/projects/{project_id}/operations/{op}")
+                    seen[op] = r.json()["operation"]
+            ops = [seen[op] for op in op_ids]
             if all(op["status"] in ("finished", "failed") for op in ops):
                 return ops
             if time.monotonic() > deadline:
