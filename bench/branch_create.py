@@ -19,7 +19,7 @@ The branch writes its copy durably (one syncfs), which the bare ``cp -a`` does n
 ``cp -a + sync`` shows what that costs. The parent's pg_wal holds about as much recycled WAL as
 data after the fill: ``cp -a`` copies it, a branch only the segments it needs.
 
-    .venv/bin/python -m bench.branch_create [--gb 1.0] [--runs 3]
+    .venv/bin/python -m bench.branch_create [--gb 1.0] [--runs 3] [--smoke]
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import psycopg
 
-from bench.common import Api, Server, median, running_server, verdict
+from bench.common import Api, Server, median, parse_with_smoke, running_server, verdict
 from pgplane.compute.local.layout import Layout
 from pgplane.compute.local.postgres.records import Records
 from pgplane.compute.local.postgres.sessions import admin_conninfo
@@ -252,7 +252,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--gb", type=float, default=1.0)
     parser.add_argument("--runs", type=int, default=3)
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, gb=0.01, runs=1)
 
     with running_server() as server:
         _, key = server.create_key("branch@example.com")
@@ -285,7 +285,7 @@ def main() -> int:
         "writer pause < 1 s": max(busy["gap"]) < 1000,
         "fresh parent < 300 ms": median(small["branch"]) < 300,
     }
-    return verdict(checks)
+    return verdict(checks, smoke=args.smoke)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ Baselines measured in the same run on the same machine: a bare ``initdb`` of the
 PostgreSQL, and a bare ``cp -a`` of an initialised cluster. Targets: the POST answers in under
 50 ms; the operations finish in under a second.
 
-    .venv/bin/python bench/project_create.py [--projects 20]
+    .venv/bin/python -m bench.project_create [--projects 20] [--smoke]
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.common import median, percentile, running_server, verdict
+from bench.common import median, parse_with_smoke, percentile, running_server, verdict
 from pgplane.compute.local import LocalComputeDriver, LocalDriverConfig
 
 
@@ -59,7 +59,7 @@ def bare_initdb_and_copy(runs: int = 3) -> tuple[float, float]:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--projects", type=int, default=20)
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, projects=2)
 
     post_ms, settle_ms = [], []
     with running_server() as server:
@@ -102,7 +102,8 @@ def main() -> int:
         {
             "POST p99 < 50 ms": percentile(post_ms, 0.99) < 50,
             "operations finished < 1 s": max(settle_ms) < 1000,
-        }
+        },
+        smoke=args.smoke,
     )
 
 

@@ -7,7 +7,7 @@ row on the primary every ``--every`` ms and polls the replica (one open connecti
 proxy) until that row is there: commit to visible, per probe. Also printed beside it: the same
 probe with no load. Target: p99 under 100 ms under load.
 
-    .venv/bin/python -m bench.replica_lag [--seconds 20] [--clients 4] [--every 50]
+    .venv/bin/python -m bench.replica_lag [--seconds 20] [--clients 4] [--every 50] [--smoke]
 """
 
 from __future__ import annotations
@@ -19,7 +19,16 @@ import time
 
 import psycopg
 
-from bench.common import Api, median, percentile, pg_binary, plaintext, running_server, verdict
+from bench.common import (
+    Api,
+    median,
+    parse_with_smoke,
+    percentile,
+    pg_binary,
+    plaintext,
+    running_server,
+    verdict,
+)
 
 _POLL_S = 0.0005
 _GIVE_UP_S = 10.0
@@ -129,13 +138,12 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--every", type=int, default=50, help="ms between probes")
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, seconds=2, clients=1)
     with running_server() as server:
         _, key = server.create_key("bench@example.com")
         with Api(server, key) as api:
-            return verdict(
-                run(api, seconds=args.seconds, clients=args.clients, every_ms=args.every)
-            )
+            checks = run(api, seconds=args.seconds, clients=args.clients, every_ms=args.every)
+    return verdict(checks, smoke=args.smoke)
 
 
 if __name__ == "__main__":

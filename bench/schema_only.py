@@ -11,7 +11,7 @@ The branch does more than the copy by hand (a new cluster from the template, the
 their verifiers, the source's catalog read, durable data, its history's first base state) and
 restores as the tenant's own roles rather than a superuser.
 
-    .venv/bin/python -m bench.schema_only [--tables 1000] [--runs 3]
+    .venv/bin/python -m bench.schema_only [--tables 1000] [--runs 3] [--smoke]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 import psycopg
 from psycopg import sql
 
-from bench.common import Api, Server, median, pg_binary, running_server, verdict
+from bench.common import Api, Server, median, parse_with_smoke, pg_binary, running_server, verdict
 from pgplane.compute.local.layout import Layout
 from pgplane.compute.local.postgres.records import Records
 from pgplane.compute.local.postgres.sessions import admin_conninfo
@@ -107,7 +107,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--tables", type=int, default=1000)
     parser.add_argument("--runs", type=int, default=3)
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, tables=10, runs=1)
     with running_server() as server:
         _, key = server.create_key("bench-schema-only@example.com")
         with Api(server, key) as api:
@@ -133,7 +133,8 @@ def main() -> int:
     print(f"schema-only branch:                    median {median(ours):.2f} s")
     print(f"ratio to one transaction: {median(ours) / median(single):.2f}x (not the target)")
     print(f"ratio: {ratio:.2f}x (target {TARGET}x)")
-    return verdict({f"schema-only branch within {TARGET}x of by hand": ratio <= TARGET})
+    checks = {f"schema-only branch within {TARGET}x of by hand": ratio <= TARGET}
+    return verdict(checks, smoke=args.smoke)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ data.
 
 Targets: a snapshot at most 1.3x a branch at the head; a restore at most 1.3x a branch.
 
-    .venv/bin/python -m bench.snapshots [--mb 256] [--runs 3]
+    .venv/bin/python -m bench.snapshots [--mb 256] [--runs 3] [--smoke]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 
 import psycopg
 
-from bench.common import Api, median, running_server, verdict
+from bench.common import Api, median, parse_with_smoke, running_server, verdict
 
 _ROWS_PER_MB = 1_900  # rows of (int, 500 x 'x')
 
@@ -36,7 +36,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--mb", type=int, default=256)
     parser.add_argument("--runs", type=int, default=3)
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, mb=1, runs=1)
     with running_server() as server:
         _, key = server.create_key("bench-snapshots@example.com")
         with Api(server, key) as api:
@@ -73,7 +73,8 @@ def main() -> int:
     print(f"snapshot at the head:    median {s * 1000:.0f} ms ({s / b:.2f}x the branch)")
     print(f"restore to a new branch: median {r * 1000:.0f} ms ({r / b:.2f}x the branch)")
     return verdict(
-        {"snapshot <= 1.3x branch": s <= 1.3 * b, "restore <= 1.3x branch": r <= 1.3 * b}
+        {"snapshot <= 1.3x branch": s <= 1.3 * b, "restore <= 1.3x branch": r <= 1.3 * b},
+        smoke=args.smoke,
     )
 
 

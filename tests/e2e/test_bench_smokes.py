@@ -13,6 +13,11 @@ PRINTS = {
     "sql_latency": ("neon() over HTTPS", "TCP, open connection"),
     "wake": ("wake through the proxy", "per idle endpoint"),
     "operations_paging": ("first page:", "ratio deep / first:"),
+    "snapshots": ("snapshot at the head:", "restore to a new branch:"),
+    "project_create": ("POST /projects:", "bare initdb:"),
+    "branch_create": ("branch of the parent", "branch of a fresh parent"),
+    "schema_only": ("schema-only branch:", "by hand"),
+    "replica_lag": ("target replica lag",),
 }
 
 
