@@ -77,12 +77,14 @@ def _report(name: str, lags: list[float]) -> tuple[float, float]:
     return p50, p99
 
 
-def run(api: Api, *, seconds: int, clients: int, every_ms: int) -> dict[str, bool]:
+def run(api: Api, *, seconds: int, clients: int, every_ms: int, scale: int = 10) -> dict[str, bool]:
     body = api.create_ready_project(name="replica-lag")
     pid, bid = body["project"]["id"], body["branch"]["id"]
     primary = plaintext(body["connection_uris"][0]["connection_uri"])
     pgbench = pg_binary("pgbench")
-    subprocess.run([pgbench, "-i", "-q", "-s", "10", primary], check=True, capture_output=True)
+    subprocess.run(
+        [pgbench, "-i", "-q", "-s", str(scale), primary], check=True, capture_output=True
+    )
     with psycopg.connect(primary, autocommit=True) as conn:
         conn.execute("CREATE TABLE probe (n int)")
     r = api.http.post(
@@ -138,11 +140,18 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--every", type=int, default=50, help="ms between probes")
-    args = parse_with_smoke(parser, seconds=2, clients=1)
+    parser.add_argument("--scale", type=int, default=10, help="pgbench's")
+    args = parse_with_smoke(parser, seconds=2, clients=1, scale=1)
     with running_server() as server:
         _, key = server.create_key("bench@example.com")
         with Api(server, key) as api:
-            checks = run(api, seconds=args.seconds, clients=args.clients, every_ms=args.every)
+            checks = run(
+                api,
+                seconds=args.seconds,
+                clients=args.clients,
+                every_ms=args.every,
+                scale=args.scale,
+            )
     return verdict(checks, smoke=args.smoke)
 
 
