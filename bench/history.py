@@ -14,7 +14,7 @@ Three measurements on a real ``pgplane serve``, in one run:
 - **a reset** of a ~1 GB child to its parent (``POST …/restore``, until its operations
   finished) beside a plain branch of the same parent. Target: at most 1.2x.
 
-    .venv/bin/python -m bench.history [--gb 1.0] [--back 300] [--seconds 30] [--rounds 3]
+    .venv/bin/python -m bench.history [--gb 1.0] [--back 300] [--seconds 30] [--rounds 3] [--smoke]
 """
 
 from __future__ import annotations
@@ -33,7 +33,16 @@ from pathlib import Path
 import psycopg
 
 from bench.branch_create import Parent, Writer, create_branch, delete_branch, fill, make_parent
-from bench.common import Api, Server, median, pg_binary, plaintext, running_server, verdict
+from bench.common import (
+    Api,
+    Server,
+    median,
+    parse_with_smoke,
+    pg_binary,
+    plaintext,
+    running_server,
+    verdict,
+)
 from pgplane.compute.local.history.archiving import HistoryDirs, list_bases
 
 
@@ -60,12 +69,14 @@ def _archive_bytes(server: Server, parent: Parent) -> int:
     return sum(p.stat().st_size for p in wal.iterdir()) if wal.is_dir() else 0
 
 
-def measure_archiving(api: Api, server: Server, seconds: int, rounds: int) -> dict[str, float]:
+def measure_archiving(
+    api: Api, server: Server, seconds: int, rounds: int, scale: int = 10
+) -> dict[str, float]:
     on = make_parent(api, server, "history-on")
     off_body = api.create_ready_project(name="history-off", history_retention_seconds=0)
     off_uri = off_body["connection_uris"][0]["connection_uri"]
     for uri in (on.uri, off_body["connection_uris"][0]["connection_uri"]):
-        _pgbench(uri, "-i", "-s", "10", "-q")
+        _pgbench(uri, "-i", "-s", str(scale), "-q")
     tps: dict[str, list[float]] = {"on": [], "off": []}
     archived = 0
     for _ in range(rounds):
@@ -270,7 +281,8 @@ def main() -> int:
     parser.add_argument("--back", type=int, default=300)
     parser.add_argument("--seconds", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+    parser.add_argument("--scale", type=int, default=10, help="pgbench's, for the archiving cost")
+    args = parse_with_smoke(parser, gb=0.01, back=2, seconds=1, rounds=1, scale=1)
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # progress, live
     # A base state once 64 MB of WAL is archived: the filled parent gets one soon after.
     env = {"PGPLANE_HISTORY_SECONDS": "2", "PGPLANE_HISTORY_BASE_BYTES": str(64 << 20)}
@@ -278,7 +290,7 @@ def main() -> int:
         _, key = server.create_key("bench")
         with Api(server, key) as api:
             api.http.timeout = 120
-            archiving = measure_archiving(api, server, args.seconds, args.rounds)
+            archiving = measure_archiving(api, server, args.seconds, args.rounds, args.scale)
             parent = make_parent(api, server, "big")
             fill(server, parent, args.gb)
             filled_at = _current_lsn(parent)
@@ -289,7 +301,8 @@ def main() -> int:
             "archiving >= 0.9x tps": archiving["ratio"] >= 0.9,
             "point-in-time branch <= 1.3x by hand": pitr["ratio"] <= 1.3,
             "reset <= 1.2x plain branch": resets["ratio"] <= 1.2,
-        }
+        },
+        smoke=args.smoke,
     )
 
 

@@ -16,7 +16,7 @@ clients, each with a key of its own (five accounts, each polling its own project
 operation every 5 s, while a sixth account creates 20 branches a minute, at the default rate
 limits. Targets: POST p99 < 1 s, GET p99 < 200 ms, no 5xx, no 429, every operation settled.
 
-    .venv/bin/python -m bench.load [--clients 200] [--seconds 180] [--poll 1.0]
+    .venv/bin/python -m bench.load [--clients 200] [--seconds 180] [--poll 1.0] [--smoke]
     .venv/bin/python -m bench.load --c5 [--seconds 300]
 """
 
@@ -28,7 +28,7 @@ import asyncio
 from tests.conftest import assert_operations_settled
 from tests.load import LoadResult, c5_platform, run_c5, run_load, unused_keys
 
-from bench.common import Api, median, percentile, running_server, verdict
+from bench.common import Api, median, parse_with_smoke, percentile, running_server, verdict
 
 NO_LIMITS = {"PGPLANE_RATE_LIMIT_PER_MINUTE": "0", "PGPLANE_RATE_LIMIT_BURST_PER_SECOND": "0"}
 
@@ -78,7 +78,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=180)
     parser.add_argument("--poll", type=float, default=1.0)
     parser.add_argument("--c5", action="store_true", help="scenario C5 (see above)")
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, clients=10, seconds=3.0)
     if args.c5:
         return c5(args.seconds)
     env = {**NO_LIMITS, "PGPLANE_KEY_USE_FLUSH_SECONDS": "5"}
@@ -114,7 +114,7 @@ def main() -> int:
     for problem in [unsettled, *loaded.errors[:5]]:
         if problem:
             print("problem:", problem)
-    return verdict(checks)
+    return verdict(checks, smoke=args.smoke)
 
 
 if __name__ == "__main__":

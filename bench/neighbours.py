@@ -10,7 +10,7 @@ size (``--cu``, 0.5 by default). Rounds interleaved so both sides see the same m
 
 Target: B's tps beside A at least 80% of alone (medians of the rounds).
 
-    sudo .venv/bin/python -m bench.neighbours [--seconds 15] [--rounds 3] [--cu 0.5]
+    sudo .venv/bin/python -m bench.neighbours [--seconds 15] [--rounds 3] [--cu 0.5] [--smoke]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from bench.common import Api, median, running_server, verdict
+from bench.common import Api, median, parse_with_smoke, running_server, verdict
 from bench.proxy_throughput import pgbench, tps
 from pgplane.compute.local.layout import Layout
 from pgplane.compute.local.postgres.records import Records
@@ -80,7 +80,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=15)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--cu", type=float, default=0.5)
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, seconds=2, rounds=1)
     if os.geteuid() != 0:
         print("computes are walled only as root: run this as root")
         return 2
@@ -109,7 +109,7 @@ def main() -> int:
     print(f"  alone      {median(alone):8.0f} tps")
     print(f"  beside A   {median(beside):8.0f} tps   (A: 4 busy loops and a memory eater)")
     print(f"  ratio      {ratio:8.2f}x (target >= 0.8x)")
-    return verdict({"B beside a noisy A >= 0.8x of alone": ratio >= 0.8})
+    return verdict({"B beside a noisy A >= 0.8x of alone": ratio >= 0.8}, smoke=args.smoke)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@
 PostgreSQL is a local cluster started from the platform's binaries (tests/pgstore.py), fsync
 off as in the tests: the figures compare the statements and round trips, not the disks.
 
-    .venv/bin/python -m bench.store_backends [--operations 400] [--seconds 3]
+    .venv/bin/python -m bench.store_backends [--operations 400] [--seconds 3] [--smoke]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import msgspec
 from tests.pgstore import stop_store_cluster, store_cluster
 from tests.support import finished_operation, no_pg_settings
 
-from bench.common import ROOT  # noqa: F401 - puts the repository on sys.path
+from bench.common import parse_with_smoke  # and puts the repository on sys.path
 from pgplane.config import Settings
 from pgplane.core import clock
 from pgplane.core.operations import Status, claimable
@@ -161,7 +161,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--operations", type=int, default=400)
     parser.add_argument("--seconds", type=float, default=3.0)
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, operations=20, seconds=0.5)
     try:
         asyncio.run(run(args))
     finally:

