@@ -7,7 +7,7 @@ to the console, and with a key of the same account) reads the three in turn, one
 time, and times each to its first byte. Printed: p50/p99 of each, and each console page's p50
 as a multiple of the API's. Target: every answer a 200.
 
-    .venv/bin/python -m bench.console [--clients 200] [--seconds 60]
+    .venv/bin/python -m bench.console [--clients 200] [--seconds 60] [--smoke]
 """
 
 from __future__ import annotations
@@ -21,7 +21,15 @@ from tests.console import PASSWORD, Browser, root
 from tests.load import run_load
 from tests.support import run_cli
 
-from bench.common import Api, Server, median, percentile, running_server, verdict
+from bench.common import (
+    Api,
+    Server,
+    median,
+    parse_with_smoke,
+    percentile,
+    running_server,
+    verdict,
+)
 
 NO_LIMITS = {"PGPLANE_RATE_LIMIT_PER_MINUTE": "0", "PGPLANE_RATE_LIMIT_BURST_PER_SECOND": "0"}
 EMAIL = "bench@example.com"
@@ -67,7 +75,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--clients", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=60)
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, clients=5, seconds=2.0)
     with running_server(**NO_LIMITS) as server:
         done = run_cli(
             "accounts", "create", EMAIL, "--password-stdin",
@@ -94,7 +102,8 @@ def main() -> int:
     print(f"time to first byte, one request at a time; load: {args.clients} pollers + branch churn")
     report("idle", idle)
     report("loaded", busy)
-    return verdict({"every answer a 200": idle_statuses | busy_statuses == {200}})
+    checks = {"every answer a 200": idle_statuses | busy_statuses == {200}}
+    return verdict(checks, smoke=args.smoke)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ latency is counted from the moment it answers again.
 Target: every deletion finished within 60 s of its time (the README's promise), and after a
 restart within 60 s of the start.
 
-    .venv/bin/python -m bench.expiry [--branches 10] [--tick 1.0] [--after-restart 3]
+    .venv/bin/python -m bench.expiry [--branches 10] [--tick 1.0] [--after-restart 3] [--smoke]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import argparse
 import time
 from typing import Any
 
-from bench.common import Api, median, percentile, running_server, verdict
+from bench.common import Api, median, parse_with_smoke, percentile, running_server, verdict
 from pgplane.core import clock
 
 _US = 1_000_000
@@ -67,14 +67,15 @@ def main() -> int:
     parser.add_argument("--branches", type=int, default=10)
     parser.add_argument("--tick", type=float, default=1.0, help="PGPLANE_SCHEDULER_SECONDS")
     parser.add_argument("--after-restart", type=int, default=3)
-    args = parser.parse_args()
+    parser.add_argument("--lead", type=int, default=5, help="s before the first is due")
+    args = parse_with_smoke(parser, branches=1, after_restart=1)
 
     with running_server(PGPLANE_SCHEDULER_SECONDS=str(args.tick)) as server:
         _, key = server.create_key("bench-expiry@example.com")
         with Api(server, key) as api:
             pid = api.create_ready_project(name="expiry")["project"]["id"]
             # Whole seconds (as Neon keeps them), far enough ahead to make every branch first.
-            first = (clock.now_us() // _US + 5 + 3 * args.branches) * _US
+            first = (clock.now_us() // _US + args.lead + 3 * args.branches) * _US
             due = dict(
                 _expiring(api, pid, f"preview-{i}", first + 2 * i * _US)
                 for i in range(args.branches)
@@ -83,7 +84,7 @@ def main() -> int:
             latencies = [(clock.parse_us(o["updated_at"]) - due[b]) / _US for b, o in done.items()]
             durations = [o["total_duration_ms"] / 1000 for o in done.values()]
 
-            later = (clock.now_us() // _US + 5 + 3 * args.after_restart) * _US
+            later = (clock.now_us() // _US + args.lead + 3 * args.after_restart) * _US
             waiting = dict(
                 _expiring(api, pid, f"overnight-{i}", later) for i in range(args.after_restart)
             )
@@ -105,7 +106,8 @@ def main() -> int:
         {
             "every deletion finished within 60 s of expires_at": max(latencies) < 60,
             "after a restart, within 60 s of the start": max(restart) < 60,
-        }
+        },
+        smoke=args.smoke,
     )
 
 

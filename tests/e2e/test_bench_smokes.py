@@ -18,6 +18,7 @@ PRINTS = {
     "branch_create": ("branch of the parent", "branch of a fresh parent"),
     "schema_only": ("schema-only branch:", "by hand"),
     "replica_lag": ("target replica lag",),
+    "console": ("console project page", "console operations fragment"),
 }
 
 

@@ -1,4 +1,4 @@
-"""The load, throughput and several-node benches' smoke runs (``--smoke``: small, no target
+"""The load, throughput, expiry and several-node benches' smoke runs (``--smoke``: small, no target
 checked), beside tests/e2e/test_bench_smokes.py (a file of their own, so the two share the
 suite's processes)."""
 
@@ -16,6 +16,7 @@ PRINTS = {
     "load": ("POST p99 loaded/baseline", "server RSS"),
     "history": ("archiving cost", "point-in-time branch", "reset of a child"),
     "wake_remote": ("remote wake p50",),
+    "expiry": ("expiry latency", "due while serve was down"),
 }
 AS_ROOT = {"neighbours": ("beside A",)}  # A's busy loops are capped by its compute's cgroup
 
