@@ -10,7 +10,7 @@ pgplane runs twice: with the rate limits off, and on with limits set beyond what
 (every request pays for the checks, none is refused); the ratio of the two is their cost. The
 target is judged with the limits on, the path every request takes in production.
 
-    .venv/bin/python -m bench.api_throughput [--seconds 10] [--rounds 3]
+    .venv/bin/python -m bench.api_throughput [--seconds 10] [--rounds 3] [--smoke]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from collections.abc import Iterator
 
 import httpx
 
-from bench.common import Server, free_port, median, running_server, verdict, wrk
+from bench.common import Server, free_port, median, parse_with_smoke, running_server, verdict, wrk
 
 REFERENCE_BASELINE_RPS = 33_000  # the bare Starlette hello where the targets were set
 
@@ -86,7 +86,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, seconds=1, rounds=1)
 
     with (
         running_server(**LIMITS_OFF) as off,
@@ -140,7 +140,8 @@ def main() -> int:
             f" p99 < {want_p99:.1f} ms, all 2xx": rps >= want_rps
             and p99 < want_p99
             and non_2xx == 0
-        }
+        },
+        smoke=args.smoke,
     )
 
 

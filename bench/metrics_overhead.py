@@ -14,7 +14,7 @@ rounds' own ratios, which a neighbour's burst moves less than the ratio of two m
 ``--control`` starts both servers with metrics off (unscraped): what it prints is the difference
 between two identical servers, the floor below which a figure of the real run is noise.
 
-    .venv/bin/python -m bench.metrics_overhead [--seconds 5] [--rounds 12] [--control]
+    .venv/bin/python -m bench.metrics_overhead [--seconds 5] [--rounds 12] [--control] [--smoke]
 """
 
 from __future__ import annotations
@@ -27,7 +27,15 @@ from collections.abc import Iterator
 import httpx
 
 from bench.api_throughput import LIMITS_ON, operations_page
-from bench.common import Server, WrkResult, median, running_server, verdict, wrk
+from bench.common import (
+    Server,
+    WrkResult,
+    median,
+    parse_with_smoke,
+    running_server,
+    verdict,
+    wrk,
+)
 
 TARGET_RATIO = 0.97
 SCRAPE_SECONDS = 1.0
@@ -64,7 +72,7 @@ def main() -> int:
         action="store_true",
         help="both servers with metrics off, unscraped: the difference two identical servers show",
     )
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, seconds=1, rounds=1)
 
     with (
         running_server(**LIMITS_ON, PGPLANE_METRICS="off" if args.control else "on") as on,
@@ -114,7 +122,8 @@ def main() -> int:
             )
             >= TARGET_RATIO
             and non_2xx == 0
-        }
+        },
+        smoke=args.smoke,
     )
 
 

@@ -24,6 +24,7 @@ The store's PostgreSQL is the tests' (tests/pgstore.py: the platform's binaries,
 this machine: its CPU is counted with the rest.
 
     .venv/bin/python -m bench.nodes [--seconds 10] [--rounds 3] [--connections 64] [--node-cpus 0.5]
+        [--smoke]
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from tests.stores import store_sql
 from tests.support import Api
 
 from bench.api_throughput import LIMITS_ON, operations_page
-from bench.common import ROOT, Server, median, running_server, verdict
+from bench.common import ROOT, Server, median, parse_with_smoke, running_server, verdict
 from bench.store_backends import claims
 from pgplane.core import clock
 from pgplane.store import Store
@@ -279,7 +280,7 @@ def _role(api: Api, body: dict[str, Any], name: str) -> tuple[str, list[str]]:
 
 
 def recovery(args: argparse.Namespace) -> None:
-    lease = float(os.environ.get("PGPLANE_NODE_LEASE_SECONDS", "20"))
+    lease = args.lease
     # The defaults' proportion: a heartbeat every quarter of the lease.
     env = {
         "PGPLANE_NODE_LEASE_SECONDS": str(lease),
@@ -338,7 +339,11 @@ def main() -> int:
     parser.add_argument("--operations", type=int, default=400)
     parser.add_argument("--recoveries", type=int, default=2)
     parser.add_argument("--node-cpus", type=float, default=0.5)
-    args = parser.parse_args()
+    lease = float(os.environ.get("PGPLANE_NODE_LEASE_SECONDS", "20"))
+    parser.add_argument("--lease", type=float, default=lease, help="s, for the recovery")
+    args = parse_with_smoke(
+        parser, seconds=1, rounds=1, connections=8, operations=20, recoveries=1, lease=4.0
+    )
     try:
         checks = throughput(args)
         asyncio.run(_claims(args))
@@ -346,7 +351,7 @@ def main() -> int:
     finally:
         stop_store_cluster()
     print(f"(load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
-    return verdict(checks)
+    return verdict(checks, smoke=args.smoke)
 
 
 if __name__ == "__main__":
