@@ -23,10 +23,19 @@ from pathlib import Path
 from bench.common import free_port
 
 
-def binary() -> str:
-    found = shutil.which("pgbouncer") or (
+def _found() -> str | None:
+    return shutil.which("pgbouncer") or (
         "/usr/sbin/pgbouncer" if os.path.exists("/usr/sbin/pgbouncer") else None
     )
+
+
+def has_pgbouncer() -> bool:
+    """Whether pgbouncer is here already (nothing installed to know)."""
+    return _found() is not None
+
+
+def binary() -> str:
+    found = _found()
     if found is not None:
         return found
     if os.geteuid() != 0:

@@ -19,6 +19,7 @@ PRINTS = {
     "schema_only": ("schema-only branch:", "by hand"),
     "replica_lag": ("target replica lag",),
     "console": ("console project page", "console operations fragment"),
+    "proxy_throughput": ("pgbench -S", "of direct"),
 }
 
 
