@@ -43,10 +43,6 @@ from pgplane.compute.local.tenants.user import RunAs
 InstallFor = Callable[..., Awaitable[tuple[PgInstall, RunAs]]]
 
 
-# What a schema-only build's postmaster may use: the smallest compute's (0.25 CU: a quarter of a
-# CPU, 1 GiB), with the processes a restore needs.
-
-
 class SchemaOnly:
     def __init__(
         self,
