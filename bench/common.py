@@ -54,7 +54,7 @@ def verdict(checks: dict[str, bool], *, smoke: bool = False) -> int:
 
 def parse_with_smoke(parser: argparse.ArgumentParser, **small: object) -> argparse.Namespace:
     """The bench's arguments, with ``--smoke``: the same measurements at the ``small`` sizes,
-    checking no target (CI runs it: tests/e2e/test_bench_smokes.py, so no bench can rot)."""
+    checking no target (CI runs it: tests/e2e/test_bench_smokes*.py, so no bench can rot)."""
     sizes = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in small.items())
     parser.add_argument("--smoke", action="store_true", help=f"{sizes}; no target checked")
     args = parser.parse_args()
