@@ -56,8 +56,8 @@ def test_kill_while_a_schema_is_read_at_a_point() -> None:
             assert serving is not None  # left running
             # The tenant's WAL replayed and read for its request, in a cgroup of the smallest
             # compute's size, as its own work always is (cgroups need root).
-            cgroup = Records(server.data_dir.resolve() / "postmasters").get(work / "pgdata")
-            cgroup_name = None if cgroup is None else cgroup.cgroup
+            record = Records(server.data_dir.resolve() / "postmasters").get(work / "pgdata")
+            cgroup_name = None if record is None else record.cgroup
             if os.geteuid() == 0:
                 assert cgroup_name, "the point read's postmaster runs in no cgroup"
                 assert f"/{cgroup_name}\n" in Path(f"/proc/{serving}/cgroup").read_text()
