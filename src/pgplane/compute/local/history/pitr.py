@@ -261,19 +261,15 @@ async def _replay_to(
     """Replay to ``point`` (None: to the end of the history); where the new timeline starts,
     and whether the replay went to the end of the history. ``restored`` gets the name of each
     file the replay fetched from the archive."""
-    try:
-        switch = await replay(
-            install,
-            run_as,
-            postmasters,
-            source,
-            tmp,
-            socket_dir,
-            hba_file,
-            point,
-            restored,
+
+    async def replay_to(target: Point | None) -> int:
+        return await replay(
+            install, run_as, postmasters, source, tmp, socket_dir, hba_file, target, restored,
             limits=limits,
-        )
+        )  # fmt: skip
+
+    try:
+        switch = await replay_to(point)
     except TargetNotReached:
         if point is None:
             raise ComputeError("the replay ended before the end of the history") from None
@@ -287,18 +283,7 @@ async def _replay_to(
     # The copy stopped in archive recovery at the end of the history: started again without a
     # target, it goes on from its last restartpoint (a standby restarted), to the end.
     await postmasters.stop(tmp)
-    switch = await replay(
-        install,
-        run_as,
-        postmasters,
-        source,
-        tmp,
-        socket_dir,
-        hba_file,
-        None,
-        restored,
-        limits=limits,
-    )
+    switch = await replay_to(None)
     return switch, True
 
 
