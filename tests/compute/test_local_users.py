@@ -177,6 +177,32 @@ def test_hand_over_follows_no_link_and_takes_no_one_elses_file_as_root(tmp_path:
     assert hand_over(tree, {old}, tenant) == 0  # done: nothing more to change
 
 
+@root_only
+def test_hand_over_takes_a_file_whose_every_link_it_hands_over(tmp_path: Path) -> None:
+    # A completed WAL segment is linked into the branch's archive until a checkpoint unlinks
+    # it: both links the project's, so the segment is too. One more link elsewhere: not.
+    tenant = RunAs(name="tenant", uid=54321, gid=54321, switch=True)
+    old = 54320
+    pgdata, wal, elsewhere = tmp_path / "pgdata", tmp_path / "wal", tmp_path / "elsewhere"
+    for directory in (pgdata / "pg_wal", wal, elsewhere):
+        directory.mkdir(parents=True)
+    ours, theirs = pgdata / "pg_wal" / "000000010000000000000001", pgdata / "pg_wal" / "other"
+    ours.write_bytes(b"wal")
+    os.link(ours, wal / ours.name)
+    theirs.write_bytes(b"someone else's")
+    os.link(theirs, wal / theirs.name)
+    os.link(theirs, elsewhere / theirs.name)
+    for path in (pgdata, pgdata / "pg_wal", ours, theirs):
+        os.chown(path, old, old)
+
+    hand_over(pgdata, {old}, tenant)
+    assert ours.lstat().st_uid == old  # without the archive named, one link of two: left
+
+    hand_over(pgdata, {old}, tenant, linked_within=[wal])
+    assert ours.lstat().st_uid == tenant.uid
+    assert theirs.lstat().st_uid == old
+
+
 def _fake_data_dir(root: Path) -> Path:
     (root / "global").mkdir(parents=True)
     (root / "global" / "pg_control").write_bytes(b"\0" * 512)

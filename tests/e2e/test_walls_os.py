@@ -285,9 +285,20 @@ def test_a_data_directory_of_the_shared_user_is_handed_to_the_project_as_root() 
         with Api(server, key) as api:
             project = Project(server, api.create_ready_project(name="old"))
             project.query("CREATE TABLE kept AS SELECT 42 AS answer")
+            # A completed segment archived (linked into the branch's ``wal``) and, with no
+            # checkpoint after it, still in pg_wal, where the recovery below reads it.
+            _, port = project.postmaster()
+            with psycopg.connect(
+                host=str(project.socket_dir), port=port, user="cloud_admin", dbname="postgres"
+            ) as conn:
+                row = conn.execute("SELECT pg_walfile_name(pg_switch_wal())").fetchone()
+            assert row is not None
+            segment = row[0]
+            _wait_for(project.pgdata.with_name("wal") / segment)
         server.stop()
-        os.kill(project.postmaster()[0], signal.SIGINT)
+        os.kill(project.postmaster()[0], signal.SIGQUIT)  # as a crash: no checkpoint
         _wait_gone(project.pgdata / "postmaster.pid")
+        assert (project.pgdata / "pg_wal" / segment).stat().st_nlink == 2
         shared = pwd.getpwnam("pgplane")
         for path in [project.pgdata, *project.pgdata.rglob("*")]:
             os.chown(path, shared.pw_uid, shared.pw_gid, follow_symlinks=False)
@@ -302,6 +313,13 @@ def test_a_data_directory_of_the_shared_user_is_handed_to_the_project_as_root() 
             user.pw_uid
         }
         assert stat.S_IMODE(project.dir.stat().st_mode) == 0o710
+
+
+def _wait_for(path: Path, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never came"
+        time.sleep(0.05)
 
 
 def _wait_gone(path: Path, timeout: float = 30) -> None:

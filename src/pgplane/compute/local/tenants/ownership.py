@@ -13,7 +13,10 @@ symbolic links or hard links, or swap a directory for a link between our look an
   changes hands, last);
 - only entries owned by one of ``from_uids`` change hands, and only directories and regular
   files with one link: a hard link planted to a file elsewhere (owned by root or another
-  project) is left alone, as is anything that is not a file or a directory.
+  project) is left alone, as is anything that is not a file or a directory. A file whose every
+  link lies inside the trees being handed over (``linked_within``) is the project's own and
+  changes hands too: a data directory's completed WAL segment, hard-linked into its branch's
+  archive until a checkpoint unlinks it, would otherwise stay unreadable to its postmaster.
 
 The top directory changes hands last, so its owner says whether a walk completed: an
 interrupted one is simply done again.
@@ -24,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+from collections import Counter
 from collections.abc import Collection
 from pathlib import Path
 
@@ -32,11 +36,17 @@ from pgplane.compute.local.tenants.user import RunAs
 log = logging.getLogger(__name__)
 
 
-def hand_over(top: Path, from_uids: Collection[int], run_as: RunAs) -> int:
-    """Give ``top`` and what it holds (owned by ``from_uids``) to ``run_as``; entries changed."""
+def hand_over(
+    top: Path, from_uids: Collection[int], run_as: RunAs, *, linked_within: Collection[Path] = ()
+) -> int:
+    """Give ``top`` and what it holds (owned by ``from_uids``) to ``run_as``; entries changed.
+
+    A file of several links changes hands only if each is in ``top`` or ``linked_within``.
+    """
     if not run_as.switch:
         return 0
     uid, gid = run_as.uid, run_as.gid
+    inside = _links_inside([top, *linked_within]) if linked_within else Counter[tuple[int, int]]()
     changed = 0
     skipped: list[str] = []
     for dirpath, dirnames, filenames, dir_fd in os.fwalk(top, topdown=False, follow_symlinks=False):
@@ -44,7 +54,8 @@ def hand_over(top: Path, from_uids: Collection[int], run_as: RunAs) -> int:
             st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
             if (st.st_uid, st.st_gid) == (uid, gid):
                 continue
-            regular_file = stat.S_ISREG(st.st_mode) and st.st_nlink == 1
+            links_all_inside = st.st_nlink == 1 or inside[st.st_dev, st.st_ino] == st.st_nlink
+            regular_file = stat.S_ISREG(st.st_mode) and links_all_inside
             if st.st_uid not in from_uids or not (regular_file or stat.S_ISDIR(st.st_mode)):
                 skipped.append(os.path.join(dirpath, name))
                 continue
@@ -63,6 +74,23 @@ def hand_over(top: Path, from_uids: Collection[int], run_as: RunAs) -> int:
             skipped[0],
         )
     return changed
+
+
+def _links_inside(tops: Collection[Path]) -> Counter[tuple[int, int]]:
+    """How many links of each file of several links the trees hold (links never followed)."""
+    found: Counter[tuple[int, int]] = Counter()
+    for top in tops:
+        try:
+            if not stat.S_ISDIR(os.lstat(top).st_mode):
+                continue
+        except FileNotFoundError:
+            continue
+        for _, _, filenames, dir_fd in os.fwalk(top, follow_symlinks=False):
+            for name in filenames:
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                    found[st.st_dev, st.st_ino] += 1
+    return found
 
 
 def owned_by(path: Path, run_as: RunAs) -> bool:

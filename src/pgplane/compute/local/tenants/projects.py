@@ -93,7 +93,14 @@ class Tenants:
         if await asyncio.to_thread(owned_by, pgdata, run_as):
             return
         shared = await self._users.shared()
-        await asyncio.to_thread(hand_over, pgdata, {os.geteuid(), shared.uid}, run_as)
+        # Its completed WAL segments are linked into the branch's archive too (``wal``).
+        await asyncio.to_thread(
+            hand_over,
+            pgdata,
+            {os.geteuid(), shared.uid},
+            run_as,
+            linked_within=[pgdata.with_name("wal")],
+        )
 
     async def stop(self, project_id: str) -> None:
         """Stop every postmaster of the project, then whatever else its user left running."""
@@ -251,9 +258,10 @@ class Tenants:
         for branch_id in ids(self._layout.project_dir(project_id) / "branches"):
             pgdata = self._layout.pgdata(project_id, branch_id)
             # The archive of its history too: its postmasters write it.
-            for tree in (pgdata, pgdata.with_name("wal")):
+            trees = (pgdata, pgdata.with_name("wal"))
+            for tree in trees:
                 if tree.is_dir() and not owned_by(tree, run_as):
-                    hand_over(tree, {os.geteuid()}, run_as)
+                    hand_over(tree, {os.geteuid()}, run_as, linked_within=trees)
 
     def state(self, project_id: str) -> str:
         hot_copy = hot(self._layout.project_dir(project_id))
