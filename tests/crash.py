@@ -11,6 +11,8 @@ no others, and every compute that ran through the kill still served by the same 
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import time
 from collections import Counter
@@ -22,6 +24,7 @@ import psycopg
 import pytest
 
 from pgplane.compute.local.cold.archive import tree_checksums
+from pgplane.compute.local.postgres.records import Records
 from tests.support import Api, Server, running_server, wait_for
 
 
@@ -56,6 +59,8 @@ class Crash:
         self.uri: str = body["connection_uris"][0]["connection_uri"]
         # The postmasters serving when the server was killed, by data directory.
         self.at_kill: dict[Path, int] = {}
+        # Of each: the cgroup the platform recorded for it, and the kernel's list of its cgroups.
+        self.cgroups_at_kill: dict[Path, tuple[str | None, str]] = {}
         with psycopg.connect(self.uri, connect_timeout=30) as conn:
             conn.execute("CREATE TABLE t AS SELECT g AS v FROM generate_series(1, %s) g", [ROWS])
 
@@ -69,6 +74,12 @@ class Crash:
         """Wait until the server reached ``failpoint``, SIGKILL it, restart it unarmed."""
         kill_at(self.server, failpoint, timeout)
         self.at_kill = self._settled_postmasters()
+        records = Records(self.server.data_dir.resolve() / "postmasters")
+        for pgdata, pid in self.at_kill.items():
+            record = records.get(pgdata.resolve())
+            with contextlib.suppress(OSError):  # exited meanwhile
+                listed = Path(f"/proc/{pid}/cgroup").read_text()
+                self.cgroups_at_kill[pgdata] = (None if record is None else record.cgroup, listed)
         self.server.env.pop("PGPLANE_FAILPOINTS")
         self.server.start()
 
@@ -117,6 +128,15 @@ class Crash:
         for pgdata in pgdatas:
             assert pgdata in self.at_kill, (pgdata, self.at_kill)
             assert now.get(pgdata) == self.at_kill[pgdata], (pgdata, self.at_kill, now)
+
+    def assert_capped_at_kill(self, pgdata: Path) -> None:
+        """``pgdata``'s postmaster ran in a cgroup of its own at the kill (cgroups need root)."""
+        if os.geteuid() != 0:
+            return
+        assert pgdata in self.cgroups_at_kill, (pgdata, self.at_kill)
+        name, listed = self.cgroups_at_kill[pgdata]
+        assert name, f"{pgdata}'s postmaster runs in no cgroup"
+        assert f"/{name}\n" in listed, listed
 
     def pgdata(self, branch_id: str | None = None) -> Path:
         return (

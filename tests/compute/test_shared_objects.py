@@ -197,3 +197,24 @@ def test_a_refused_wal_file_fails_the_round_and_no_later_one_is_named(tmp_path: 
     again = shipping.ship(store, here, prefix, staging, done.head)
     assert again.refused is None
     assert list(again.head.wal) == names
+
+
+def test_a_backlog_ships_a_share_a_round_in_order(tmp_path: Path) -> None:
+    # A round goes through every branch of the node in turn: one with a large backlog ships
+    # its share and says so (the next round follows at once), never holding up the others.
+    prefix, staging = "history/p-1/b-1", tmp_path / "staging"
+    here = HistoryDirs(tmp_path / "here")
+    _taken_base(here)
+    here.wal.mkdir(parents=True, exist_ok=True)
+    share = shipping.WAL_FILES_PER_ROUND
+    names = [wal.segment_name(1, segno, 16 << 20) for segno in range(1, share + 3)]
+    for name in names:
+        (here.wal / name).write_bytes(os.urandom(4096))
+    store = DirectoryStore(tmp_path / "shared")
+    first = shipping.ship(store, here, prefix, staging)
+    assert first.more
+    assert list(first.head.wal) == names[:share]  # the oldest, and no gap
+    second = shipping.ship(store, here, prefix, staging, first.head)
+    assert not second.more
+    assert list(second.head.wal) == names
+    assert shipping.shipped_wal(store, prefix) == names

@@ -61,6 +61,7 @@ class ShippingRound:
     failed: int = 0
     lag_seconds: float = 0.0
     unshipped_bytes: int = 0
+    more: bool = False  # a branch's share of the round was spent with files left: go on now
 
 
 @dataclass(frozen=True, slots=True)

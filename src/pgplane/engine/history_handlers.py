@@ -120,6 +120,7 @@ async def ship_history(
     if settings.shared_dir is None and settings.object_store is None:
         return
     while True:
+        more = False
         try:
             mine = None
             if node is not None:
@@ -128,8 +129,10 @@ async def ship_history(
             done = await driver.ship_history(mine)
             if done is not None:
                 metrics.shipping_round(done)
+                more = done.more
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("history shipping failed; continuing")
-        await asyncio.sleep(settings.shipping_seconds)
+        # A round that left a backlog (each branch ships its share of one) goes on at once.
+        await asyncio.sleep(0 if more else settings.shipping_seconds)

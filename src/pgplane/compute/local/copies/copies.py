@@ -23,6 +23,7 @@ from pgplane.compute.local.history.histories import Histories
 from pgplane.compute.local.layout import TIMELINE_MARKER, Layout, ensure_dir
 from pgplane.compute.local.postgres.binaries import PgInstall
 from pgplane.compute.local.postgres.postmaster import Postmasters
+from pgplane.compute.local.tenants.cgroups import REPLAY_WORK
 from pgplane.compute.local.tenants.projects import Tenants
 from pgplane.compute.local.tenants.user import RunAs
 
@@ -75,6 +76,7 @@ class Copies:
                 pgdata=pgdata,
                 pg_version=pg_version,
                 point=point,
+                limits=REPLAY_WORK,  # the tenant's WAL, replayed at its request
             )
             self.refill_spares()
             return lsn

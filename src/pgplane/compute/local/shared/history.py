@@ -35,6 +35,7 @@ from pgplane.compute.local.postgres.sessions import ADMIN_USER, connect, conninf
 from pgplane.compute.local.shared import fetching, shipping
 from pgplane.compute.local.shared.objects import ObjectStore, off_loop
 from pgplane.compute.local.shared.receiver import Streams
+from pgplane.compute.local.tenants.cgroups import REPLAY_WORK
 from pgplane.compute.local.tenants.projects import ids
 from pgplane.compute.local.tenants.user import RunAs
 
@@ -94,6 +95,7 @@ class SharedHistory:
         """One round over every branch here (of ``project_ids``, when given): new history
         shipped, freed history freed; what it shipped, and what is still only here."""
         files = failed = unshipped = 0
+        more = False
         oldest: float | None = None
         for project_id in ids(self._layout.projects):
             if project_ids is not None and project_id not in project_ids:
@@ -102,7 +104,9 @@ class SharedHistory:
                 if self._locks["tenant", project_id].locked():
                     break  # being detached or reattached: its tree is moving
                 try:
-                    files += await self._ship(project_id, branch_id)
+                    copied, left_over = await self._ship(project_id, branch_id)
+                    files += copied
+                    more = more or left_over
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # one branch's trouble must not stop the others'
@@ -117,7 +121,9 @@ class SharedHistory:
                     unshipped += left[1]
                     oldest = left[0] if oldest is None else min(oldest, left[0])
         lag = 0.0 if oldest is None else max(0.0, time.time() - oldest)
-        return ShippingRound(files=files, failed=failed, lag_seconds=lag, unshipped_bytes=unshipped)
+        return ShippingRound(
+            files=files, failed=failed, lag_seconds=lag, unshipped_bytes=unshipped, more=more
+        )
 
     def _left(self, project_id: str, branch_id: str) -> tuple[float, int] | None:
         """The branch's archived WAL not named in the head its last round wrote: the oldest's
@@ -137,7 +143,8 @@ class SharedHistory:
             oldest = st.st_mtime if oldest is None else min(oldest, st.st_mtime)
         return None if oldest is None else (oldest, size)
 
-    async def _ship(self, project_id: str, branch_id: str) -> int:
+    async def _ship(self, project_id: str, branch_id: str) -> tuple[int, bool]:
+        """Files the branch's share of the round shipped, and whether it left some."""
         dirs = HistoryDirs(self._layout.branch_dir(project_id, branch_id))
         running = self._postmasters.running(dirs.pgdata)
         if running is not None and self._archive_timeout > 0:
@@ -146,7 +153,7 @@ class SharedHistory:
             await self._stream(project_id, branch_id, running)
         async with self._locks["tenant", project_id]:
             if not (dirs.pgdata / TIMELINE_MARKER).is_file():
-                return 0  # not built yet, or moving
+                return 0, False  # not built yet, or moving
             prefix = shipping.prefix_of(project_id, branch_id)
             # The head this node last wrote: kept through a failed round, whose new files the
             # next round stores again (a round that failed midway may have stored some).
@@ -158,7 +165,7 @@ class SharedHistory:
                 self._stored[prefix] = done.stored
         if done.refused is not None:  # what did ship is in the head; the round counts a failure
             raise done.refused
-        return done.copied
+        return done.copied, done.more
 
     async def _stream(self, project_id: str, branch_id: str, running: Running) -> None:
         """A compute adopted after a restart, or whose receiver ended, streamed again (unless
@@ -291,6 +298,7 @@ class SharedHistory:
                         hba_file=self._layout.hba_file,
                         point=None,
                         base_checked=checked,
+                        limits=REPLAY_WORK,  # the tenant's WAL
                     )
                 except BaseException:
                     await asyncio.shield(self._discard(tmp))

@@ -62,6 +62,11 @@ MAX_SEGMENT = 1 << 30
 MAX_HISTORY_FILE = 1 << 20
 _MAX_HEAD = 64 << 20
 _CHUNK = 1 << 20
+# What one round ships of one branch at most: the round goes through every branch of the node
+# in turn, so a project with a large backlog (a bulk load, a store that was away) ships it over
+# several rounds, in step with the others, rather than holding up everyone's for its own.
+BASES_PER_ROUND = 1
+WAL_FILES_PER_ROUND = 8
 # The tenants' archived files already said to be refused (bounded: forgotten all at once).
 _said: set[tuple[str, str]] = set()
 _MAX_SAID = 10_000
@@ -91,6 +96,7 @@ class Shipped(NamedTuple):
     head: Head
     stored: int | None
     refused: ComputeError | None = None  # a WAL file's upload (what came before it went on)
+    more: bool = False  # the round's share spent with files left: the next round goes on
 
 
 def prefix_of(project_id: str, branch_id: str) -> str:
@@ -130,11 +136,17 @@ def ship(
     head = known or read_head(store, prefix) or Head(format=_FORMAT, bases=(), wal={})
     copied = 0
     bases: list[str] = []
+    base_budget, wal_budget = BASES_PER_ROUND, WAL_FILES_PER_ROUND
+    more = False
     for base in list_bases(dirs):
         name = base.path.name
         if _BASE.fullmatch(name) is None:
             continue
         if name not in head.bases:
+            if base_budget == 0:  # named once shipped, in a later round
+                more = True
+                continue
+            base_budget -= 1
             _ship_base(store, base, f"{prefix}/base/{name}", staging)
             failpoints.reached_in_thread("ship:base_stored")
             copied += 1
@@ -148,6 +160,10 @@ def ship(
             continue
         if refused is not None:  # none shipped past one the store refused (no gap named)
             continue
+        if wal_budget == 0:  # nor past the round's share: the next round goes on from here
+            more = True
+            continue
+        wal_budget -= 1
         written_at = _written_at(dirs, name)
         try:
             sha = _ship_wal(store, dirs, name, f"{prefix}/wal/{name}")
@@ -165,7 +181,7 @@ def ship(
     stored = None
     if new != head or known is None:
         stored = _free(store, prefix, new)
-    return Shipped(copied, new, stored, refused)
+    return Shipped(copied, new, stored, refused, more)
 
 
 def local_wal(wal: Path) -> list[str]:

@@ -67,6 +67,9 @@ class Limits:
 # branch's restore, a point read's replay): in a cgroup of the smallest compute's size, as a
 # tenant's own work always is, never with the whole machine.
 PLATFORM_WORK = Limits.for_size(0.25, max_connections=20)
+# A branch or restore at a point replays the tenant's WAL too, but a user waits on it as on a
+# wake: a compute of 1 CU (an account runs two at most, in its long-operation slots).
+REPLAY_WORK = Limits.for_size(1, max_connections=20)
 
 
 def _own_cgroup(controller: str) -> str:
