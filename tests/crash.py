@@ -11,7 +11,6 @@ no others, and every compute that ran through the kill still served by the same 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import time
@@ -25,6 +24,7 @@ import pytest
 
 from pgplane.compute.local.cold.archive import tree_checksums
 from pgplane.compute.local.postgres.records import Records
+from pgplane.compute.local.tenants.cgroups import Cgroups
 from tests.support import Api, Server, running_server, wait_for
 
 
@@ -59,8 +59,8 @@ class Crash:
         self.uri: str = body["connection_uris"][0]["connection_uri"]
         # The postmasters serving when the server was killed, by data directory.
         self.at_kill: dict[Path, int] = {}
-        # Of each: the cgroup the platform recorded for it, and the kernel's list of its cgroups.
-        self.cgroups_at_kill: dict[Path, tuple[str | None, str]] = {}
+        # Of each: the cgroup the platform recorded for it, and the CPUs its quota allowed.
+        self.cgroups_at_kill: dict[Path, tuple[str | None, float | None]] = {}
         with psycopg.connect(self.uri, connect_timeout=30) as conn:
             conn.execute("CREATE TABLE t AS SELECT g AS v FROM generate_series(1, %s) g", [ROWS])
 
@@ -75,11 +75,12 @@ class Crash:
         kill_at(self.server, failpoint, timeout)
         self.at_kill = self._settled_postmasters()
         records = Records(self.server.data_dir.resolve() / "postmasters")
-        for pgdata, pid in self.at_kill.items():
+        cgroups, _ = Cgroups.find()
+        for pgdata in self.at_kill:
             record = records.get(pgdata.resolve())
-            with contextlib.suppress(OSError):  # exited meanwhile
-                listed = Path(f"/proc/{pid}/cgroup").read_text()
-                self.cgroups_at_kill[pgdata] = (None if record is None else record.cgroup, listed)
+            name = None if record is None else record.cgroup
+            quota = None if name is None or cgroups is None else cgroups.quota_cpus(name)
+            self.cgroups_at_kill[pgdata] = (name, quota)
         self.server.env.pop("PGPLANE_FAILPOINTS")
         self.server.start()
 
@@ -129,14 +130,16 @@ class Crash:
             assert pgdata in self.at_kill, (pgdata, self.at_kill)
             assert now.get(pgdata) == self.at_kill[pgdata], (pgdata, self.at_kill, now)
 
-    def assert_capped_at_kill(self, pgdata: Path) -> None:
-        """``pgdata``'s postmaster ran in a cgroup of its own at the kill (cgroups need root)."""
+    def assert_capped_at_kill(self, pgdata: Path, cpus: float) -> None:
+        """``pgdata``'s postmaster had a cgroup of its own at the kill, of ``cpus`` CPUs (it
+        joins it while it starts: one killed at its spawn may not be in it yet). Cgroups need
+        root."""
         if os.geteuid() != 0:
             return
         assert pgdata in self.cgroups_at_kill, (pgdata, self.at_kill)
-        name, listed = self.cgroups_at_kill[pgdata]
-        assert name, f"{pgdata}'s postmaster runs in no cgroup"
-        assert f"/{name}\n" in listed, listed
+        name, quota = self.cgroups_at_kill[pgdata]
+        assert name, f"{pgdata}'s postmaster has no cgroup"
+        assert quota == cpus, (name, quota)
 
     def pgdata(self, branch_id: str | None = None) -> Path:
         return (

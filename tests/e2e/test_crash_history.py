@@ -14,6 +14,7 @@ import time
 import psycopg
 import pytest
 
+from pgplane.compute.local.tenants.cgroups import REPLAY_WORK
 from tests.crash import ROWS, SUM, Crash, assert_consistent, slow
 
 MORE = 10  # rows committed after the point
@@ -48,7 +49,8 @@ def test_kill_during_a_point_in_time_branch(crash: Crash, failpoint: str) -> Non
     body = r.json()
     crash.kill_at(failpoint)
     if failpoint == "rebuild:replaying":  # the tenant's WAL replayed in a cgroup of its own
-        crash.assert_capped_at_kill(crash.pgdata(body["branch"]["id"]).with_name("pgdata.tmp"))
+        replaying = crash.pgdata(body["branch"]["id"]).with_name("pgdata.tmp")
+        crash.assert_capped_at_kill(replaying, cpus=REPLAY_WORK.cpus)
     crash.settle([o["id"] for o in body["operations"]])
     assert crash.rows(body["connection_uris"][0]["connection_uri"]) == (ROWS, SUM)
     crash.assert_adopted(crash.pgdata())  # the parent ran through it, untouched
@@ -79,7 +81,8 @@ def test_kill_during_a_restore_from_the_branchs_own_past(crash: Crash, failpoint
     assert r.status_code == 200, r.text
     crash.kill_at(failpoint)
     if failpoint == "rebuild:replaying":
-        crash.assert_capped_at_kill(crash.pgdata().with_name("pgdata.restored.tmp"))
+        replaying = crash.pgdata().with_name("pgdata.restored.tmp")
+        crash.assert_capped_at_kill(replaying, cpus=REPLAY_WORK.cpus)
     crash.settle([o["id"] for o in r.json()["operations"]])
     assert crash.rows() == (ROWS, SUM)  # the same connection string, the restored data
     branch = crash.api.http.get(f"/projects/{crash.pid}/branches/{crash.branch_id}").json()
