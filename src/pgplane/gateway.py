@@ -59,9 +59,10 @@ said = Sparse(log)  # warnings a client's login may cause
 _START_TIME_LIMIT = 600.0
 # Asking another node for a role's verifier happens before the client proved anything: short.
 _ASK_SECONDS = 5.0
-# A role nobody told the platform of is looked up on its running compute, in a superuser
-# session, before the client proved anything: at most this many at once per endpoint, so a
-# stranger's flood of made-up roles never takes the compute's connection slots from its owner.
+# A role nobody told the platform of is looked up on its running compute, before the client
+# proved anything: at most this many at once per endpoint, whatever the driver (the local one
+# keeps one session per compute for them), so a stranger's flood of made-up roles never takes
+# the compute's connection slots from its owner.
 _LOOKUPS_PER_ENDPOINT = 2
 
 

@@ -281,23 +281,53 @@ def test_a_throttled_stranger_s_made_up_roles_open_nothing_on_the_compute(
 
     until_throttled(guess, lambda refusal: refusal is not None and "too many" not in refusal)
 
-    def sessions(conn: psycopg.Connection[Any]) -> int:
-        conn.execute("SELECT pg_stat_clear_snapshot()")
-        row = conn.execute(
-            "SELECT sum(sessions) FROM pg_stat_database WHERE datname IS NOT NULL"
-        ).fetchone()
-        assert row is not None
-        return int(row[0])
-
     with psycopg.connect(uri, connect_timeout=30, autocommit=True) as conn:
-        before = sessions(conn)
+        before = _sessions(conn)
         for i in range(30):
             refusal = pgclient.refusal(server.proxy_port, user=f"made_up_{i}", **stranger)
             assert refusal is not None and "too many failed logins" in refusal, refusal
-        opened = sessions(conn) - before
+        opened = _sessions(conn) - before
     assert opened <= 3, opened  # the platform's own few at most (samples, syncs)
     with psycopg.connect(uri, connect_timeout=30) as conn:  # the owner, as ever
         assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_a_stranger_s_made_up_roles_are_looked_up_on_one_session_of_the_compute(
+    api: Api, server: Server
+) -> None:
+    """Below the throttle, each login naming a role nobody told the platform of opened a
+    superuser session on the running compute to look it up (20 logins, 20 sessions): anyone who
+    knows an endpoint id could open them as fast as it dialled. The lookups share one session
+    per compute now; a role made with SQL is still found (and its password changed with SQL
+    holds at the next login)."""
+    project = api.create_ready_project(name="walls-made-up-lookups")
+    eid = project["endpoints"][0]["id"]
+    uri = project["connection_uris"][0]["connection_uri"]
+    stranger = {"endpoint": eid, "source": "127.0.0.9", "password": "anything"}
+    with psycopg.connect(uri, connect_timeout=30, autocommit=True) as conn:
+        conn.execute("CREATE ROLE made_with_sql LOGIN PASSWORD 'first-secret'")
+        before = _sessions(conn)
+        for i in range(20):
+            refusal = pgclient.refusal(server.proxy_port, user=f"made_up_{i}", **stranger)
+            assert refusal is not None and "password authentication failed" in refusal, refusal
+        opened = _sessions(conn) - before
+        assert opened <= 4, opened  # the lookups' one, and the platform's own few
+        sql_role = {"endpoint": eid, "user": "made_with_sql", "source": "127.0.0.10"}
+        assert pgclient.refusal(server.proxy_port, password="first-secret", **sql_role) is None
+        conn.execute("ALTER ROLE made_with_sql PASSWORD 'second-secret'")
+        refusal = pgclient.refusal(server.proxy_port, password="first-secret", **sql_role)
+        assert refusal is not None and "password authentication failed" in refusal, refusal
+        assert pgclient.refusal(server.proxy_port, password="second-secret", **sql_role) is None
+
+
+def _sessions(conn: psycopg.Connection[Any]) -> int:
+    """Sessions opened on the compute so far, in every database."""
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    row = conn.execute(
+        "SELECT sum(sessions) FROM pg_stat_database WHERE datname IS NOT NULL"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def test_a_throttled_stranger_dialling_without_pause_is_answered_at_its_pace(

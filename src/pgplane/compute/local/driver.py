@@ -70,7 +70,10 @@ class LocalComputeDriver(BranchData):
             project_id=spec.project_id, branch_id=spec.branch_id, endpoint_id=spec.endpoint_id
         ):
             return None
-        return await read_verifiers(self.layout.socket_dir(spec.endpoint_id), spec.port, names)
+        socket_dir = self.layout.socket_dir(spec.endpoint_id)
+        if names is None:  # a sync of them all: seldom, a session of its own
+            return await read_verifiers(socket_dir, spec.port, None)
+        return await self._role_lookups.read(socket_dir, spec.port, names)
 
     async def check_settings(self, *, pg_version: int, settings: Mapping[str, str]) -> None:
         await self._prepare()
@@ -91,6 +94,7 @@ class LocalComputeDriver(BranchData):
         return ComputeAddress(host=self._config.listen_host, port=port, unix_socket=str(socket))
 
     async def stop_compute(self, *, project_id: str, branch_id: str, endpoint_id: str) -> None:
+        await self._role_lookups.forget(self.layout.socket_dir(endpoint_id))
         if self._replicas.is_replica(project_id, branch_id, endpoint_id):
             await self._replicas.stop(project_id, branch_id, endpoint_id)
             return

@@ -24,6 +24,7 @@ from pgplane.compute.local.postgres.computes import Computes
 from pgplane.compute.local.postgres.installs import Installs
 from pgplane.compute.local.postgres.limits.size_limit import SizeLimit
 from pgplane.compute.local.postgres.postmaster import Postmasters
+from pgplane.compute.local.postgres.role_lookups import RoleLookups
 from pgplane.compute.local.replicas.replicas import Replicas
 from pgplane.compute.local.schemaonly.branches import SchemaOnly
 from pgplane.compute.local.shared.history import SharedHistory
@@ -104,6 +105,8 @@ class LocalParts:
             install=self._install,
             disk_reserve_bytes=config.disk_reserve_bytes,
         )
+        # The proxy's lookups of roles made with SQL: one session per running compute.
+        self._role_lookups = RoleLookups()
         self._spares = SparePool(self.layout.spares)
         if self.volumes.active:
             # Its spares are renamed into place: they cannot cross into a project's filesystem.
@@ -210,6 +213,7 @@ class LocalParts:
         await self._histories.close()
         if self._postmasters.walls.autoscaler is not None:
             await self._postmasters.walls.autoscaler.close()
+        await self._role_lookups.close()
         self._postmasters.forget()
         self._spares.stop()
         await self._copies.close()

@@ -22,11 +22,12 @@ from pgplane.compute.driver import ComputeError
 from pgplane.compute.local.postgres.sessions import (
     ADMIN_USER,
     MONITOR_USER,
+    Conn,
     admin_conninfo,
     connect,
 )
 
-_SQL_TIMEOUT = 10.0
+SQL_TIMEOUT = 10.0
 # Roles of the platform's own, never offered to the proxy whatever they hold.
 _PLATFORM_ROLES = (ADMIN_USER, MONITOR_USER)
 _MAX_ROLES = 10_000
@@ -36,33 +37,38 @@ _MAX_ROLES = 10_000
 MAX_VERIFIER_BYTES = 1024
 
 
+_QUERY = (
+    "SELECT a.rolname, a.rolpassword FROM pg_catalog.pg_authid AS a"
+    " WHERE a.rolcanlogin"
+    " AND pg_catalog.starts_with(a.rolpassword, 'SCRAM-SHA-256$')"
+    " AND pg_catalog.octet_length(a.rolpassword) OPERATOR(pg_catalog.<=) %s"
+    " AND NOT (a.rolname OPERATOR(pg_catalog.=) ANY (%s::pg_catalog.name[]))"
+    " AND (%s::pg_catalog.name[] IS NULL"
+    " OR a.rolname OPERATOR(pg_catalog.=) ANY (%s::pg_catalog.name[]))"
+    " AND NOT pg_catalog.starts_with(a.rolname, 'pg_')"
+    " AND (a.rolvaliduntil IS NULL OR a.rolvaliduntil OPERATOR(pg_catalog.>) pg_catalog.now())"
+    " ORDER BY a.rolname LIMIT %s"
+)
+
+
 async def read_verifiers(
     socket_dir: Path, port: int, names: Sequence[str] | None
 ) -> Mapping[str, str]:
     """name → ``SCRAM-SHA-256$…`` for login roles with a SCRAM password (of ``names`` if given)."""
-    query = (
-        "SELECT a.rolname, a.rolpassword FROM pg_catalog.pg_authid AS a"
-        " WHERE a.rolcanlogin"
-        " AND pg_catalog.starts_with(a.rolpassword, 'SCRAM-SHA-256$')"
-        " AND pg_catalog.octet_length(a.rolpassword) OPERATOR(pg_catalog.<=) %s"
-        " AND NOT (a.rolname OPERATOR(pg_catalog.=) ANY (%s::pg_catalog.name[]))"
-        " AND (%s::pg_catalog.name[] IS NULL"
-        " OR a.rolname OPERATOR(pg_catalog.=) ANY (%s::pg_catalog.name[]))"
-        " AND NOT pg_catalog.starts_with(a.rolname, 'pg_')"
-        " AND (a.rolvaliduntil IS NULL OR a.rolvaliduntil OPERATOR(pg_catalog.>) pg_catalog.now())"
-        " ORDER BY a.rolname LIMIT %s"
-    )
-    wanted = None if names is None else list(names)
     try:
-        async with asyncio.timeout(_SQL_TIMEOUT):
+        async with asyncio.timeout(SQL_TIMEOUT):
             async with await connect(admin_conninfo(socket_dir, port)) as conn:
-                cur = await conn.execute(
-                    query,
-                    (MAX_VERIFIER_BYTES, list(_PLATFORM_ROLES), wanted, wanted, _MAX_ROLES),
-                )
-                rows = await cur.fetchall()
+                return await query_verifiers(conn, names)
     except TimeoutError:
         raise ComputeError("reading the compute's roles timed out") from None
     except psycopg.Error as exc:
         raise ComputeError(f"reading the compute's roles: {exc}") from exc
-    return {str(name): str(verifier) for name, verifier in rows}
+
+
+async def query_verifiers(conn: Conn, names: Sequence[str] | None) -> Mapping[str, str]:
+    """As :func:`read_verifiers`, on an open superuser session; psycopg's errors raised."""
+    wanted = None if names is None else list(names)
+    cur = await conn.execute(
+        _QUERY, (MAX_VERIFIER_BYTES, list(_PLATFORM_ROLES), wanted, wanted, _MAX_ROLES)
+    )
+    return {str(name): str(verifier) for name, verifier in await cur.fetchall()}
