@@ -244,7 +244,11 @@ def throughput(args: argparse.Namespace) -> dict[str, bool]:
 
 
 async def _claims(args: argparse.Namespace) -> None:
-    work = Path(tempfile.mkdtemp(prefix="pgplane-bench-claims-"))
+    with tempfile.TemporaryDirectory(prefix="pgplane-bench-claims-") as tmp:
+        await _claims_in(Path(tmp), args)
+
+
+async def _claims_in(work: Path, args: argparse.Namespace) -> None:
     names = iter(range(1000))
 
     def sqlite() -> Callable[[], object]:

@@ -34,17 +34,20 @@ def _as_postgres_user() -> dict[str, object]:
 
 def bare_initdb_and_copy(runs: int = 3) -> tuple[float, float]:
     # The binaries as pgplane runs them (copied where the compute user can reach them).
-    driver = LocalComputeDriver(
-        LocalDriverConfig(data_dir=Path(tempfile.mkdtemp(prefix="pgplane-bench-")))
-    )
-    install = asyncio.run(driver.runnable_installation(max(driver.pg_versions())))
+    with tempfile.TemporaryDirectory(prefix="pgplane-bench-") as data_dir:
+        driver = LocalComputeDriver(LocalDriverConfig(data_dir=Path(data_dir)))
+        install = asyncio.run(driver.runnable_installation(max(driver.pg_versions())))
+        return _initdb_and_copy(install.bin_dir, runs)
+
+
+def _initdb_and_copy(bin_dir: Path, runs: int) -> tuple[float, float]:
     initdb_ms, copy_ms = [], []
     for _ in range(runs):
         work = Path(tempfile.mkdtemp(prefix="pgplane-bench-"))
         work.chmod(0o777)
         t0 = time.perf_counter()
         subprocess.run(
-            [str(install.bin_dir / "initdb"), "-D", str(work / "a"), "-U", "cloud_admin",
+            [str(bin_dir / "initdb"), "-D", str(work / "a"), "-U", "cloud_admin",
              "--no-locale", "-E", "UTF8", "--auth=trust"],
             check=True, capture_output=True, **_as_postgres_user(),  # type: ignore[call-overload]
         )  # fmt: skip

@@ -117,7 +117,11 @@ async def reads_and_writes(store: Store, seconds: float) -> tuple[float, float]:
 
 
 async def run(args: argparse.Namespace) -> None:
-    work = Path(tempfile.mkdtemp(prefix="pgplane-bench-store-"))
+    with tempfile.TemporaryDirectory(prefix="pgplane-bench-store-") as tmp:
+        await _run_in(Path(tmp), args)
+
+
+async def _run_in(work: Path, args: argparse.Namespace) -> None:
     counter = iter(range(1000))
     cluster = store_cluster()
 

@@ -158,7 +158,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.smoke:
         args.wakes, args.idle = 3, 3
-    with running_server() as server:
+    # The idle computes are one account's: its project quota raised to hold them.
+    with running_server(PGPLANE_PROJECTS_PER_ACCOUNT=str(args.idle + 5)) as server:
         _, key = server.create_key("bench@example.com")
         with Api(server, key) as api:
             met = run(server, api, args.wakes, args.idle)
