@@ -230,7 +230,7 @@ class Server:
                 self._start()
             except RuntimeError:
                 said = self.log_path.read_bytes()[began:].decode(errors="replace")
-                if f"bind on address ('127.0.0.1', {self.port})" in said:
+                if f"API cannot listen on 127.0.0.1:{self.port} " in said:
                     self.port = free_port()
                 elif f"proxy cannot listen on 127.0.0.1:{self.proxy_port} " in said:
                     self.proxy_port = free_port()

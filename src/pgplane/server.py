@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import gc
 import logging
+import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import uvicorn
@@ -38,6 +39,7 @@ from pgplane.engine.shutdown import report_running, suspend_all
 from pgplane.errors import Unavailable
 from pgplane.fdlimit import gates
 from pgplane.gateway import ComputeWaker
+from pgplane.listening import bind_ports
 from pgplane.node_channel import open_channel
 from pgplane.objectstore.bucket import Bucket
 from pgplane.objectstore.recover import UNFINISHED
@@ -173,16 +175,12 @@ async def _proxy_certificate(settings: Settings, store: Store, node: NodeLease) 
         raise SystemExit(f"pgplane: {exc}") from None
 
 
-async def _start_proxy(proxy: Proxy, settings: Settings, store: Store, node: NodeLease) -> Settings:
-    """The proxy listening; the settings with the port it has (0 asked the system for one)."""
-    try:
-        bound = await proxy.start(settings.proxy_listen, settings.proxy_port)
-    except OSError as exc:
-        await store.close()
-        raise SystemExit(
-            f"pgplane: the Postgres proxy cannot listen on {settings.proxy_listen}:"
-            f"{settings.proxy_port} ({exc.strerror}); choose another port with --proxy-port"
-        ) from None
+async def _start_proxy(
+    proxy: Proxy, sockets: list[socket.socket], settings: Settings, node: NodeLease
+) -> Settings:
+    """The proxy accepting on its sockets; the settings with the port it has (0 asked the
+    system for one)."""
+    bound = proxy.adopt(sockets)
     # With port 0 the system chose: endpoints and connection URIs must name the real one.
     if settings.proxy_port != bound[0][1]:
         await node.update_address(bound[0][1])
@@ -194,6 +192,7 @@ async def _start_proxy(proxy: Proxy, settings: Settings, store: Store, node: Nod
 
 async def _serve(settings: Settings) -> None:
     _check_limits(settings)
+    bound = bind_ports(settings)
     # The platform's own blocking work (file reads and writes, copies of bases, the object
     # store's calls) waits in the default pool. Python sizes it by cores (6 on 2), and long
     # operations hold a thread each for minutes: a wake's file reads must never queue behind
@@ -235,7 +234,7 @@ async def _serve(settings: Settings) -> None:
         handshake_timeout=settings.proxy_handshake_timeout_seconds,
     )
     proxy.plug_sql(sql := _sql_over_http(settings, proxy.sessions))
-    settings = await _start_proxy(proxy, settings, store, node)
+    settings = await _start_proxy(proxy, bound.proxy, settings, node)
     data = ProjectData(store, node.name, driver, channel.link)
     await channel.start(
         waker,
@@ -300,7 +299,7 @@ async def _serve(settings: Settings) -> None:
     )
     announce = asyncio.create_task(_announce(server, settings, store))
     try:
-        await server.serve()
+        await server.serve(sockets=bound.api)
     finally:
         announce.cancel()
         await proxy.close()  # no new sessions, and no wakes, from here on

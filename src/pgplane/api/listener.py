@@ -25,6 +25,8 @@ from typing import Any, cast
 
 import uvicorn
 
+from pgplane.listening import listen
+
 log = logging.getLogger(__name__)
 
 # Out of descriptors or kernel memory: nothing more can be accepted for now, so the socket is left
@@ -103,33 +105,13 @@ class Listener:
 
 
 def bind(host: str, port: int, backlog: int) -> list[socket.socket]:
-    """Listening sockets for every address of ``host``, as ``loop.create_server`` binds them
-    (the same error message too, which says which address was taken)."""
-    infos = socket.getaddrinfo(
-        host, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE
-    )
-    bound: list[socket.socket] = []
+    """Listening sockets for every address of ``host``; OSError says which port was taken."""
     try:
-        for family, kind, proto, _, address in dict.fromkeys(infos):
-            sock = socket.socket(family, kind, proto)
-            bound.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            try:
-                sock.bind(address)
-            except OSError as exc:
-                raise OSError(
-                    exc.errno,
-                    f"error while attempting to bind on address {address!r}: "
-                    f"{(exc.strerror or '').lower()}",
-                ) from None
-            sock.listen(backlog)
-    except BaseException:
-        for sock in bound:
-            sock.close()
-        raise
-    return bound
+        return listen(host, port, backlog)
+    except OSError as exc:
+        raise OSError(
+            exc.errno, f"the API cannot listen on {host}:{port} ({exc.strerror})"
+        ) from None
 
 
 class ApiServer(uvicorn.Server):

@@ -9,12 +9,11 @@ import logging
 import socket
 from collections.abc import Callable, Coroutine
 
+from pgplane.listening import listening
 from pgplane.telemetry.sparse import Sparse
 
 log = logging.getLogger(__name__)
 said = Sparse(log)  # warnings a flood of connections may cause
-
-_BACKLOG = 1024
 
 Serve = Callable[[socket.socket, object], Coroutine[object, object, None]]
 
@@ -30,24 +29,16 @@ class Listener:
         """Listen on every address ``host`` names; the addresses bound (port 0: the system's)."""
         loop = asyncio.get_running_loop()
         infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        bound: list[tuple[str, int]] = []
-        try:
-            for family, kind, proto, _, address in dict.fromkeys(infos):
-                listener = socket.socket(family, kind, proto)
-                self._listeners.append(listener)
-                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                if family == socket.AF_INET6:
-                    listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-                listener.bind(address)
-                listener.listen(_BACKLOG)
-                listener.setblocking(False)
-                bound.append(listener.getsockname()[:2])
-        except OSError:
-            self._close_listeners()
-            raise
-        for listener in self._listeners:
+        return self.adopt(listening(infos))
+
+    def adopt(self, sockets: list[socket.socket]) -> list[tuple[str, int]]:
+        """Accept on ``sockets``, bound and listening already; their addresses."""
+        loop = asyncio.get_running_loop()
+        for listener in sockets:
+            listener.setblocking(False)
+            self._listeners.append(listener)
             self._accepting.append(loop.create_task(self._accept_loop(listener)))
-        return bound
+        return [listener.getsockname()[:2] for listener in sockets]
 
     async def close(self) -> None:
         # The accept loops first: a listening socket is closed once nothing waits on it.

@@ -114,6 +114,10 @@ class Proxy:
     async def start(self, host: str, port: int) -> list[tuple[str, int]]:
         return await self._listener.start(host, port)
 
+    def adopt(self, sockets: list[socket.socket]) -> list[tuple[str, int]]:
+        """Accept on ``sockets``, bound already (``pgplane.listening``); their addresses."""
+        return self._listener.adopt(sockets)
+
     async def close(self) -> None:
         await self._listener.close()
 
