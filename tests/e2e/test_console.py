@@ -44,6 +44,9 @@ def test_the_first_account_comes_from_the_link_serve_printed_and_the_link_works_
         r = first.sign_up(link, "founder@example.com")
         assert r.status_code == 303 and r.headers["location"] == "/console/projects", r.text
         assert first.get("/console/projects").status_code == 200
+        # Used: it says so when opened, before its form is filled in (and refuses the form).
+        r = second.get(link.removeprefix(root(server)))
+        assert r.status_code == 401 and "it was used" in r.text, r.text
         r = second.sign_up(link, "intruder@example.com")
         assert r.status_code == 401 and "not valid" in r.text
         assert second.session is None

@@ -81,7 +81,14 @@ class Auth(Controller):
 
     @get("/signup")
     async def signup_form(self, request: AnyRequest, token: FromQuery[str] = "") -> Any:
-        return _public_form(request, "signup.html", token=token[:128])
+        token = token[:128]
+        # A link used or expired says so at once, not after its form was filled in.
+        try:
+            async with _console(request).store.read() as tx:
+                await signin.check_signup_link(tx, token=token)
+        except Unauthorized as exc:
+            return _public_form(request, "signup.html", exc.status, error=exc.message, token=token)
+        return _public_form(request, "signup.html", token=token)
 
     @post("/signup")
     async def signup(self, request: AnyRequest) -> Any:

@@ -150,11 +150,20 @@ async def new_signup_link(tx: Tx, *, for_email: str | None = None) -> str:
     return token
 
 
+_LINK_NOT_VALID = "this sign-up link is not valid: it was used, or it expired"
+
+
+async def check_signup_link(tx: Tx, *, token: str) -> None:
+    """Unauthorized, said before the form is filled in, if the link can no longer be used."""
+    if not token or not await tx.valid_signup_token(digest(token), now=clock.now_us()):
+        raise Unauthorized(_LINK_NOT_VALID)
+
+
 async def sign_up(tx: Tx, *, token: str, address: str, password_hash: str) -> Account:
     """Spend the sign-up ``token`` on an account for ``address`` with this password."""
     used = await tx.use_signup_token(digest(token), now=clock.now_us()) if token else None
     if used is None:
-        raise Unauthorized("this sign-up link is not valid: it was used, or it expired")
+        raise Unauthorized(_LINK_NOT_VALID)
     address = email(address)
     if used.email is not None and used.email != address:
         raise BadRequest(f"this invitation is for {used.email}")

@@ -82,6 +82,10 @@ class AccountsTx(abc.ABC):
     async def insert_signup_token(self, token: SignupToken) -> None: ...
 
     @abc.abstractmethod
+    async def valid_signup_token(self, digest: str, *, now: int) -> bool:
+        """Whether the token exists, is unused and has not expired (nothing changed)."""
+
+    @abc.abstractmethod
     async def use_signup_token(self, digest: str, *, now: int) -> SignupToken | None:
         """Mark the token used and return it, if it exists, is unused and has not expired;
         else None. Atomic: of two uses of one token, one gets it."""

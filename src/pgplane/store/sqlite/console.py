@@ -76,6 +76,13 @@ class ConsoleMixin(Statements):
             Conflict("sign-up token already exists"),
         )
 
+    async def valid_signup_token(self, digest: str, *, now: int) -> bool:
+        r = await self._c.one(
+            "SELECT 1 FROM signup_tokens WHERE digest = ? AND used_at IS NULL AND expires_at > ?",
+            (digest, now),
+        )
+        return r is not None
+
     async def use_signup_token(self, digest: str, *, now: int) -> SignupToken | None:
         # Inside a write transaction (BEGIN IMMEDIATE): nothing else writes between the two.
         r = await self._c.one(
