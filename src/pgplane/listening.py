@@ -59,13 +59,13 @@ def bind_ports(settings: Settings) -> Bound:
     start at once, naming its flag, and no port the system chooses later (the node door's, an
     outgoing connection's) can be one of them."""
     ports = (
-        ("API", settings.host, settings.port, "--port"),
-        ("Postgres proxy", settings.proxy_listen, settings.proxy_port, "--proxy-port"),
+        ("API", settings.host, settings.port, API_BACKLOG, "--port"),
+        ("Postgres proxy", settings.proxy_listen, settings.proxy_port, BACKLOG, "--proxy-port"),
     )
     bound: list[list[socket.socket]] = []
-    for what, host, port, flag in ports:
+    for what, host, port, backlog, flag in ports:
         try:
-            bound.append(listen(host, port, API_BACKLOG if what == "API" else BACKLOG))
+            bound.append(listen(host, port, backlog))
         except OSError as exc:
             for sockets in bound:
                 for sock in sockets:
