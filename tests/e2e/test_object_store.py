@@ -196,6 +196,21 @@ def _admin_conninfo(server: Server, name: str) -> str:
     return conninfo(running.socket_dir, running.port, user=ADMIN_USER)
 
 
+def _head(
+    seaweed: SeaweedFS, prefix: str, key_file: Path, project_id: str, branch_id: str
+) -> shipping.Head:
+    """The branch's head in the bucket, as it is now (an empty one when there is none)."""
+    client = seaweed.client()
+    try:
+        sealed = SealedStore(
+            S3Store(*parse_url(seaweed.url(prefix)), client), key_file.read_bytes()
+        )
+        head = shipping.read_head(sealed, shipping.prefix_of(project_id, branch_id))
+    finally:
+        client.close()
+    return head or shipping.Head(format=1, bases=(), wal={})
+
+
 def _one(conn: psycopg.Connection, query: str) -> object:
     row = conn.execute(query).fetchone()
     return None if row is None else row[0]
@@ -335,9 +350,11 @@ def test_in_synchronous_mode_no_acknowledged_commit_is_lost_with_the_machine(
     """With --archive-sync, a commit is acknowledged only once its WAL is in the bucket: rows
     committed one after another until the very moment the server and the compute are killed
     are all back after `recover`, the last one included (asynchronous mode may lose the last
-    half second)."""
+    half second). Nor is one acknowledged before its branch has a base state there (its
+    WAL alone rebuilds nothing): the first one's shipping is held up here."""
     env = {**_env(seaweed, "synchronous", key_file), "PGPLANE_ARCHIVE_SYNC": "on"}
-    with _machine(env, tmp_path) as first:
+    held = {**env, "PGPLANE_FAILPOINTS": "ship:base_stored=1*sleep(4000)"}
+    with _machine(held, tmp_path) as first:
         first.start()
         _, key = first.create_key("sync@example.com")
         with Api(first, key) as api:
@@ -348,6 +365,7 @@ def test_in_synchronous_mode_no_acknowledged_commit_is_lost_with_the_machine(
             setting = conn.execute("SHOW synchronous_standby_names").fetchone()
             assert setting == (receiver.STANDBY_NAME,), setting
             conn.execute("CREATE TABLE t (v int PRIMARY KEY, pad text)")
+            assert _head(seaweed, "synchronous", key_file, pid, main).bases
             acknowledged = 0
             deadline = time.monotonic() + 3
             while time.monotonic() < deadline:
@@ -399,6 +417,7 @@ def test_a_stream_whose_wal_the_compute_removed_ends_and_says_why(
             conninfo=info,
             synchronous=True,
             shipped=lambda: ["000000010000000000000001"],  # the bucket's copy ends at 0/2000000
+            based=lambda: True,
         )
         stream.start()
         stream.join(timeout=30)
@@ -432,7 +451,12 @@ def test_a_receiver_behind_a_bulk_load_keeps_its_place_with_its_slot(
         info = _admin_conninfo(server, "behind")
         store = _Stalled(tmp_path / "bucket")
         stream = receiver.Receiver(
-            store=store, prefix="history/p/b", conninfo=info, synchronous=False, shipped=list
+            store=store,
+            prefix="history/p/b",
+            conninfo=info,
+            synchronous=False,
+            shipped=list,
+            based=lambda: True,
         )
         stream.start()
         try:

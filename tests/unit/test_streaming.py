@@ -116,6 +116,7 @@ def test_a_stream_that_does_not_continue_is_refused(store: DirectoryStore) -> No
         conninfo="host=/nonexistent",
         synchronous=True,
         shipped=list,
+        based=lambda: True,
     )
     header = struct.pack("!QQq", 0, 0, 0)
     assert stream._message(b"w" + header + b"wal") is False

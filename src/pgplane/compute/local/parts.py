@@ -30,7 +30,7 @@ from pgplane.compute.local.schemaonly.branches import SchemaOnly
 from pgplane.compute.local.shared.history import SharedHistory
 from pgplane.compute.local.shared.objects import DirectoryStore, ObjectStore
 from pgplane.compute.local.shared.receiver import Streams
-from pgplane.compute.local.shared.shipping import prefix_of, shipped_wal
+from pgplane.compute.local.shared.shipping import has_base, prefix_of, shipped_wal
 from pgplane.compute.local.skeleton import Skeleton
 from pgplane.compute.local.snapshots.snapshots import Snapshots
 from pgplane.compute.local.tenants.projects import Tenants
@@ -78,6 +78,7 @@ class LocalParts:
                 synchronous=config.archive_sync,
                 prefix_of=prefix_of,
                 shipped=lambda prefix: shipped_wal(objects, prefix),
+                based=lambda prefix: has_base(objects, prefix),
             )
         )
         self._size_limit = SizeLimit(

@@ -49,6 +49,8 @@ _STATUS_SECONDS = 10.0
 _CONNECT_SECONDS = 5
 # A receiver that ended is not started again for this long (a store or compute in trouble).
 _RETRY_SECONDS = 1.0
+# How often a synchronous receiver asks whether its branch has a base state there yet.
+_BASE_CHECK_SECONDS = 0.25
 _EPOCH_2000 = 946_684_800
 
 
@@ -78,6 +80,7 @@ class Receiver(threading.Thread):
         conninfo: str,
         synchronous: bool,
         shipped: Callable[[], list[str]],
+        based: Callable[[], bool],
     ) -> None:
         super().__init__(name=f"pgplane-stream-{prefix.rsplit('/', 1)[-1]}", daemon=True)
         self.store = store
@@ -90,6 +93,11 @@ class Receiver(threading.Thread):
             connect_timeout=_CONNECT_SECONDS,
         )
         self._shipped = shipped
+        self._has_base = based
+        # Synchronous mode acknowledges no commit before the branch has a base state on shared
+        # storage: its WAL alone rebuilds nothing (a new branch's first round ships one).
+        self._based = not synchronous
+        self._base_checked = 0.0
         self.stopping = threading.Event()
         self.ended_at: float | None = None
         self.error: str | None = None  # why it ended, unless asked to
@@ -164,9 +172,14 @@ class Receiver(threading.Thread):
             ):
                 self._store()
                 reply = True  # the commits waiting, or the slot, move on now
+            if not self._based and now - self._base_checked >= _BASE_CHECK_SECONDS:
+                self._base_checked = now
+                self._based = self._has_base()
+                reply = reply or self._based  # the commits waited for it
             if reply or now - last_status >= _STATUS_SECONDS:
+                stored = self.stored if self._based else 0
                 self._send(
-                    conn, status_message(self.stored, self._received, synchronous=self.synchronous)
+                    conn, status_message(stored, self._received, synchronous=self.synchronous)
                 )
                 last_status = now
             elif self._pending and not self.synchronous:
@@ -289,11 +302,13 @@ class Streams:
         synchronous: bool,
         prefix_of: Callable[[str, str], str],
         shipped: Callable[[str], list[str]],
+        based: Callable[[str], bool],
     ) -> None:
         self.store = store
         self.synchronous = synchronous
         self._prefix_of = prefix_of
         self._shipped = shipped
+        self._based = based
         self._receivers: dict[Path, tuple[str, Receiver]] = {}
         self._said: dict[Path, str | None] = {}
         self._lock = threading.Lock()
@@ -323,6 +338,7 @@ class Streams:
                 conninfo=conninfo,
                 synchronous=self.synchronous,
                 shipped=lambda: self._shipped(prefix),
+                based=lambda: self._based(prefix),
             )
             self._receivers[pgdata] = (conninfo, receiver)
             receiver.start()

@@ -123,6 +123,17 @@ def shipped_wal(store: ObjectStore, prefix: str) -> list[str]:
     return [] if head is None else [n for n in head.wal if SEGMENT.fullmatch(n)]
 
 
+def has_base(store: ObjectStore, prefix: str) -> bool:
+    """Whether the branch's head there names a base state (blocking; False when the store
+    cannot say: asked again later)."""
+    try:
+        head = read_head(store, prefix)
+    except (ComputeError, OSError) as exc:
+        log.info("the history of %s on shared storage cannot be read: %s", prefix, exc)
+        return False
+    return head is not None and bool(head.bases)
+
+
 # -- shipping -----------------------------------------------------------------------------------
 
 
