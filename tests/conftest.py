@@ -80,13 +80,22 @@ DEFAULT_STORE = os.environ.get("PGPLANE_TEST_STORE", "sqlite")
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """A test marked ``both_stores`` (or in a module marked so) that runs on a store (``server``,
     ``api``, ``crash``: whatever asks for ``store_backend``) runs once on each backend, its
-    module's tests grouped by backend, so each group shares its module's fixtures."""
-    if "store_backend" in metafunc.fixturenames and metafunc.definition.get_closest_marker(
-        "both_stores"
-    ):
+    module's tests grouped by backend, so each group shares its module's fixtures.
+
+    ``both_stores(postgresql="slow")``: the PostgreSQL run is ``-m slow`` (a client's flows,
+    whose store calls the store's own suites check on both backends: twice the minutes in CI
+    for nothing the store suites miss)."""
+    marker = metafunc.definition.get_closest_marker("both_stores")
+    if "store_backend" in metafunc.fixturenames and marker is not None:
         from tests.stores import BACKENDS
 
-        metafunc.parametrize("store_backend", BACKENDS, indirect=True, scope="module")
+        backends = [
+            pytest.param(name, marks=pytest.mark.slow)
+            if marker.kwargs.get(name) == "slow"
+            else name
+            for name in BACKENDS
+        ]
+        metafunc.parametrize("store_backend", backends, indirect=True, scope="module")
 
 
 # The files that take longest, longest first (seconds of test time on a clean run: 268, 142,

@@ -27,7 +27,7 @@ from pgplane.core import ids
 from tests.support import Api, Server, path_parameters
 
 # On the SQLite and the PostgreSQL store: the tests that use the shared server run on each.
-pytestmark = pytest.mark.both_stores
+pytestmark = pytest.mark.both_stores(postgresql="slow")
 
 ID_PARAMS = ("project_id", "branch_id", "endpoint_id", "operation_id", "key_id", "snapshot_id")
 

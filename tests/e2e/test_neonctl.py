@@ -24,7 +24,7 @@ from tests.neonctl import Neonctl
 from tests.support import Api
 
 # On the SQLite and the PostgreSQL store: the tests that use the shared server run on each.
-pytestmark = pytest.mark.both_stores
+pytestmark = pytest.mark.both_stores(postgresql="slow")
 
 OPERATION_FIELDS = {"id", "project_id", "action", "status", "created_at", "updated_at"}
 

@@ -18,7 +18,7 @@ from tests.stores import server_store
 from tests.support import Api, Server, running_server, wait_for
 
 # On the SQLite and the PostgreSQL store: the tests that use the shared server run on each.
-pytestmark = pytest.mark.both_stores
+pytestmark = pytest.mark.both_stores(postgresql="slow")
 
 
 @pytest.fixture(scope="module")
