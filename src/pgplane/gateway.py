@@ -92,10 +92,19 @@ class ComputeWaker:
             allowed = await self._admit(tx, endpoint, project, client)
             running = target is not None
             elsewhere = await self._elsewhere(tx, endpoint)
+            # Not running, or its branch's data being replaced (a reset or restore the API
+            # answered): no session opened before serves the client, on whatever node (a
+            # pooled one of SQL over HTTP would read the data the restore replaces).
+            fresh = target is None
             target = elsewhere or target
             # Every answer below is of this endpoint, for this client: only its secret differs.
             routed = functools.partial(
-                Route, target=target, allowed=allowed, client=client, account=project.account_id
+                Route,
+                target=target,
+                allowed=allowed,
+                client=client,
+                account=project.account_id,
+                fresh=fresh,
             )
             if names.is_reserved_role(role):
                 # The platform's own roles (cloud_admin, pgplane_monitor) log in only over the
@@ -241,6 +250,10 @@ class ComputeWaker:
             and endpoint.pending_state is None
             and project.storage_state == "attached"
         )
+        if running and await _replacing(tx, endpoint):
+            # The compute still serves the branch's old data until the restore's operation
+            # restarts it: a new connection waits for the start queued behind it instead.
+            running = False
         return endpoint, project, self._target(endpoint) if running else None
 
     async def _wake(self, endpoint_id: str) -> Target:
@@ -303,6 +316,13 @@ class ComputeWaker:
             port=address.port,
             unix_socket=Path(address.unix_socket) if address.unix_socket else None,
         )
+
+
+async def _replacing(tx: Tx, endpoint: Endpoint) -> bool:
+    """Whether the endpoint's branch has its data replaced (a reset or restore the API has
+    answered, until its operation finishes: the branch is ready again in that same write)."""
+    branch = await tx.get_branch(project_id=endpoint.project_id, branch_id=endpoint.branch_id)
+    return branch is not None and branch.current_state == "resetting"
 
 
 def _known(verifier: str | None) -> Secret | None:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 
@@ -438,3 +439,51 @@ def test_a_damaged_history_fails_the_branch_and_says_why() -> None:
             )
             _flip_a_byte(branch_dir / "wal" / segment)
             fails_with(f"archived WAL segment {segment} does not match its checksum")
+
+
+def _sql_over_http(server: Server, uri: str, query: str) -> list[list[str]]:
+    """``query``'s rows through the proxy's ``POST /sql``, as the serverless driver sends it
+    (its connections pooled by the proxy between requests)."""
+    r = httpx.post(
+        f"http://127.0.0.1:{server.proxy_port}/sql",
+        headers={"Neon-Connection-String": uri, "Neon-Array-Mode": "true"},
+        json={"query": query},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    return [[str(v) for v in row] for row in r.json()["rows"]]
+
+
+def test_no_new_connection_reads_the_data_a_reset_or_restore_replaced(
+    hapi: Api, history_server: Server
+) -> None:
+    """Once the API has answered a reset or a restore, no new connection to the branch reads
+    the data it replaces, over TCP or SQL over HTTP (whose pooled connection to the old compute
+    is waiting): each waits for the compute with the new data. Twenty times, resets from the
+    parent and restores from another branch in turn, each read at once."""
+    project, pid, uri = _project_with_table(hapi, "consistent")
+    main = project["branch"]["id"]
+    _commit(uri, 1)
+    fixture = _branch(hapi, pid, name="fixture")
+    _commit(fixture["connection_uris"][0]["connection_uri"], 2)
+    ci = _branch(hapi, pid, name="ci")
+    ci_id, ci_uri = ci["branch"]["id"], ci["connection_uris"][0]["connection_uri"]
+    sources = {main: [1], fixture["branch"]["id"]: [1, 2]}
+    order = "SELECT v FROM t ORDER BY v"
+    for i in range(20):
+        source = list(sources)[i % 2]
+        with psycopg.connect(ci_uri, autocommit=True) as conn:
+            conn.execute("INSERT INTO t VALUES (%s)", (100 + i,))  # what the restore replaces
+        assert [int(v) for [v] in _sql_over_http(history_server, ci_uri, "SELECT v FROM t")]
+        r = hapi.http.post(
+            f"/projects/{pid}/branches/{ci_id}/restore", json={"source_branch_id": source}
+        )
+        assert r.status_code == 200, r.text
+        reads = [
+            lambda: _rows(ci_uri),
+            lambda: [int(v) for [v] in _sql_over_http(history_server, ci_uri, order)],
+        ]
+        for read in reads if i // 2 % 2 else reversed(reads):  # either door the first
+            assert read() == sources[source], (i, source)
+        ops = hapi.wait_operations(pid, [o["id"] for o in r.json()["operations"]])
+        assert {o["status"] for o in ops} == {"finished"}, ops

@@ -62,6 +62,9 @@ class Route:
     allowed: AllowList = ALLOW_ALL
     client: str = ""  # the address the route was given for (the client's, whatever door)
     account: str = ""  # whose the endpoint is: what shares of the proxy's pools are counted by
+    # No session opened before serves it (its compute is down, or its branch's data is being
+    # replaced by a reset or restore): SQL over HTTP takes no pooled connection.
+    fresh: bool = False
 
 
 class RouteError(Exception):

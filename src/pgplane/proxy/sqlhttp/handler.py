@@ -191,7 +191,7 @@ class SqlOverHttp:
         # A pooled connection found closed (its compute suspended), or whose reset failed, ran
         # nothing of the request: it is replaced once, by a new one.
         for attempt in range(2):
-            conn = await self._connection(request, key, route, fresh=attempt > 0)
+            conn = await self._connection(request, key, route, fresh=attempt > 0 or route.fresh)
             reusable = False
             try:
                 outcome = await execute(
