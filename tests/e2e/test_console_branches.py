@@ -272,7 +272,9 @@ def test_a_branch_made_in_the_console_is_deleted_after_a_day_unless_kept(server:
             ).raise_for_status()
             page = browser.get(f"{project}?branch={bid}").text
             assert 'data-testid="expires"' in page and "github-pr-number: 7" in page
-            assert "Deleted with its computes and data at" in page
+            # What is left, not a date that reads as the past ("deleted at <tomorrow>").
+            assert ">expires in 23 hours</span>" in page, page
+            assert "Expires in 23 hours: deleted with its computes and data at" in page
 
             # A value the form does not offer: a 400 naming the field, and nothing changes.
             r = browser.post(f"{project}/branches/{bid}/expiry", expires_in="99999999")

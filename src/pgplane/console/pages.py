@@ -84,6 +84,21 @@ def when(us: int | None) -> str:
     return "" if us is None else clock.format_us(us)[:19].replace("T", " ") + " UTC"
 
 
+def until(us: int | None) -> str:
+    """How long until a stored time, as a person says it ("in 23 hours": what is left, in its
+    largest whole unit); "now" once it has come."""
+    if us is None:
+        return ""
+    left = (us - clock.now_us()) // 1_000_000
+    if left <= 0:
+        return "now"
+    for size, unit in ((86_400, "day"), (3_600, "hour"), (60, "minute"), (1, "second")):
+        if left >= size:
+            count = left // size
+            return f"in {count} {unit}{'' if count == 1 else 's'}"
+    raise AssertionError("unreachable")  # left >= 1 meets the last unit
+
+
 def took(op: Operation) -> str:
     """How long an operation took, as its user waited: from its creation until it settled, the
     wait behind the project's earlier operations, the retries and the pauses between them
@@ -99,7 +114,7 @@ def took(op: Operation) -> str:
 
 def templates() -> TemplateConfig[JinjaTemplateEngine]:
     def setup(engine: JinjaTemplateEngine) -> None:
-        engine.engine.filters.update(label=label, when=when, took=took)
+        engine.engine.filters.update(label=label, when=when, until=until, took=took)
 
     return TemplateConfig(
         directory=HERE / "templates", engine=JinjaTemplateEngine, engine_callback=setup
