@@ -386,3 +386,22 @@ def test_wrong_passwords_are_throttled_per_address(api: Api, server: Server) -> 
     # ...while everyone else logs in as usual.
     with psycopg.connect(uri, connect_timeout=30) as conn:
         assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_a_mistyped_endpoint_and_a_wrong_password_fail_alike_with_a_hint(api: Api) -> None:
+    """The owner who mistypes the endpoint id in the host is told to check it; a stranger
+    learns nothing from the answer: a wrong password to an endpoint that exists reads the same,
+    word for word, hint and all."""
+    project = api.create_ready_project(name="walls-mistyped")
+    uri = project["connection_uris"][0]["connection_uri"]
+    eid = project["endpoints"][0]["id"]
+    mistyped = uri.replace(eid, eid[:-1] + ("x" if eid[-1] != "x" else "y"))
+    wrong = make_conninfo(uri, password="not-the-password", connect_timeout=10)
+    said = []
+    for attempt in (mistyped, wrong):
+        with pytest.raises(psycopg.OperationalError) as refused:
+            psycopg.connect(attempt, connect_timeout=10).close()
+        said.append(str(refused.value))
+    assert said[0] == said[1], said
+    assert 'password authentication failed for user "neondb_owner"' in said[0], said[0]
+    assert "the endpoint id in the host (ep-...): a mistyped one fails the same way" in said[0]

@@ -137,6 +137,7 @@ def test_another_accounts_endpoint_is_refused_as_one_that_does_not_exist(
     assert answers[0] == answers[1], answers
     assert answers[0][1]["code"] == "28P01"
     assert answers[0][1]["message"] == 'password authentication failed for user "neondb_owner"'
+    assert "a mistyped one fails the same way" in answers[0][1]["hint"], answers[0][1]
     assert _starts(other_api, their_pid) == starts
 
 

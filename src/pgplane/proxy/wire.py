@@ -125,10 +125,20 @@ def take_endpoint_option(startup: Startup) -> tuple[str | None, Startup]:
     return match.group(1), Startup(startup.version, params)
 
 
-def error_response(code: str, message: str, *, severity: str = "FATAL") -> bytes:
+# Said with every wrong password (as its HINT): an endpoint id mistyped in the host fails the
+# same way, for nobody may learn from the answer whether an endpoint exists.
+MISTYPED_HOST_HINT = (
+    "Check the password, and the endpoint id in the host (ep-...): a mistyped one fails the"
+    " same way. The console and the API's connection_uri give both."
+)
+
+
+def error_response(code: str, message: str, *, severity: str = "FATAL", hint: str = "") -> bytes:
     fields = b""
     for tag, value in ((b"S", severity), (b"V", severity), (b"C", code), (b"M", message)):
         fields += tag + value.encode() + b"\0"
+    if hint:
+        fields += b"H" + hint.encode() + b"\0"
     fields += b"\0"
     return b"E" + struct.pack("!I", len(fields) + 4) + fields
 

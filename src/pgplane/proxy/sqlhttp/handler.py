@@ -172,7 +172,12 @@ class SqlOverHttp:
             )
         except scram.ScramError as exc:
             raise SqlFailed(
-                str(exc), {"code": wire.INVALID_PASSWORD, "severity": "FATAL"}
+                str(exc),
+                {
+                    "code": wire.INVALID_PASSWORD,
+                    "severity": "FATAL",
+                    "hint": wire.MISTYPED_HOST_HINT,
+                },
             ) from None
 
     async def _answer(self, request: SqlRequest, route: Route) -> str:
