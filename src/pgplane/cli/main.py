@@ -1,5 +1,5 @@
 """``pgplane``: the command line. ``serve`` is here; the rest, a module each (api-keys,
-accounts, tls, store)."""
+accounts, tls, store, psql)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pgplane.cli.backups import backups_app
 from pgplane.cli.common import DataDir
 from pgplane.cli.keys import api_keys_app
 from pgplane.cli.nodes import nodes_app
+from pgplane.cli.psql import psql_command
 from pgplane.cli.recover import ArchiveKeyOption, ObjectStoreOption, recover_command
 from pgplane.cli.store import store_app
 from pgplane.cli.tls import tls_app
@@ -34,6 +35,7 @@ app.add_typer(store_app, name="store")
 app.add_typer(nodes_app, name="nodes")
 app.add_typer(backups_app, name="backups")
 app.command("recover")(recover_command)
+app.command("psql")(psql_command)
 
 
 def _version(show: bool) -> None:

@@ -1,0 +1,1 @@
+"""What runs on a user's machine beside their own clients (``pgplane psql``)."""
