@@ -6,6 +6,7 @@ reaching another's objects). The browser-driven first hour is test_console_brows
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 
@@ -375,3 +376,29 @@ def test_the_api_reference_is_a_page_that_needs_nothing_from_the_internet(server
             assert f'id="{op["operationId"]}"' in r.text
     assert "<script" not in r.text
     assert re.findall(r'(?:src|href)="(?!/|#)', r.text) == []
+
+
+def test_the_first_sign_up_takes_over_the_account_the_command_line_made() -> None:
+    """Set up headless first: an API key from the CLI (its account admin@localhost, which signs
+    in nowhere) and a project made with it. The person who then signs up with the link serve
+    printed gets that account, under their email, with the key and the project: not a second,
+    empty account beside it. A later account is one of its own."""
+    with running_server() as server:
+        done = run_cli("api-keys", "create", "--name", "ci", data_dir=server.data_dir)
+        assert done.returncode == 0, done.stderr
+        key = json.loads(done.stdout)["key"]
+        with Api(server, key) as api:
+            pid = api.create_project(name="made-headless")["project"]["id"]
+        with Browser(server) as founder:
+            r = founder.sign_up(signup_link(server), "founder@example.com")
+            assert r.status_code == 303, r.text
+            assert pid in founder.get("/console/projects").text
+        accounts = json.loads(run_cli("accounts", "list", data_dir=server.data_dir).stdout)
+        assert [a["email"] for a in accounts] == ["founder@example.com"], accounts
+        with Api(server, key) as api:  # the key is the founder's now, as it was
+            assert api.http.get(f"/projects/{pid}").status_code == 200
+        done = run_cli("accounts", "invite", "second@example.com", data_dir=server.data_dir)
+        assert done.returncode == 0, done.stderr
+        with Browser(server) as second:
+            assert second.sign_up(done.stdout.strip(), "second@example.com").status_code == 303
+            assert pid not in second.get("/console/projects").text

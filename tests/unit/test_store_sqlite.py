@@ -251,6 +251,24 @@ async def test_endpoint_activity_only_moves_forward(store: Store) -> None:
     assert endpoint.last_active == 2_000
 
 
+async def test_an_account_renamed_keeps_its_id_and_never_takes_anothers_email(
+    store: Store,
+) -> None:
+    async with store.write() as tx:
+        first = await accounts.ensure(tx, email=accounts.HEADLESS)
+        other = await accounts.ensure(tx, email="taken@example.com")
+        await tx.rename_account(account_id=first.id, email="me@example.com", name="me")
+    async with store.read() as tx:
+        renamed = await tx.get_account_by_email("me@example.com")
+        assert await tx.get_account_by_email(accounts.HEADLESS) is None
+    assert renamed is not None and (renamed.id, renamed.name) == (first.id, "me")
+    with pytest.raises(Conflict):
+        async with store.write() as tx:
+            await tx.rename_account(account_id=first.id, email=other.email, name="x")
+    async with store.read() as tx:
+        assert (await tx.get_account(first.id)) == renamed
+
+
 async def test_an_up_to_date_store_opens_while_another_process_writes(tmp_path: Path) -> None:
     """Its schema is seen current by a read: a CLI command opens the store a busy ``serve``
     is writing and waits for the lock where it says so, not inside the migration."""

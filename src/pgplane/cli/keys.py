@@ -27,7 +27,6 @@ AccountOption = Annotated[
         show_default=False,
     ),
 ]
-_FIRST = "admin@localhost"  # the account a key makes on a platform that has none yet
 
 
 async def _owner(tx: Tx, email: str | None, *, create: bool) -> Account:
@@ -44,7 +43,7 @@ async def _owner(tx: Tx, email: str | None, *, create: bool) -> Account:
             )
         if found:
             return found[0]
-        email = _FIRST
+        email = accounts.HEADLESS  # taken over by the first to sign up in the console
     owner = await tx.get_account_by_email(email)
     if owner is None and create:
         owner = await accounts.ensure(tx, email=email)

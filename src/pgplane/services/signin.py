@@ -22,6 +22,7 @@ import re
 import secrets
 from dataclasses import dataclass
 
+import msgspec
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
@@ -170,9 +171,28 @@ async def sign_up(tx: Tx, *, token: str, address: str, password_hash: str) -> Ac
     existing = await tx.get_account_by_email(address)
     if existing is not None and await tx.get_password_hash(existing.id) is not None:
         raise Conflict("an account with this email exists: sign in instead")
-    account = await accounts.ensure(tx, email=address)
+    account = existing
+    if account is None and used.email is None:
+        account = await _take_over_headless(tx, address)
+    if account is None:
+        account = await accounts.ensure(tx, email=address)
     await tx.set_password_hash(account_id=account.id, password_hash=password_hash)
     return account
+
+
+async def _take_over_headless(tx: Tx, address: str) -> Account | None:
+    """The first person to sign up on a platform set up from the command line: the account
+    its first API key made (``accounts.HEADLESS``, which signs in nowhere) becomes theirs,
+    under their email, with its keys and projects, rather than a second, empty one beside it.
+    Only while nobody can sign in yet; None when there is no such account to take."""
+    if await tx.count_accounts_with_password() > 0:
+        return None
+    headless = await tx.get_account_by_email(accounts.HEADLESS)
+    if headless is None:
+        return None
+    name = accounts.name_of(address)
+    await tx.rename_account(account_id=headless.id, email=address, name=name)
+    return msgspec.structs.replace(headless, email=address, name=name)
 
 
 async def set_password(tx: Tx, *, address: str, password_hash: str) -> Account:

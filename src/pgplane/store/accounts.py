@@ -28,6 +28,10 @@ class AccountsTx(abc.ABC):
         """Insert; a duplicate email raises Conflict."""
 
     @abc.abstractmethod
+    async def rename_account(self, *, account_id: str, email: str, name: str) -> None:
+        """A new email (and name) for the account; one another account has raises Conflict."""
+
+    @abc.abstractmethod
     async def list_accounts(self) -> list[tuple[Account, bool]]:
         """Every account, oldest first, with whether it has a console password."""
 

@@ -56,6 +56,13 @@ class AccountsMixin(Statements):
             (Account(id=r[0], email=r[1], name=r[2], created_at=r[3]), bool(r[4])) for r in rows
         ]
 
+    async def rename_account(self, *, account_id: str, email: str, name: str) -> None:
+        await self._c.write(
+            "UPDATE accounts SET email = ?, name = ? WHERE id = ?",
+            (email, name, account_id),
+            AlreadyExists("account", "an account with this email exists"),
+        )
+
     async def insert_account(self, account: Account) -> None:
         await self._c.write(
             "INSERT INTO accounts (id, email, name, created_at) VALUES (?, ?, ?, ?)",
