@@ -142,3 +142,38 @@ def test_serve_says_what_it_does_while_it_suspends_the_computes_at_a_stop() -> N
     assert len(said) == 2 and said[0].endswith(f"{step} ..."), log[-3000:]
     assert f"{step}: done after" in said[1]
     assert log.index(said[1]) < log.index("pgplane stopped")
+
+
+def _cli_without_data_dir(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI as a person runs it beside a server: no --data-dir, no PGPLANE_DATA_DIR."""
+    env = {k: v for k, v in os.environ.items() if k != "PGPLANE_DATA_DIR"}
+    env |= {"HOME": str(home), "XDG_STATE_HOME": str(home / "state")}
+    return subprocess.run(
+        [*PGPLANE, *args], capture_output=True, text=True, timeout=60, check=False, env=env
+    )
+
+
+def test_without_data_dir_the_cli_finds_the_running_platform_and_never_makes_a_store(
+    tmp_path: Path,
+) -> None:
+    """A newcomer's `pgplane api-keys create` beside a `serve` on another data directory made
+    a second, empty store in the home directory, whose key the server refused (401). It finds
+    the running platform now; with none running and none at the default, or several running,
+    it says which --data-dir to give, and makes nothing."""
+    default = tmp_path / ".local" / "share" / "pgplane"
+    state = {"XDG_STATE_HOME": str(tmp_path / "state")}
+    with running_server(**state) as server:
+        done = _cli_without_data_dir(tmp_path, "api-keys", "create", "--name", "first")
+        assert done.returncode == 0, done.stderr
+        assert f"the data directory of the running serve: {server.data_dir}" in done.stderr
+        key = json.loads(done.stdout)["key"]
+        with Api(server, key) as api:
+            assert api.http.get("/projects").status_code == 200
+        with running_server(**state) as second:
+            done = _cli_without_data_dir(tmp_path, "api-keys", "list")
+            assert done.returncode == 2, done.stdout
+            assert str(server.data_dir) in done.stderr and str(second.data_dir) in done.stderr
+            assert "name one with --data-dir" in done.stderr
+    done = _cli_without_data_dir(tmp_path, "api-keys", "create", "--name", "nowhere")
+    assert done.returncode == 2 and "no pgplane serve running" in done.stderr, done.stderr
+    assert not default.exists()

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from pgplane.cli.common import DataDir, in_store, log, say_progress
+from pgplane.cli.common import DataDir, in_store, log, platform_dir, say_progress
 from pgplane.telemetry import progress
 
 if TYPE_CHECKING:
@@ -75,6 +75,7 @@ def accounts_invite(
     from pgplane.config import settings_from_env  # noqa: PLC0415
     from pgplane.services import signin  # noqa: PLC0415
 
+    data_dir = platform_dir(data_dir)
     if url is None:
         served = settings_from_env(data_dir=data_dir).console_url_path
         try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -66,6 +67,42 @@ def in_store(data_dir: Path | None, work: Callable[[Tx], Awaitable[T]]) -> T:
     return on_store(data_dir, once)
 
 
+def platform_dir(data_dir: Path | None) -> Path | None:
+    """The data directory a command works on: the one named (``--data-dir``,
+    ``$PGPLANE_DATA_DIR``), else the default's when its ``serve`` runs or nothing else does,
+    else the one ``serve`` running elsewhere holds (said on stderr). Never a store made
+    silently beside a running platform: with none found, or several running, exit 2 saying
+    which ``--data-dir`` to give."""
+    from pgplane.serverlock import serving  # noqa: PLC0415
+
+    if (
+        data_dir is not None
+        or os.environ.get("PGPLANE_DATA_DIR")
+        or os.environ.get("PGPLANE_STORE")
+    ):
+        return data_dir
+    default = settings_from_env().data_dir
+    running = serving()
+    if default.resolve() in running:
+        return None
+    if len(running) == 1:
+        typer.echo(f"pgplane: the data directory of the running serve: {running[0]}", err=True)
+        return running[0]
+    if running:
+        named = ", ".join(str(p) for p in running)
+        typer.echo(f"error: pgplane serve runs on {named}: name one with --data-dir", err=True)
+        raise typer.Exit(2)
+    if not settings_from_env().store_path.exists():
+        typer.echo(
+            f"error: no platform in {default} (the default data directory) and no pgplane serve"
+            " running: start `pgplane serve`, which makes it, or name the data directory with"
+            " --data-dir",
+            err=True,
+        )
+        raise typer.Exit(2)
+    return None
+
+
 def on_store(data_dir: Path | None, work: Callable[[Store], Awaitable[T]]) -> T:
     """Run ``work`` with the data directory's store open (for a command that watches it);
     exit 2 with the message on a platform error."""
@@ -73,7 +110,7 @@ def on_store(data_dir: Path | None, work: Callable[[Store], Awaitable[T]]) -> T:
     from pgplane.store.open import open_store  # noqa: PLC0415
     from pgplane.store.sqlite import SqliteStore  # noqa: PLC0415
 
-    settings = settings_from_env(data_dir=data_dir)
+    settings = settings_from_env(data_dir=platform_dir(data_dir))
     say_progress()
 
     async def run() -> T:

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from pgplane.cli.common import DataDir
+from pgplane.cli.common import DataDir, platform_dir
 from pgplane.config import settings_from_env
 
 tls_app = typer.Typer(
@@ -27,7 +27,7 @@ def tls_ca_cert(
     sslrootcert= (libpq: psql, psycopg), NODE_EXTRA_CA_CERTS (node), or a system trust store."""
     from pgplane.tls import ca_certificate  # noqa: PLC0415
 
-    settings = settings_from_env(data_dir=data_dir)
+    settings = settings_from_env(data_dir=platform_dir(data_dir))
     where = ca_certificate(settings.tls_dir)
     try:
         pem = where.read_text()
