@@ -4,6 +4,7 @@ it stops (left running and named, or suspended with ``--stop-computes``)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -79,6 +80,43 @@ def test_a_taken_port_fails_the_start_at_once_naming_its_flag(tmp_path: Path, fl
     assert f"cannot listen on 127.0.0.1:{port} (" in done.stderr, done.stderr
     assert f"choose another port with {flag}" in done.stderr
     assert not (data_dir / "pgplane.db").exists()  # nothing made: no store
+
+
+@pytest.mark.parametrize("case", ["tls-cert", "archive-key", "data-dir"])
+def test_a_path_that_cannot_serve_fails_the_start_at_once_naming_its_flag(
+    tmp_path: Path, case: str
+) -> None:
+    """A missing --tls-cert was a traceback, after the store, the node and the sandbox were
+    made; each path is checked first now, its flag named, nothing made."""
+    data_dir = tmp_path / "data"
+    loose_key = tmp_path / "archive.key"
+    loose_key.write_bytes(os.urandom(32))
+    loose_key.chmod(0o644)
+    args, said = {
+        "tls-cert": (
+            ["--tls-cert", str(tmp_path / "none.crt"), "--tls-key", str(tmp_path / "none.key")],
+            f"--tls-cert {tmp_path / 'none.crt'}: no such file",
+        ),
+        "archive-key": (
+            ["--object-store", "s3://bucket/prefix", "--archive-key-file", str(loose_key)],
+            "--archive-key-file (PGPLANE_ARCHIVE_KEY_FILE): archive key file",
+        ),
+        "data-dir": ([], f"{loose_key} is not a directory"),
+    }[case]
+    if case == "data-dir":
+        data_dir = loose_key / "data"
+    ports = ["--port", str(free_port()), "--proxy-port", str(free_port())]
+    done = subprocess.run(
+        [*PGPLANE, "serve", "--data-dir", str(data_dir), *ports, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert said in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "data").exists()  # nothing made
 
 
 def _suspends(server: Server) -> list[tuple[str, str]]:

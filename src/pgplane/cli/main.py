@@ -252,6 +252,13 @@ def serve(
     if (settings.tls_cert is None) != (settings.tls_key is None):
         typer.echo("error: --tls-cert and --tls-key go together", err=True)
         raise typer.Exit(2)
+    from pgplane.preflight import Unusable, check_paths  # noqa: PLC0415
+
+    try:
+        check_paths(settings)  # before anything is made
+    except Unusable as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     run(settings)
 
 
