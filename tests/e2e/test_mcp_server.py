@@ -1,10 +1,11 @@
 """Neon's MCP server (``@neondatabase/mcp-server-neon``, the registry's latest), unchanged, run over
 stdio as its users run it (``start <API key>``, ``NEON_API_HOST`` at pgplane's API) and driven by an
 MCP client (tests/mcp.py): its SQL tools against a real project, each waking its suspended
-compute, and ``reset_from_parent`` (with a name to keep the old state under, without, and on a
-branch with children). ``compare_database_schema`` cannot be run: no published release has it
-(0.2.3, 0.3.4, 0.3.7, 0.6.4 and 0.6.5, the registry's every version on 2026-11-25, were looked
-through); only Neon's hosted server, built from the repository's newer code, offers it.
+compute, ``create_branch``, and ``reset_from_parent`` (with a name to keep the old state under,
+without, and on a branch with children). ``compare_database_schema`` cannot be run: no
+published release has it (0.2.3, 0.3.4, 0.3.7, 0.6.4 and 0.6.5, the registry's every version on
+2026-11-25, were looked through); only Neon's hosted server, built from the repository's newer
+code, offers it.
 
 What the server needed from this machine, and nothing else: every SQL tool asks the API for the
 connection URI and calls the driver's ``neon(uri)``, which posts to ``https://api.<host>/sql`` on
@@ -128,13 +129,14 @@ def test_reset_from_parent(client: mcp.McpClient, api: Api) -> None:
     project = api.create_ready_project(name="mcp-reset")
     pid = project["project"]["id"]
     _ok(client.call("run_sql", projectId=pid, sql="CREATE TABLE t AS SELECT 1 AS v"))
-    child = api.settled(
-        pid,
-        api.http.post(
-            f"/projects/{pid}/branches",
-            json={"branch": {"name": "preview"}, "endpoints": [{"type": "read_write"}]},
-        ),
-    )["branch"]
+    # The tool's own branch: it always asks for Neon's autoscaled VMs (k8s-neonvm), once a 400.
+    before = {o["id"] for o in api.operations(pid)}
+    made = client.call("create_branch", projectId=pid, branchName="preview")
+    assert not made.is_error, made.text
+    started = [o["id"] for o in api.operations(pid) if o["id"] not in before]
+    assert {o["status"] for o in api.wait_operations(pid, started)} == {"finished"}
+    branches = api.http.get(f"/projects/{pid}/branches").json()["branches"]
+    child = next(b for b in branches if b["name"] == "preview")
     _ok(client.call("run_sql", projectId=pid, branchId=child["id"], sql="INSERT INTO t VALUES (2)"))
 
     before = {o["id"] for o in api.operations(pid)}

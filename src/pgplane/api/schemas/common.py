@@ -69,11 +69,16 @@ CU = Annotated[float, Meta(ge=0.25, le=16, multiple_of=0.25)]
 SuspendTimeout = Annotated[int, Meta(ge=-1, le=604800)]
 # Litestar leaves a bound of 0 out of the document (it tests the bound for truth): restated.
 HistoryRetention = Annotated[int, Meta(ge=0, le=2592000, extra_json_schema=documented(minimum=0))]
-# Neon's names for what runs a compute; this platform has one kind, and names it as Neon's
+# Neon's names for what runs a compute. This platform has one kind, a process in a sandbox and a
+# cgroup whose CPU moves within the endpoint's CU range (as Neon's autoscaled VMs, k8s-neonvm,
+# which Neon's MCP server always asks for); it takes either name for it and shows it as Neon's
 # pods. Another value is a 400 naming the field rather than a request quietly not kept.
 Provisioner = Annotated[
-    Literal["k8s-pod"],
-    Meta(description="what runs the compute: k8s-pod, the one kind this platform has"),
+    Literal["k8s-pod", "k8s-neonvm"],
+    Meta(
+        description="what runs the compute: both name the one kind this platform has, a"
+        " sandboxed process whose CPU moves within the endpoint's CU range"
+    ),
 ]
 # Neon's pooler setting: the only mode its API accepts, and the one the -pooler host serves.
 PoolerMode = Annotated[Literal["transaction"], Meta(description="transaction, the only mode")]
