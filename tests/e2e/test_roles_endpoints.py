@@ -102,11 +102,17 @@ def test_databases_are_real(api: Api) -> None:
 
     r = api.http.post(f"{branch}/roles", json={"role": {"name": "reader", "no_login": True}})
     assert r.status_code == 201, r.text
+    # It cannot log in, so it has no password: none shown, revealed or reset (Neon's no_login).
+    assert "password" not in r.json()["role"], r.text
     _finish(api, pid, r.json())
     with psycopg.connect(base) as conn:
         assert conn.execute(
             "SELECT rolcanlogin FROM pg_roles WHERE rolname = 'reader'"
         ).fetchone() == (False,)
+    for refused in ("reveal_password", "reset_password"):
+        method = api.http.get if refused == "reveal_password" else api.http.post
+        r = method(f"{branch}/roles/reader/{refused}")
+        assert r.status_code == 400 and "no_login" in r.json()["message"], r.text
 
 
 def test_bad_role_and_database_requests_change_nothing(api: Api) -> None:

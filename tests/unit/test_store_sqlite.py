@@ -269,6 +269,34 @@ async def test_an_account_renamed_keeps_its_id_and_never_takes_anothers_email(
         assert (await tx.get_account(first.id)) == renamed
 
 
+async def test_a_project_search_matches_names_in_any_case_and_ids_literally(
+    store: Store,
+) -> None:
+    names = ["Shop_prod", "shop-staging", "other 100%", "shopXprod"]
+    made = []
+    for name in names:
+        created = await _project(store)
+        async with store.write() as tx:
+            renamed = msgspec.structs.replace(created.project, name=name)
+            await tx.update_project(renamed)
+        made.append(renamed)
+    account = made[0].account_id
+
+    async def found(search: str, after: str | None = None) -> list[str]:
+        async with store.read() as tx:
+            page = await tx.list_projects(
+                account_id=account, after_id=after, limit=10, search=search
+            )
+        return [p.name for p in page]
+
+    assert await found("SHOP") == ["shopXprod", "shop-staging", "Shop_prod"]
+    assert await found("p_p") == ["Shop_prod"]  # "_" is a character, not LIKE's any one
+    assert await found("100%") == ["other 100%"]
+    assert await found(made[1].id[-8:]) == ["shop-staging"]
+    assert await found("shop", after=made[3].id) == ["shop-staging", "Shop_prod"]  # paged
+    assert await found("nothing") == []
+
+
 async def test_an_up_to_date_store_opens_while_another_process_writes(tmp_path: Path) -> None:
     """Its schema is seen current by a read: a CLI command opens the store a busy ``serve``
     is writing and waits for the lock where it says so, not inside the migration."""

@@ -246,7 +246,7 @@ def role(r: Role, *, with_password: bool) -> s.RoleOut:
         protected=r.protected,
         created_at=format_s(r.created_at),
         updated_at=format_s(r.updated_at),
-        password=r.password if with_password else None,
+        password=r.password if with_password and r.password else None,
     )
 
 

@@ -236,7 +236,18 @@ async def get(tx: Tx, *, account_id: str, project_id: str) -> Project:
     return await access.project(tx, account_id=account_id, project_id=project_id)
 
 
-async def list_(tx: Tx, *, account_id: str, limit: int | None, cursor: str | None) -> list[Project]:
+async def list_(
+    tx: Tx,
+    *,
+    account_id: str,
+    limit: int | None,
+    cursor: str | None,
+    search: str | None = None,
+    recoverable: bool = False,
+) -> list[Project]:
+    """A page of the account's live projects (``search``: those whose name or id holds it);
+    ``recoverable``, of its deleted ones that can be recovered: none, as a deletion removes
+    the project's data at once here (Neon keeps it a week)."""
     size = DEFAULT_LIMIT if limit is None else limit
     if not 1 <= size <= MAX_LIMIT:
         raise BadRequest(f"limit must be between 1 and {MAX_LIMIT}")
@@ -245,7 +256,9 @@ async def list_(tx: Tx, *, account_id: str, limit: int | None, cursor: str | Non
         and await tx.project_exists(account_id=account_id, project_id=cursor)
     ):
         raise BadRequest("cursor must be the pagination.cursor of a previous page")
-    return await tx.list_projects(account_id=account_id, after_id=cursor, limit=size)
+    if recoverable:
+        return []
+    return await tx.list_projects(account_id=account_id, after_id=cursor, limit=size, search=search)
 
 
 async def update(

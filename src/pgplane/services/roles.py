@@ -9,7 +9,7 @@ import msgspec
 from pgplane.core import clock, ids
 from pgplane.core.models import Branch, Database, Operation, Role
 from pgplane.core.operations import Action
-from pgplane.errors import Conflict, NotFound, PreconditionFailed
+from pgplane.errors import BadRequest, Conflict, NotFound, PreconditionFailed
 from pgplane.services import access, names, operations
 from pgplane.store import Tx
 
@@ -50,7 +50,8 @@ async def create_role(
     role = Role(
         branch_id=branch.id,
         name=names.role(name),
-        password=ids.new_password(),
+        # A role that cannot log in has no password (Neon's no_login): none to show or reveal.
+        password=ids.new_password() if login else "",
         protected=False,
         login=login,
         created_at=now,
@@ -82,9 +83,15 @@ async def reveal_password(
     project = await access.live_project(tx, account_id=account_id, project_id=project_id)
     branch = await access.branch(tx, project_id=project.id, branch_id=branch_id)
     role = await access.role(tx, branch_id=branch.id, name=role_name)
+    _can_log_in(role)
     if not project.store_passwords:
         raise PreconditionFailed("this project does not store passwords; reset it instead")
     return role.password
+
+
+def _can_log_in(role: Role) -> None:
+    if not role.login:
+        raise BadRequest(f"role {role.name!r} cannot log in (no_login): it has no password")
 
 
 async def reset_password(
@@ -93,6 +100,7 @@ async def reset_password(
     """A new password; the old one works until the operation that applies it finishes."""
     branch = await _branch(tx, account_id=account_id, project_id=project_id, branch_id=branch_id)
     role = await access.role(tx, branch_id=branch.id, name=role_name)
+    _can_log_in(role)
     updated = msgspec.structs.replace(role, password=ids.new_password(), updated_at=clock.now_us())
     await tx.update_role(updated)
     return updated, await _apply(tx, branch)

@@ -71,9 +71,10 @@ class Tx(AccountsTx, OperationsTx, UsageTx, SnapshotsTx, NodesTx):
 
     @abc.abstractmethod
     async def list_projects(
-        self, *, account_id: str, after_id: str | None, limit: int
+        self, *, account_id: str, after_id: str | None, limit: int, search: str | None = None
     ) -> list[Project]:
-        """The account's live projects, newest first, starting after the project ``after_id``."""
+        """The account's live projects, newest first, starting after the project ``after_id``;
+        with ``search``, those whose name (in any case) or id holds it."""
 
     @abc.abstractmethod
     async def count_projects(self, account_id: str) -> int:

@@ -61,12 +61,29 @@ class Projects(Controller):
             max_length=60,
             description="pagination.cursor of the previous page (a project id)",
         ),
+        search: str | None = Parameter(
+            default=None,
+            max_length=256,
+            description="only the projects whose name (in any case) or id holds it",
+        ),
+        recoverable: bool | None = Parameter(
+            default=None,
+            description="true: the deleted projects that can still be recovered (none here: a"
+            " deleted project's data is removed at once)",
+        ),
     ) -> ProjectsPage:
         """The account's projects, newest first."""
         ctx = authorized(request)
         store, settings = ctx.store, ctx.settings
         async with store.read() as tx:
-            found = await projects.list_(tx, account_id=ctx.account_id, limit=limit, cursor=cursor)
+            found = await projects.list_(
+                tx,
+                account_id=ctx.account_id,
+                limit=limit,
+                cursor=cursor,
+                search=search,
+                recoverable=bool(recoverable),
+            )
             ids = [p.id for p in found]
             used, stored = await tx.project_usage(ids), await tx.project_storage(ids)
         return ProjectsPage(

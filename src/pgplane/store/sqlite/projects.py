@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -82,24 +83,33 @@ class ProjectsMixin(Statements):
         return _project(r) if r else None
 
     async def list_projects(
-        self, *, account_id: str, after_id: str | None, limit: int
+        self, *, account_id: str, after_id: str | None, limit: int, search: str | None = None
     ) -> list[Project]:
+        # The same SQL for both engines: LIKE with its wildcards escaped, lower() both sides.
+        match = ""
+        extra: tuple[str, ...] = ()
+        if search:
+            needle = "%" + re.sub(r"([\\%_])", r"\\\1", search.lower()) + "%"
+            match, extra = (
+                " AND (lower(p.name) LIKE ?4 ESCAPE '\\' OR p.id LIKE ?4 ESCAPE '\\')",
+                (needle,),
+            )
         if after_id is None:
             rows = await self._c.all(
                 f"SELECT {_PROJECT_COLUMNS} FROM projects p"
-                " WHERE p.account_id = ? AND p.deleted_at IS NULL"
-                " ORDER BY p.created_at DESC, p.id DESC LIMIT ?",
-                (account_id, limit),
+                f" WHERE p.account_id = ?1 AND p.deleted_at IS NULL{match.replace('?4', '?3')}"
+                " ORDER BY p.created_at DESC, p.id DESC LIMIT ?2",
+                (account_id, limit, *extra),
             )
         else:
             rows = await self._c.all(
                 f"SELECT {_PROJECT_COLUMNS} FROM projects p, projects c"
                 " WHERE c.id = ?1 AND c.account_id = ?2"
-                " AND p.account_id = ?2 AND p.deleted_at IS NULL"
+                f" AND p.account_id = ?2 AND p.deleted_at IS NULL{match}"
                 " AND (p.created_at < c.created_at"
                 "      OR (p.created_at = c.created_at AND p.id < c.id))"
                 " ORDER BY p.created_at DESC, p.id DESC LIMIT ?3",
-                (after_id, account_id, limit),
+                (after_id, account_id, limit, *extra),
             )
         return [_project(r) for r in rows]
 

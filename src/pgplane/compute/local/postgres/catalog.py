@@ -27,6 +27,7 @@ from pgplane.compute.local.postgres.sessions import (
     Conn,
     admin_conninfo,
     connect,
+    role_password,
 )
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ async def _apply(socket_dir: Path, port: int, change: ConfigChange) -> None:
             else:
                 query = sql.SQL("CREATE ROLE {} {} CREATEDB CREATEROLE PASSWORD {}")
                 what = f"creating role {role.name!r}"
-            statement = query.format(sql.Identifier(role.name), login, sql.Literal(role.password))
+            statement = query.format(sql.Identifier(role.name), login, role_password(role.password))
             await _execute(conn, statement, what)
         for database in change.databases:
             owner = await _database_owner(conn, database.name)

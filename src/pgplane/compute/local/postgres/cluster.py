@@ -23,7 +23,13 @@ from pgplane.compute.local.files import fsync_dir, remove_tree, sync_tree, write
 from pgplane.compute.local.postgres.binaries import PgInstall
 from pgplane.compute.local.postgres.hba import PG_HBA
 from pgplane.compute.local.postgres.monitor import create_monitor
-from pgplane.compute.local.postgres.sessions import ADMIN_USER, Conn, admin_conninfo, connect
+from pgplane.compute.local.postgres.sessions import (
+    ADMIN_USER,
+    Conn,
+    admin_conninfo,
+    connect,
+    role_password,
+)
 from pgplane.compute.local.tenants.user import RunAs
 from pgplane.telemetry import progress
 
@@ -140,7 +146,7 @@ async def _create(
             query = sql.SQL("CREATE ROLE {} {} CREATEDB CREATEROLE PASSWORD {}").format(
                 sql.Identifier(role.name),
                 sql.SQL("LOGIN" if role.login else "NOLOGIN"),
-                sql.Literal(role.password),
+                role_password(role.password),
             )
             await _execute(conn, query, f"creating role {role.name!r}")
         for database in databases:

@@ -170,3 +170,9 @@ async def connect(info: str) -> Conn:
         await conn.close()
         raise
     return conn
+
+
+def role_password(password: str) -> sql.Composable:
+    """A role's PASSWORD clause value: the password quoted, or NULL for none (a role that
+    cannot log in has none)."""
+    return sql.Literal(password) if password else sql.SQL("NULL")
