@@ -70,6 +70,17 @@ def test_connection_uri_works_with_psql_and_a_driver(api: Api) -> None:
         psycopg.connect(wrong, connect_timeout=10).close()
     project = api.http.get(f"/projects/{body['project']['id']}").json()["project"]
     assert project["locked"] is False
+    # The parameters apart, as PGHOST, PGPORT and PGOPTIONS take them: the host is a name
+    # alone (the port was inside it), and options name the endpoint the host does not.
+    params = body["connection_uris"][0]["connection_parameters"]
+    assert ":" not in params["host"] and params["options"].startswith("endpoint=ep-")
+    apart = {
+        "host": params["host"], "port": params["port"], "user": params["role"],
+        "password": params["password"], "dbname": params["database"],
+        "options": params["options"], "sslmode": "require", "connect_timeout": 10,
+    }  # fmt: skip
+    with psycopg.connect(**apart) as conn:
+        assert conn.execute("select v from t").fetchone() == ("kept",)
 
 
 def test_every_major_found_serves_projects_side_by_side(api: Api) -> None:
@@ -130,6 +141,14 @@ def test_get_and_list(api: Api, other_api: Api) -> None:
         seen += [p["id"] for p in page["projects"]]
         cursor = page["pagination"]["cursor"]
     assert seen == list(reversed(ids))
+    # A search keeps the projects whose name (any case) or id holds it; nothing is recoverable
+    # (a deleted project's data goes at once), rather than every live project.
+    api.http.patch(f"/projects/{ids[1]}", json={"project": {"name": "Shop-Prod"}})
+    found = api.http.get("/projects", params={"search": "shop-p"}).json()["projects"]
+    assert [p["id"] for p in found] == [ids[1]]
+    found = api.http.get("/projects", params={"search": ids[2][-8:]}).json()["projects"]
+    assert [p["id"] for p in found] == [ids[2]]
+    assert api.http.get("/projects", params={"recoverable": "true"}).json()["projects"] == []
     # Another account sees none of them, and gets the same 404 as for a missing project.
     assert other_api.http.get("/projects").json()["projects"] == []
     foreign = other_api.http.get(f"/projects/{ids[0]}")

@@ -265,6 +265,12 @@ def connection(c: Connection) -> s.ConnectionDetails:
     return s.ConnectionDetails(
         connection_uri=c.uri,
         connection_parameters=s.ConnectionParameters(
-            database=c.database, password=c.password, role=c.role, host=c.host, pooler_host=c.host
+            database=c.database,
+            password=c.password,
+            role=c.role,
+            host=c.hostname,
+            pooler_host=c.hostname,
+            port=c.port,
+            options=c.options,
         ),
     )

@@ -111,12 +111,18 @@ class DatabaseOut(Struct, kw_only=True):
     updated_at: str
 
 
-class ConnectionParameters(Struct, kw_only=True):
+class ConnectionParameters(Struct, kw_only=True, omit_defaults=True):
+    """Neon's fields, and what a client needs apart besides (PGHOST, PGPORT, PGOPTIONS): the
+    host is the name alone, the proxy's port beside it, and ``options`` names the endpoint when
+    the host does not (a proxy without wildcard DNS)."""
+
     database: str
     password: str
     role: str
     host: str
     pooler_host: str
+    port: int
+    options: str | None = None
 
 
 class ConnectionDetails(Struct, kw_only=True):
