@@ -19,6 +19,7 @@ once, however many projects it has; its further reads wait their turn (first com
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -171,13 +172,24 @@ async def read(
         raise Unavailable(f"the schema of branch {found.branch.id} cannot be read: {exc}") from None
 
 
+# pg_dump's bracket for psql (``\restrict KEY`` ... ``\unrestrict KEY``): its key is derived
+# from the dump's content, so two different schemas always differ there too; no schema is in it.
+_RESTRICT = re.compile(r"\\(un)?restrict [0-9A-Za-z]+\s*")
+
+
+def _schema_lines(sql: str) -> list[str]:
+    return [line for line in sql.splitlines(keepends=True) if not _RESTRICT.fullmatch(line)]
+
+
 def diff(base_sql: str, sql: str, *, db_name: str, base: Branch, branch: Branch) -> str:
-    """The unified diff from the base's schema to the branch's; empty when they are the same."""
-    if base_sql == sql:
+    """The unified diff from the base's schema to the branch's; empty when they are the same
+    (pg_dump's ``\restrict`` lines are no part of either)."""
+    before, after = _schema_lines(base_sql), _schema_lines(sql)
+    if before == after:
         return ""
     lines = difflib.unified_diff(
-        base_sql.splitlines(keepends=True),
-        sql.splitlines(keepends=True),
+        before,
+        after,
         fromfile=f"{db_name}-schema.sql (branch {base.id})",
         tofile=f"{db_name}-schema.sql (branch {branch.id})",
     )
