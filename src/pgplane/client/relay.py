@@ -4,14 +4,17 @@ The psql that comes with pgplane (the Postgres wheel's) is built without SSL, an
 takes no connection without TLS. The relay listens on a Unix socket in a directory of its
 own (0700, so only its user reaches it); each connection made there is taken to the server over
 TCP, upgraded to TLS as libpq would (an ``SSLRequest``, then the handshake, the certificate
-checked as ``sslmode`` says), and then carried byte for byte both ways: the client's own
-startup, SCRAM exchange and cancel requests pass through unread. A password never touches it.
+checked as ``sslmode`` says), and then carried both ways as it is: the client's own startup,
+SCRAM exchange and cancel requests pass through, the one change being the server's offer of
+channel binding, which libpq refuses to see on a plain socket (:func:`_login`). The password
+is never in the relay's hands: SCRAM proves it without sending it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import ssl
 import struct
 import threading
@@ -29,8 +32,6 @@ _CONNECT_SECONDS = 30.0
 # libpq's modes that check nothing of the certificate, and those that check its chain.
 _UNCHECKED = frozenset({"allow", "prefer", "require"})
 _CHECKED = frozenset({"verify-ca", "verify-full"})
-
-
 _LIBPQ_ROOT = str(Path.home() / ".postgresql" / "root.crt")
 
 
@@ -83,8 +84,6 @@ def upstream(params: Mapping[str, str]) -> Upstream:
 
 
 def _is_address(host: str) -> bool:
-    import ipaddress  # noqa: PLC0415 - only here
-
     try:
         ipaddress.ip_address(host)
     except ValueError:
