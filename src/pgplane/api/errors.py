@@ -94,7 +94,9 @@ def on_http_error(request: AnyRequest, exc: HTTPException) -> Response[ErrorBody
         return _render(request, 500, "INTERNAL", "internal server error")
     message = _validation_message(exc) if isinstance(exc, ValidationException) else exc.detail
     if status == 404 and message == "Not Found":
-        message = "not found"
+        # No route: Neon's words for one it does not serve, which its clients read as "this
+        # feature is not available here" (neon's workflow commands go on without it).
+        message = "this route does not exist on this platform"
     headers = dict(exc.headers or {})
     return _render(request, status, _CODES.get(status, "BAD_REQUEST"), message, headers)
 
