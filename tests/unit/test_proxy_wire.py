@@ -170,3 +170,16 @@ async def test_a_password_checked_without_the_thread_is_still_checked_against_th
     assert scram.check_password_derived(rewritten.verifier, "s3cret") is False
     with pytest.raises(scram.ScramError, match='for user "app"'):
         await check_cleartext("app", rewritten, "s3cret")
+
+
+def test_a_wrong_password_is_refused_with_the_hint_and_a_malformed_exchange_without() -> None:
+    said = wire.error_fields(
+        wire.error_response(
+            wire.INVALID_PASSWORD,
+            'password authentication failed for user "u"',
+            hint=wire.hint_for('password authentication failed for user "u"'),
+        )[5:]
+    )
+    assert said["H"] == wire.MISTYPED_HOST_HINT and "mistyped" in said["H"]
+    assert wire.hint_for("malformed SCRAM message") == ""
+    assert "H" not in wire.error_fields(wire.error_response("08P01", "x")[5:])

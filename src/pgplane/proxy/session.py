@@ -117,9 +117,8 @@ class Sessions:
         except RouteError as exc:
             refusal = wire.error_response(exc.code, exc.message, severity=exc.severity)
         except scram.ScramError as exc:
-            refusal = wire.error_response(
-                wire.INVALID_PASSWORD, str(exc), hint=wire.MISTYPED_HOST_HINT
-            )
+            said = str(exc)
+            refusal = wire.error_response(wire.INVALID_PASSWORD, said, hint=wire.hint_for(said))
         except (wire.ProtocolViolation, FrameError) as exc:
             refusal = wire.error_response(wire.PROTOCOL_VIOLATION, str(exc))
         except (Closed, ConnectionError, ssl.SSLError, TimeoutError):

@@ -133,6 +133,12 @@ MISTYPED_HOST_HINT = (
 )
 
 
+def hint_for(refusal: str) -> str:
+    """The HINT a SCRAM refusal goes with: the wrong password's (a malformed exchange has
+    none)."""
+    return MISTYPED_HOST_HINT if refusal.startswith("password authentication failed") else ""
+
+
 def error_response(code: str, message: str, *, severity: str = "FATAL", hint: str = "") -> bytes:
     fields = b""
     for tag, value in ((b"S", severity), (b"V", severity), (b"C", code), (b"M", message)):

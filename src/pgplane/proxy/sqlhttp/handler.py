@@ -171,14 +171,11 @@ class SqlOverHttp:
                 login.endpoint_id, login.role, login.password, peer=peer
             )
         except scram.ScramError as exc:
-            raise SqlFailed(
-                str(exc),
-                {
-                    "code": wire.INVALID_PASSWORD,
-                    "severity": "FATAL",
-                    "hint": wire.MISTYPED_HOST_HINT,
-                },
-            ) from None
+            said = str(exc)
+            fields = {"code": wire.INVALID_PASSWORD, "severity": "FATAL"}
+            if hint := wire.hint_for(said):
+                fields["hint"] = hint
+            raise SqlFailed(said, fields) from None
 
     async def _answer(self, request: SqlRequest, route: Route) -> str:
         login = request.login
