@@ -81,7 +81,8 @@ def platform_dir(data_dir: Path | None) -> Path | None:
         or os.environ.get("PGPLANE_STORE")
     ):
         return data_dir
-    default = settings_from_env().data_dir
+    defaults = settings_from_env()
+    default = defaults.data_dir
     running = serving()
     if default.resolve() in running:
         return None
@@ -92,7 +93,7 @@ def platform_dir(data_dir: Path | None) -> Path | None:
         named = ", ".join(str(p) for p in running)
         typer.echo(f"error: pgplane serve runs on {named}: name one with --data-dir", err=True)
         raise typer.Exit(2)
-    if not settings_from_env().store_path.exists():
+    if not defaults.store_path.exists():
         typer.echo(
             f"error: no platform in {default} (the default data directory) and no pgplane serve"
             " running: start `pgplane serve`, which makes it, or name the data directory with"

@@ -15,15 +15,14 @@ from pgplane.store import Tx
 @dataclass(frozen=True, slots=True)
 class Connection:
     uri: str
-    host: str  # with the port when it is not 5432, as the URI has it
     role: str
     password: str
     database: str
-    # Apart, for PGHOST, PGPORT and PGOPTIONS: the host alone, its port, and the options that
-    # name the endpoint when the host does not (no wildcard DNS).
-    hostname: str = ""
-    port: int = 5432
-    options: str | None = None
+    # Apart too, for PGHOST, PGPORT and PGOPTIONS: the host alone, its port, and the options
+    # that name the endpoint when the host does not (no wildcard DNS).
+    host: str
+    port: int
+    options: str | None
 
 
 def connection(
@@ -31,25 +30,22 @@ def connection(
 ) -> Connection:
     # Through the proxy. Without wildcard DNS the endpoint's own name does not resolve, so the
     # URI names the proxy and passes the endpoint in options, as Neon does for clients without SNI.
-    options = None
     if settings.proxy_wildcard_dns:
-        host, query = settings.endpoint_host(endpoint.id), "sslmode=require"
-        hostname = f"{endpoint.id}.{settings.proxy_host}"
+        host, options = f"{endpoint.id}.{settings.proxy_host}", None
     else:
-        host, hostname = settings.proxy_address, settings.proxy_host
-        options = f"endpoint={endpoint.id}"
-        query = f"sslmode=require&options=endpoint%3D{endpoint.id}"
+        host, options = settings.proxy_host, f"endpoint={endpoint.id}"
+    port = "" if settings.proxy_port == 5432 else f":{settings.proxy_port}"
+    query = "sslmode=require" + ("" if options is None else f"&options={quote(options)}")
     uri = (
         f"postgresql://{quote(role.name, safe='')}:{quote(role.password, safe='')}"
-        f"@{host}/{quote(database.name, safe='')}?{query}"
+        f"@{host}{port}/{quote(database.name, safe='')}?{query}"
     )
     return Connection(
         uri=uri,
-        host=host,
         role=role.name,
         password=role.password,
         database=database.name,
-        hostname=hostname,
+        host=host,
         port=settings.proxy_port,
         options=options,
     )

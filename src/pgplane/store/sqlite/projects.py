@@ -85,31 +85,29 @@ class ProjectsMixin(Statements):
     async def list_projects(
         self, *, account_id: str, after_id: str | None, limit: int, search: str | None = None
     ) -> list[Project]:
-        # The same SQL for both engines: LIKE with its wildcards escaped, lower() both sides.
-        match = ""
-        extra: tuple[str, ...] = ()
-        if search:
-            needle = "%" + re.sub(r"([\\%_])", r"\\\1", search.lower()) + "%"
-            match, extra = (
-                " AND (lower(p.name) LIKE ?4 ESCAPE '\\' OR p.id LIKE ?4 ESCAPE '\\')",
-                (needle,),
-            )
+        # The same SQL for both engines: LIKE with its wildcards escaped, lower() both sides;
+        # the needle is the last parameter of either query.
+        def matching(n: int) -> str:
+            like = f"LIKE ?{n} ESCAPE '\\'"
+            return f" AND (lower(p.name) {like} OR p.id {like})" if search else ""
+
+        needle = ("%" + re.sub(r"([\\%_])", r"\\\1", search.lower()) + "%",) if search else ()
         if after_id is None:
             rows = await self._c.all(
                 f"SELECT {_PROJECT_COLUMNS} FROM projects p"
-                f" WHERE p.account_id = ?1 AND p.deleted_at IS NULL{match.replace('?4', '?3')}"
+                f" WHERE p.account_id = ?1 AND p.deleted_at IS NULL{matching(3)}"
                 " ORDER BY p.created_at DESC, p.id DESC LIMIT ?2",
-                (account_id, limit, *extra),
+                (account_id, limit, *needle),
             )
         else:
             rows = await self._c.all(
                 f"SELECT {_PROJECT_COLUMNS} FROM projects p, projects c"
                 " WHERE c.id = ?1 AND c.account_id = ?2"
-                f" AND p.account_id = ?2 AND p.deleted_at IS NULL{match}"
+                f" AND p.account_id = ?2 AND p.deleted_at IS NULL{matching(4)}"
                 " AND (p.created_at < c.created_at"
                 "      OR (p.created_at = c.created_at AND p.id < c.id))"
                 " ORDER BY p.created_at DESC, p.id DESC LIMIT ?3",
-                (after_id, account_id, limit, *extra),
+                (after_id, account_id, limit, *needle),
             )
         return [_project(r) for r in rows]
 
