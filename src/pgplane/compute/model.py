@@ -69,12 +69,14 @@ class RoleSpec:
     """A role as the branch must hold it: its password (SCRAM-hashed by Postgres) and LOGIN.
 
     ``login=False`` is Neon's ``no_login``: the role exists (it can own objects, be granted) but
-    cannot connect. An empty password leaves the role without one.
+    cannot connect. An empty password leaves the role without one. ``replication``: the role
+    may replicate (logical replication is on in its project), as Neon's roles may there.
     """
 
     name: str
     password: str
     login: bool = True
+    replication: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +104,8 @@ class ComputeSpec:
     # runs, and the branch's archived WAL otherwise.
     read_only: bool = False
     primary_port: int | None = None
+    # Its project's enable_logical_replication: wal_level=logical (it cannot be turned off).
+    logical_replication: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,11 +3,11 @@ the handlers of configuration changes and of restores (which apply the branch's 
 
 from __future__ import annotations
 
-from pgplane.compute.driver import ConfigChange, DatabaseSpec, RoleSpec
+from pgplane.compute.driver import ConfigChange, DatabaseSpec
 from pgplane.core import clock
 from pgplane.core.models import Project
 from pgplane.engine import rolesync
-from pgplane.engine.context import Context, OnFinish, compute_spec
+from pgplane.engine.context import Context, OnFinish, compute_spec, role_specs
 from pgplane.store import Tx
 
 
@@ -39,7 +39,7 @@ async def apply_roles_and_databases(
     live_roles = {r.name for r in roles}
     live_databases = {d.name for d in databases}
     change = ConfigChange(
-        roles=[RoleSpec(name=r.name, password=r.password, login=r.login) for r in roles],
+        roles=role_specs(project, roles),
         databases=[DatabaseSpec(name=d.name, owner_name=d.owner_name) for d in databases],
         renamed_databases={
             d.applied_name: d.name

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from pgplane.compute.driver import ComputeDriver, ComputeSpec
+from pgplane.compute.driver import ComputeDriver, ComputeSpec, RoleSpec
 from pgplane.config import Settings
-from pgplane.core.models import Branch, Endpoint, Operation, Project
+from pgplane.core.models import Branch, Endpoint, Operation, Project, Role
+from pgplane.services import project_settings
 from pgplane.store import Store, Tx
 
 OnFinish = Callable[[Tx], Awaitable[None]]
@@ -53,6 +54,16 @@ async def branch_at_work(ctx: Context, op: Operation) -> tuple[Project, Branch] 
     return None if branch is None else (project, branch)
 
 
+def role_specs(project: Project, roles: Sequence[Role]) -> list[RoleSpec]:
+    """The branch's roles as the driver applies them; with logical replication on, they may
+    replicate (Neon's roles may: its neon_superuser has REPLICATION)."""
+    replication = project_settings.logical_replication(project.settings)
+    return [
+        RoleSpec(name=r.name, password=r.password, login=r.login, replication=replication)
+        for r in roles
+    ]
+
+
 def compute_spec(
     project: Project, endpoint: Endpoint, primary: Endpoint | None = None
 ) -> ComputeSpec:
@@ -69,4 +80,5 @@ def compute_spec(
         pg_settings={k: str(v) for k, v in endpoint.settings.get("pg_settings", {}).items()},
         autoscaling_limit_min_cu=endpoint.autoscaling_limit_min_cu,
         autoscaling_limit_max_cu=endpoint.autoscaling_limit_max_cu,
+        logical_replication=project_settings.logical_replication(project.settings),
     )

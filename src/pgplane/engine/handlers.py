@@ -17,7 +17,6 @@ from pgplane.compute.driver import (
     ComputeError,
     DatabaseSpec,
     PortInUse,
-    RoleSpec,
 )
 from pgplane.core import clock
 from pgplane.core.models import Endpoint, Operation, Project
@@ -33,6 +32,7 @@ from pgplane.engine.context import (
     compute_spec,
     project_of,
     require_branch,
+    role_specs,
 )
 from pgplane.engine.history_handlers import (
     point_of,
@@ -78,7 +78,7 @@ async def create_timeline(ctx: Context, op: Operation) -> OnFinish | None:
         project_id=project.id,
         branch_id=branch_id,
         pg_version=project.pg_version,
-        roles=[RoleSpec(name=r.name, password=r.password) for r in roles],
+        roles=role_specs(project, roles),
         databases=[DatabaseSpec(name=d.name, owner_name=d.owner_name) for d in databases],
     )
 

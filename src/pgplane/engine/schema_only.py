@@ -10,10 +10,10 @@ authenticates them with.
 
 from __future__ import annotations
 
-from pgplane.compute.driver import DatabaseSpec, RoleSpec
+from pgplane.compute.driver import DatabaseSpec
 from pgplane.core import clock
 from pgplane.core.models import Branch, Operation, Project
-from pgplane.engine.context import Context, OnFinish, PermanentError
+from pgplane.engine.context import Context, OnFinish, PermanentError, role_specs
 from pgplane.engine.history_handlers import point_of
 from pgplane.store import Tx
 
@@ -34,7 +34,7 @@ async def create_schema_only(
         pg_version=project.pg_version,
         point=point_of(op),
         max_bytes=ctx.settings.schema_max_bytes,
-        roles=[RoleSpec(name=r.name, password=r.password, login=r.login) for r in roles],
+        roles=role_specs(project, roles),
         databases=[DatabaseSpec(name=d.name, owner_name=d.owner_name) for d in databases],
     )
 

@@ -1,11 +1,16 @@
 """A project's ``settings`` as set on create and update; ``allowed_ips`` checked, as it is enforced.
 
-``settings`` is Neon's free-form object and is kept as sent, key by key, except
-``allowed_ips`` ({``ips``, ``protected_branches_only``}), which the proxy enforces
-(:mod:`pgplane.core.ipallow`): an entry it could not read, or a field it could not honour, is a
-400 naming the field, so the list shown is the list enforced. ``protected_branches_only: true``
-means, as on Neon, that the list applies to the computes of protected branches only and the
-other branches take connections from anywhere.
+``settings`` is Neon's free-form object and is kept as sent, key by key, except what the
+platform enforces, which is checked:
+
+- ``allowed_ips`` ({``ips``, ``protected_branches_only``}), which the proxy enforces
+  (:mod:`pgplane.core.ipallow`): an entry it could not read, or a field it could not honour, is
+  a 400 naming the field, so the list shown is the list enforced. ``protected_branches_only:
+  true`` means, as on Neon, that the list applies to the computes of protected branches only
+  and the other branches take connections from anywhere.
+- ``enable_logical_replication``: the project's computes run with ``wal_level=logical`` and its
+  roles may replicate (Neon's behaviour). As on Neon it cannot be turned off: a logical slot
+  makes a compute with a lower ``wal_level`` refuse to start.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from pgplane.core import ipallow
 from pgplane.errors import BadRequest
 
 ALLOWED_IPS = "allowed_ips"
+LOGICAL_REPLICATION = "enable_logical_replication"
 # Each connection is tried against every entry, on the proxy's one event loop.
 MAX_ALLOWED_IPS = 1000
 _FIELDS = ("ips", "protected_branches_only")
@@ -32,7 +38,25 @@ def updated(current: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str,
             merged.pop(ALLOWED_IPS)
         else:
             merged[ALLOWED_IPS] = _allowed_ips(changes[ALLOWED_IPS], current.get(ALLOWED_IPS))
+    if LOGICAL_REPLICATION in changes:
+        wanted = changes[LOGICAL_REPLICATION]
+        if not isinstance(wanted, bool):
+            raise BadRequest(f"settings.{LOGICAL_REPLICATION}: must be true or false")
+        if logical_replication(current) and not wanted:
+            raise BadRequest(
+                f"settings.{LOGICAL_REPLICATION}: logical replication cannot be turned off once"
+                " enabled (its replication slots need wal_level=logical)"
+            )
     return merged
+
+
+def logical_replication(settings: Mapping[str, Any]) -> bool:
+    """Whether the project's computes run with ``wal_level=logical``."""
+    return settings.get(LOGICAL_REPLICATION) is True
+
+
+def turns_on_logical_replication(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
+    return logical_replication(after) and not logical_replication(before)
 
 
 def new(settings: Mapping[str, Any]) -> dict[str, Any]:

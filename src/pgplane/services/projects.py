@@ -295,11 +295,31 @@ async def update(
             updated, history_retention_seconds=_retention(changes.history_retention_seconds)
         )
         starts.append(operations.Start(Action.APPLY_STORAGE_CONFIG))
+    if project_settings.turns_on_logical_replication(project.settings, updated.settings):
+        starts += await _logical_replication_starts(tx, project.id)
     await tx.update_project(updated)
     ops = await operations.start(tx, project_id=project_id, starts=starts) if starts else []
     if ops:
         updated = msgspec.structs.replace(updated, locked=True)
     return updated, ops
+
+
+async def _logical_replication_starts(tx: Tx, project_id: str) -> list[operations.Start]:
+    """Every branch's roles given REPLICATION, then each running read-write compute restarted
+    with ``wal_level=logical`` (as on Neon, enabling restarts the project's computes; a
+    suspended one takes it at its next start, a read-only one at its next restart)."""
+    starts = [
+        operations.Start(Action.APPLY_CONFIG, branch_id=b.id)
+        for b in await tx.list_branches(project_id)
+    ]
+    starts += [
+        operations.Start(Action.APPLY_CONFIG, branch_id=e.branch_id, endpoint_id=e.id)
+        for e in await tx.list_endpoints(project_id)
+        if e.type == "read_write"
+        and not e.disabled
+        and "active" in (e.current_state, e.pending_state)
+    ]
+    return starts
 
 
 async def delete(tx: Tx, *, account_id: str, project_id: str) -> tuple[Project, list[Operation]]:

@@ -130,8 +130,8 @@ class DefaultEndpointSettings(Struct, kw_only=True, omit_defaults=True):
     suspend_timeout_seconds: SuspendTimeout | None = None
 
 
-# Neon's free-form settings, kept as sent; allowed_ips is enforced, so it is checked
-# (services/project_settings.py).
+# Neon's free-form settings, kept as sent; allowed_ips and enable_logical_replication are
+# enforced, so they are checked (services/project_settings.py).
 ProjectSettings = Annotated[
     dict[str, Any],
     Meta(
@@ -141,6 +141,9 @@ ProjectSettings = Annotated[
             " an IP address, a CIDR block or a range a-b, and one that is none is a 400 naming"
             " it; an empty list allows every address; protected_branches_only applies the list"
             " to the computes of protected branches only; allowed_ips null removes the list."
+            " enable_logical_replication true runs the project's computes with"
+            " wal_level=logical (those running restart) and lets its roles replicate; it"
+            " cannot be turned off."
         )
     ),
 ]

@@ -21,12 +21,15 @@ from pathlib import Path
 
 from pgplane.compute.driver import BranchStorage, ComputeError
 from pgplane.compute.local.history.archiving import HistoryDirs
-from pgplane.compute.local.postgres.monitor import logical_size
+from pgplane.compute.local.postgres.logical import SLOT_IDLE_TIMEOUT, SLOT_WAL_KEEP_MB
+from pgplane.compute.local.postgres.monitor import inactive_slots, logical_size
 from pgplane.compute.local.postgres.records import Running
 
 log = logging.getLogger(__name__)
 
 WALK_SECONDS = 30.0
+# An inactive replication slot keeping this much WAL is reported (logged) at each sample.
+_SLOT_REPORT_BYTES = 256 << 20
 _BLOCK = 512  # st_blocks' unit, whatever the filesystem's block size
 
 
@@ -112,6 +115,7 @@ async def branch_storage(
             logical, lsn = await logical_size(running.socket_dir, running.port)
         except ComputeError as exc:  # starting, stopping, or too busy: its sizes come next time
             log.info("branch %s: logical size not read: %s", dirs.branch_dir.name, exc)
+        await _report_slots(dirs, running)
     if not walk:
         return BranchStorage(logical=logical, data=None, history=None, wal_lsn=lsn)
     data = await asyncio.to_thread(allocated_bytes, dirs.pgdata)
@@ -123,3 +127,25 @@ async def branch_storage(
             WALK_SECONDS,
         )
     return BranchStorage(logical=logical, data=data, history=history, wal_lsn=lsn)
+
+
+async def _report_slots(dirs: HistoryDirs, running: Running) -> None:
+    """Say which replication slots keep WAL with no one reading them (the tenant's subscriber
+    went away): each costs the project's disk until Postgres invalidates it (postgres/logical.py
+    has the bounds)."""
+    try:
+        slots = await inactive_slots(running.socket_dir, running.port)
+    except ComputeError as exc:
+        log.info("branch %s: replication slots not read: %s", dirs.branch_dir.name, exc)
+        return
+    for name, kept in slots:
+        if kept >= _SLOT_REPORT_BYTES:
+            log.warning(
+                "branch %s: replication slot %r is not read by any subscriber and keeps %d MiB"
+                " of WAL (it is invalidated past %d MiB, or idle %s on Postgres 18)",
+                dirs.branch_dir.name,
+                name,
+                kept >> 20,
+                SLOT_WAL_KEEP_MB,
+                SLOT_IDLE_TIMEOUT,
+            )

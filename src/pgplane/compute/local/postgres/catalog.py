@@ -27,6 +27,7 @@ from pgplane.compute.local.postgres.sessions import (
     Conn,
     admin_conninfo,
     connect,
+    role_attributes,
     role_password,
 )
 
@@ -78,14 +79,16 @@ async def _apply(socket_dir: Path, port: int, change: ConfigChange) -> None:
         for old, new in change.renamed_databases.items():
             await _rename_database(conn, old, new)
         for role in change.roles:
-            login = sql.SQL("LOGIN" if role.login else "NOLOGIN")
+            attributes = role_attributes(role)
             if await _exists(conn, _ROLE_EXISTS, role.name):
                 query = sql.SQL("ALTER ROLE {} {} PASSWORD {}")
                 what = f"updating role {role.name!r}"
             else:
                 query = sql.SQL("CREATE ROLE {} {} CREATEDB CREATEROLE PASSWORD {}")
                 what = f"creating role {role.name!r}"
-            statement = query.format(sql.Identifier(role.name), login, role_password(role.password))
+            statement = query.format(
+                sql.Identifier(role.name), attributes, role_password(role.password)
+            )
             await _execute(conn, statement, what)
         for database in change.databases:
             owner = await _database_owner(conn, database.name)

@@ -28,6 +28,7 @@ from pgplane.compute.local.postgres.sessions import (
     Conn,
     admin_conninfo,
     connect,
+    role_attributes,
     role_password,
 )
 from pgplane.compute.local.tenants.user import RunAs
@@ -145,7 +146,7 @@ async def _create(
             # SCRAM verifier is stored. Never interpolated: Identifier and Literal quote.
             query = sql.SQL("CREATE ROLE {} {} CREATEDB CREATEROLE PASSWORD {}").format(
                 sql.Identifier(role.name),
-                sql.SQL("LOGIN" if role.login else "NOLOGIN"),
+                role_attributes(role),
                 role_password(role.password),
             )
             await _execute(conn, query, f"creating role {role.name!r}")

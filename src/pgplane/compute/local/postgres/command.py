@@ -28,6 +28,8 @@ _MANAGED = frozenset(
         "ssl",
         "ssl_cert_file",
         "ssl_key_file",
+        # The project's (enable_logical_replication): logical slots need it kept.
+        "wal_level",
     }
 )
 _SETTING_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
@@ -88,12 +90,17 @@ def postmaster_argv(
     settings: Mapping[str, str],
     hba_file: Path,
     more_socket_dirs: Sequence[Path] = (),
+    wal_level: str | None = "logical",
 ) -> list[str]:
     """The command line; what routing and security depend on comes last, so no setting can
     override it (``hba_file`` too: see :mod:`pgplane.compute.local.postgres.hba`).
 
     ``more_socket_dirs``: where else the postmaster puts a socket (a read-write compute's for
-    its replicas, :mod:`..replicas`); ``socket_dir`` stays the first, where it is reached."""
+    its replicas, :mod:`..replicas`); ``socket_dir`` stays the first, where it is reached.
+    ``wal_level``: a compute's is its project's (None: Postgres' default, ``replica``); the
+    platform's own postmasters (roles applied offline, replays, reads of the past) take
+    ``logical``, which starts on any data, whereas a logical replication slot makes Postgres
+    refuse to start below it."""
     argv = [str(install.postgres), "-D", str(pgdata)]
     for name, value in settings.items():
         argv += ["-c", f"{name}={value}"]
@@ -105,4 +112,6 @@ def postmaster_argv(
     # A compute started before hba_file was passed differs from this command line, so _serves
     # restarts it once, at its next start or apply_config, and it follows the platform's rule.
     argv += ["-c", f"hba_file={hba_file}"]
+    if wal_level is not None:
+        argv += ["-c", f"wal_level={wal_level}"]
     return argv

@@ -35,6 +35,7 @@ from pgplane.compute.local.layout import TIMELINE_MARKER, Layout, ensure_dir
 from pgplane.compute.local.postgres.binaries import PgInstall
 from pgplane.compute.local.postgres.command import check_settings, postmaster_argv
 from pgplane.compute.local.postgres.limits.size_limit import SizeLimit, config_files
+from pgplane.compute.local.postgres.logical import logical_settings, wal_level
 from pgplane.compute.local.postgres.postmaster import Postmasters
 from pgplane.compute.local.postgres.readiness import wait_ready
 from pgplane.compute.local.postgres.records import Running, is_alive
@@ -170,6 +171,9 @@ class Computes:
             if self._streams.synchronous:
                 # A commit waits for the platform's receiver to have stored its WAL.
                 settings["synchronous_standby_names"] = STANDBY_NAME
+        if spec.logical_replication:
+            # Its slots' bounds (for the receiver's slot too: the setting is one for all).
+            settings |= logical_settings(spec.pg_version)
         if self._size_limit is not None:
             library = await self._size_limit.library(spec.pg_version)
             if library is not None:
@@ -187,6 +191,7 @@ class Computes:
             hba_file=self.layout.hba_file,
             # Its replicas' WAL streams come from there (compute/local/replicas/).
             more_socket_dirs=[self.layout.wal_socket_dir(spec.project_id, spec.branch_id)],
+            wal_level=wal_level(spec),
         )
         return argv, run_as
 

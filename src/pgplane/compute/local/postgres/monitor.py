@@ -125,12 +125,16 @@ async def _check_readable(socket_dir: Path, port: int) -> None:
             await db.execute("SELECT pg_catalog.count(*) FROM pg_catalog.pg_class")
 
 
+# A subscriber's walsender counts as busy however quiet its stream (as on Neon, a compute with
+# a logical replication subscriber does not scale to zero); the platform's own streams (the
+# archive's receiver, replicas) are cloud_admin's, not a client's.
 _ACTIVITY = (
-    "SELECT pg_catalog.bool_or(state OPERATOR(pg_catalog.<>) 'idle'),"
+    "SELECT pg_catalog.bool_or(state OPERATOR(pg_catalog.<>) 'idle'"
+    " OR backend_type OPERATOR(pg_catalog.=) 'walsender'),"
     " EXTRACT(epoch FROM pg_catalog.max(state_change)), EXTRACT(epoch FROM pg_catalog.now()),"
     " pg_catalog.pg_has_role('pg_read_all_stats', 'USAGE')"
     " FROM pg_catalog.pg_stat_activity"
-    " WHERE backend_type OPERATOR(pg_catalog.=) 'client backend'"
+    " WHERE backend_type OPERATOR(pg_catalog.=) ANY ('{client backend,walsender}')"
     " AND pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()"
     " AND usename OPERATOR(pg_catalog.<>) %s AND usename OPERATOR(pg_catalog.<>) %s"
 )
@@ -189,3 +193,24 @@ async def logical_size(socket_dir: Path, port: int) -> tuple[int, int | None]:
     if row is None:
         return 0, None
     return int(row[0] or 0), None if row[1] is None else int(row[1])
+
+
+_INACTIVE_SLOTS = (
+    "SELECT slot_name, pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), restart_lsn)"
+    "::bigint FROM pg_catalog.pg_replication_slots"
+    " WHERE NOT active AND NOT temporary AND restart_lsn IS NOT NULL"
+    " ORDER BY slot_name LIMIT 20"
+)
+
+
+async def inactive_slots(socket_dir: Path, port: int) -> list[tuple[str, int]]:
+    """The replication slots no one reads, and the WAL each keeps (bytes): what a subscriber
+    that went away costs its project's disk until Postgres invalidates the slot."""
+    try:
+        async with asyncio.timeout(_CHECK_TIMEOUT):
+            async with await _monitor_session(socket_dir, port, "postgres") as conn:
+                cur = await conn.execute(_INACTIVE_SLOTS)
+                rows = await cur.fetchall()
+    except (psycopg.Error, TimeoutError) as exc:
+        raise ComputeError(f"could not ask the compute its replication slots: {exc}") from exc
+    return [(str(name), int(kept or 0)) for name, kept in rows]

@@ -33,11 +33,14 @@ from __future__ import annotations
 import os
 import pwd
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
+
+if TYPE_CHECKING:
+    from pgplane.compute.model import RoleSpec
 
 ADMIN_USER = "cloud_admin"
 MONITOR_USER = "pgplane_monitor"
@@ -176,3 +179,12 @@ def role_password(password: str) -> sql.Composable:
     """A role's PASSWORD clause value: the password quoted, or NULL for none (a role that
     cannot log in has none)."""
     return sql.Literal(password) if password else sql.SQL("NULL")
+
+
+def role_attributes(role: RoleSpec) -> sql.Composable:
+    """LOGIN or NOLOGIN, and REPLICATION when the role may replicate. REPLICATION is only ever
+    given: logical replication cannot be turned off, and a role a tenant made is its own."""
+    words = ["LOGIN" if role.login else "NOLOGIN"]
+    if role.replication:
+        words.append("REPLICATION")
+    return sql.SQL(" ".join(words))

@@ -38,6 +38,7 @@ from pgplane.compute.local.layout import TIMELINE_MARKER, Layout, ensure_dir
 from pgplane.compute.local.postgres.binaries import PgInstall
 from pgplane.compute.local.postgres.command import check_settings, postmaster_argv
 from pgplane.compute.local.postgres.computes import Computes, limits_for, serves
+from pgplane.compute.local.postgres.logical import wal_level
 from pgplane.compute.local.postgres.postmaster import Postmasters
 from pgplane.compute.local.postgres.readiness import wait_ready
 from pgplane.compute.local.postgres.records import Running, is_alive
@@ -230,6 +231,8 @@ class Replicas:
             listen="" if self._postmasters.walls.sandboxed(run_as) else self._computes.listen_host,
             settings=settings,
             hba_file=self.layout.hba_file,
+            # Its copy holds the primary's logical slots, if any: Postgres needs logical then.
+            wal_level=wal_level(spec),
         )
 
     async def _archive(self, project_id: str, branch_id: str) -> Path | None:

@@ -46,6 +46,8 @@ class RoleDef:
     createdb: bool
     connection_limit: int
     valid_until: str | None
+    # Given by the platform where logical replication is on (the branch's project's).
+    replication: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,11 +233,11 @@ async def _all(conn: Any, query: Any, params: tuple[Any, ...]) -> list[tuple[Any
 
 
 def _role(row: tuple[Any, ...]) -> RoleDef:
-    name, password, login, inherit, createrole, createdb, limit, until, *powers = row
-    if any(powers):
+    name, password, login, inherit, createrole, createdb, limit, until, sup, repl, bypass = row
+    if sup or bypass:
         raise RestoreFailed(
-            f"role {name!r} is a superuser or has REPLICATION or BYPASSRLS, which no role of a"
-            " tenant holds: it is not copied into a schema-only branch"
+            f"role {name!r} is a superuser or has BYPASSRLS, which no role of a tenant holds:"
+            " it is not copied into a schema-only branch"
         )
     return RoleDef(
         name=str(name),
@@ -246,6 +248,7 @@ def _role(row: tuple[Any, ...]) -> RoleDef:
         createdb=bool(createdb),
         connection_limit=int(limit),
         valid_until=None if until is None else str(until),
+        replication=bool(repl),
     )
 
 

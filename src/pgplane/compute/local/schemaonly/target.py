@@ -145,6 +145,8 @@ def _create_role(role: RoleDef) -> sql.Composed:
         sql.SQL("CREATEDB" if role.createdb else "NOCREATEDB"),
         sql.SQL("CONNECTION LIMIT {}").format(sql.Literal(role.connection_limit)),
     ]
+    if role.replication:
+        parts.append(sql.SQL("REPLICATION"))
     if role.valid_until is not None:
         parts.append(sql.SQL("VALID UNTIL {}").format(sql.Literal(role.valid_until)))
     if role.verifier is not None:
