@@ -185,9 +185,11 @@ def test_snapshots_are_taken_renamed_restored_and_deleted_and_scheduled(server: 
         assert recovered["parent_id"] == main
 
         r = browser.post(f"{project}/snapshots/{sid}/finalize", target_branch_id=main)
-        assert r.status_code == 303 and r.headers["location"].endswith(f"?branch={main}")
-        names = [str(b["name"]) for b in _branches(api, pid)]
-        assert any(n.startswith("main_old_") for n in names), names
+        assert r.status_code == 303, r.text[:300]
+        (now_main,) = [b for b in _branches(api, pid) if b["name"] == "main"]
+        assert r.headers["location"].endswith(f"?branch={now_main['id']}")
+        assert now_main["id"] != main and now_main["restore_status"] == "finalized"
+        assert {str(b["name"]) for b in _branches(api, pid) if b["id"] == main} == {"main (old)"}
         _settle(api, pid)
 
         assert browser.post(f"{project}/snapshots/{sid}/delete").status_code == 303

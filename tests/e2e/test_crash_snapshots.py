@@ -3,8 +3,8 @@ finalizing of a restore (the replaced branch's compute moved to the restored bra
 
 As the other crash suites (tests/crash.py): the server is SIGKILLed at a failpoint, restarted,
 and every operation must finish exactly once: one snapshot, sealed, with the data of its point;
-one restored branch (or the target restored, its old state kept once), with the snapshot's data;
-nothing half-built left beside them.
+one restored branch (in its target's place when finalized, the target kept once), with the
+snapshot's data; nothing half-built left beside them.
 """
 
 from __future__ import annotations
@@ -102,9 +102,12 @@ def test_kill_during_a_restore_into_a_new_branch(crash: Crash, failpoint: str) -
 
 @pytest.mark.parametrize(
     "failpoint",
-    ["restore_branch:moved", slow("restore_snapshot:built"), slow("after:create_timeline")],
+    ["restore_snapshot:copied", slow("after:create_branch"), slow("after:suspend_compute")],
 )
-def test_kill_during_a_finalized_restore_onto_the_branch(crash: Crash, failpoint: str) -> None:
+def test_kill_during_a_finalized_restore(crash: Crash, failpoint: str) -> None:
+    """With finalize_restore: the new branch built, the target's compute stopped on the old
+    data and started on the new; killed anywhere, it ends serving the snapshot's data through
+    the same connection string, the target kept whole under the name given."""
     taken = _take(crash)
     _more(crash)
     crash.arm(failpoint)
@@ -113,13 +116,17 @@ def test_kill_during_a_finalized_restore_onto_the_branch(crash: Crash, failpoint
         json={"target_branch_id": crash.branch_id, "finalize_restore": True, "name": "old"},
     )
     assert r.status_code == 200, r.text
+    restored = r.json()["branch"]
     crash.kill_at(failpoint)
     crash.settle([o["id"] for o in r.json()["operations"]])
     assert crash.rows() == (ROWS, SUM)  # the same connection string, the snapshot's data
-    branches = crash.api.http.get(f"/projects/{crash.pid}/branches").json()["branches"]
-    (kept,) = [b for b in branches if b["id"] != crash.branch_id]
-    assert kept["name"] == "old"
-    assert crash.rows(_uri(crash, kept["id"])) == AFTER  # the state it replaced, whole
+    assert crash.endpoint()["branch_id"] == restored["id"]
+    branches = {
+        b["name"]: b["id"]
+        for b in crash.api.http.get(f"/projects/{crash.pid}/branches").json()["branches"]
+    }
+    assert branches == {"main": restored["id"], "old": crash.branch_id}
+    assert crash.rows(_uri(crash, crash.branch_id)) == AFTER  # the state it replaced, whole
     assert_consistent(crash.server, crash.api, crash.pid)
 
 

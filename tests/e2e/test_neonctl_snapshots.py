@@ -66,7 +66,9 @@ def test_snapshots_create_list_restore_update_schedule_delete(
     onto = neonctl.json(
         "snapshots", "restore", "top", "--project-id", pid, "--target-branch", main, "--finalize"
     )
-    assert onto["restored_branch"]["id"] == main
+    # A new branch in main's place: its name, its compute and connection string.
+    assert onto["restored_branch"]["id"] != main
+    assert onto["restored_branch"]["name"] == project["branch"]["name"]
     _settle(api, pid)
     assert _rows(uri) == [1, 2, 3]
 

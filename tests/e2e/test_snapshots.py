@@ -206,24 +206,34 @@ def test_restore_of_a_time_before_a_change_into_a_new_branch(sapi: Api) -> None:
     assert rows(uri) == [1, 2, 3]  # the source, untouched
 
 
-def test_restore_onto_a_branch_with_finalize(sapi: Api) -> None:
+def test_restore_with_finalize_makes_a_new_branch_in_the_targets_place(sapi: Api) -> None:
+    """Neon's spec: a restore is into a new branch; ``finalize_restore`` finalizes it at once
+    (the target's computes move to it, it takes the target's name, the target is kept)."""
     project, pid, uri = project_with_table(sapi, "snap-onto")
     main = project["branch"]["id"]
     commit(uri, 1)
     taken = snapshot(sapi, pid, main)  # the head
     commit(uri, 2)
-    body = restore(sapi, pid, taken["id"], target_branch_id=main, finalize_restore=True)
-    assert body["branch"]["id"] == main  # the branch keeps its id, computes and hosts
-    assert (body["branch"]["restored_from"], body["branch"]["restore_status"]) == (
-        taken["id"],
-        "finalized",
-    )
-    assert rows(uri) == [1]
-    kept = [
-        b for b in sapi.http.get(f"/projects/{pid}/branches").json()["branches"] if b["id"] != main
-    ]
-    assert len(kept) == 1 and kept[0]["name"].startswith(project["branch"]["name"])
-    assert rows(branch_uri(sapi, pid, kept[0]["id"])) == [1, 2]  # the state it replaced
+    body = restore(sapi, pid, taken["id"], finalize_restore=True)  # the target: the source
+    restored = body["branch"]
+    assert restored["id"] != main and restored["name"] == project["branch"]["name"]
+    assert (restored["restored_from"], restored["restore_status"]) == (taken["id"], "finalized")
+    assert restored["default"] and restored["parent_id"] == main
+    assert rows(uri) == [1]  # the same connection string, the snapshot's data
+    endpoint = sapi.endpoint(pid, project["endpoints"][0]["id"])
+    assert endpoint["branch_id"] == restored["id"]
+    kept = sapi.http.get(f"/projects/{pid}/branches/{main}").json()["branch"]
+    assert kept["name"] == f"{project['branch']['name']} (old)" and not kept["default"]
+    assert rows(branch_uri(sapi, pid, main)) == [1, 2]  # the state it replaced
+
+    # ``name`` with finalize_restore names the branch replaced, as finalize_restore's own does.
+    again = restore(
+        sapi, pid, taken["id"], target_branch_id=restored["id"], finalize_restore=True,
+        name="before-again",
+    )  # fmt: skip
+    assert again["branch"]["name"] == project["branch"]["name"]
+    replaced = sapi.http.get(f"/projects/{pid}/branches/{restored['id']}").json()["branch"]
+    assert replaced["name"] == "before-again"
 
 
 def test_a_snapshot_outlives_the_history_window_and_its_branch(

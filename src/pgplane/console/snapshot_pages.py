@@ -183,7 +183,7 @@ class SnapshotsPage(Controller):
                 restored, _ = await snapshots.restore(
                     tx, spec=spec, settings=me.console.settings, **where
                 )
-                # The branch it made or restored, on the project's page.
+                # The branch it made (in the target's place, finalized), on the project's page.
                 path = f"{_project_path(project_id)}?branch={restored.id}"
         me.console.notify()
         return Redirect(path=path, status_code=303)

@@ -58,17 +58,28 @@ async def finalize(
         raise Conflict(
             f"branch {restored.restored_as}, which the restore was to replace, was deleted"
         )
+    _, ops = await replace(tx, project.id, restored, target, old_name)
+    return ops
+
+
+async def replace(
+    tx: Tx, project_id: str, restored: Branch, target: Branch, old_name: str | None
+) -> tuple[Branch, list[Operation]]:
+    """``restored`` takes ``target``'s place (its computes, name, flags, schedule); ``target``
+    is renamed ``old_name`` (None: ``<name> (old)``). Also a restore's own last step with
+    ``finalize_restore``, in the transaction that made ``restored``: its computes start once
+    its data is built (their starts follow its ``create_branch``)."""
     # It takes the target's default flag and protection, which an expiring branch cannot hold
     # (the scheduler would delete the default, and every compute moved onto it).
     if target.default:
         expiry.refuse_if_expiring(restored, "it would become the default", field="expires_at")
     if target.protected:
         expiry.refuse_if_expiring(restored, "it would become protected", field="expires_at")
-    endpoints = await tx.list_endpoints(project.id)
+    endpoints = await tx.list_endpoints(project_id)
     moving = _moving(endpoints, target.id)
     _refuse_two_writers(endpoints, moving, restored)
     now = clock.now_us()
-    branches = await tx.list_branches(project.id)
+    branches = await tx.list_branches(project_id)
     if old_name is None:
         old_name = _free_name(f"{target.name} (old)", branches)
     # The old name first: the restored branch takes it in the same transaction.
@@ -77,22 +88,21 @@ async def finalize(
             target, name=old_name, default=False, protected=False, updated_at=now
         )
     )
-    await tx.update_branch(
-        msgspec.structs.replace(
-            restored,
-            name=target.name,
-            default=target.default,
-            protected=target.protected,
-            restore_status=FINALIZED,
-            updated_at=now,
-        )
+    replaced = msgspec.structs.replace(
+        restored,
+        name=target.name,
+        default=target.default,
+        protected=target.protected,
+        restore_status=FINALIZED,
+        updated_at=now,
     )
+    await tx.update_branch(replaced)
     # Other restores waiting to replace the target now replace the branch in its place.
     for b in branches:
         if b.restore_status == RESTORED and b.restored_as == target.id and b.id != restored.id:
             await tx.update_branch(msgspec.structs.replace(b, restored_as=restored.id))
-    await _move_schedule(tx, project.id, target.id, restored.id, now)
-    return await _move_computes(tx, project.id, moving, target.id, restored.id, now)
+    await _move_schedule(tx, project_id, target.id, restored.id, now)
+    return replaced, await _move_computes(tx, project_id, moving, target.id, restored.id, now)
 
 
 def _moving(endpoints: list[Endpoint], branch_id: str) -> list[Endpoint]:

@@ -1,16 +1,17 @@
 """Snapshots (Neon's snapshot API): a branch's data at its head, an LSN or a time, kept as a
-copy of its own; listed, renamed, expired, deleted, restored into a new branch or onto one.
+copy of its own; listed, renamed, expired, deleted, restored into a new branch.
 
 A snapshot is written with the ``create_snapshot`` that builds its data, once the branch's
 earlier work is done (its scope is the branch). It keeps the branch's roles (same passwords) and
-databases as they were when it was taken, which a branch restored from it gets. Restoring it
-into a new branch is that branch's ``create_branch``, copying the snapshot; onto an existing
-branch with ``finalize_restore`` it is that branch's ``create_timeline`` (as a branch restore:
-the branch keeps its id, endpoints and hosts; its state before is kept as a new branch, as Neon
-keeps the replaced branch). Without ``finalize_restore`` the new branch waits to be finalized
-(services/finalize.py: the target's computes move to it and it takes the target's place).
-Deleting one (or its expiry) is ``delete_snapshot``, which frees its
-copy; deleting the project frees them all.
+databases as they were when it was taken, which a branch restored from it gets. A restore is,
+as Neon's published spec has it, always into a new branch (that branch's ``create_branch``,
+copying the snapshot), which is to replace a target (the snapshot's source branch unless
+named). Without ``finalize_restore`` it waits to be finalized (services/finalize.py); with it,
+it is finalized in the same request: the target's computes move to it (the same endpoint ids,
+hosts and connection strings, serving the snapshot's data once it is built), it takes the
+target's name, and the target is kept with its data under ``name`` (else ``<name> (old)``).
+Deleting one (or its expiry) is ``delete_snapshot``, which frees its copy; deleting the project
+frees them all.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pgplane.core import clock, ids
 from pgplane.core.models import Branch, Operation, Project, Role, Snapshot
 from pgplane.core.operations import Action
 from pgplane.errors import BadRequest, Conflict, NotFound
-from pgplane.services import access, expiry, history, names, operations, quotas, restores
+from pgplane.services import access, expiry, finalize, history, names, operations, quotas
 from pgplane.store import Tx
 
 _US = 1_000_000
@@ -238,9 +239,13 @@ async def restore(
         )
     await quotas.check_branches(tx, project_id=project.id, settings=settings)
     now = clock.now_us()
-    if spec.finalize_restore:
-        return await _onto(tx, project, snapshot, target, spec.name, now)
-    return await _into_new(tx, project, snapshot, target, spec.name, now)
+    if not spec.finalize_restore:
+        return await _into_new(tx, project, snapshot, target, spec.name, now)
+    # Named for now by its id; finalized, it takes the target's name, and ``name`` the target.
+    branch, ops = await _into_new(tx, project, snapshot, target, None, now)
+    old_name = names.branch(spec.name) if spec.name is not None else None
+    finalized, moves = await finalize.replace(tx, project.id, branch, target, old_name)
+    return finalized, ops + moves
 
 
 async def _into_new(
@@ -285,52 +290,6 @@ async def _into_new(
         ],
     )
     return branch, ops
-
-
-async def _onto(
-    tx: Tx, project: Project, snapshot: Snapshot, target: Branch, name: str | None, now: int
-) -> tuple[Branch, list[Operation]]:
-    keeper_name = names.branch(name) if name is not None else f"{target.name}_old_{now // _US}"
-    keeper = await restores.preserve(tx, target, keeper_name, now)
-    for child in await tx.list_branches(project.id):
-        if child.parent_id == target.id and child.id != keeper.id:
-            await tx.update_branch(
-                msgspec.structs.replace(child, parent_id=keeper.id, updated_at=now)
-            )
-    restored = msgspec.structs.replace(
-        target,
-        parent_id=keeper.id,
-        parent_lsn=snapshot.lsn,
-        parent_timestamp=snapshot.point_time,
-        last_reset_at=now,
-        restored_from=snapshot.id,
-        # Restored in place: nothing to finalize, unless it waits to replace another branch.
-        restore_status=target.restore_status
-        if target.restore_status == "restored"
-        else "finalized",
-        current_state="resetting",
-        pending_state="ready",
-        state_changed_at=now,
-        updated_at=now,
-    )
-    await tx.update_branch(expiry.restarted(restored, now))
-    # Its roles and databases stay the branch's: applied on the restored data by the restore,
-    # so every password and connection string holds, as after a branch restore.
-    ops = await operations.start(
-        tx,
-        project_id=project.id,
-        starts=[
-            operations.Start(
-                Action.CREATE_TIMELINE,
-                branch_id=target.id,
-                source_branch_id=snapshot.source_branch_id,
-                snapshot_id=snapshot.id,
-                preserve_branch_id=keeper.id,
-            ),
-            operations.Start(Action.CREATE_BRANCH, branch_id=keeper.id, source_branch_id=target.id),
-        ],
-    )
-    return restored, ops
 
 
 async def _give_objects(tx: Tx, snapshot: Snapshot, branch_id: str, now: int) -> None:

@@ -184,7 +184,7 @@ class Snapshots(Controller):
         data: JSONBody[SnapshotRestoreRequest | None] = None,
         name: str | None = Parameter(default=None, max_length=256, include_in_schema=False),
     ) -> SnapshotRestored:
-        """Into a new branch, or onto ``target_branch_id`` with ``finalize_restore``."""
+        """Into a new branch; in ``target_branch_id``'s place at once with ``finalize_restore``."""
         ctx = authorized(request)
         body = data or SnapshotRestoreRequest()
         spec = snapshots.RestoreSpec(

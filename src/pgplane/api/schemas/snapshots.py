@@ -62,6 +62,11 @@ class SnapshotUpdateRequest(Struct, kw_only=True):
 
 
 class SnapshotRestoreRequest(Struct, kw_only=True):
+    """Always into a new branch, to replace ``target_branch_id`` (the snapshot's source branch
+    unless named). ``name`` names it; with ``finalize_restore`` it takes the target's place and
+    name at once, and ``name`` is the name the replaced branch takes (absent: ``<name> (old)``),
+    as ``finalize_restore``'s own body says."""
+
     name: Name256 | None = None
     target_branch_id: Annotated[str, Meta(min_length=1, max_length=60)] | None = None
     finalize_restore: bool = False
