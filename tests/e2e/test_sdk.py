@@ -53,6 +53,17 @@ def test_sdk_parses_project_and_operation_responses(neon: NeonAPI, server: Serve
     assert op.status.value == "finished"
     assert op.total_duration_ms >= 0
 
+    # Once the project has a snapshot (taken and deleted), its operations still parse: their
+    # actions are in Neon's enum.
+    with Api(server, neon._api_key) as again:
+        r = again.http.post(f"/projects/{project.id}/branches/{ops[0]['branch_id']}/snapshot")
+        taken = again.settled(project.id, r)["snapshot"]
+        gone = again.http.delete(f"/projects/{project.id}/snapshots/{taken['id']}")
+        assert gone.status_code == 202, gone.text
+        again.wait_operations(project.id, [o["id"] for o in gone.json()["operations"]])
+    actions = [o.action.value for o in neon.operations(project.id).operations]
+    assert actions.count("create_timeline") == 2 and "delete_timeline" in actions, actions
+
     updated = neon.project_update(
         project.id, project={"name": "renamed", "history_retention_seconds": 60}
     )

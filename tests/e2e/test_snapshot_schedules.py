@@ -59,7 +59,7 @@ def test_a_schedule_takes_each_slot_once_and_drops_expired_ones(api: Api, server
     _store(server, "UPDATE backup_schedules SET updated_at = updated_at - ?", 2 * _DAY_US)
     (taken,) = wait_for("the due slot's snapshot", lambda: _scheduled(api, pid), server=server)
     assert taken["expires_at"] is not None and taken["source_branch_id"] == main
-    ops = [o for o in api.operations(pid) if o["action"] == "create_snapshot"]
+    ops = [o for o in api.operations(pid) if o["action"] == "create_timeline"]  # Neon's name
     api.wait_operations(pid, [o["id"] for o in ops])
 
     # Across a restart, with the slot still due, it is not taken again. A second branch's
@@ -92,7 +92,7 @@ def test_a_schedule_takes_each_slot_once_and_drops_expired_ones(api: Api, server
         lambda: taken["id"] not in {s["id"] for s in listed(api, pid)},
         server=server,
     )
-    deletes = [o for o in api.operations(pid) if o["action"] == "delete_snapshot"]
+    deletes = [o for o in api.operations(pid) if o["action"] == "delete_timeline"]
     assert len(deletes) == 1
     api.wait_operations(pid, [deletes[0]["id"]])
     snapshot_dir = server.data_dir / "projects" / pid / "snapshots" / taken["id"]

@@ -17,6 +17,7 @@ from pgplane.core.models import (
     Project,
     Role,
 )
+from pgplane.core.operations import Action
 from pgplane.core.usage import BranchSizes, StorageTotals, Totals
 from pgplane.services.annotations import OBJECT_TYPE
 from pgplane.services.connections import Connection
@@ -30,13 +31,24 @@ def _ts(us: int | None) -> str | None:
     return None if us is None else format_s(us)
 
 
+# Neon's OperationAction enum (its published spec, which its SDKs parse strictly: neon-api's
+# operations() raised on anything else) has no snapshot action: a snapshot there is a timeline
+# of its own, as here it is a copy of a branch's data. Its creation and deletion are shown as
+# that timeline's; the console and the logs keep the platform's own names.
+_NEON_ACTIONS = {
+    Action.CREATE_SNAPSHOT: Action.CREATE_TIMELINE,
+    Action.DELETE_SNAPSHOT: Action.DELETE_TIMELINE,
+}
+
+
 def operation(op: Operation) -> s.OperationOut:
     return s.OperationOut(
         id=op.id,
         project_id=op.project_id,
         branch_id=op.branch_id,
         endpoint_id=op.endpoint_id,
-        action=op.action,  # StrEnum members are str; encoded as their value
+        # StrEnum members are str; encoded as their value.
+        action=_NEON_ACTIONS.get(op.action, op.action),
         status=op.status,
         failures_count=op.failures_count,
         error=op.error,
