@@ -10,6 +10,7 @@ everything else, as it does on Neon for a project outside the regions that have 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -57,16 +58,24 @@ class Repo:
         self.run("git", "init", "-q", "-b", "main")
         self.run("git", "commit", "-q", "--allow-empty", "-m", "start")
 
-    def run(self, *argv: str) -> str:
+    def _run(self, *argv: str) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(
             argv, cwd=self.path, env=self.env, capture_output=True, text=True, timeout=120,
             check=False,
         )  # fmt: skip
         assert done.returncode == 0, f"{argv}: {done.stdout}\n{done.stderr}"
+        return done
+
+    def run(self, *argv: str) -> str:
+        """What it printed, on either stream (the CLI logs to stderr)."""
+        done = self._run(*argv)
         return done.stdout + done.stderr
 
     def neon(self, *args: str) -> str:
         return self.run("neon", *args)
+
+    def neon_json(self, *args: str) -> Any:
+        return json.loads(self._run("neon", *args, "--output", "json").stdout)
 
     def env_local(self) -> dict[str, str]:
         pairs = (line.partition("=") for line in (self.path / ".env.local").read_text().split("\n"))
@@ -114,6 +123,14 @@ def test_env_local_follows_the_branch(
     assert _marker(repo.env_local()["DATABASE_URL"]) == "dev"
     mapped = repo.neon("git", "status").split()
     assert mapped[mapped.index("Mappings") + 1 :] == ["main", "→", "main", "dev", "→", "dev"]
+
+    # Snapshots by slug (neon 6 looks them up by id, unique name, then slug).
+    made = repo.neon_json(
+        "snapshots", "create", "--branch", "main", "--name", "Before migration",
+        "--slug", "before-migration",
+    )  # fmt: skip
+    got = repo.neon_json("snapshots", "get", "before-migration")
+    assert got["id"] == made["id"] and got["slug"] == "before-migration", (made, got)
 
     # init links a fresh checkout of the app (and writes its neon.ts).
     fresh = Repo(tmp_path / "fresh", neon_bin, server, api)

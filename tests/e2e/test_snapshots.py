@@ -103,9 +103,22 @@ def test_create_list_rename_delete(sapi: Api, snap_server: Server) -> None:
     assert taken["source_branch_id"] == main
     assert taken["manual"] is True
     assert "expires_at" not in taken  # a manual snapshot is kept until deleted
+    assert taken["slug"] == taken["id"]  # none given: its id
+
+    # A slug: Neon's form, once among the project's live snapshots.
+    where = f"/projects/{pid}/branches/{main}/snapshot"
+    for bad in ("Upper", "9lives", "ends-", "a" * 64, "under_score"):
+        r = sapi.http.post(where, params={"slug": bad})
+        assert r.status_code == 400 and "slug" in r.json()["message"], (bad, r.text)
+    slugged = snapshot(sapi, pid, main, slug="before-migration")
+    assert slugged["slug"] == "before-migration"
+    r = sapi.http.post(where, params={"slug": "before-migration"})
+    assert r.status_code == 409 and "slug 'before-migration'" in r.json()["message"], r.text
+    r = sapi.http.delete(f"/projects/{pid}/snapshots/{slugged['id']}")
+    sapi.wait_operations(pid, [o["id"] for o in r.json()["operations"]])
 
     (shown,) = listed(sapi, pid)
-    assert shown["id"] == taken["id"]
+    assert shown["id"] == taken["id"] and shown["slug"] == taken["id"]
     assert shown["lsn"] and shown["full_size"] > 0  # known once built
     top = snap_server.data_dir / "projects" / pid / "snapshots" / taken["id"]
     assert (top / "pgdata").is_dir()

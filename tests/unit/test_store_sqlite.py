@@ -19,7 +19,7 @@ import pytest
 
 from pgplane.config import Settings
 from pgplane.core import clock, ids
-from pgplane.core.models import Branch, Endpoint, Role
+from pgplane.core.models import Branch, Endpoint, Role, Snapshot
 from pgplane.errors import AlreadyExists, Conflict
 from pgplane.services import accounts, projects
 from pgplane.services.projects import CreatedProject
@@ -295,6 +295,39 @@ async def test_a_project_search_matches_names_in_any_case_and_ids_literally(
     assert await found(made[1].id[-8:]) == ["shop-staging"]
     assert await found("shop", after=made[3].id) == ["shop-staging", "Shop_prod"]  # paged
     assert await found("nothing") == []
+
+
+async def test_a_snapshot_slug_is_held_once_among_live_snapshots(store: Store) -> None:
+    created = await _project(store)
+    pid, main = created.project.id, created.branch
+
+    def taken(slug: str) -> Snapshot:
+        now = clock.now_us()
+        return Snapshot(
+            id=ids.new_snapshot_id(), project_id=pid, source_branch_id=main.id, name=slug,
+            state="ready", manual=True, roles=[], databases=[], created_at=now, updated_at=now,
+            slug=slug,
+        )  # fmt: skip
+
+    first = taken("before-migration")
+    async with store.write() as tx:
+        await tx.insert_snapshot(first)
+        assert await tx.snapshot_slug_taken(project_id=pid, slug="before-migration")
+    with pytest.raises(Conflict, match="slug 'before-migration' is taken"):
+        async with store.write() as tx:
+            await tx.insert_snapshot(taken("before-migration"))
+    # Another project's, or a deleted snapshot's, slug is free.
+    other = await _project(store)
+    async with store.write() as tx:
+        await tx.insert_snapshot(
+            msgspec.structs.replace(taken("before-migration"), project_id=other.project.id)
+        )
+        await tx.update_snapshot(msgspec.structs.replace(first, deleted_at=clock.now_us()))
+        assert not await tx.snapshot_slug_taken(project_id=pid, slug="before-migration")
+        await tx.insert_snapshot(taken("before-migration"))
+    async with store.read() as tx:
+        (live,) = await tx.list_snapshots(pid)
+    assert live.slug == "before-migration" and live.id != first.id
 
 
 async def test_an_up_to_date_store_opens_while_another_process_writes(tmp_path: Path) -> None:

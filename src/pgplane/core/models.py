@@ -145,6 +145,7 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     schedule_slot: str | None = None  # the backup schedule's slot it was taken for
     expires_at: int | None = None
     deleted_at: int | None = None
+    slug: str | None = None  # unique among the project's live snapshots (None: taken before)
 
 
 class Endpoint(msgspec.Struct, frozen=True, kw_only=True):

@@ -16,6 +16,7 @@ frees them all.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import msgspec
@@ -37,6 +38,7 @@ class NewSnapshot:
     point: history.NamedPoint | None = None
     name: str | None = None
     expires_at: int | None = None  # us
+    slug: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +112,10 @@ async def create(
     now = clock.now_us()
     if spec.expires_at is not None:
         _check_expiry(spec.expires_at, now)
+    if spec.slug is not None:
+        _check_slug(spec.slug)
+        if await tx.snapshot_slug_taken(project_id=project.id, slug=spec.slug):
+            raise Conflict(f"slug {spec.slug!r} is taken by another snapshot of the project")
     return await take(
         tx,
         project=project,
@@ -120,7 +126,21 @@ async def create(
         manual=True,
         slot=None,
         now=now,
+        slug=spec.slug,
     )
+
+
+# Neon's (createSnapshot's slug): a lowercase letter, then lowercase letters, digits or
+# hyphens, ending with a letter or digit; 63 characters at most.
+_SLUG = re.compile(r"[a-z](?:[a-z0-9-]{0,61}[a-z0-9])?")
+
+
+def _check_slug(slug: str) -> None:
+    if _SLUG.fullmatch(slug) is None:
+        raise BadRequest(
+            "slug: 1 to 63 characters, a lowercase letter first, then lowercase letters,"
+            " digits or hyphens, ending with a letter or a digit"
+        )
 
 
 async def take(
@@ -134,13 +154,16 @@ async def take(
     manual: bool,
     slot: str | None,
     now: int,
+    slug: str | None = None,
 ) -> tuple[Snapshot, list[Operation]]:
     """The snapshot written and its ``create_snapshot`` started (a request's or a schedule's:
-    a slot taken already raises Conflict)."""
+    a slot or a slug taken already raises Conflict). Without a slug, its id is its slug."""
+    snapshot_id = ids.new_snapshot_id()
     at = point.point if point else None
     shown_time = at.time_us if at is not None else now
     snapshot = Snapshot(
-        id=ids.new_snapshot_id(),
+        id=snapshot_id,
+        slug=slug or snapshot_id,
         project_id=project.id,
         source_branch_id=branch.id,
         name=name or f"{branch.name} {clock.format_s(shown_time if shown_time else now)}",

@@ -1,8 +1,9 @@
 """The snapshot side of the store contract: snapshots, backup schedules and backup checks.
 
 Part of :class:`pgplane.store.base.Tx`, whose guarantees hold here too: nothing commits on its
-own. A scheduled snapshot's slot is unique per branch: inserting a second one for the same slot
-raises :class:`pgplane.errors.Conflict`, so a slot is never taken twice, by any process.
+own. A scheduled snapshot's slot is unique per branch, and a slug among a project's live
+snapshots: inserting a second one raises :class:`pgplane.errors.Conflict`, so neither is ever
+taken twice, by any process.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ class SnapshotsTx(abc.ABC):
 
     @abc.abstractmethod
     async def insert_snapshot(self, snapshot: Snapshot) -> None:
-        """Insert; a second snapshot for the same branch and schedule slot raises Conflict."""
+        """Insert; a second snapshot for the same branch and schedule slot, or a slug a live
+        snapshot of the project holds, raises Conflict."""
 
     @abc.abstractmethod
     async def get_snapshot(self, *, project_id: str, snapshot_id: str) -> Snapshot | None:
@@ -43,6 +45,10 @@ class SnapshotsTx(abc.ABC):
     @abc.abstractmethod
     async def expired_snapshots(self, *, now: int, limit: int) -> list[Snapshot]:
         """Snapshots not deleted whose ``expires_at`` is at or before ``now``, oldest first."""
+
+    @abc.abstractmethod
+    async def snapshot_slug_taken(self, *, project_id: str, slug: str) -> bool:
+        """Whether a live snapshot of the project holds the slug."""
 
     @abc.abstractmethod
     async def snapshot_slot_taken(self, *, branch_id: str, slot: str) -> bool:

@@ -48,6 +48,15 @@ _TIME = Parameter(
 )
 
 
+# Checked in the service (a 400 naming it); the pattern is Neon's, for clients that read it.
+_SLUG = Parameter(
+    default=None,
+    max_length=63,
+    description="Unique among the project's snapshots; the snapshot's id when omitted.",
+    schema_extra={"pattern": "^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$"},
+)
+
+
 def snapshot_out(s: Snapshot) -> SnapshotOut:
     return SnapshotOut(
         id=s.id,
@@ -59,6 +68,7 @@ def snapshot_out(s: Snapshot) -> SnapshotOut:
         timestamp=clock.format_s(s.point_time) if s.point_time is not None else None,
         expires_at=clock.format_s(s.expires_at) if s.expires_at is not None else None,
         full_size=s.full_size,
+        slug=s.slug,
     )
 
 
@@ -82,6 +92,7 @@ class Snapshots(Controller):
         timestamp: str | None = _TIME,
         name: str | None = _TEXT,
         expires_at: str | None = _TIME,
+        slug: str | None = _SLUG,
     ) -> SnapshotCreated:
         """Keep the branch's data at its head, or at ``lsn`` or ``timestamp`` of its history."""
         ctx = authorized(request)
@@ -92,6 +103,7 @@ class Snapshots(Controller):
             point=point,
             name=name,
             expires_at=snapshots.parse_expiry(expires_at) if expires_at is not None else None,
+            slug=slug,
         )
         bounds = None
         if point is not None:

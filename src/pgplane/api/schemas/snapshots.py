@@ -36,6 +36,7 @@ class SnapshotOut(Struct, kw_only=True, omit_defaults=True):
     timestamp: str | None = None
     expires_at: str | None = None
     full_size: int | None = None
+    slug: str | None = None  # absent for a snapshot taken before slugs existed
 
 
 class SnapshotCreated(Struct, kw_only=True):

@@ -13,7 +13,7 @@ from pgplane.store.sqlite.common import Statements
 
 _COLUMNS = (
     "id, project_id, source_branch_id, name, state, lsn, point_time, manual, full_size, roles,"
-    " databases, schedule_slot, created_at, updated_at, expires_at, deleted_at"
+    " databases, schedule_slot, created_at, updated_at, expires_at, deleted_at, slug"
 )
 _roles = msgspec.json.Decoder(list[dict[str, Any]])
 _databases = msgspec.json.Decoder(list[dict[str, str]])
@@ -38,6 +38,7 @@ def _snapshot(r: Sequence[Any]) -> Snapshot:
         updated_at=r[13],
         expires_at=r[14],
         deleted_at=r[15],
+        slug=r[16],
     )
 
 
@@ -59,6 +60,7 @@ def _row(s: Snapshot) -> tuple[Any, ...]:
         s.updated_at,
         s.expires_at,
         s.deleted_at,
+        s.slug,
     )
 
 
@@ -67,9 +69,13 @@ class SnapshotsMixin(Statements):
 
     async def insert_snapshot(self, snapshot: Snapshot) -> None:
         await self._c.write(
-            f"INSERT INTO snapshots ({_COLUMNS}) VALUES ({', '.join('?' * 16)})",
+            f"INSERT INTO snapshots ({_COLUMNS}) VALUES ({', '.join('?' * 17)})",
             _row(snapshot),
-            Conflict(f"snapshot slot {snapshot.schedule_slot} of the branch is taken already"),
+            Conflict(
+                f"slug {snapshot.slug!r} is taken by another snapshot of the project"
+                if snapshot.schedule_slot is None
+                else f"snapshot slot {snapshot.schedule_slot} of the branch is taken already"
+            ),
         )
 
     async def get_snapshot(self, *, project_id: str, snapshot_id: str) -> Snapshot | None:
@@ -108,6 +114,13 @@ class SnapshotsMixin(Statements):
             (now, limit),
         )
         return [_snapshot(r) for r in rows]
+
+    async def snapshot_slug_taken(self, *, project_id: str, slug: str) -> bool:
+        r = await self._c.one(
+            "SELECT 1 FROM snapshots WHERE project_id = ? AND slug = ? AND deleted_at IS NULL",
+            (project_id, slug),
+        )
+        return r is not None
 
     async def snapshot_slot_taken(self, *, branch_id: str, slot: str) -> bool:
         r = await self._c.one(
