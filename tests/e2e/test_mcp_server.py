@@ -1,8 +1,9 @@
 """Neon's MCP server (``@neondatabase/mcp-server-neon``, the registry's latest), unchanged, run over
 stdio as its users run it (``start <API key>``, ``NEON_API_HOST`` at pgplane's API) and driven by an
 MCP client (tests/mcp.py): its SQL tools against a real project, each waking its suspended
-compute, ``create_branch``, and ``reset_from_parent`` (with a name to keep the old state under,
-without, and on a branch with children). ``compare_database_schema`` cannot be run: no
+compute, ``create_branch``, ``reset_from_parent`` (with a name to keep the old state under,
+without, and on a branch with children), and a migration tried on a branch then applied
+(``prepare_database_migration``, ``complete_database_migration``). ``compare_database_schema`` cannot be run: no
 published release has it (0.2.3, 0.3.4, 0.3.7, 0.6.4 and 0.6.5, the registry's every version on
 2026-11-25, were looked through); only Neon's hosted server, built from the repository's newer
 code, offers it.
@@ -17,6 +18,7 @@ by a preload script (``node --import`` through ``NODE_OPTIONS``, tests/js/mcp-pr
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -202,3 +204,27 @@ def test_reset_from_parent_of_a_branch_with_children_keeps_its_old_state(
     assert branches["feature"]["parent_id"] == kept["id"]  # the children went with the old state
     old = _ok(client.call("run_sql", projectId=pid, branchId=feature["id"], sql="SELECT v FROM t"))
     assert sorted(r["v"] for r in old) == [1, 2]
+
+
+def test_a_migration_is_tried_on_a_branch_then_applied(client: mcp.McpClient, api: Api) -> None:
+    """``prepare_database_migration`` runs the SQL on a branch of its own (made with the tool's
+    k8s-neonvm provisioner); ``complete_database_migration`` applies it to the parent and deletes
+    that branch."""
+    project = api.create_ready_project(name="mcp-migrate")
+    pid = project["project"]["id"]
+    migration = "CREATE TABLE orders (id int PRIMARY KEY, total numeric)"
+    prepared = client.call("prepare_database_migration", projectId=pid, migrationSql=migration)
+    assert not prepared.is_error, prepared.text
+    found = re.search(r"<migration_id>([0-9a-f-]{36})</migration_id>", prepared.text)
+    branch = re.search(r"<id>(br-[a-z0-9-]+)</id>", prepared.text)
+    assert found and branch, prepared.text
+    tables = "SELECT count(*)::int AS n FROM pg_tables WHERE tablename = 'orders'"
+    on_branch = _ok(client.call("run_sql", projectId=pid, branchId=branch[1], sql=tables))
+    assert on_branch == [{"n": 1}]
+    assert _ok(client.call("run_sql", projectId=pid, sql=tables)) == [{"n": 0}]  # main: not yet
+
+    done = client.call("complete_database_migration", migrationId=found[1])
+    assert not done.is_error, done.text
+    assert _ok(client.call("run_sql", projectId=pid, sql=tables)) == [{"n": 1}]
+    branches = api.http.get(f"/projects/{pid}/branches").json()["branches"]
+    assert [b["name"] for b in branches] == ["main"]
