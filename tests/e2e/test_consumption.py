@@ -365,3 +365,65 @@ const client = createApiClient({ apiKey: process.env.KEY, baseURL: process.env.B
          "TO": clock.format_s(now + 24 * HOUR), "PROJECT": pid},
     )  # fmt: skip
     assert got == [[pid, b] for b in sorted([root, child])]
+
+
+def test_the_v1_history_has_the_same_hours_as_fields(
+    server: Server, api: Api, project: dict
+) -> None:
+    """``GET /consumption_history/projects``, Neon's older form (its SDKs still call it): each
+    timeframe's figures as fields, which ``neon-api``'s models (the legacy ones) parse whole;
+    the WAL the computes wrote counts as written data."""
+    pid = project["project"]["id"]
+    with psycopg.connect(project["connection_uris"][0]["connection_uri"], autocommit=True) as c:
+        c.execute("CREATE TABLE written AS SELECT g, repeat('x', 100) AS pad"
+                  " FROM generate_series(1, 20000) g")  # fmt: skip
+    start, end = _hours()
+
+    def v1(**params: str) -> Any:
+        r = api.http.get(
+            "/consumption_history/projects",
+            params={"from": start, "to": end, "granularity": "hourly", "project_ids": pid,
+                    **params},
+        )  # fmt: skip
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def written() -> int | None:
+        frames = v1()["projects"][0]["periods"][0]["consumption"]
+        total = sum(f["written_data_bytes"] for f in frames)
+        return total if total > 2_000_000 else None  # the table's ~2.5 MB of WAL, at least
+
+    wait_for("the WAL written, sampled", written, 60, server=server)
+    body = v1(metrics="logical_size_bytes,data_storage_bytes_hour")
+    parsed = ConsumptionHistoryPerProjectResponse(**body)  # neon-api's own models, whole
+    [period] = parsed.projects[0].periods
+    frames = body["projects"][0]["periods"][0]["consumption"]
+    assert set(frames[-1]) == {
+        "timeframe_start", "timeframe_end", "active_time_seconds", "compute_time_seconds",
+        "written_data_bytes", "synthetic_storage_size_bytes", "data_storage_bytes_hour",
+        "logical_size_bytes",
+    }  # fmt: skip
+    assert len(period.consumption) == len(frames)
+    assert max(f["logical_size_bytes"] for f in frames) > 0
+    assert sum(f["data_storage_bytes_hour"] for f in frames) > 0
+    # The same hours as v2's: compute time is its compute-unit seconds.
+    r = api.http.get(
+        PATH,
+        params={"from": start, "to": end, "granularity": "hourly", "project_ids": pid,
+                "metrics": "compute_unit_seconds"},
+    )  # fmt: skip
+    v2 = [
+        _metrics(f)["compute_unit_seconds"]
+        for f in r.json()["projects"][0]["periods"][0]["consumption"]
+    ]
+    assert [f["compute_time_seconds"] for f in frames] == v2
+    # The deprecated switch adds data_storage_bytes_hour; an unknown metric is refused by name.
+    assert (
+        "data_storage_bytes_hour"
+        in v1(include_v1_metrics="true")["projects"][0]["periods"][0]["consumption"][0]
+    )
+    r = api.http.get(
+        "/consumption_history/projects",
+        params={"from": start, "to": end, "granularity": "hourly", "metrics": "cpu_seconds"},
+    )
+    assert r.status_code == 400 and "cpu_seconds" in r.json()["message"], r.text

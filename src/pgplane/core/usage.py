@@ -89,6 +89,7 @@ class HourUsage:
     data_byte_s: int = 0
     history_byte_s: int = 0
     archived_byte_s: int = 0  # what its history's objects take in the object store
+    written_bytes: int = 0  # WAL its computes wrote (as sampled: in the sample's hour)
 
 
 @dataclass(frozen=True, slots=True)

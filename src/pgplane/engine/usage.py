@@ -25,7 +25,15 @@ from dataclasses import replace
 from pgplane.compute.driver import BranchStorage, ComputeDriver, ComputeUsage
 from pgplane.core import clock
 from pgplane.core.models import Endpoint
-from pgplane.core.usage import US, BranchSizes, EndpointUsage, HourUsage, integrate, spread
+from pgplane.core.usage import (
+    HOUR_US,
+    US,
+    BranchSizes,
+    EndpointUsage,
+    HourUsage,
+    integrate,
+    spread,
+)
 from pgplane.errors import Unavailable
 from pgplane.store import Store, Tx
 
@@ -153,10 +161,12 @@ def sizes_now(
 
     before = kept.wal_lsn if kept else None
     written = kept.written if kept else 0
+    grown = 0
     if got.wal_lsn is not None and before is not None:
         # Only forward: a restore puts the branch back at an earlier position, from which its
         # new writes count again.
-        written += max(0, got.wal_lsn - before)
+        grown = max(0, got.wal_lsn - before)
+        written += grown
     sizes = BranchSizes(
         project_id=project_id,
         branch_id=branch_id,
@@ -172,7 +182,11 @@ def sizes_now(
         unarchived=got.unarchived_bytes,
         unarchived_since=got.unarchived_since,
     )
-    return sizes, [] if kept is None else integrate(kept, end=now_us)
+    hours = [] if kept is None else integrate(kept, end=now_us)
+    if grown:
+        hour = now_us // HOUR_US * 3600
+        hours.append(HourUsage(project_id, branch_id, hour, written_bytes=grown))
+    return sizes, hours
 
 
 async def sample_storage(

@@ -25,6 +25,14 @@ Metrics, in Neon's names and units where it has them:
 
 Network transfer and extra branches are not measured here: asking for them is a 400 that says
 so, never a made-up 0.
+
+The older ``GET /consumption_history/projects`` (v1, which Neon's SDKs still call) answers the
+same hours in its own shape, each timeframe's figures as fields: ``active_time_seconds``,
+``compute_time_seconds`` (compute-unit seconds, as the project's own field), ``written_data_bytes``
+(the WAL the computes wrote, as sampled) and ``synthetic_storage_size_bytes`` (0, as Neon now
+answers it) always; ``data_storage_bytes_hour`` (data and history, byte-hours),
+``logical_size_bytes`` (the largest hourly average within the timeframe) and
+``logical_size_bytes_hour`` when asked.
 """
 
 from __future__ import annotations
@@ -54,6 +62,17 @@ _NEON = (
     "snapshot_storage_bytes_month",
 )
 METRICS = (*_NEON, "active_time_seconds", "cpu_seconds", "archive_storage_bytes_month")
+# v1's, in its order; the first three when a query names none.
+V1_METRICS = (
+    "active_time_seconds",
+    "compute_time_seconds",
+    "written_data_bytes",
+    "synthetic_storage_size_bytes",
+    "data_storage_bytes_hour",
+    "logical_size_bytes",
+    "logical_size_bytes_hour",
+)
+V1_ALWAYS = V1_METRICS[:4]
 # Per branch, Neon's four that are measured here (it names network transfer too).
 BRANCH_METRICS = _NEON[:4]
 BRANCH_DEFAULT_LIMIT = 100
@@ -204,7 +223,8 @@ def parse(
 
 
 def _values(hours: Sequence[tuple[HourUsage, bool]], metrics: Sequence[str]) -> dict[str, int]:
-    cu = cpu = active = root = child = history = archived = 0
+    cu = cpu = active = root = child = history = archived = written = logical = 0
+    logical_by_hour: dict[int, int] = {}
     for h, is_root in hours:
         cu, cpu, active = cu + h.cu_us, cpu + h.cpu_us, active + h.active_us
         if is_root:
@@ -213,7 +233,17 @@ def _values(hours: Sequence[tuple[HourUsage, bool]], metrics: Sequence[str]) -> 
             child += h.data_byte_s
         history += h.history_byte_s
         archived += h.archived_byte_s
+        written += h.written_bytes
+        logical += h.logical_byte_s
+        logical_by_hour[h.hour] = logical_by_hour.get(h.hour, 0) + h.logical_byte_s
     every = {
+        # v1's (the hour's byte-seconds / 3600: byte-hours, or an hour's average size).
+        "compute_time_seconds": cu // US,
+        "written_data_bytes": written,
+        "synthetic_storage_size_bytes": 0,
+        "data_storage_bytes_hour": (root + child + history) // 3600,
+        "logical_size_bytes": max(logical_by_hour.values(), default=0) // 3600,
+        "logical_size_bytes_hour": logical // 3600,
         "compute_unit_seconds": cu // US,
         "root_branch_bytes_month": root // _MONTH_SECONDS,
         "child_branch_bytes_month": child // _MONTH_SECONDS,
@@ -224,6 +254,18 @@ def _values(hours: Sequence[tuple[HourUsage, bool]], metrics: Sequence[str]) -> 
         "archive_storage_bytes_month": archived // _MONTH_SECONDS,
     }
     return {m: every[m] for m in metrics}
+
+
+def v1_metrics(metrics: Sequence[str] | None, *, include_v1_metrics: bool) -> list[str]:
+    """What a v1 query answers: its four fields always, and the others it names (or, without
+    ``metrics``, what the deprecated ``include_v1_metrics`` adds)."""
+    named = _listed(metrics, "metrics")
+    unknown = [n for n in named if n not in V1_METRICS]
+    if unknown:
+        raise BadRequest(f"unknown metrics {', '.join(unknown)}: any of {', '.join(V1_METRICS)}")
+    if not named and include_v1_metrics:
+        named = ["data_storage_bytes_hour"]
+    return list(dict.fromkeys([*V1_ALWAYS, *named]))
 
 
 def _held(held: Sequence[tuple[int, int, int]], start: int, end: int) -> int:

@@ -14,9 +14,13 @@ from pgplane.api.schemas.consumption import (
     BranchesConsumption,
     ConsumptionMetricValue,
     ConsumptionPeriod,
+    ConsumptionPeriodV1,
     ConsumptionTimeframe,
+    ConsumptionTimeframeV1,
     ProjectConsumption,
+    ProjectConsumptionV1,
     ProjectsConsumption,
+    ProjectsConsumptionV1,
 )
 from pgplane.api.schemas.operations import Pagination
 from pgplane.core.clock import format_s
@@ -27,6 +31,8 @@ _ONE = "|".join(consumption.METRICS)
 # comma-separated (the service checks the same, with reasons).
 _METRIC = Annotated[str, Parameter(pattern=f"^({_ONE})(,({_ONE}))*$")]
 _METRICS = QueryParameter(min_items=1, max_items=100, description="repeated, or comma-separated")
+_ONE_V1_METRIC = "|".join(consumption.V1_METRICS)
+_V1_METRIC = Annotated[str, Parameter(pattern=f"^({_ONE_V1_METRIC})(,({_ONE_V1_METRIC}))*$")]
 _ONE_BRANCH_METRIC = "|".join(consumption.BRANCH_METRICS)
 _BRANCH_METRIC = Annotated[
     str, Parameter(pattern=f"^({_ONE_BRANCH_METRIC})(,({_ONE_BRANCH_METRIC}))*$")
@@ -80,6 +86,59 @@ class Consumption(Controller):
                 ProjectConsumption(
                     project_id=p.project_id,
                     periods=[_period(p.period_id, p.period_start_us, p.frames)],
+                )
+                for p in found
+            ],
+            pagination=None if next_cursor is None else Pagination(cursor=next_cursor),
+        )
+
+    @get(
+        "/projects",
+        operation_id="getConsumptionHistoryPerProject",
+        responses=error_responses(406),
+    )
+    async def per_project_v1(
+        self,
+        request: AnyRequest,
+        granularity: Annotated[Literal["hourly", "daily", "monthly"], QueryParameter()],
+        from_: Annotated[str, QueryParameter(name="from", max_length=64, format="date-time")],
+        to: Annotated[str, QueryParameter(max_length=64, format="date-time")],
+        metrics: Annotated[list[_V1_METRIC] | None, _IDS] = None,
+        project_ids: Annotated[list[_ID] | None, _IDS] = None,
+        limit: int | None = Parameter(default=None, ge=1, le=100, description="10 when absent"),
+        cursor: str | None = Parameter(default=None, max_length=60),
+        org_id: str | None = Parameter(default=None, max_length=60),
+        include_v1_metrics: bool = False,
+    ) -> ProjectsConsumptionV1:
+        """Neon's older form of the same history: each timeframe's figures as its fields."""
+        ctx = authorized(request)
+        query = consumption.parse(
+            from_=from_,
+            to=to,
+            granularity=granularity,
+            metrics=consumption.v1_metrics(metrics, include_v1_metrics=include_v1_metrics),
+            project_ids=project_ids,
+            limit=limit,
+            cursor=cursor,
+            org_id=org_id,
+            allowed=consumption.V1_METRICS,
+        )
+        async with ctx.store.read() as tx:
+            found, next_cursor = await consumption.per_project(
+                tx, account_id=ctx.account_id, query=query
+            )
+        return ProjectsConsumptionV1(
+            projects=[
+                ProjectConsumptionV1(
+                    project_id=p.project_id,
+                    periods=[
+                        ConsumptionPeriodV1(
+                            period_id=p.period_id,
+                            period_plan=consumption.PERIOD_PLAN,
+                            period_start=format_s(p.period_start_us),
+                            consumption=[_timeframe_v1(f) for f in p.frames],
+                        )
+                    ],
                 )
                 for p in found
             ],
@@ -149,4 +208,19 @@ def _period(period_id: str, start_us: int, frames: list[consumption.Frame]) -> C
             )
             for f in frames
         ],
+    )
+
+
+def _timeframe_v1(f: consumption.Frame) -> ConsumptionTimeframeV1:
+    v = f.values
+    return ConsumptionTimeframeV1(
+        timeframe_start=format_s(f.start_us),
+        timeframe_end=format_s(f.end_us),
+        active_time_seconds=v["active_time_seconds"],
+        compute_time_seconds=v["compute_time_seconds"],
+        written_data_bytes=v["written_data_bytes"],
+        synthetic_storage_size_bytes=v["synthetic_storage_size_bytes"],
+        data_storage_bytes_hour=v.get("data_storage_bytes_hour"),
+        logical_size_bytes=v.get("logical_size_bytes"),
+        logical_size_bytes_hour=v.get("logical_size_bytes_hour"),
     )

@@ -1,4 +1,5 @@
-"""Neon's consumption history, v2: per project, its periods, their timeframes and metrics."""
+"""Neon's consumption history (v2, and v1 below): per project, its periods, their timeframes
+and metrics."""
 
 from __future__ import annotations
 
@@ -44,4 +45,37 @@ class BranchConsumption(Struct, kw_only=True):
 
 class BranchesConsumption(Struct, kw_only=True, omit_defaults=True):
     branches: list[BranchConsumption]
+    pagination: Pagination | None = None
+
+
+# -- v1 (GET /consumption_history/projects): a timeframe's figures are its fields ----------------
+
+
+class ConsumptionTimeframeV1(Struct, kw_only=True, omit_defaults=True):
+    timeframe_start: str
+    timeframe_end: str
+    active_time_seconds: int
+    compute_time_seconds: int
+    written_data_bytes: int
+    synthetic_storage_size_bytes: int  # 0, as Neon answers it now (deprecated)
+    data_storage_bytes_hour: int | None = None
+    logical_size_bytes: int | None = None
+    logical_size_bytes_hour: int | None = None
+
+
+class ConsumptionPeriodV1(Struct, kw_only=True, omit_defaults=True):
+    period_id: str
+    period_plan: str
+    period_start: str
+    consumption: list[ConsumptionTimeframeV1]
+    period_end: str | None = None
+
+
+class ProjectConsumptionV1(Struct, kw_only=True):
+    project_id: str
+    periods: list[ConsumptionPeriodV1]
+
+
+class ProjectsConsumptionV1(Struct, kw_only=True, omit_defaults=True):
+    projects: list[ProjectConsumptionV1]
     pagination: Pagination | None = None

@@ -10,7 +10,7 @@ from pgplane.store.sqlite.common import Statements
 
 _HOUR_COLUMNS = (
     "project_id, branch_id, hour, cpu_us, active_us, cu_us, logical_byte_s, data_byte_s,"
-    " history_byte_s, archived_byte_s"
+    " history_byte_s, archived_byte_s, written_bytes"
 )
 _ADDED = (
     "cpu_us",
@@ -20,6 +20,7 @@ _ADDED = (
     "data_byte_s",
     "history_byte_s",
     "archived_byte_s",
+    "written_bytes",
 )
 _SIZES = (
     "project_id, branch_id, logical_bytes, data_bytes, history_bytes, sampled_us, wal_lsn,"
@@ -80,7 +81,7 @@ class UsageMixin(Statements):
     async def _add_hours(self, hours: Sequence[HourUsage]) -> None:
         added = ", ".join(f"{c} = usage_hours.{c} + excluded.{c}" for c in _ADDED)
         await self._c.executemany(
-            f"INSERT INTO usage_hours ({_HOUR_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)"
+            f"INSERT INTO usage_hours ({_HOUR_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)"
             f" ON CONFLICT (project_id, hour, branch_id) DO UPDATE SET {added}",
             [
                 (
@@ -94,6 +95,7 @@ class UsageMixin(Statements):
                     h.data_byte_s,
                     h.history_byte_s,
                     h.archived_byte_s,
+                    h.written_bytes,
                 )
                 for h in hours
             ],
