@@ -108,7 +108,7 @@ class Consumption(Controller):
         limit: int | None = Parameter(default=None, ge=1, le=100, description="10 when absent"),
         cursor: str | None = Parameter(default=None, max_length=60),
         org_id: str | None = Parameter(default=None, max_length=60),
-        include_v1_metrics: bool = False,
+        include_v1_metrics: Annotated[bool, QueryParameter()] = False,
     ) -> ProjectsConsumptionV1:
         """Neon's older form of the same history: each timeframe's figures as its fields."""
         ctx = authorized(request)
