@@ -25,31 +25,30 @@ exists, not yet ready), ``stop_compute:signalled`` (told to stop, maybe not gone
 ``restart_compute:signalled`` (an endpoint's new settings: the old postmaster told to stop),
 ``offline_postmaster:ready`` (a temporary postmaster on a branch with no compute running, for a
 check or a change), ``suspend_compute:roles_read``, ``apply_config:executed`` (after each
-statement of a change),
-``create_branch:backup_started`` (an online copy inside the parent's backup),
-``create_branch:copied`` (the copy is durable, not yet in place; both also inside a read-only
-compute's start, which copies its branch), ``start_replica:copied`` (a read-only compute's copy
-in place, its standby not yet started), ``expire_branch:due`` (the
-scheduler found an expired branch, its deletion not yet recorded), ``delete_timeline:stopped``
-and ``delete_tenant:stopped`` (computes stopped, files still there), ``tenant_detach:packed``
-(the archive is verified, the hot copy still there), ``tenant_detach:stored`` (with shared
-storage: the archive stored and verified there, the hot copy and the local archive still here),
+statement of a change), ``create_branch:backup_started`` (an online copy inside the parent's
+backup), ``create_branch:copied`` (the copy is durable, not yet in place; both also inside a
+read-only compute's start, which copies its branch), ``start_replica:copied`` (a read-only
+compute's copy in place, its standby not yet started), ``expire_branch:due`` (the scheduler
+found an expired branch, its deletion not yet recorded), ``delete_timeline:stopped`` and
+``delete_tenant:stopped`` (computes stopped, files still there), ``tenant_detach:packed`` (the
+archive is verified, the hot copy still there), ``tenant_detach:stored`` (with shared storage:
+the archive stored and verified there, the hot copy and the local archive still here),
 ``tenant_reattach:fetched`` (an archive another node stored, fetched and checked, not yet
 unpacked), ``tenant_reattach:unpacked`` (the data is back in place, the archive not yet
-removed), ``rebuild:replaying`` (a copy of a base state being
-replayed to a point of history by a temporary postmaster), ``restore_branch:built`` (a restore's
-new data complete beside the branch's), ``restore_branch:moved`` (the branch's old data moved
-out of its place, the new data not yet in), ``project_volume:mounted`` (a new project's
-filesystem mounted, its directory not yet given to its user), ``point_read:serving`` (a
-schema read at a point of history: the point rebuilt, its temporary postmaster serving),
-``schema_only:read`` (a schema-only branch's source read, nothing of it built yet) and
-``schema_only:restored`` (its new cluster holds the schema, its temporary postmaster still
-running, the data not yet in place), ``ship:wal_stored`` and ``ship:base_stored`` (with shared
+removed), ``rebuild:replaying`` (a copy of a base state being replayed to a point of history by
+a temporary postmaster), ``restore_branch:built`` (a restore's new data complete beside the
+branch's), ``restore_branch:moved`` (the branch's old data moved out of its place, the new data
+not yet in), ``project_volume:mounted`` (a new project's filesystem mounted, its directory not
+yet given to its user), ``point_read:serving`` (a schema read at a point of history: the point
+rebuilt, its temporary postmaster serving), ``schema_only:read`` (a schema-only branch's source
+read, nothing of it built yet) and ``schema_only:restored`` (its new cluster holds the schema,
+its temporary postmaster still running, the data not yet in place),
+``anonymize:database_masked`` (an anonymized branch's masks committed in one of its databases,
+the masking's end not yet recorded), ``ship:wal_stored`` and ``ship:base_stored`` (with shared
 or object storage: a branch's WAL file or base state stored there, its ``head.json`` not yet
 naming it; reached in the shipping round's thread), ``recover:store_fetched`` and
 ``recover:project_rebuilt`` (``pgplane recover``: the store in place, nothing brought back yet;
-a project's branches rebuilt, the next not yet). The crash suites kill the server at each.
-"""
+a project's branches rebuilt, the next not yet). The crash suites kill the server at each."""
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ from pgplane.core.models import Endpoint, Project
 from pgplane.core.operations import Status
 from pgplane.engine.context import compute_spec
 from pgplane.engine.engine import Engine
-from pgplane.errors import Conflict, LimitExceeded, NotFound, Unavailable
+from pgplane.errors import Conflict, LimitExceeded, Locked, NotFound, Unavailable
 from pgplane.nodelink import messages
 from pgplane.nodelink.client import Door, NodeLink, Unreachable
 from pgplane.proxy import scram, wire
@@ -275,6 +275,8 @@ class ComputeWaker:
             raise _unknown(endpoint_id) from None
         except Conflict:
             raise _disabled(endpoint_id) from None
+        except Locked as exc:  # an anonymized branch not masked yet: nothing was queued
+            raise RouteError(wire.CONNECTION_REJECTED, exc.message) from None
         except LimitExceeded as exc:  # the account runs its most: nothing was queued
             raise RouteError(
                 wire.CONFIGURATION_LIMIT_EXCEEDED,

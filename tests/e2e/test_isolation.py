@@ -64,6 +64,15 @@ def _random_like(name: str) -> Any:
     }[name]()
 
 
+_RULE = {
+    "database_name": "neondb",
+    "schema_name": "public",
+    "table_name": "t",
+    "column_name": "c",
+    "masking_value": "hijacked",
+}
+
+
 def _body(operation: str, values: dict[str, Any]) -> dict[str, Any] | None:
     """A body that would be accepted if the ids were the caller's (so a 404 is about ownership,
     not validation). A route with a body that is missing here fails the test, so a new route is
@@ -74,6 +83,12 @@ def _body(operation: str, values: dict[str, Any]) -> dict[str, Any] | None:
             "branch": {"name": "hijack", "parent_id": values["branch_id"]}
         },
         "updateProjectBranch": lambda: {"branch": {"name": "hijacked", "protected": True}},
+        "createProjectBranchAnonymized": lambda: {
+            "branch_create": {"branch": {"name": "hijack", "parent_id": values["branch_id"]}},
+            "masking_rules": [_RULE],
+            "start_anonymization": True,
+        },
+        "updateMaskingRules": lambda: {"masking_rules": [_RULE]},
         "createProjectEndpoint": lambda: {
             "endpoint": {"branch_id": values["branch_id"], "type": "read_write"}
         },
@@ -119,6 +134,7 @@ def _query(operation: str, values: dict[str, Any]) -> dict[str, Any]:
 # Ids a route takes from its body or query rather than its path.
 REFERENCES = {
     "createProjectBranch": {"branch_id"},
+    "createProjectBranchAnonymized": {"branch_id"},
     "createProjectEndpoint": {"branch_id"},
     "getConnectionURI": {"branch_id", "endpoint_id"},
     "restoreProjectBranch": {"branch_id"},
@@ -355,6 +371,7 @@ def test_account_a_cannot_reach_b_or_cross_project_parents(server: Server, world
         }
         params = {
             "getConsumptionHistoryPerProjectV2": {**frame, "metrics": "compute_unit_seconds"},
+            "getConsumptionHistoryPerProject": frame,
             "getConsumptionHistoryPerBranchV2": {
                 **frame,
                 "metrics": "root_branch_bytes_month",

@@ -1,12 +1,12 @@
-"""Neon's MCP server (``@neondatabase/mcp-server-neon``, the registry's latest), unchanged, run over
-stdio as its users run it (``start <API key>``, ``NEON_API_HOST`` at pgplane's API) and driven by an
-MCP client (tests/mcp.py): its SQL tools against a real project, each waking its suspended
-compute, ``create_branch``, ``reset_from_parent`` (with a name to keep the old state under,
-without, and on a branch with children), and a migration tried on a branch then applied
-(``prepare_database_migration``, ``complete_database_migration``). ``compare_database_schema`` cannot be run: no
-published release has it (0.2.3, 0.3.4, 0.3.7, 0.6.4 and 0.6.5, the registry's every version on
-2026-11-25, were looked through); only Neon's hosted server, built from the repository's newer
-code, offers it.
+"""Neon's MCP server (``@neondatabase/mcp-server-neon``, the registry's latest), unchanged, run
+over stdio as its users run it (``start <API key>``, ``NEON_API_HOST`` at pgplane's API) and
+driven by an MCP client (tests/mcp.py): its SQL tools against a real project, each waking its
+suspended compute, ``create_branch``, ``reset_from_parent`` (with a name to keep the old state
+under, without, and on a branch with children), and a migration tried on a branch then applied
+(``prepare_database_migration``, ``complete_database_migration``). ``compare_database_schema``
+cannot be run: no published release has it (0.2.3, 0.3.4, 0.3.7, 0.6.4 and 0.6.5, the registry's
+every version on 2026-11-25, were looked through); only Neon's hosted server, built from the
+repository's newer code, offers it.
 
 What the server needed from this machine, and nothing else: every SQL tool asks the API for the
 connection URI and calls the driver's ``neon(uri)``, which posts to ``https://api.<host>/sql`` on

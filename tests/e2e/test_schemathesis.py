@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from tests.conftest import assert_operations_settled
@@ -107,6 +108,19 @@ def seed(fuzzed: Server) -> dict[str, Any]:
         candidate = api.settled(
             pid, api.http.post(f"/projects/{pid}/snapshots/{snap}/restore", json={})
         )["branch"]["id"]
+        # An anonymized branch for its routes (rules the run replaces, maskings it starts), of
+        # the seeded branch's table the rules are steered to (schemathesis_hooks.py).
+        uri = project["connection_uris"][0]["connection_uri"]
+        with psycopg.connect(uri, autocommit=True, connect_timeout=30) as conn:
+            conn.execute("CREATE TABLE masked AS SELECT 'a' AS c0, 'b' AS c1, 'c' AS c2")
+        # Two: one the run masks (a masking queued behind the run's copies keeps its rules
+        # unchangeable, a 409, for as long), one whose rules it replaces.
+        anonymized, masked = (
+            api.settled(
+                pid, api.http.post(f"/projects/{pid}/branch_anonymized", json={"masking_rules": []})
+            )["branch"]["id"]
+            for _ in range(2)
+        )
         # Branches without a compute, for the endpoints the run creates.
         bare = [
             api.settled(pid, api.http.post(f"/projects/{pid}/branches", json={}))["branch"]["id"]
@@ -144,6 +158,15 @@ def seed(fuzzed: Server) -> dict[str, Any]:
             f"POST {base}/branches/{{branch_id}}/restore": {
                 "branch_id": reset_branch["branch"]["id"]
             },
+            **{
+                f"{route}/branches/{{branch_id}}/{tail}": {"branch_id": anonymized}
+                for route, tail in (
+                    (f"GET {base}", "anonymized_status"),
+                    (f"GET {base}", "masking_rules"),
+                    (f"PATCH {base}", "masking_rules"),
+                )
+            },
+            f"POST {base}/branches/{{branch_id}}/anonymize": {"branch_id": masked},
         },
     }
 

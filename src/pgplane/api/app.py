@@ -25,6 +25,7 @@ from pgplane.api.metrics import scrape
 from pgplane.api.ratelimit import RateLimiter
 from pgplane.api.reference import reference_handler
 from pgplane.api.routes.account import Account
+from pgplane.api.routes.anonymized import Anonymized
 from pgplane.api.routes.api_keys import ApiKeys
 from pgplane.api.routes.branches import Branches
 from pgplane.api.routes.consumption import Consumption
@@ -163,6 +164,7 @@ def create_app(
             Projects,
             Operations,
             Branches,
+            Anonymized,
             BranchSchemas,
             Snapshots,
             Endpoints,

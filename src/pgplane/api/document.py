@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from pgplane.api.schemas import branches, endpoints
+from pgplane.api.schemas import anonymized, branches, endpoints
 from pgplane.config import Settings
 
 
@@ -24,7 +24,7 @@ def _only(schema: dict[str, Any], values: list[Any]) -> None:
 def _closed(schemas: dict[str, Any]) -> None:
     """The bodies that take only their own fields (``forbid_unknown_fields``: another is a 400
     naming it) say so, as Litestar does not: ``additionalProperties: false``."""
-    for module in (branches, endpoints):
+    for module in (anonymized, branches, endpoints):
         for name, cls in inspect.getmembers(module, inspect.isclass):
             if (
                 issubclass(cls, msgspec.Struct)

@@ -20,6 +20,7 @@ from pgplane.core.models import (
 from pgplane.core.operations import Action
 from pgplane.core.usage import BranchSizes, StorageTotals, Totals
 from pgplane.services.annotations import OBJECT_TYPE
+from pgplane.services.anonymized import RESTRICTED_ACTIONS
 from pgplane.services.connections import Connection
 
 MIB = 1 << 20
@@ -36,6 +37,7 @@ def _ts(us: int | None) -> str | None:
 # of its own, as here it is a copy of a branch's data. Its creation and deletion are shown as
 # that timeline's; the console and the logs keep the platform's own names.
 _NEON_ACTIONS = {
+    Action.ANONYMIZE: Action.APPLY_CONFIG,  # masking rules applied to the branch
     Action.CREATE_SNAPSHOT: Action.CREATE_TIMELINE,
     Action.DELETE_SNAPSHOT: Action.DELETE_TIMELINE,
 }
@@ -202,6 +204,11 @@ def branch(b: Branch, used: Totals | None = None, sizes: BranchSizes | None = No
         restored_from=b.restored_from,
         restore_status=b.restore_status,
         restored_as=b.restored_as,
+        restricted_actions=[
+            s.RestrictedAction(name=name, reason=reason) for name, reason in RESTRICTED_ACTIONS
+        ]
+        if b.anonymized
+        else None,
         logical_size=None if sizes is None else sizes.logical,
         on_disk_bytes=None if sizes is None else sizes.data,
         history_bytes=None if sizes is None else sizes.history,

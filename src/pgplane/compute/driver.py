@@ -12,6 +12,7 @@ from typing import Protocol
 
 from pgplane.compute.model import (
     BranchStorage,
+    ColumnMask,
     ComputeAddress,
     ComputeError,
     ComputeSpec,
@@ -21,6 +22,7 @@ from pgplane.compute.model import (
     DatabaseSpec,
     HistoryBounds,
     InvalidSettings,
+    MaskingFailed,
     Point,
     PointNotInHistory,
     PortInUse,
@@ -36,6 +38,7 @@ from pgplane.compute.snapshots import SnapshotDriver
 # found them with the contract.
 __all__ = [
     "BranchStorage",
+    "ColumnMask",
     "ComputeAddress",
     "ComputeDriver",
     "ComputeError",
@@ -46,6 +49,7 @@ __all__ = [
     "DatabaseSpec",
     "HistoryBounds",
     "InvalidSettings",
+    "MaskingFailed",
     "Point",
     "PointNotInHistory",
     "PortInUse",
@@ -162,6 +166,21 @@ class ComputeDriver(SnapshotDriver, Protocol):
         Through ``compute``, started if it is not running; a branch without a compute gets a
         temporary postmaster for the time it takes.
         """
+        ...
+
+    async def anonymize(
+        self,
+        *,
+        project_id: str,
+        branch_id: str,
+        pg_version: int,
+        compute: ComputeSpec | None,
+        masks: Sequence[ColumnMask],
+    ) -> int:
+        """Mask every row of each column in the branch's data, with real SQL (through
+        ``compute`` if it runs, else a temporary postmaster no client reaches); return how many
+        columns were masked. MaskingFailed when a rule cannot apply: a database's masks apply
+        whole or not at all."""
         ...
 
     async def start_compute(self, spec: ComputeSpec) -> None:

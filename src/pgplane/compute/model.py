@@ -40,6 +40,13 @@ class RestoreFailed(ComputeError):
     permanent = True
 
 
+class MaskingFailed(ComputeError):
+    """An anonymized branch's masking could not be applied (a table or column it names is not
+    there, Postgres refused a masked value): retrying the same rules cannot help."""
+
+    permanent = True
+
+
 class InvalidSettings(ComputeError):
     """Postgres refuses a setting's value; the message is Postgres' own words for why."""
 
@@ -77,6 +84,19 @@ class RoleSpec:
     password: str
     login: bool = True
     replication: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnMask:
+    """One masking rule, checked (core/masking.py): the column, and its masking function's
+    expression or a constant value."""
+
+    database: str
+    schema: str
+    table: str
+    column: str
+    function: str | None = None
+    value: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

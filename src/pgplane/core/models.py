@@ -99,6 +99,26 @@ class Branch(msgspec.Struct, frozen=True, kw_only=True):
     restored_from: str | None = None
     restore_status: str | None = None
     restored_as: str | None = None
+    # Neon's anonymized branch: its computes serve once its masking ran (BranchMasking).
+    anonymized: bool = False
+
+
+class BranchMasking(msgspec.Struct, frozen=True, kw_only=True):
+    """An anonymized branch's masking rules (Neon's MaskingRule objects, as checked) and their
+    last run: ``state`` is Neon's (created, anonymizing, anonymized, error; ``initialized`` is
+    shown for ``created`` once the branch's data is built)."""
+
+    branch_id: str
+    project_id: str
+    masking_rules: list[dict[str, str]]
+    state: str
+    created_at: int
+    updated_at: int
+    status_message: str | None = None
+    masked_columns: int | None = None
+    started_at: int | None = None
+    completed_at: int | None = None
+    failed_at: int | None = None
 
 
 class Annotation(msgspec.Struct, frozen=True, kw_only=True):

@@ -32,6 +32,8 @@ class Status(enum.StrEnum):
 
 
 class Action(enum.StrEnum):
+    # An anonymized branch's masking (services/anonymized.py); shown as Neon's apply_config.
+    ANONYMIZE = "anonymize"
     APPLY_CONFIG = "apply_config"
     APPLY_STORAGE_CONFIG = "apply_storage_config"
     CHECK_AVAILABILITY = "check_availability"
@@ -54,6 +56,7 @@ class Action(enum.StrEnum):
 # suspends or configuration changes, nor take every slot for copies.
 LONG_ACTIONS: frozenset[Action] = frozenset(
     {
+        Action.ANONYMIZE,
         Action.CREATE_BRANCH,
         Action.CREATE_SNAPSHOT,
         Action.CREATE_TIMELINE,

@@ -40,6 +40,7 @@ from pgplane.engine.history_handlers import (
     restore_branch,
     restore_given_up,
 )
+from pgplane.engine.masking_handlers import anonymize, anonymize_given_up
 from pgplane.engine.schema_only import create_schema_only
 from pgplane.engine.snapshot_handlers import (
     branch_from_snapshot,
@@ -56,6 +57,7 @@ from pgplane.engine.tenant_handlers import (
     tenant_detach,
     tenant_reattach,
 )
+from pgplane.services import anonymized
 from pgplane.services.endpoints import allocate_port
 from pgplane.store import Tx
 
@@ -104,6 +106,10 @@ async def start_compute(ctx: Context, op: Operation) -> OnFinish | None:
 
 async def _start(ctx: Context, project: Project, endpoint: Endpoint) -> None:
     """Start (or restart with changed settings) the endpoint's compute."""
+    async with ctx.store.read() as tx:
+        masking = await tx.get_masking(endpoint.branch_id)
+    if not anonymized.served(masking):
+        raise PermanentError(anonymized.unmasked(endpoint.branch_id))
     primary = None
     if endpoint.type == "read_only":  # it follows its branch's read-write compute
         async with ctx.store.read() as tx:
@@ -328,6 +334,7 @@ GivenUp = Callable[[Tx, Operation], Awaitable[None]]
 
 # What an action that failed for good must undo, written with its failure.
 GIVEN_UP: dict[Action, GivenUp] = {
+    Action.ANONYMIZE: anonymize_given_up,
     Action.SUSPEND_COMPUTE: _suspend_given_up,
     Action.START_COMPUTE: _start_given_up,
     Action.APPLY_CONFIG: _start_given_up,
@@ -336,6 +343,7 @@ GIVEN_UP: dict[Action, GivenUp] = {
 }
 
 HANDLERS: dict[Action, Handler] = {
+    Action.ANONYMIZE: anonymize,
     # With a snapshot: a branch restored from it (a copy of the snapshot, not of a parent).
     Action.CREATE_BRANCH: lambda ctx, op: (
         branch_from_snapshot(ctx, op) if op.snapshot_id else create_branch(ctx, op)

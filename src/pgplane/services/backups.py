@@ -26,7 +26,7 @@ from typing import Any
 from pgplane.core import clock
 from pgplane.core.models import Operation
 from pgplane.errors import BadRequest
-from pgplane.services import access, snapshots
+from pgplane.services import access, anonymized, snapshots
 from pgplane.store import Tx
 
 FREQUENCIES = ("daily", "weekly", "monthly")
@@ -135,6 +135,8 @@ async def take_due(tx: Tx, *, project_id: str, branch_id: str, now: int) -> list
     branch = await tx.get_branch(project_id=project_id, branch_id=branch_id)
     if found is None or project is None or project.deleted_at is not None or branch is None:
         return []
+    if branch.anonymized and not anonymized.served(await tx.get_masking(branch.id)):
+        return []  # its data is its parent's until masked: its slots are taken once it is
     stored, set_at = found
     started: list[Operation] = []
     for e in (_entry(s) for s in stored):

@@ -25,6 +25,7 @@ from pgplane.core.operations import Action
 from pgplane.errors import BadRequest, Conflict
 from pgplane.services import (
     access,
+    anonymized,
     compute_settings,
     endpoints,
     expiry,
@@ -51,6 +52,10 @@ class NewBranch:
     # Neon's init_source schema-only: a root branch built from the parent's schema and roles
     # (at ``point``), with no rows and no parent (the parent is only its source).
     schema_only: bool = False
+    # An anonymized branch's checked masking rules (services/anonymized.py), and whether its
+    # masking starts at once; None: an ordinary branch.
+    masking: list[dict[str, str]] | None = None
+    anonymize: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +207,11 @@ async def create(
         expiry.refuse_if_expiring(
             parent, "an expiring branch cannot have children", field="parent_id"
         )
+        await anonymized.refuse_source(
+            tx, parent, at_point=spec.point is not None, what="parent_id"
+        )
+    elif spec.masking is not None:
+        raise BadRequest("init_source: an anonymized branch copies its parent's rows")
     point = spec.point.point if spec.point else Point()
     if spec.point is not None:
         history.check(spec.point, project=project, branch=parent, bounds=bounds or HistoryBounds())
@@ -233,6 +243,7 @@ async def create(
         )
     if spec.expires_at is not None:
         branch = expiry.expiring(branch, spec.expires_at, has_children=False, now=now)
+    branch = msgspec.structs.replace(branch, anonymized=spec.masking is not None)
     await tx.insert_branch(branch)
     if spec.annotation:
         await tx.set_annotation(branch_id=branch_id, value=spec.annotation, now=now)
@@ -278,11 +289,40 @@ async def create(
             point_time=point.time_us,
         )
     ]
-    starts += [endpoints.start_op(e) for e in computes if not e.disabled]
+    if spec.masking is not None:
+        computes, masking = await _anonymized(
+            tx, branch, spec.masking, spec.anonymize, computes, now
+        )
+        starts += masking
+    starts += [endpoints.start_op(e) for e in computes if e.pending_state == "active"]
     ops = await operations.start(tx, project_id=project.id, starts=starts)
     return CreatedBranch(
         branch=branch, endpoints=computes, roles=roles, databases=databases, operations=ops
     )
+
+
+async def _anonymized(
+    tx: Tx,
+    branch: Branch,
+    rules: list[dict[str, str]],
+    start: bool,
+    computes: list[Endpoint],
+    now: int,
+) -> tuple[list[Endpoint], list[operations.Start]]:
+    """An anonymized branch's rules kept, and its masking queued after its copy (then its
+    computes start), or, not started yet, its computes left idle: none may run before it."""
+    masking = anonymized.new(branch, rules, now)
+    if start:
+        await tx.put_masking(msgspec.structs.replace(masking, state=anonymized.ANONYMIZING))
+        return computes, [operations.Start(Action.ANONYMIZE, branch_id=branch.id)]
+    await tx.put_masking(masking)
+    idle = []
+    for e in computes:
+        await tx.set_endpoint_state(
+            endpoint_id=e.id, current_state="idle", pending_state=None, now=now
+        )
+        idle.append(msgspec.structs.replace(e, current_state="idle", pending_state=None))
+    return idle, []
 
 
 async def parent_of(tx: Tx, *, project_id: str, parent_id: str | None) -> Branch:

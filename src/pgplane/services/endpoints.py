@@ -15,8 +15,8 @@ from pgplane.config import Settings
 from pgplane.core import clock, ids, ports
 from pgplane.core.models import Endpoint, Operation, Project
 from pgplane.core.operations import Action
-from pgplane.errors import BadRequest, Conflict, NotFound, Unavailable
-from pgplane.services import access, compute_settings, names, operations, quotas
+from pgplane.errors import BadRequest, Conflict, Locked, NotFound, Unavailable
+from pgplane.services import access, anonymized, compute_settings, names, operations, quotas
 from pgplane.store import Tx
 
 log = logging.getLogger(__name__)
@@ -159,6 +159,13 @@ async def create(
         now=clock.now_us(),
     )
     starts = [] if endpoint.disabled else [start_op(endpoint)]
+    if starts and not anonymized.served(await tx.get_masking(branch.id)):
+        # Its branch is not masked yet: it starts once it is (a connection wakes it).
+        starts = []
+        await tx.set_endpoint_state(
+            endpoint_id=endpoint.id, current_state="idle", pending_state=None, now=clock.now_us()
+        )
+        endpoint = msgspec.structs.replace(endpoint, current_state="idle", pending_state=None)
     if endpoint.type == "read_write":
         # The branch's running replicas follow the archive alone until they restart knowing
         # where their new primary listens (after its start: same branch, in order).
@@ -259,6 +266,9 @@ async def delete(
     tx: Tx, *, account_id: str, project_id: str, endpoint_id: str
 ) -> tuple[Endpoint, list[Operation]]:
     endpoint = await get(tx, account_id=account_id, project_id=project_id, endpoint_id=endpoint_id)
+    branch = await tx.get_branch(project_id=endpoint.project_id, branch_id=endpoint.branch_id)
+    if branch is not None:
+        anonymized.refuse_rw_endpoint_delete(branch, endpoint.type)
     now = clock.now_us()
     await tx.delete_endpoint(endpoint_id=endpoint.id, now=now)
     ops = await operations.start(tx, project_id=endpoint.project_id, starts=[_suspend_op(endpoint)])
@@ -271,6 +281,8 @@ async def start(
     endpoint = await get(tx, account_id=account_id, project_id=project_id, endpoint_id=endpoint_id)
     if endpoint.disabled:
         raise Conflict("endpoint is disabled; enable it before starting it")
+    if not anonymized.served(await tx.get_masking(endpoint.branch_id)):
+        raise Locked(anonymized.unmasked(endpoint.branch_id))
     await quotas.check_computes(tx, account_id=account_id, settings=settings, starting=[endpoint])
     return await _transition(tx, endpoint, "active", [start_op(endpoint)])
 
@@ -316,6 +328,8 @@ async def wake(tx: Tx, *, endpoint_id: str, settings: Settings) -> Operation:
         raise NotFound(f"endpoint {endpoint_id} not found")
     if endpoint.disabled:
         raise Conflict(f"endpoint {endpoint_id} is disabled")
+    if not anonymized.served(await tx.get_masking(endpoint.branch_id)):
+        raise Locked(anonymized.unmasked(endpoint.branch_id))
     pending = [
         o
         for o in await tx.list_unsettled_operations(project_id=project.id)

@@ -25,7 +25,7 @@ from pgplane.core import clock
 from pgplane.core.models import Branch, Endpoint, Operation
 from pgplane.core.operations import Action
 from pgplane.errors import BadRequest, Conflict, Locked
-from pgplane.services import access, expiry, names, operations
+from pgplane.services import access, anonymized, expiry, names, operations
 from pgplane.store import Tx
 
 RESTORED = "restored"
@@ -58,6 +58,7 @@ async def finalize(
         raise Conflict(
             f"branch {restored.restored_as}, which the restore was to replace, was deleted"
         )
+    anonymized.refuse_restore(target)
     _, ops = await replace(tx, project.id, restored, target, old_name)
     return ops
 

@@ -22,7 +22,7 @@ from pgplane.core import clock, ids
 from pgplane.core.models import Branch, Operation, Role
 from pgplane.core.operations import Action
 from pgplane.errors import BadRequest
-from pgplane.services import access, expiry, history, names, operations, quotas
+from pgplane.services import access, anonymized, expiry, history, names, operations, quotas
 from pgplane.store import Tx
 
 
@@ -56,6 +56,10 @@ async def restore(
     project = await access.live_project(tx, account_id=account_id, project_id=project_id)
     branch = await access.branch(tx, project_id=project.id, branch_id=branch_id)
     source = await access.branch(tx, project_id=project.id, branch_id=spec.source_branch_id)
+    anonymized.refuse_restore(branch)
+    await anonymized.refuse_source(
+        tx, source, at_point=spec.point is not None, what="source_branch_id"
+    )
     own = source.id == branch.id
     if own and spec.point is None:
         raise BadRequest(

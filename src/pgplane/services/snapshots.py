@@ -27,7 +27,16 @@ from pgplane.core import clock, ids
 from pgplane.core.models import Branch, Operation, Project, Role, Snapshot
 from pgplane.core.operations import Action
 from pgplane.errors import BadRequest, Conflict, NotFound
-from pgplane.services import access, expiry, finalize, history, names, operations, quotas
+from pgplane.services import (
+    access,
+    anonymized,
+    expiry,
+    finalize,
+    history,
+    names,
+    operations,
+    quotas,
+)
 from pgplane.store import Tx
 
 _US = 1_000_000
@@ -107,6 +116,7 @@ async def create(
     """``bounds``: what the branch's history holds (looked up beforehand, for a point)."""
     project = await access.live_project(tx, account_id=account_id, project_id=project_id)
     branch = await access.branch(tx, project_id=project.id, branch_id=branch_id)
+    await anonymized.refuse_source(tx, branch, at_point=spec.point is not None, what="snapshot")
     if spec.point is not None:
         history.check(spec.point, project=project, branch=branch, bounds=bounds or HistoryBounds())
     now = clock.now_us()
@@ -264,6 +274,7 @@ async def restore(
     now = clock.now_us()
     if not spec.finalize_restore:
         return await _into_new(tx, project, snapshot, target, spec.name, now)
+    anonymized.refuse_restore(target)  # finalized, it would serve the snapshot's data
     # Named for now by its id; finalized, it takes the target's name, and ``name`` the target.
     branch, ops = await _into_new(tx, project, snapshot, target, None, now)
     old_name = names.branch(spec.name) if spec.name is not None else None

@@ -36,7 +36,15 @@ import abc
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 
-from pgplane.core.models import Annotation, Branch, Database, Endpoint, Project, Role
+from pgplane.core.models import (
+    Annotation,
+    Branch,
+    BranchMasking,
+    Database,
+    Endpoint,
+    Project,
+    Role,
+)
 from pgplane.store.accounts import AccountsTx
 from pgplane.store.nodes import NodesTx
 from pgplane.store.operations import OperationsTx
@@ -140,6 +148,14 @@ class Tx(AccountsTx, OperationsTx, UsageTx, SnapshotsTx, NodesTx):
     @abc.abstractmethod
     async def set_annotation(self, *, branch_id: str, value: Mapping[str, str], now: int) -> None:
         """Replace the branch's annotation (created if new); an empty map removes it."""
+
+    @abc.abstractmethod
+    async def get_masking(self, branch_id: str) -> BranchMasking | None:
+        """An anonymized branch's masking rules and state; None for any other branch."""
+
+    @abc.abstractmethod
+    async def put_masking(self, masking: BranchMasking) -> None:
+        """Write the branch's masking rules and state (created if new)."""
 
     @abc.abstractmethod
     async def set_branch_state(

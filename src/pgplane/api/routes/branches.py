@@ -118,62 +118,7 @@ class Branches(Controller):
         data: JSONBody[BranchCreateRequest | None] = None,
     ) -> BranchCreated:
         """Branch from the default branch (or ``parent_id``) at its head; computes on request."""
-        ctx = authorized(request)
-        req = data.branch if data and data.branch else None
-        # init_source takes only what the platform does (its type says so): schema-only copies
-        # the source's schema (at parent_lsn/parent_timestamp, if given); archived is a boolean
-        # in Neon's shape.
-        if req is not None and req.archived:
-            raise BadRequest("archived: archiving branches is not supported")
-        point = history.parse_point(
-            lsn=req.parent_lsn if req else None,
-            timestamp=req.parent_timestamp if req else None,
-            lsn_field="parent_lsn",
-            time_field="parent_timestamp",
-        )
-        spec = branches.NewBranch(
-            name=req.name if req else None,
-            parent_id=req.parent_id if req else None,
-            protected=bool(req.protected) if req else False,
-            endpoints=[_endpoint_spec(e) for e in (data.endpoints or [])] if data else [],
-            point=point,
-            expires_at=expiry.parse(req.expires_at) if req and req.expires_at else None,
-            annotation=data.annotation_value or {} if data else {},
-            schema_only=req is not None and req.init_source == "schema-only",
-        )
-        bounds = None
-        if point is not None:
-            bounds = await _bounds(
-                ctx,
-                project_id,
-                lambda tx: branches.parent_of(tx, project_id=project_id, parent_id=spec.parent_id),
-            )
-        async with ctx.store.write() as tx:
-            created = await branches.create(
-                tx,
-                account_id=ctx.account_id,
-                project_id=project_id,
-                spec=spec,
-                settings=ctx.settings,
-                check_settings=ctx.check_settings,
-                bounds=bounds,
-            )
-        ctx.notify()
-        uris = [
-            presenters.connection(connection(ctx.settings, endpoint=e, role=r, database=d))
-            for e in created.endpoints
-            for r in created.roles
-            for d in created.databases
-            if d.owner_name == r.name
-        ]
-        return BranchCreated(
-            branch=presenters.branch(created.branch),
-            endpoints=[presenters.endpoint(e, ctx.settings) for e in created.endpoints],
-            operations=presenters.operations(created.operations),
-            roles=[presenters.role(r, with_password=True) for r in created.roles],
-            databases=[presenters.database(d) for d in created.databases],
-            connection_uris=uris or None,
-        )
+        return await create_branch(authorized(request), project_id, data)
 
     @get("/{branch_id:str}", operation_id="getProjectBranch", responses=error_responses())
     async def get_(
@@ -356,4 +301,73 @@ async def _bounds(
         branch = await find(tx)
     return await ctx.history(
         project_id=project.id, branch_id=branch.id, pg_version=project.pg_version
+    )
+
+
+async def create_branch(
+    ctx: Authorized,
+    project_id: str,
+    data: BranchCreateRequest | None,
+    *,
+    masking: list[dict[str, str]] | None = None,
+    anonymize: bool = False,
+) -> BranchCreated:
+    """A branch as ``POST …/branches`` (and, with ``masking``, ``…/branch_anonymized``)
+    makes it."""
+    req = data.branch if data and data.branch else None
+    # init_source takes only what the platform does (its type says so): schema-only copies
+    # the source's schema (at parent_lsn/parent_timestamp, if given); archived is a boolean
+    # in Neon's shape.
+    if req is not None and req.archived:
+        raise BadRequest("archived: archiving branches is not supported")
+    point = history.parse_point(
+        lsn=req.parent_lsn if req else None,
+        timestamp=req.parent_timestamp if req else None,
+        lsn_field="parent_lsn",
+        time_field="parent_timestamp",
+    )
+    spec = branches.NewBranch(
+        name=req.name if req else None,
+        parent_id=req.parent_id if req else None,
+        protected=bool(req.protected) if req else False,
+        endpoints=[_endpoint_spec(e) for e in (data.endpoints or [])] if data else [],
+        point=point,
+        expires_at=expiry.parse(req.expires_at) if req and req.expires_at else None,
+        annotation=data.annotation_value or {} if data else {},
+        schema_only=req is not None and req.init_source == "schema-only",
+        masking=masking,
+        anonymize=anonymize,
+    )
+    bounds = None
+    if point is not None:
+        bounds = await _bounds(
+            ctx,
+            project_id,
+            lambda tx: branches.parent_of(tx, project_id=project_id, parent_id=spec.parent_id),
+        )
+    async with ctx.store.write() as tx:
+        created = await branches.create(
+            tx,
+            account_id=ctx.account_id,
+            project_id=project_id,
+            spec=spec,
+            settings=ctx.settings,
+            check_settings=ctx.check_settings,
+            bounds=bounds,
+        )
+    ctx.notify()
+    uris = [
+        presenters.connection(connection(ctx.settings, endpoint=e, role=r, database=d))
+        for e in created.endpoints
+        for r in created.roles
+        for d in created.databases
+        if d.owner_name == r.name
+    ]
+    return BranchCreated(
+        branch=presenters.branch(created.branch),
+        endpoints=[presenters.endpoint(e, ctx.settings) for e in created.endpoints],
+        operations=presenters.operations(created.operations),
+        roles=[presenters.role(r, with_password=True) for r in created.roles],
+        databases=[presenters.database(d) for d in created.databases],
+        connection_uris=uris or None,
     )

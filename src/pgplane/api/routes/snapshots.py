@@ -80,7 +80,7 @@ class Snapshots(Controller):
         "/branches/{branch_id:str}/snapshot",
         status_code=200,
         operation_id="createSnapshot",
-        responses=error_responses(),
+        responses=error_responses(409),
         operation_class=OptionalBody,
     )
     async def create(

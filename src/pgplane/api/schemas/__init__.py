@@ -74,6 +74,7 @@ from pgplane.api.schemas.objects import (
     DatabaseOut,
     EndpointOut,
     EndpointSettings,
+    RestrictedAction,
     RoleOut,
 )
 from pgplane.api.schemas.operations import (
@@ -197,6 +198,7 @@ __all__ = [
     "ProjectsPage",
     "Region",
     "Regions",
+    "RestrictedAction",
     "RoleCreateRequest",
     "RoleCreateSpec",
     "RoleName",

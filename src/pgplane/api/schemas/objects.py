@@ -5,6 +5,11 @@ from __future__ import annotations
 from msgspec import Struct
 
 
+class RestrictedAction(Struct, kw_only=True):
+    name: str
+    reason: str
+
+
 class BranchOut(Struct, kw_only=True, omit_defaults=True):
     id: str
     project_id: str
@@ -35,6 +40,8 @@ class BranchOut(Struct, kw_only=True, omit_defaults=True):
     restored_from: str | None = None
     restore_status: str | None = None
     restored_as: str | None = None
+    # An anonymized branch's (Neon's): what it cannot be used for, and why.
+    restricted_actions: list[RestrictedAction] | None = None
     logical_size: int | None = None  # bytes, as Postgres last reported them (absent: unknown)
     # Not Neon's: the blocks its data and its history (WAL archive, base states) take on disk,
     # as du counts them. Clients that do not know them ignore extra fields.

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pgplane.compute.driver import (
+    ColumnMask,
     ComputeError,
     ComputeSpec,
     ConfigChange,
@@ -23,6 +24,7 @@ from pgplane.compute.driver import (
 from pgplane.compute.local.copies.timeline import build_timeline, completed
 from pgplane.compute.local.files import write_atomic
 from pgplane.compute.local.layout import ensure_dir
+from pgplane.compute.local.masking import mask
 from pgplane.compute.local.parts import LocalParts
 from pgplane.compute.local.postgres.catalog import apply_change, check_change
 from pgplane.compute.local.postgres.monitor import check_readable
@@ -241,6 +243,27 @@ class BranchData(LocalParts):
         await self._computes.on_branch(
             project_id, branch_id, pg_version, compute, apply, start=True
         )
+
+    async def anonymize(
+        self,
+        *,
+        project_id: str,
+        branch_id: str,
+        pg_version: int,
+        compute: ComputeSpec | None,
+        masks: Sequence[ColumnMask],
+    ) -> int:
+        masked = 0
+
+        async def apply(socket_dir: Path, port: int) -> None:
+            nonlocal masked
+            masked = await mask(socket_dir, port, masks)
+
+        self.installation(pg_version)
+        await self._computes.on_branch(
+            project_id, branch_id, pg_version, compute, apply, start=True
+        )
+        return masked
 
     async def check_availability(
         self, *, project_id: str, branch_id: str, pg_version: int, compute: ComputeSpec | None

@@ -11,7 +11,8 @@ from pgplane.store.sqlite.common import Statements, _taken
 _BRANCH_COLUMNS = (
     "id, project_id, parent_id, name, is_default, protected, current_state, pending_state,"
     " state_changed_at, created_at, updated_at, parent_lsn, parent_timestamp, last_reset_at,"
-    " expires_at, ttl_interval_seconds, init_source, restored_from, restore_status, restored_as"
+    " expires_at, ttl_interval_seconds, init_source, restored_from, restore_status, restored_as,"
+    " anonymized"
 )
 
 
@@ -37,6 +38,7 @@ def _branch(r: Sequence[Any]) -> Branch:
         restored_from=r[17],
         restore_status=r[18],
         restored_as=r[19],
+        anonymized=bool(r[20]),
     )
 
 
@@ -46,7 +48,7 @@ class BranchesMixin(Statements):
     async def insert_branch(self, branch: Branch) -> None:
         b = branch
         await self._c.write(
-            f"INSERT INTO branches ({_BRANCH_COLUMNS}) VALUES ({', '.join('?' * 20)})",
+            f"INSERT INTO branches ({_BRANCH_COLUMNS}) VALUES ({', '.join('?' * 21)})",
             (
                 b.id,
                 b.project_id,
@@ -68,6 +70,7 @@ class BranchesMixin(Statements):
                 b.restored_from,
                 b.restore_status,
                 b.restored_as,
+                int(b.anonymized),
             ),
             _taken("branch", b.name),
         )

@@ -13,6 +13,7 @@ from pgplane.store.sqlite.branches import BranchesMixin
 from pgplane.store.sqlite.common import Conn
 from pgplane.store.sqlite.console import ConsoleMixin
 from pgplane.store.sqlite.endpoints import EndpointsMixin
+from pgplane.store.sqlite.masking import MaskingMixin
 from pgplane.store.sqlite.nodes import NodesMixin
 from pgplane.store.sqlite.operations import OperationsMixin
 from pgplane.store.sqlite.projects import ProjectsMixin
@@ -29,6 +30,7 @@ class SqliteTx(
     ProjectsMixin,
     BranchesMixin,
     AnnotationsMixin,
+    MaskingMixin,
     EndpointsMixin,
     RolesMixin,
     RoleVerifiersMixin,
