@@ -334,5 +334,10 @@ CASES: dict[str, Case] = {
 }
 
 # The one kind a node of the trio never runs: a project rebuilt from shared storage after its
-# node was lost for good (the operator's recover). Its kill is the two-node suite's.
-ELSEWHERE = {Action.TENANT_ATTACH: ("tests.e2e.test_crash_move", "test_kill_inside_a_recovery")}
+# node was lost for good (the operator's recover). Its kill is the two-node suite's. And an
+# anonymized branch's masking, killed inside on one node by the crash suite (it runs on the
+# project's node like any branch's work).
+ELSEWHERE = {
+    Action.TENANT_ATTACH: ("tests.e2e.test_crash_move", "test_kill_inside_a_recovery"),
+    Action.ANONYMIZE: ("tests.e2e.test_crash_anonymized", "test_kill_inside_a_masking"),
+}

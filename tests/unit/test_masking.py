@@ -66,3 +66,17 @@ def test_the_sql_quotes_every_name_and_value() -> None:
     text = render(expr, 'we"ird').as_string(None)
     assert '"we""ird"' in text and "'''; DROP TABLE t; --'" in text
     assert isinstance(render(parse("anon.fake_email()", "e"), "e"), sql.Composable)
+
+
+def test_an_error_of_the_moment_is_retried_one_of_the_rules_is_not() -> None:
+    from psycopg import OperationalError, errors
+
+    from pgplane.compute.local.masking import _failed
+    from pgplane.compute.model import MaskingFailed
+
+    assert isinstance(_failed("m", errors.UniqueViolation("dup")), MaskingFailed)
+    assert isinstance(_failed("m", errors.UndefinedColumn("no c")), MaskingFailed)
+    assert isinstance(_failed("m", OperationalError('database "x" does not exist')), MaskingFailed)
+    for passing in (errors.AdminShutdown("bye"), OperationalError("server closed"),
+                    errors.SerializationFailure("again")):  # fmt: skip
+        assert not isinstance(_failed("m", passing), MaskingFailed), passing

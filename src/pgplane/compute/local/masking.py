@@ -31,7 +31,7 @@ from psycopg import sql
 
 from pgplane import failpoints
 from pgplane.compute.local.postgres.sessions import admin_conninfo, connect
-from pgplane.compute.model import ColumnMask, MaskingFailed
+from pgplane.compute.model import ColumnMask, ComputeError, MaskingFailed
 from pgplane.core.masking import Call, Column, Const, Expr, parse
 
 
@@ -195,12 +195,25 @@ def _call(expr: Call, args: _Args) -> sql.Composable:
 
 
 def _assignment(mask: ColumnMask) -> sql.Composable:
-    if mask.value is not None:
-        value: sql.Composable = sql.Literal(mask.value)
-    else:
-        assert mask.function is not None  # noqa: S101 - checked_rules gave one of the two
-        value = render(parse(mask.function, mask.column), mask.column)
+    value = (
+        sql.Literal(mask.value)
+        if mask.function is None
+        else render(parse(mask.function, mask.column), mask.column)
+    )
     return sql.SQL("{} = {}").format(sql.Identifier(mask.column), value)
+
+
+# Errors of the moment (a connection lost, the compute stopping, a lock or serialization
+# conflict, resources short): the operation's retry may succeed. Any other is the rules'.
+_PASSING = ("08", "40", "53", "57")
+
+
+def _failed(what: str, exc: psycopg.Error) -> ComputeError:
+    # A refused connection's FATAL may come without its SQLSTATE: its words say it.
+    gone = exc.sqlstate is None and "does not exist" in str(exc)
+    if not gone and (exc.sqlstate is None or exc.sqlstate.startswith(_PASSING)):
+        return ComputeError(f"{what}: {exc}")
+    return MaskingFailed(f"{what}: {exc}")
 
 
 _TABLE = (
@@ -248,8 +261,8 @@ async def _mask_database(
         tables[(m.schema, m.table)].append(m)
     try:
         conn = await connect(admin_conninfo(socket_dir, port, database))
-    except psycopg.OperationalError as exc:
-        raise MaskingFailed(f"database {database!r}: {exc}") from exc
+    except psycopg.Error as exc:  # 3D000: no such database, the rules'
+        raise _failed(f"database {database!r}", exc) from exc
     async with conn:
         try:
             async with conn.transaction():
@@ -273,7 +286,7 @@ async def _mask_database(
                     sql.SQL("VACUUM {}.{}").format(sql.Identifier(schema), sql.Identifier(table))
                 )
         except psycopg.Error as exc:
-            raise MaskingFailed(f"masking {database!r}: {exc}") from exc
+            raise _failed(f"masking {database!r}", exc) from exc
     return len(masks)
 
 

@@ -7,12 +7,12 @@ replication connection names its database: ``pg_hba``'s ``all`` line takes it, o
 the proxy reaches once it has checked the password; physical replication stays refused).
 
 A slot keeps every WAL file its subscriber has not confirmed. One whose subscriber went away
-would fill the project's disk share, so Postgres itself bounds it: past :data:`SLOT_WAL_KEEP`
-of WAL (``max_slot_wal_keep_size``), or idle for :data:`SLOT_IDLE_TIMEOUT` (Postgres 18's
+would fill the project's disk share, so Postgres itself bounds it: past :data:`SLOT_WAL_KEEP_MB`
+MiB of WAL (``max_slot_wal_keep_size``), or idle for :data:`SLOT_IDLE_TIMEOUT` (Postgres 18's
 ``idle_replication_slot_timeout``, as Neon drops a slot inactive for about 40 hours), the slot
 is invalidated and its WAL freed; the subscriber that comes back is told why, in Postgres' own
-words. The platform logs each inactive slot that keeps WAL as it samples the branch's
-sizes (:func:`..monitor.inactive_slots`).
+words. The platform logs each inactive slot keeping much WAL as it samples the branch's sizes
+(:func:`..monitor.inactive_slots`, compute/local/storage.py).
 """
 
 from __future__ import annotations
