@@ -85,27 +85,22 @@ def shown_state(masking: BranchMasking, branch: Branch) -> str:
     return masking.state
 
 
-async def _masking(tx: Tx, *, account_id: str, project_id: str, branch_id: str) -> BranchMasking:
+async def status(
+    tx: Tx, *, account_id: str, project_id: str, branch_id: str
+) -> tuple[BranchMasking, Branch]:
+    """The account's anonymized branch and its masking (a 404 for any other branch)."""
     project = await access.live_project(tx, account_id=account_id, project_id=project_id)
     branch = await access.branch(tx, project_id=project.id, branch_id=branch_id)
     found = await tx.get_masking(branch.id)
     if found is None:
         raise NotFound(f"branch {branch.id} is not an anonymized branch")
-    return found
-
-
-async def status(
-    tx: Tx, *, account_id: str, project_id: str, branch_id: str
-) -> tuple[BranchMasking, Branch]:
-    found = await _masking(tx, account_id=account_id, project_id=project_id, branch_id=branch_id)
-    branch = await access.branch(tx, project_id=project_id, branch_id=branch_id)
     return found, branch
 
 
 async def get_rules(
     tx: Tx, *, account_id: str, project_id: str, branch_id: str
 ) -> list[dict[str, str]]:
-    found = await _masking(tx, account_id=account_id, project_id=project_id, branch_id=branch_id)
+    found, _ = await status(tx, account_id=account_id, project_id=project_id, branch_id=branch_id)
     return found.masking_rules
 
 
@@ -113,7 +108,7 @@ async def set_rules(
     tx: Tx, *, account_id: str, project_id: str, branch_id: str, masking_rules: list[object]
 ) -> list[dict[str, str]]:
     """Replace the whole list (as Neon's PATCH does); it applies at the next anonymization."""
-    found = await _masking(tx, account_id=account_id, project_id=project_id, branch_id=branch_id)
+    found, _ = await status(tx, account_id=account_id, project_id=project_id, branch_id=branch_id)
     kept = rules(masking_rules)
     if found.state == ANONYMIZING:
         raise Conflict(f"branch {branch_id} is being anonymized; change its rules once it is done")
@@ -127,8 +122,9 @@ async def start(
     tx: Tx, *, account_id: str, project_id: str, branch_id: str
 ) -> tuple[BranchMasking, Branch, list[Operation]]:
     """Queue the branch's masking (its rules as they are now)."""
-    found = await _masking(tx, account_id=account_id, project_id=project_id, branch_id=branch_id)
-    branch = await access.branch(tx, project_id=project_id, branch_id=branch_id)
+    found, branch = await status(
+        tx, account_id=account_id, project_id=project_id, branch_id=branch_id
+    )
     if found.state == ANONYMIZING:
         raise Conflict(f"branch {branch_id} is being anonymized already")
     started, ops = await queue(tx, found, branch)

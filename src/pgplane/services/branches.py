@@ -231,6 +231,7 @@ async def create(
         updated_at=now,
         parent_lsn=None if point.lsn is None else history.format_lsn(point.lsn),
         parent_timestamp=now if point.time_us is None else point.time_us,
+        anonymized=spec.masking is not None,
     )
     if spec.schema_only:
         # A root of its own history, as Neon shows one: no parent, no point in another's.
@@ -243,7 +244,6 @@ async def create(
         )
     if spec.expires_at is not None:
         branch = expiry.expiring(branch, spec.expires_at, has_children=False, now=now)
-    branch = msgspec.structs.replace(branch, anonymized=spec.masking is not None)
     await tx.insert_branch(branch)
     if spec.annotation:
         await tx.set_annotation(branch_id=branch_id, value=spec.annotation, now=now)
@@ -316,13 +316,7 @@ async def _anonymized(
         await tx.put_masking(msgspec.structs.replace(masking, state=anonymized.ANONYMIZING))
         return computes, [operations.Start(Action.ANONYMIZE, branch_id=branch.id)]
     await tx.put_masking(masking)
-    idle = []
-    for e in computes:
-        await tx.set_endpoint_state(
-            endpoint_id=e.id, current_state="idle", pending_state=None, now=now
-        )
-        idle.append(msgspec.structs.replace(e, current_state="idle", pending_state=None))
-    return idle, []
+    return [await endpoints.left_idle(tx, e, now) for e in computes], []
 
 
 async def parent_of(tx: Tx, *, project_id: str, parent_id: str | None) -> Branch:

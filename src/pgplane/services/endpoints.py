@@ -162,10 +162,7 @@ async def create(
     if starts and not anonymized.served(await tx.get_masking(branch.id)):
         # Its branch is not masked yet: it starts once it is (a connection wakes it).
         starts = []
-        await tx.set_endpoint_state(
-            endpoint_id=endpoint.id, current_state="idle", pending_state=None, now=clock.now_us()
-        )
-        endpoint = msgspec.structs.replace(endpoint, current_state="idle", pending_state=None)
+        endpoint = await left_idle(tx, endpoint, clock.now_us())
     if endpoint.type == "read_write":
         # The branch's running replicas follow the archive alone until they restart knowing
         # where their new primary listens (after its start: same branch, in order).
@@ -176,6 +173,14 @@ async def create(
         ]
     ops = await operations.start(tx, project_id=project.id, starts=starts) if starts else []
     return endpoint, ops
+
+
+async def left_idle(tx: Tx, endpoint: Endpoint, now: int) -> Endpoint:
+    """A new endpoint not started (its branch is not served yet): idle, nothing pending."""
+    await tx.set_endpoint_state(
+        endpoint_id=endpoint.id, current_state="idle", pending_state=None, now=now
+    )
+    return msgspec.structs.replace(endpoint, current_state="idle", pending_state=None)
 
 
 async def list_(

@@ -22,7 +22,7 @@ from pathlib import Path
 from pgplane.compute.driver import BranchStorage, ComputeError
 from pgplane.compute.local.history.archiving import HistoryDirs
 from pgplane.compute.local.postgres.logical import SLOT_IDLE_TIMEOUT, SLOT_WAL_KEEP_MB
-from pgplane.compute.local.postgres.monitor import inactive_slots, logical_size
+from pgplane.compute.local.postgres.monitor import figures
 from pgplane.compute.local.postgres.records import Running
 
 log = logging.getLogger(__name__)
@@ -112,10 +112,12 @@ async def branch_storage(
     logical = lsn = None
     if running is not None and running.endpoint_id is not None:
         try:
-            logical, lsn = await logical_size(running.socket_dir, running.port)
+            found = await figures(running.socket_dir, running.port)
         except ComputeError as exc:  # starting, stopping, or too busy: its sizes come next time
             log.info("branch %s: logical size not read: %s", dirs.branch_dir.name, exc)
-        await _report_slots(dirs, running)
+        else:
+            logical, lsn = found.logical, found.wal_lsn
+            _report_slots(dirs, found.idle_slots)
     if not walk:
         return BranchStorage(logical=logical, data=None, history=None, wal_lsn=lsn)
     data = await asyncio.to_thread(allocated_bytes, dirs.pgdata)
@@ -129,15 +131,10 @@ async def branch_storage(
     return BranchStorage(logical=logical, data=data, history=history, wal_lsn=lsn)
 
 
-async def _report_slots(dirs: HistoryDirs, running: Running) -> None:
+def _report_slots(dirs: HistoryDirs, slots: list[tuple[str, int]]) -> None:
     """Say which replication slots keep WAL with no one reading them (the tenant's subscriber
     went away): each costs the project's disk until Postgres invalidates it (postgres/logical.py
     has the bounds)."""
-    try:
-        slots = await inactive_slots(running.socket_dir, running.port)
-    except ComputeError as exc:
-        log.info("branch %s: replication slots not read: %s", dirs.branch_dir.name, exc)
-        return
     for name, kept in slots:
         if kept >= _SLOT_REPORT_BYTES:
             log.warning(

@@ -12,7 +12,7 @@ MiB of WAL (``max_slot_wal_keep_size``), or idle for :data:`SLOT_IDLE_TIMEOUT` (
 ``idle_replication_slot_timeout``, as Neon drops a slot inactive for about 40 hours), the slot
 is invalidated and its WAL freed; the subscriber that comes back is told why, in Postgres' own
 words. The platform logs each inactive slot keeping much WAL as it samples the branch's sizes
-(:func:`..monitor.inactive_slots`, compute/local/storage.py).
+(:func:`..monitor.figures`, compute/local/storage.py).
 """
 
 from __future__ import annotations

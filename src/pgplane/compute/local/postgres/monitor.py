@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -180,21 +181,6 @@ _LOGICAL_SIZE = (
 )
 
 
-async def logical_size(socket_dir: Path, port: int) -> tuple[int, int | None]:
-    """The size of every database of the compute, as Postgres reports it (pg_monitor reads
-    every database's size: pg_read_all_stats), and where its WAL stands (bytes)."""
-    try:
-        async with asyncio.timeout(_CHECK_TIMEOUT):
-            async with await _monitor_session(socket_dir, port, "postgres") as conn:
-                cur = await conn.execute(_LOGICAL_SIZE)
-                row = await cur.fetchone()
-    except (psycopg.Error, TimeoutError) as exc:
-        raise ComputeError(f"could not ask the compute its size: {exc}") from exc
-    if row is None:
-        return 0, None
-    return int(row[0] or 0), None if row[1] is None else int(row[1])
-
-
 _INACTIVE_SLOTS = (
     "SELECT slot_name, pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), restart_lsn)"
     "::bigint FROM pg_catalog.pg_replication_slots"
@@ -203,14 +189,30 @@ _INACTIVE_SLOTS = (
 )
 
 
-async def inactive_slots(socket_dir: Path, port: int) -> list[tuple[str, int]]:
-    """The replication slots no one reads, and the WAL each keeps (bytes): what a subscriber
-    that went away costs its project's disk until Postgres invalidates the slot."""
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """What a running compute says of its branch: its databases' size (pg_monitor reads every
+    database's: pg_read_all_stats), where its WAL stands (bytes), and the replication slots no
+    one reads with the WAL each keeps (what a subscriber that went away costs the project's
+    disk until Postgres invalidates the slot)."""
+
+    logical: int
+    wal_lsn: int | None
+    idle_slots: list[tuple[str, int]]
+
+
+async def figures(socket_dir: Path, port: int) -> Figures:
+    """The compute's :class:`Figures`, asked in one session."""
     try:
         async with asyncio.timeout(_CHECK_TIMEOUT):
             async with await _monitor_session(socket_dir, port, "postgres") as conn:
-                cur = await conn.execute(_INACTIVE_SLOTS)
-                rows = await cur.fetchall()
+                row = await (await conn.execute(_LOGICAL_SIZE)).fetchone()
+                slots = await (await conn.execute(_INACTIVE_SLOTS)).fetchall()
     except (psycopg.Error, TimeoutError) as exc:
-        raise ComputeError(f"could not ask the compute its replication slots: {exc}") from exc
-    return [(str(name), int(kept or 0)) for name, kept in rows]
+        raise ComputeError(f"could not ask the compute its size: {exc}") from exc
+    logical, lsn = (0, None) if row is None else row
+    return Figures(
+        logical=int(logical or 0),
+        wal_lsn=None if lsn is None else int(lsn),
+        idle_slots=[(str(name), int(kept or 0)) for name, kept in slots],
+    )
